@@ -1,0 +1,83 @@
+"""Capture a model as a torch.fx graph with fxlrp's tracer."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxlrp.errors import CaptureError
+from fxlrp.leaf_functions import leaf_function_calls
+
+_LIBRARY_DIRECTORIES = tuple(
+    os.path.dirname(module.__file__) + os.sep for module in (torch, __import__("fxlrp"))
+)
+
+
+class RelevanceTracer(fx.Tracer):
+    """torch.fx's tracer with two small changes: modules fxlrp explains as a whole are leaves,
+    and library functions that cannot be traced through are recorded as single calls."""
+
+    def __init__(
+        self,
+        is_explained_module: Callable[[nn.Module], bool],
+        leaf_functions: Iterable[Callable[..., Any]] = (),
+    ) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+        self.is_explained_module = is_explained_module
+        self.leaf_functions = tuple(leaf_functions)
+
+    def is_leaf_module(self, module: nn.Module, module_qualified_name: str) -> bool:
+        return self.is_explained_module(module) or super().is_leaf_module(module, module_qualified_name)
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        with leaf_function_calls(self, self.leaf_functions):
+            return super().trace(root, concrete_args)
+
+
+def user_source_line(error: BaseException) -> str | None:
+    """``file:line: code`` of the innermost frame of the error that is in the user's code."""
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        if not frame.filename.startswith(_LIBRARY_DIRECTORIES) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return None
+
+
+def capture(
+    model: nn.Module,
+    is_explained_module: Callable[[nn.Module], bool],
+    leaf_functions: Iterable[Callable[..., Any]] = (),
+    concrete_args: dict[str, Any] | None = None,
+) -> fx.Graph:
+    """Trace ``model``'s forward into a graph, or raise :class:`CaptureError` saying why not."""
+    tracer = RelevanceTracer(is_explained_module, leaf_functions)
+    try:
+        return tracer.trace(model, concrete_args)
+    except Exception as error:  # every tracing failure becomes one readable error
+        raise CaptureError(_explain_capture_failure(model, error)) from error
+
+
+def _explain_capture_failure(model: nn.Module, error: Exception) -> str:
+    where = user_source_line(error)
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    lines = [f"fxlrp could not capture {type(model).__name__} with torch.fx: {text}"]
+    if where:
+        lines.append(f"  at {where}")
+    if isinstance(error, fx.proxy.TraceError) or "symbolically traced" in text or "Proxy" in text:
+        lines += [
+            "The forward pass uses the value or shape of a tensor in Python control flow (an `if`,",
+            "a loop, `len()`, `int()`, iteration), which a graph capture cannot follow.",
+            "What you can do:",
+            "  - make the branch depend on a setting of the model instead of on its input;",
+            "  - fix the value with convert(model, concrete_args={'argument': value});",
+            "  - compute that value outside the model and pass it in as an input.",
+        ]
+    else:
+        lines.append("The failure happened while recording the forward pass; the line above is where.")
+    return "\n".join(lines)

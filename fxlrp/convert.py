@@ -1,0 +1,55 @@
+"""``fxlrp.convert``: capture -> canonicalise -> assign rules -> rewrite -> explainer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+import fxlrp.operations  # noqa: F401  (registers the operations)
+from fxlrp.canonicalise import canonicalise_in_place
+from fxlrp.capture import capture
+from fxlrp.composites import Composite, as_composite
+from fxlrp.explainer import Explainer
+from fxlrp.registry import REGISTRY
+from fxlrp.report import Report
+from fxlrp.rewrite import Rewriter
+from fxlrp.rules import Rule
+from fxlrp.scatter_library import all_scatter_functions
+
+
+def _is_explained_module(module: nn.Module) -> bool:
+    return REGISTRY.for_module(module) is not None
+
+
+def convert(
+    model: nn.Module,
+    composite: Composite | Rule | None = None,
+    *,
+    strict: bool = True,
+    concrete_args: dict[str, Any] | None = None,
+    warn_lost_relevance: bool = False,
+) -> Explainer:
+    """Return a module that computes ``model``'s outputs and propagates relevance in backward.
+
+    ``composite``: None (Epsilon(1e-6) on every weighted layer, the z-rule on sums), a single
+    rule for every weighted layer (``fxlrp.rules.Epsilon(0.0)`` is LRP-0), or a
+    :class:`~fxlrp.composites.Composite`.
+    ``strict``: raise :class:`~fxlrp.UnsupportedOperationError` for operations without a rule
+    that are not known to be relevance-neutral; with False they follow their gradient and a
+    warning lists them.
+    ``concrete_args``: fixed values for inputs that steer Python control flow.
+    ``warn_lost_relevance``: warn when relevance reaches an output of 0 and is dropped.
+
+    The model is only read: its parameters are shared (detached), never modified or given
+    gradients. Explanations use inference semantics (BatchNorm running statistics, no dropout).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fxlrp.convert expects an nn.Module, got {type(model).__name__}")
+    composite = as_composite(composite)
+    graph = capture(model, _is_explained_module, all_scatter_functions(), concrete_args)
+    in_place_modules = canonicalise_in_place(graph, dict(model.named_modules()))
+    rewriter = Rewriter(model, graph, composite, strict=strict,
+                        warn_lost_relevance=warn_lost_relevance, in_place_modules=in_place_modules)
+    graph_module = rewriter.run()
+    return Explainer(graph_module, Report(type(model).__name__, rewriter.reports))

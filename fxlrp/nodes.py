@@ -1,0 +1,66 @@
+"""Modules that stand in for rewritten nodes in the explainer's graph."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import nn
+from torch.func import functional_call
+
+from fxlrp.call import RelevanceCall
+from fxlrp.registry import Operation
+
+
+def detached_state(module: nn.Module) -> dict[str, Any]:
+    """The module's parameters and buffers, detached: shared storage, never given gradients."""
+    state = {name: tensor.detach() for name, tensor in module.named_parameters()}
+    state.update({name: tensor.detach() for name, tensor in module.named_buffers()})
+    return state
+
+
+def out_of_place(module: nn.Module) -> nn.Module:
+    """A shallow copy with ``inplace=False``; the user's module is left as it is."""
+    if getattr(module, "inplace", False) is not True:
+        return module
+    twin = copy.copy(module)
+    twin.inplace = False
+    return twin
+
+
+class RelevanceNode(nn.Module):
+    """Calls an operation's relevance function with the node's rule."""
+
+    def __init__(
+        self, operation: Operation, call: RelevanceCall, function: Any, keywords: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__()
+        self.operation = operation
+        self.call = call
+        # Not registered as a submodule: it may be the user's module, which the explainer's
+        # .train()/.to() must not touch.
+        object.__setattr__(self, "function", function)
+        object.__setattr__(self, "keywords", keywords or {})
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.operation.relevance(self.call, self.function, *args, **kwargs, **self.keywords)
+
+    def extra_repr(self) -> str:
+        return f"{self.operation.name}, rule={self.call.rule!r}"
+
+
+class NativeModuleNode(nn.Module):
+    """Runs a module natively with its parameters detached."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "module", out_of_place(module))
+        object.__setattr__(self, "state", detached_state(module))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.state:
+            return functional_call(self.module, self.state, args, kwargs)
+        return self.module(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return type(self.module).__name__

@@ -1,0 +1,84 @@
+"""Elementwise operations: activations, products and quotients, negation.
+
+ReLU and its piecewise-linear relatives keep their native backward, which passes relevance where
+the unit is active. Smooth activations pass relevance unchanged (the identity rule). A product
+or quotient with a tensor that carries no relevance is a rescaling: relevance passes to the
+other factor unchanged.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fxlrp.operations.helpers import module_as_function, passes
+from fxlrp.registry import Kind, Operation, register
+
+register(
+    Operation(
+        "relu",
+        Kind.NATIVE,
+        functions=(
+            F.relu, torch.relu, F.relu6, F.leaky_relu, F.hardtanh, F.threshold, F.prelu,
+            torch.prelu, torch.threshold, torch.clamp, torch.clip,
+        ),
+        methods=("relu", "clamp", "clip", "clamp_min", "clamp_max"),
+        modules=(nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.Threshold, nn.PReLU),
+        description="piecewise-linear activations: native backward passes relevance where active",
+    )
+)
+
+SMOOTH_ACTIVATION_MODULES = (
+    nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.ELU, nn.CELU, nn.SELU, nn.Softplus, nn.Mish,
+    nn.Hardswish, nn.Hardsigmoid, nn.LogSigmoid, nn.Softsign, nn.Tanhshrink,
+)
+register(
+    Operation(
+        "activation",
+        Kind.PASS,
+        functions=(
+            F.gelu, F.silu, F.sigmoid, F.tanh, F.elu, F.celu, F.selu, F.softplus, F.mish,
+            F.hardswish, F.hardsigmoid, F.logsigmoid, F.softsign, F.tanhshrink,
+            torch.sigmoid, torch.tanh, torch.selu, torch.celu, torch.nn.functional.elu,
+        ),
+        methods=("sigmoid", "tanh"),
+        modules=SMOOTH_ACTIVATION_MODULES,
+        relevance=passes((0,)),
+        module_function=module_as_function,
+        description="smooth activations: identity rule, R_in = R_out",
+    )
+)
+register(
+    Operation(
+        "mul",
+        Kind.PASS,
+        functions=(operator.mul, torch.mul, torch.multiply),
+        methods=("mul", "multiply", "__mul__", "__rmul__"),
+        relevance=passes(None),
+        description="product: a constant factor rescales (relevance passes to the other factor); "
+        "two relevance-carrying factors share it equally",
+    )
+)
+register(
+    Operation(
+        "div",
+        Kind.PASS,
+        functions=(operator.truediv, torch.div, torch.true_divide, torch.divide),
+        methods=("div", "divide", "true_divide", "__truediv__"),
+        relevance=passes((0,)),
+        description="quotient: the denominator is treated as a constant, relevance passes to the numerator",
+    )
+)
+register(
+    Operation(
+        "neg",
+        Kind.PASS,
+        functions=(operator.neg, torch.neg, torch.negative),
+        methods=("neg", "negative", "__neg__"),
+        relevance=passes((0,)),
+        description="negation: R_in = R_out",
+    )
+)

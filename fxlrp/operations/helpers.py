@@ -1,0 +1,70 @@
+"""How the registry entries call the relevance Functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from torch import Tensor, nn
+
+from fxlrp.call import RelevanceCall
+from fxlrp.relevance import apply_pass
+
+
+def bind(function: Callable[..., Tensor], kwargs: dict[str, Any]) -> Callable[..., Tensor]:
+    return partial(function, **kwargs) if kwargs else function
+
+
+def affine(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    """A parameterless operation that is linear in every relevance-carrying argument (sum,
+    mean, add, pooling, scatter sums); other arguments act as constants (biases)."""
+    return call.affine(call.layer(bind(function, kwargs)), *args)
+
+
+def weighted(
+    call: RelevanceCall,
+    function: Callable[..., Tensor],
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *settings: Any,
+    **kwargs: Any,
+) -> Tensor:
+    """A layer ``function(input, weight, bias, *settings, **kwargs)``: linear, convolution,
+    transposed convolution."""
+
+    def layer_function(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        return function(x, w, b, *settings, **kwargs)
+
+    return call.affine(call.layer(layer_function, weight, bias, has_parameters=True), input)
+
+
+def passes(receivers: tuple[int, ...] | None) -> Callable[..., Tensor]:
+    """Identity rule: relevance goes unchanged to ``receivers`` (equal shares when several
+    carry relevance; all relevance-carrying arguments when None)."""
+
+    def relevance(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any):
+        return apply_pass(bind(function, kwargs), receivers, *args)
+
+    return relevance
+
+
+def identity(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """The operation is the identity at explanation time (dropout in eval)."""
+    return input
+
+
+def module_as_function(module: nn.Module, parameters: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """A parameterless module is its own functional form."""
+    return module, {}
+
+
+def method(name: str) -> Callable[..., Any]:
+    """The function spelling of a Tensor method: ``self`` comes first."""
+
+    def call_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self, name)(*args, **kwargs)
+
+    call_method.__name__ = name
+    return call_method

@@ -1,0 +1,115 @@
+"""Operations whose native backward already routes relevance, or that carry none.
+
+Views, reshapes and copies move relevance with the values; indexing, gathering and
+concatenation route it to where each value came from and add it up where a value was used
+several times; max and min pooling are winner-take-all; comparisons, shapes and tensor creation
+carry no relevance at all. None of them is rewritten.
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fxlrp.operations.helpers import identity
+from fxlrp.registry import Kind, Operation, register
+
+VIEW_METHODS = (
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose",
+    "t", "squeeze", "unsqueeze", "contiguous", "clone", "expand", "expand_as", "repeat",
+    "repeat_interleave", "movedim", "moveaxis", "swapaxes", "swapdims", "narrow", "select",
+    "index_select", "gather", "take_along_dim", "masked_select", "chunk", "split", "tensor_split",
+    "unbind", "flip", "roll", "unfold", "to", "type", "type_as", "float", "double", "half",
+    "bfloat16", "cpu", "cuda", "detach", "masked_fill", "where", "tril", "triu", "diagonal",
+    "__getitem__", "scatter", "index_put", "index_fill",
+)
+VIEW_FUNCTIONS = (
+    torch.reshape, torch.flatten, torch.unflatten, torch.permute, torch.transpose, torch.t,
+    torch.squeeze, torch.unsqueeze, torch.clone, torch.movedim, torch.moveaxis, torch.swapaxes,
+    torch.narrow, torch.select, torch.index_select, torch.gather, torch.take_along_dim,
+    torch.masked_select, torch.chunk, torch.split, torch.tensor_split, torch.unbind, torch.flip,
+    torch.roll, torch.cat, torch.concat, torch.concatenate, torch.stack, torch.hstack,
+    torch.vstack, torch.dstack, torch.repeat_interleave, torch.tile, torch.where,
+    torch.masked_fill, torch.tril, torch.triu, torch.diagonal, torch.scatter, torch.detach,
+    torch.broadcast_to, torch.atleast_1d, torch.atleast_2d, torch.atleast_3d,
+    F.pad, F.embedding, F.one_hot, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
+    operator.getitem, operator.setitem, builtins.getattr,
+)
+VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
+                nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
+                nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReplicationPad1d, nn.ReplicationPad2d)
+register(
+    Operation(
+        "view",
+        Kind.NATIVE,
+        functions=VIEW_FUNCTIONS,
+        methods=VIEW_METHODS,
+        modules=VIEW_MODULES,
+        description="views, copies, indexing, gathering, concatenation, padding",
+    )
+)
+
+register(
+    Operation(
+        "max",
+        Kind.NATIVE,
+        functions=(
+            torch.max, torch.min, torch.amax, torch.amin, torch.maximum, torch.minimum,
+            F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool1d,
+            F.adaptive_max_pool2d, F.adaptive_max_pool3d, torch.max_pool1d, torch.max_pool2d,
+            torch.max_pool3d, torch.topk, torch.sort,
+            F.max_pool1d_with_indices, F.max_pool2d_with_indices, F.max_pool3d_with_indices,
+        ),
+        methods=("max", "min", "amax", "amin", "maximum", "minimum", "topk", "sort"),
+        modules=(
+            nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
+            nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+        ),
+        description="max and min: winner-take-all",
+    )
+)
+
+register(
+    Operation(
+        "dropout",
+        Kind.NATIVE,
+        functions=(F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, torch.dropout),
+        methods=("dropout",),
+        modules=(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout),
+        relevance=identity,
+        description="dropout: the identity at explanation time",
+    )
+)
+
+register(
+    Operation(
+        "constant",
+        Kind.NATIVE,
+        functions=(
+            torch.zeros, torch.ones, torch.full, torch.empty, torch.arange, torch.linspace,
+            torch.eye, torch.tensor, torch.as_tensor, torch.zeros_like, torch.ones_like,
+            torch.full_like, torch.empty_like, torch.rand, torch.randn, torch.rand_like,
+            torch.randn_like, torch.randint, torch.argmax, torch.argmin, torch.argsort,
+            torch.bincount, torch.unique, torch.eq, torch.ne, torch.lt, torch.le, torch.gt,
+            torch.ge, torch.isnan, torch.isinf, torch.isfinite, torch.sign, torch.numel,
+            torch.logical_and, torch.logical_or, torch.logical_not,
+            operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
+            operator.floordiv, operator.mod, operator.and_, operator.or_, operator.invert,
+            operator.not_, operator.xor, builtins.len, builtins.int, builtins.float,
+        ),
+        methods=(
+            "size", "dim", "numel", "ndimension", "nelement", "new_zeros", "new_ones", "new_full",
+            "new_empty", "new_tensor", "argmax", "argmin", "argsort", "eq", "ne", "lt", "le", "gt",
+            "ge", "bool", "long", "int", "byte", "short", "sign", "isnan", "isinf", "isfinite",
+            "nonzero", "bincount", "unique", "item", "tolist", "any", "all",
+            "get_device", "is_floating_point", "is_contiguous", "__eq__", "__ne__", "__lt__",
+            "__le__", "__gt__", "__ge__", "__floordiv__", "__mod__", "__and__", "__or__",
+            "__invert__", "__len__", "fill_", "zero_", "requires_grad_",
+        ),
+        description="shapes, indices, comparisons, tensor creation: carry no relevance",
+    )
+)

@@ -1,0 +1,104 @@
+"""The one registry of operations fxlrp knows.
+
+Each :class:`Operation` names a canonical operation, lists every spelling that reaches it
+(``nn.Module`` types, functions by identity, Tensor method names) and says how relevance
+crosses it. Adding an operation is one ``register(Operation(...))`` in ``fxlrp/operations/``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+
+class Kind(enum.Enum):
+    """How relevance crosses an operation."""
+
+    AFFINE = "affine"
+    """Affine in its relevance-carrying inputs; the composite picks a rule (epsilon, z+, ...)."""
+    PASS = "pass"
+    """Relevance passes unchanged (identity rule), e.g. smooth activations, scaling by constants."""
+    NATIVE = "native"
+    """The native backward already routes relevance correctly (ReLU, max, views, indexing,
+    concatenation) or the operation carries no relevance (shapes, comparisons, creation)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Operation:
+    """A canonical operation and every way a model can spell it.
+
+    ``relevance(call, function, *args, **kwargs)`` replaces the call: ``call`` is the
+    :class:`~fxlrp.call.RelevanceCall` with the node's rule, ``function`` the original callable
+    of this spelling (the function itself, a caller of the Tensor method with ``self`` first, or
+    the functional form of a module) and ``args``/``kwargs`` the call's arguments. With
+    ``relevance=None`` the node keeps its native operation.
+    ``module_function(module, parameters)`` returns the functional form of a module instance and
+    its keyword arguments, given the module's detached parameters and buffers; by default the
+    module itself, called with no extra arguments.
+    """
+
+    name: str
+    kind: Kind
+    functions: tuple[Callable[..., Any], ...] = ()
+    methods: tuple[str, ...] = ()
+    modules: tuple[type[nn.Module], ...] = ()
+    relevance: Callable[..., Any] | None = None
+    module_function: Callable[[nn.Module, dict[str, Any]], tuple[Callable[..., Any], dict[str, Any]]] | None = None
+    weighted: bool = False
+    """Whether it is a layer with weights, where a composite's layer rules apply."""
+    default_rule: Callable[[], Any] | None = None
+    """Rule used for an AFFINE operation when the composite names none (the z-rule for sums)."""
+    description: str = ""
+
+
+class Registry:
+    """Finds the operation of a call by function identity, method name or module type."""
+
+    def __init__(self) -> None:
+        self.operations: dict[str, Operation] = {}
+        self._by_function: dict[int, Operation] = {}
+        self._functions: dict[int, Callable[..., Any]] = {}
+        self._by_method: dict[str, Operation] = {}
+        self._by_module: dict[type, Operation] = {}
+
+    def register(self, operation: Operation) -> Operation:
+        if operation.name in self.operations:
+            raise ValueError(f"operation {operation.name!r} is registered twice")
+        self.operations[operation.name] = operation
+        for function in operation.functions:
+            self._by_function[id(function)] = operation
+            self._functions[id(function)] = function  # keeps the id valid
+        for method in operation.methods:
+            self._by_method[method] = operation
+        for module_type in operation.modules:
+            self._by_module[module_type] = operation
+        return operation
+
+    def for_function(self, function: Callable[..., Any]) -> Operation | None:
+        return self._by_function.get(id(function))
+
+    def for_method(self, name: str) -> Operation | None:
+        return self._by_method.get(name)
+
+    def for_module(self, module: nn.Module) -> Operation | None:
+        # Exact type first; then the closest registered base class, so subclasses of
+        # nn.Conv2d that keep its forward (as many libraries write) are found too.
+        operation = self._by_module.get(type(module))
+        if operation is not None:
+            return operation
+        for base in type(module).__mro__[1:]:
+            if base in self._by_module and type(module).forward is base.forward:
+                return self._by_module[base]
+        return None
+
+
+REGISTRY = Registry()
+
+
+def register(operation: Operation) -> Operation:
+    """Add an operation to the registry."""
+    return REGISTRY.register(operation)

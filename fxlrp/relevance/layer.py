@@ -1,0 +1,38 @@
+"""The affine operation a rule is applied to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class AffineLayer:
+    """An operation that is affine in each of its relevance-carrying inputs.
+
+    ``function(*inputs, weight, bias)`` computes the output when the layer has parameters
+    (linear, convolution, folded BatchNorm, matmul with a constant); parameterless operations
+    (add, sum, mean, pooling, scatter sums) are called as ``function(*inputs)``. Rules that
+    modify parameters (z+, gamma, ...) call ``function`` again with their modified ``weight``
+    and ``bias``.
+    """
+
+    function: Callable[..., Tensor]
+    weight: Tensor | None = None
+    bias: Tensor | None = None
+    has_parameters: bool = False
+    warn_lost_relevance: bool = False
+
+    def __call__(
+        self, inputs: Sequence[Any], weight: Tensor | None = None, bias: Tensor | None = None
+    ) -> Tensor:
+        if self.has_parameters:
+            return self.function(*inputs, weight, bias)
+        return self.function(*inputs)
+
+    def forward(self, inputs: Sequence[Any]) -> Tensor:
+        """The original operation with the layer's own parameters."""
+        return self(inputs, self.weight, self.bias)

@@ -1,0 +1,31 @@
+"""Division of relevance by pre-activations without NaN or Inf."""
+
+import warnings
+
+import torch
+from torch import Tensor
+
+LOST_RELEVANCE_MESSAGE = (
+    "fxlrp: relevance arriving at an output of 0 is dropped (it cannot be divided among the "
+    "contributions of that output)"
+)
+
+
+def stabilise(denominator: Tensor, epsilon: float) -> Tensor:
+    """zennit's stabiliser: ``z + epsilon * (sign(z) + [z == 0])``, so ``z = 0`` moves to ``+epsilon``."""
+    if epsilon == 0.0:
+        return denominator
+    return denominator + epsilon * (denominator.sign() + (denominator == 0).to(denominator.dtype))
+
+
+def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = False) -> Tensor:
+    """``relevance / denominator`` with 0 wherever the denominator is 0.
+
+    Relevance that reaches an output of 0 has no contributions to be shared among, so it is
+    dropped, as the seed notebooks do; ``warn=True`` says so when it happens.
+    """
+    zero = denominator == 0
+    if warn and bool((zero & (relevance != 0)).any()):
+        warnings.warn(LOST_RELEVANCE_MESSAGE, stacklevel=2)
+    # Dividing by +inf gives an exact 0 without the NaN that 0/0 would produce.
+    return relevance / denominator.masked_fill(zero, float("inf"))

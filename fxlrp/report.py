@@ -1,0 +1,49 @@
+"""The table of every node of an explainer: operation, handling, rule, source line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fxlrp.rewrite import NodeReport
+
+EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant"}
+
+
+@dataclass(frozen=True)
+class Report:
+    """What happens to each node of the model; ``str()`` gives the table."""
+
+    model_name: str
+    rows: Sequence[NodeReport]
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of nodes handled by a rule or a declared relevance-neutral operation."""
+        handled = sum(row.handling in EXPLAINED for row in self.rows)
+        return handled / len(self.rows) if self.rows else 1.0
+
+    @property
+    def counts(self) -> Counter:
+        return Counter(row.handling for row in self.rows)
+
+    def __str__(self) -> str:
+        header = ("node", "target", "operation", "handling", "rule", "source")
+        table = [header] + [
+            (row.name, row.target, row.operation, row.handling, row.rule, _short(row.source)) for row in self.rows
+        ]
+        widths = [max(len(line[column]) for line in table) for column in range(len(header) - 1)]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths)) + "  " + line[-1]
+                 for line in table]
+        lines.insert(1, "-" * len(lines[0]))
+        counts = ", ".join(f"{count} {handling}" for handling, count in sorted(self.counts.items()))
+        lines.append(f"{self.model_name}: {len(self.rows)} nodes ({counts}); coverage {self.coverage:.2%}")
+        return "\n".join(lines)
+
+
+def _short(source: str) -> str:
+    if not source:
+        return ""
+    path, _, rest = source.partition(":")
+    return path.rsplit("/", 1)[-1] + ":" + rest

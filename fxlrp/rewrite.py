@@ -1,0 +1,201 @@
+"""Assign a rule to every node and substitute relevance Functions into the graph."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxlrp.call import RelevanceCall
+from fxlrp.composites import Composite, Site
+from fxlrp.errors import UnsupportedOperationError
+from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place
+from fxlrp.operations.helpers import method
+from fxlrp.registry import REGISTRY, Kind, Operation
+from fxlrp.source import source_line
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One row of :meth:`Explainer.report`."""
+
+    name: str
+    target: str
+    operation: str
+    handling: str
+    """``rule`` (a rule of the composite), ``identity``, ``native`` (relevance-neutral or routed by
+    the native backward), ``container`` (attribute access or a method of a non-tensor input),
+    ``input``/``output``/``constant`` or ``gradient`` (no rule: strict=False fallback)."""
+    rule: str
+    source: str
+
+
+def describe_target(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return f".{node.target}()"
+    if node.op == "call_function":
+        return getattr(node.target, "__qualname__", None) or getattr(node.target, "__name__", str(node.target))
+    return str(node.target)
+
+
+def find_operation(node: fx.Node, modules: dict[str, nn.Module]) -> Operation | None:
+    if node.op == "call_module":
+        return REGISTRY.for_module(modules[node.target])
+    if node.op == "call_function":
+        return REGISTRY.for_function(node.target)
+    if node.op == "call_method":
+        return REGISTRY.for_method(node.target)
+    return None
+
+
+def is_container_method(node: fx.Node) -> bool:
+    """A method that no tensor has: it belongs to a container input (``graphs.evolve(...)``)
+    and moves tensors around without computing on them."""
+    return node.op == "call_method" and not hasattr(torch.Tensor, node.target)
+
+
+def enclosing_module(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[str | None, type | None]:
+    if node.op == "call_module":
+        return node.target, type(modules[node.target])
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None, None
+    qualified_name, module_type = list(stack.values())[-1]
+    return qualified_name, module_type if isinstance(module_type, type) else None
+
+
+class Rewriter:
+    """Builds the explainer's GraphModule from the captured graph.
+
+    The new root owns everything the graph refers to: detached copies of the model's parameters
+    and buffers (sharing storage) and one module per rewritten node. The user's model is only
+    read.
+    """
+
+    def __init__(self, model: nn.Module, graph: fx.Graph, composite: Composite, *, strict: bool,
+                 warn_lost_relevance: bool, in_place_modules: set[str]) -> None:
+        self.model = model
+        self.graph = graph
+        self.composite = composite
+        self.strict = strict
+        self.warn_lost_relevance = warn_lost_relevance
+        self.in_place_modules = in_place_modules
+        self.modules = dict(model.named_modules())
+        self.root = nn.Module()
+        self.reports: list[NodeReport] = []
+
+    def run(self) -> fx.GraphModule:
+        unsupported: list[fx.Node] = []
+        first_layer = self._first_weighted_node()
+        for node in list(self.graph.nodes):
+            if node.op in ("placeholder", "output"):
+                self._report(node, node.op if node.op == "output" else "input", "input" if node.op == "placeholder" else "output")
+                continue
+            if node.op == "get_attr":
+                self._own_attribute(node)
+                continue
+            operation = find_operation(node, self.modules)
+            if operation is None:
+                if node.op == "call_function" and node.target is getattr or is_container_method(node):
+                    self._report(node, "container", "container")
+                    continue
+                unsupported.append(node)
+                self._keep_native(node, operation=None)
+                continue
+            if operation.relevance is None:
+                self._keep_native(node, operation)
+            else:
+                self._substitute(node, operation, node is first_layer)
+        if unsupported:
+            self._unsupported(unsupported)
+        self.graph.lint()
+        return fx.GraphModule(self.root, self.graph, class_name=f"Explained{type(self.model).__name__}")
+
+    def _first_weighted_node(self) -> fx.Node | None:
+        for node in self.graph.nodes:
+            operation = find_operation(node, self.modules)
+            if operation is not None and operation.weighted:
+                return node
+        return None
+
+    def _own_attribute(self, node: fx.Node) -> None:
+        value = _resolve(self.model, node.target)
+        name = "fxlrp_constant_" + node.target.replace(".", "_")
+        if isinstance(value, torch.Tensor):
+            if not hasattr(self.root, name):
+                self.root.register_buffer(name, value.detach(), persistent=False)
+        else:
+            setattr(self.root, name, value)
+        node.target = name
+        self._report(node, "constant", "constant")
+
+    def _keep_native(self, node: fx.Node, operation: Operation | None) -> None:
+        if node.op == "call_module":
+            self._install(node, NativeModuleNode(self.modules[node.target]))
+        handling = "native" if operation is not None else "gradient"
+        self._report(node, operation.name if operation else "?", handling)
+
+    def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool) -> None:
+        module_name, module_type = enclosing_module(node, self.modules)
+        rule = None
+        if operation.kind is Kind.AFFINE:
+            site = Site(node.name, operation.name, operation.weighted, module_name, module_type,
+                        is_first_layer, is_module_call=node.op == "call_module")
+            rule = self.composite.rule_for(site)
+            if rule is None:
+                rule = operation.default_rule() if operation.default_rule else self.composite.layer_rule
+        call = RelevanceCall(rule, self.warn_lost_relevance)
+        if node.op == "call_module":
+            module = out_of_place(self.modules[node.target])
+            to_function = operation.module_function or (lambda module, state: (module, {}))
+            function, keywords = to_function(module, detached_state(module))
+        elif node.op == "call_method":
+            function, keywords = method(node.target), {}
+        else:
+            function, keywords = node.target, {}
+        self._install(node, RelevanceNode(operation, call, function, keywords))
+        handling = "rule" if operation.kind is Kind.AFFINE else (
+            "identity" if operation.kind is Kind.PASS else "native")
+        self._report(node, operation.name, handling, rule)
+
+    def _install(self, node: fx.Node, module: nn.Module) -> None:
+        name = f"fxlrp_{node.name}"
+        self.root.add_module(name, module)
+        with self.graph.inserting_before(node):
+            replacement = self.graph.call_module(name, node.args, node.kwargs)
+        replacement.meta = node.meta
+        node.replace_all_uses_with(replacement)
+        self.graph.erase_node(node)
+
+    def _report(self, node: fx.Node, operation: str, handling: str, rule: Any = None) -> None:
+        self.reports.append(NodeReport(
+            node.name, describe_target(node), operation, handling,
+            "" if rule is None else repr(rule), source_line(node)))
+
+    def _unsupported(self, nodes: list[fx.Node]) -> None:
+        listing = "\n".join(
+            f"  - {node.name}: {describe_target(node)}" + (f"  at {source_line(node)}" if source_line(node) else "")
+            for node in nodes
+        )
+        if self.strict:
+            raise UnsupportedOperationError(
+                f"fxlrp has no LRP rule for {len(nodes)} operation(s) of {type(self.model).__name__} "
+                f"and does not know them to be relevance-neutral:\n{listing}\n"
+                "Register a rule for them (see docs/extending.md), or pass strict=False to let "
+                "relevance follow their gradient (gradient x input locally, no LRP rule)."
+            )
+        warnings.warn(
+            f"fxlrp: relevance follows the gradient through {len(nodes)} operation(s) with no LRP "
+            f"rule (strict=False):\n{listing}",
+            stacklevel=3,
+        )
+
+
+def _resolve(model: nn.Module, target: str) -> Any:
+    value: Any = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
