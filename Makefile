@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet setuptools wheel
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install --quiet --no-build-isolation torch-scatter
 	$(BIN)/pip install --quiet -e ".[test,pictures,pyg]"
