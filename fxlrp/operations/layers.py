@@ -34,9 +34,12 @@ register(
 )
 
 
-def _padded_convolution(convolution, padding_mode: str, padding: tuple[int, ...], input, weight, bias, *settings):
+def _padded_convolution(
+    convolution, padding_mode: str, border: tuple[int, ...], input, weight, bias, *settings, **keywords
+):
     # Non-zero padding modes are a copy of border values: linear, so it belongs to the layer.
-    return convolution(F.pad(input, padding, mode=padding_mode), weight, bias, *settings)
+    # ``keywords`` holds the convolution's own settings (stride, padding=0, ...).
+    return convolution(F.pad(input, border, mode=padding_mode), weight, bias, *settings, **keywords)
 
 
 def convolution_module(module: nn.modules.conv._ConvNd, parameters: dict[str, Any]):
