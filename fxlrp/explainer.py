@@ -25,9 +25,59 @@ class Explainer(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.graph_module(*args, **kwargs)
 
+    def run_recording(self, nodes: Sequence[str], *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Tensor]]:
+        """Compute the outputs and keep the output tensors of the named nodes.
+
+        ``nodes`` are names of :meth:`report` rows (the model's torch.fx node names, e.g.
+        ``"layer1_0_conv1"``, ``"add_3"``, an input's name). The recorded tensors are part of
+        the autograd graph, so the relevance reaching them is their gradient (see
+        :func:`attribute` with ``nodes=``).
+        """
+        graph_nodes = self._graph_nodes(nodes)
+        recorder = _Recorder(self.graph_module, {node: name for name, node in graph_nodes.items()})
+        result = recorder.run(*args, **kwargs)
+        return result, {name: recorder.recorded[name] for name in nodes if name in recorder.recorded}
+
     def report(self) -> Report:
         """Every node of the model with its canonical operation, handling, rule and source."""
         return self._report
+
+    def _graph_nodes(self, names: Sequence[str]) -> dict[str, fx.Node]:
+        """Graph node of each report name: rewritten nodes are call_module nodes whose target
+        is the rewrite's module ``fxlrp_<name>``; the others keep their name."""
+        by_name: dict[str, fx.Node] = {}
+        for node in self.graph_module.graph.nodes:
+            by_name.setdefault(node.name, node)
+            if node.op == "call_module" and node.target.startswith(REWRITTEN_PREFIX):
+                by_name[node.target[len(REWRITTEN_PREFIX):]] = node
+        known = {row.name for row in self._report.rows}
+        missing = [name for name in names if name not in known or name not in by_name]
+        if missing:
+            listing = ", ".join(row.name for row in self._report.rows[:12])
+            raise ValueError(
+                f"no node named {', '.join(map(repr, missing))} in the explained model; node names are "
+                f"those of explain.report() (e.g. {listing}, ...)"
+            )
+        return {name: by_name[name] for name in names}
+
+
+REWRITTEN_PREFIX = "fxlrp_"
+"""Rewritten nodes call the explainer's module ``fxlrp_<original node name>``."""
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph and keeps the outputs of chosen nodes."""
+
+    def __init__(self, graph_module: fx.GraphModule, names: dict[fx.Node, str]) -> None:
+        super().__init__(graph_module)
+        self.names = names
+        self.recorded: dict[str, Any] = {}
+
+    def run_node(self, node: fx.Node) -> Any:
+        value = super().run_node(node)
+        if node in self.names:
+            self.recorded[self.names[node]] = value
+        return value
 
 
 def output_relevance(output: Tensor, target: Any) -> Tensor:
@@ -52,31 +102,64 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
 
 
 def attribute(
-    explain: nn.Module,
+    explain: Explainer | nn.Module,
     inputs: Tensor | Sequence[Tensor],
     target: Any = None,
     *,
     output: Callable[[Any], Tensor] | None = None,
-) -> Tensor | tuple[Tensor, ...]:
+    nodes: Sequence[str] | None = None,
+) -> Tensor | tuple[Tensor, ...] | tuple[Tensor | tuple[Tensor, ...], dict[str, Tensor]]:
     """Relevance of each input in one call.
 
     ``inputs``: a tensor or a sequence of tensors (each gets its relevance).
     ``target``: see :func:`output_relevance`.
     ``output``: picks the explained tensor from the model's output (e.g.
     ``lambda graphs: graphs.global_features``); by default the output itself.
-    Relevance is returned with the shapes of the inputs.
+    ``nodes``: names of intermediate nodes (rows of ``explain.report()``, e.g. ``"layer1_0_relu"``
+    or a GNN's per-edge message node) whose output relevance is wanted too; then the result is
+    ``(input_relevance, {name: relevance of that node's output})``. A node's relevance is
+    what reaches its output in the backward pass, summed over its consumers.
+    Relevance is returned with the shapes of the inputs (and of the nodes' outputs).
     """
     single = isinstance(inputs, Tensor)
     leaves = [value.detach().requires_grad_() for value in ((inputs,) if single else inputs)]
+    if nodes is not None and not isinstance(explain, Explainer):
+        raise TypeError("attribute(..., nodes=...) needs the explainer returned by fxlrp.convert")
     with torch.enable_grad():
-        result = explain(*leaves)
+        if nodes is None:
+            result, recorded = explain(*leaves), {}
+        else:
+            result, recorded = explain.run_recording(list(nodes), *leaves)
         explained = output(result) if output is not None else result
         if not isinstance(explained, Tensor):
             raise TypeError(
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
             )
-        relevance = torch.autograd.grad(
-            explained, leaves, output_relevance(explained, target), allow_unused=True
+        intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
+        wanted = leaves + [value for value in intermediate if value is not None]
+        relevance = iter(torch.autograd.grad(
+            explained, wanted, output_relevance(explained, target), allow_unused=True
+        ))
+    input_relevance = tuple(_zero_if_none(next(relevance), leaf) for leaf in leaves)
+    input_result = input_relevance[0] if single else input_relevance
+    if nodes is None:
+        return input_result
+    node_relevance = {
+        name: torch.zeros_like(value) if carrier is None else _zero_if_none(next(relevance), value)
+        for (name, value), carrier in zip(recorded.items(), intermediate, strict=True)
+    }
+    return input_result, node_relevance
+
+
+def _relevance_carrier(name: str, value: Any) -> Tensor | None:
+    """The node's output tensor if relevance can reach it; None if it depends on no input."""
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"node {name!r} outputs {type(value).__name__}, not a tensor; pick the node that takes "
+            "the tensor out of it (its getitem or attribute node in explain.report())"
         )
-    relevance = tuple(torch.zeros_like(leaf) if r is None else r for r, leaf in zip(relevance, leaves))
-    return relevance[0] if single else relevance
+    return value if value.requires_grad else None
+
+
+def _zero_if_none(relevance: Tensor | None, like: Tensor) -> Tensor:
+    return torch.zeros_like(like) if relevance is None else relevance

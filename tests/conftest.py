@@ -27,7 +27,7 @@ def dense_jacobians(function: Callable[..., Tensor], inputs: Sequence[Tensor]) -
     """One matrix ``J[k, j] = d output_k / d input_j`` per input (output and input flattened)."""
     jacobians = torch.autograd.functional.jacobian(function, tuple(inputs))
     output_size = function(*inputs).numel()
-    return [jacobian.reshape(output_size, value.numel()) for jacobian, value in zip(jacobians, inputs)]
+    return [jacobian.reshape(output_size, value.numel()) for jacobian, value in zip(jacobians, inputs, strict=True)]
 
 
 def epsilon_reference(
@@ -47,7 +47,7 @@ def epsilon_reference(
     scaled = torch.where(denominator == 0, torch.zeros_like(flat_relevance), flat_relevance / denominator)
     return [
         (value.reshape(-1) * (jacobian.T @ scaled)).reshape(value.shape)
-        for value, jacobian in zip(inputs, dense_jacobians(function, inputs))
+        for value, jacobian in zip(inputs, dense_jacobians(function, inputs), strict=True)
     ]
 
 
@@ -56,7 +56,7 @@ def routed_reference(function: Callable[..., Tensor], inputs: Sequence[Tensor], 
     flat_relevance = relevance.reshape(-1)
     return [
         (jacobian.T @ flat_relevance).reshape(value.shape)
-        for value, jacobian in zip(inputs, dense_jacobians(function, inputs))
+        for value, jacobian in zip(inputs, dense_jacobians(function, inputs), strict=True)
     ]
 
 
@@ -68,7 +68,7 @@ def explained_relevance(
     output = explain(*leaves)
     start = relevance(output) if callable(relevance) else relevance
     grads = torch.autograd.grad(output, leaves, start, allow_unused=True)
-    return [torch.zeros_like(leaf) if grad is None else grad for grad, leaf in zip(grads, leaves)]
+    return [torch.zeros_like(leaf) if grad is None else grad for grad, leaf in zip(grads, leaves, strict=True)]
 
 
 def gradient_times_input(
@@ -80,7 +80,10 @@ def gradient_times_input(
     output = pick(model(*leaves))
     weights = relevance(output).detach() / torch.where(output == 0, torch.ones_like(output), output).detach()
     grads = torch.autograd.grad(output, leaves, weights, allow_unused=True)
-    return [leaf.detach() * (torch.zeros_like(leaf) if grad is None else grad) for grad, leaf in zip(grads, leaves)]
+    return [
+        leaf.detach() * (torch.zeros_like(leaf) if grad is None else grad)
+        for grad, leaf in zip(grads, leaves, strict=True)
+    ]
 
 
 def onehot_relevance(output: Tensor, target: int = 0) -> Tensor:

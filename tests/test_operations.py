@@ -411,7 +411,7 @@ def test_operation_matches_dense_reference(case: Case, epsilon: float) -> None:
     actual = explained_relevance(explain, inputs, relevance)
     expected = reference(case, model, inputs, relevance, epsilon)
 
-    for actual_input, expected_input in zip(actual, expected):
+    for actual_input, expected_input in zip(actual, expected, strict=True):
         assert actual_input.shape == expected_input.shape
         assert torch.isfinite(actual_input).all()
         assert relative_error(actual_input, expected_input) < TOLERANCE
