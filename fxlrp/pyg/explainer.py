@@ -1,0 +1,95 @@
+"""LRP as an algorithm for PyG's ``torch_geometric.explain.Explainer``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import Tensor, nn
+from torch_geometric.explain import Explanation
+from torch_geometric.explain.algorithm import ExplainerAlgorithm
+from torch_geometric.explain.config import MaskType, ModelMode
+
+import fxlrp
+from fxlrp.composites import Composite
+from fxlrp.pyg.relevance import graph_relevance
+from fxlrp.rules import Rule
+
+_MODES = {
+    ModelMode.multiclass_classification: "multiclass",
+    ModelMode.binary_classification: "binary",
+    ModelMode.regression: "regression",
+}
+
+
+class LRPExplainer(ExplainerAlgorithm):
+    """Layer-wise Relevance Propagation for ``torch_geometric.explain.Explainer``.
+
+    ``Explainer(model, algorithm=LRPExplainer(composite), explanation_type="model" or
+    "phenomenon", node_mask_type="object"/"attributes"/"common_attributes"/None,
+    edge_mask_type="object"/None, model_config=dict(mode=..., task_level="node"/"graph",
+    return_type=...))``.
+
+    The output relevance is the explained output itself: the logit of the target class
+    (multiclass), ``+-logit`` (binary, sign by target) or the value (regression), at the rows
+    ``index`` (nodes for node-level tasks, graphs for graph-level tasks; all rows if None), zero
+    elsewhere. PyG passes the model's prediction as target for ``"model"`` explanations and the
+    given target for ``"phenomenon"``. Masks are relevances (signed, summing to about the
+    explained output), not probabilities: ``node_mask`` ``object`` sums a node's feature
+    relevances, ``common_attributes`` sums over nodes; ``edge_mask`` is the relevance of each
+    edge's messages summed over all message-passing layers (see :mod:`fxlrp.pyg.relevance`).
+
+    ``composite``: as for :func:`fxlrp.convert` (a rule, a composite, None for the default;
+    :func:`fxlrp.pyg.cp_lrp` for attention as constants). ``strict``: as for ``convert``.
+    The converted model is cached per model.
+    """
+
+    def __init__(self, composite: Composite | Rule | None = None, *, strict: bool = True) -> None:
+        super().__init__()
+        self.composite = composite
+        self.strict = strict
+        self._converted: tuple[int, nn.Module, nn.Module] | None = None
+
+    def explainer_for(self, model: nn.Module) -> nn.Module:
+        """The fxlrp conversion of ``model`` (made once per model)."""
+        if self._converted is None or self._converted[0] != id(model) or self._converted[1] is not model:
+            # Not stored as a submodule: the user's model must not become part of this module.
+            object.__setattr__(self, "_converted", (id(model), model, fxlrp.convert(model, self.composite,
+                                                                                  strict=self.strict)))
+        return self._converted[2]
+
+    def forward(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        edge_index: Tensor,
+        *,
+        target: Tensor,
+        index: int | Tensor | None = None,
+        **kwargs: Any,
+    ) -> Explanation:
+        if isinstance(x, dict) or isinstance(edge_index, dict):
+            raise ValueError("LRPExplainer explains homogeneous graphs; heterogeneous graphs are not supported yet")
+        relevance = graph_relevance(self.explainer_for(model), x, edge_index, target=target, index=index,
+                                    mode=_MODES[self.model_config.mode], **kwargs)
+        node_mask_type = self.explainer_config.node_mask_type
+        if node_mask_type == MaskType.object:
+            node_mask = relevance.node.sum(dim=-1, keepdim=True)
+        elif node_mask_type == MaskType.attributes:
+            node_mask = relevance.node
+        elif node_mask_type == MaskType.common_attributes:
+            node_mask = relevance.node.sum(dim=0, keepdim=True)
+        else:
+            node_mask = None
+        edge_mask = relevance.edge if self.explainer_config.edge_mask_type == MaskType.object else None
+        return Explanation(node_mask=node_mask, edge_mask=edge_mask)
+
+    def supports(self) -> bool:
+        if self.explainer_config.edge_mask_type not in (None, MaskType.object):
+            logging.error(f"'{type(self).__name__}' gives one relevance per edge: edge_mask_type must be "
+                          f"'object' or None (got '{self.explainer_config.edge_mask_type.value}')")
+            return False
+        if self.explainer_config.node_mask_type is None and self.explainer_config.edge_mask_type is None:
+            logging.error(f"'{type(self).__name__}' needs node_mask_type or edge_mask_type")
+            return False
+        return True
