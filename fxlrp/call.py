@@ -16,11 +16,21 @@ class RelevanceCall:
     Operations' ``relevance`` functions receive it first and call :meth:`affine` for the
     affine part of their work. Parameter transforms of the rule (``Rule.prepare``) are cached
     per weight tensor and recomputed only when the weight changes in place.
+
+    ``site`` and ``composite`` are the node's :class:`~fxlrp.composites.Site` and the conversion's
+    composite, for operations that run a whole sub-model at explanation time and choose rules for
+    its parts (PyG's message-passing layers); ``strict`` is the conversion's setting.
     """
 
-    def __init__(self, rule: Any, warn_lost_relevance: bool = False) -> None:
+    def __init__(
+        self, rule: Any, warn_lost_relevance: bool = False, *, site: Any = None, composite: Any = None,
+        strict: bool = True,
+    ) -> None:
         self.rule = rule
         self.warn_lost_relevance = warn_lost_relevance
+        self.site = site
+        self.composite = composite
+        self.strict = strict
         self._prepared: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}
 
     def layer(

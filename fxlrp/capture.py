@@ -11,11 +11,26 @@ import torch
 from torch import fx, nn
 
 from fxlrp.errors import CaptureError
+from fxlrp.integrations import load_integrations
 from fxlrp.leaf_functions import leaf_function_calls
+from fxlrp.registry import REGISTRY
 
 _LIBRARY_DIRECTORIES = tuple(
     os.path.dirname(module.__file__) + os.sep for module in (torch, __import__("fxlrp"))
 )
+
+
+LIBRARY_CONCRETE_ARGS: dict[type, dict[str, Any]] = {}
+"""Arguments of library model classes that only steer Python control flow and that capture fixes
+to their usual value (integrations fill this, e.g. PyG's BasicGNN sampling arguments = None).
+Applies to the converted model's own class and its subclasses; the user's ``concrete_args`` win."""
+
+
+def _library_concrete_args(model: nn.Module) -> dict[str, Any]:
+    fixed: dict[str, Any] = {}
+    for base in reversed(type(model).__mro__):
+        fixed.update(LIBRARY_CONCRETE_ARGS.get(base, {}))
+    return fixed
 
 
 class RelevanceTracer(fx.Tracer):
@@ -55,8 +70,14 @@ def capture(
     leaf_functions: Iterable[Callable[..., Any]] = (),
     concrete_args: dict[str, Any] | None = None,
 ) -> fx.Graph:
-    """Trace ``model``'s forward into a graph, or raise :class:`CaptureError` saying why not."""
-    tracer = RelevanceTracer(is_explained_module, leaf_functions)
+    """Trace ``model``'s forward into a graph, or raise :class:`CaptureError` saying why not.
+
+    Integrations of libraries in use are loaded first; functions of operations registered as
+    ``leaf`` are recorded as single calls like ``leaf_functions``.
+    """
+    load_integrations()
+    tracer = RelevanceTracer(is_explained_module, (*leaf_functions, *REGISTRY.leaf_functions()))
+    concrete_args = {**_library_concrete_args(model), **(concrete_args or {})} or None
     try:
         return tracer.trace(model, concrete_args)
     except Exception as error:  # every tracing failure becomes one readable error

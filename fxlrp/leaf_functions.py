@@ -1,11 +1,15 @@
-"""Record calls of library functions as single graph nodes, found by function identity.
+"""Intercept calls of library functions by function identity.
 
 torch.fx's own ``wrap``/``autowrap_functions`` only patch the global names of the traced
 module, so ``torch_scatter.scatter_add(...)``, a function stored in a dict or on a module
 attribute would still be traced into (and fail on the library's shape-dependent branches). Here
-the function object itself is patched for the duration of the trace: its code is swapped for a
-trampoline that records a node when any argument is a Proxy, and runs the original code
-otherwise. However the model reaches the function, the call is caught.
+the function object itself is patched while a context is active: its code is swapped for a
+trampoline that hands the call to the innermost active handler. However the model reaches the
+function, the call is caught.
+
+Two users: capture records such calls as single graph nodes when an argument is a Proxy
+(:func:`leaf_function_calls`); integrations that interpret library code at explanation time
+route them to relevance functions (:func:`intercepted_calls`). Contexts nest.
 """
 
 from __future__ import annotations
@@ -18,6 +22,81 @@ from typing import Any
 from torch import fx
 
 DISPATCH_NAME = "__fxlrp_leaf_call__"
+
+Handler = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any], Callable[..., Any]], Any]
+"""``handler(function, args, kwargs, original)``: ``original`` runs the function's own code."""
+
+# Per patched function (by id): the function, its saved code/defaults, its original code as a
+# callable, and the stack of active handlers (innermost last).
+_PATCHED: dict[int, tuple[types.FunctionType, tuple[Any, Any, Any], Callable[..., Any], list[Handler]]] = {}
+_NAMESPACES: dict[int, tuple[dict[str, Any], int]] = {}
+
+
+def _dispatch(key: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    function, _, original, handlers = _PATCHED[key]
+    return handlers[-1](function, args, kwargs, original)
+
+
+def _trampoline_code(function: types.FunctionType, key: int) -> types.CodeType:
+    source = f"def {function.__name__}(*args, **kwargs):\n    return {DISPATCH_NAME}({key}, args, kwargs)\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<fxlrp leaf call of {function.__qualname__}>", "exec"), namespace)
+    return namespace[function.__name__].__code__
+
+
+def _patch(function: types.FunctionType, handler: Handler) -> None:
+    key = id(function)
+    if key in _PATCHED:
+        _PATCHED[key][3].append(handler)
+        return
+    original = types.FunctionType(
+        function.__code__, function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
+    original.__kwdefaults__ = function.__kwdefaults__
+    _PATCHED[key] = (function, (function.__code__, function.__defaults__, function.__kwdefaults__), original, [handler])
+    namespace_key = id(function.__globals__)
+    namespace, users = _NAMESPACES.get(namespace_key, (function.__globals__, 0))
+    namespace[DISPATCH_NAME] = _dispatch
+    _NAMESPACES[namespace_key] = (namespace, users + 1)
+    function.__code__ = _trampoline_code(function, key)
+    function.__defaults__ = None
+    function.__kwdefaults__ = None
+
+
+def _unpatch(function: types.FunctionType) -> None:
+    key = id(function)
+    _, (code, defaults, kwdefaults), _, handlers = _PATCHED[key]
+    handlers.pop()
+    if handlers:
+        return
+    del _PATCHED[key]
+    function.__code__, function.__defaults__, function.__kwdefaults__ = code, defaults, kwdefaults
+    namespace_key = id(function.__globals__)
+    namespace, users = _NAMESPACES[namespace_key]
+    if users == 1:
+        namespace.pop(DISPATCH_NAME, None)
+        del _NAMESPACES[namespace_key]
+    else:
+        _NAMESPACES[namespace_key] = (namespace, users - 1)
+
+
+@contextmanager
+def intercepted_calls(functions: Iterable[Callable[..., Any]], handler: Handler) -> Iterator[None]:
+    """While active, every call of one of ``functions`` goes to ``handler``.
+
+    Plain Python functions only (builtins and closures are skipped: their code cannot be swapped).
+    """
+    patched: list[types.FunctionType] = []
+    try:
+        for function in dict.fromkeys(functions):
+            if not isinstance(function, types.FunctionType) or function.__code__.co_freevars:
+                continue
+            _patch(function, handler)
+            patched.append(function)
+        yield
+    finally:
+        for function in reversed(patched):
+            _unpatch(function)
 
 
 def _contains_proxy(args: Any, kwargs: Any) -> bool:
@@ -32,49 +111,15 @@ def _contains_proxy(args: Any, kwargs: Any) -> bool:
     return found
 
 
-def _trampoline_code(function: types.FunctionType, key: int) -> types.CodeType:
-    source = f"def {function.__name__}(*args, **kwargs):\n    return {DISPATCH_NAME}({key}, args, kwargs)\n"
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<fxlrp leaf call of {function.__qualname__}>", "exec"), namespace)
-    return namespace[function.__name__].__code__
-
-
 @contextmanager
 def leaf_function_calls(tracer: fx.Tracer, functions: Iterable[Callable[..., Any]]) -> Iterator[None]:
     """While active, calls of ``functions`` with Proxy arguments become ``call_function`` nodes
     whose target is the function object itself."""
-    patched: list[tuple[types.FunctionType, types.CodeType, Any, Any]] = []
-    originals: dict[int, Callable[..., Any]] = {}
-    namespaces: list[dict[str, Any]] = []
 
-    def dispatch(key: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        function, original = originals[key]
+    def record(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], original) -> Any:
         if _contains_proxy(args, kwargs):
             return tracer.create_proxy("call_function", function, args, kwargs)
         return original(*args, **kwargs)
 
-    try:
-        for function in functions:
-            if not isinstance(function, types.FunctionType) or function.__code__.co_freevars:
-                continue
-            original = types.FunctionType(
-                function.__code__, function.__globals__, function.__name__,
-                function.__defaults__, function.__closure__,
-            )
-            original.__kwdefaults__ = function.__kwdefaults__
-            originals[id(function)] = (function, original)
-            patched.append((function, function.__code__, function.__defaults__, function.__kwdefaults__))
-            if DISPATCH_NAME not in function.__globals__:
-                function.__globals__[DISPATCH_NAME] = dispatch
-                namespaces.append(function.__globals__)
-            function.__code__ = _trampoline_code(function, id(function))
-            function.__defaults__ = None
-            function.__kwdefaults__ = None
+    with intercepted_calls(functions, record):
         yield
-    finally:
-        for function, code, defaults, kwdefaults in patched:
-            function.__code__ = code
-            function.__defaults__ = defaults
-            function.__kwdefaults__ = kwdefaults
-        for namespace in namespaces:
-            namespace.pop(DISPATCH_NAME, None)

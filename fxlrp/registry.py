@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -53,6 +53,12 @@ class Operation:
     default_rule: Callable[[], Any] | None = None
     """Rule used for an AFFINE operation when the composite names none (the z-rule for sums)."""
     description: str = ""
+    subclasses: bool = False
+    """Whether subclasses of ``modules`` belong to it too, whatever their ``forward`` (a library's
+    base class, e.g. PyG's ``MessagePassing``, whose subclasses each define their own forward)."""
+    leaf: bool = False
+    """Whether capture records calls of ``functions`` as single nodes instead of tracing into them
+    (library functions with Python control flow on tensor values)."""
 
 
 class Registry:
@@ -64,10 +70,22 @@ class Registry:
         self._functions: dict[int, Callable[..., Any]] = {}
         self._by_method: dict[str, Operation] = {}
         self._by_module: dict[type, Operation] = {}
+        self._by_base_module: dict[type, Operation] = {}
 
     def register(self, operation: Operation) -> Operation:
         if operation.name in self.operations:
             raise ValueError(f"operation {operation.name!r} is registered twice")
+        return self._index(operation)
+
+    def extend(self, name: str, *, functions: tuple[Callable[..., Any], ...] = (),
+               modules: tuple[type[nn.Module], ...] = ()) -> Operation:
+        """Add spellings to a registered operation (an integration adds its library's functions
+        or module types to an operation the core defines)."""
+        operation = self.operations[name]
+        return self._index(replace(operation, functions=operation.functions + functions,
+                                   modules=operation.modules + modules))
+
+    def _index(self, operation: Operation) -> Operation:
         self.operations[operation.name] = operation
         for function in operation.functions:
             self._by_function[id(function)] = operation
@@ -76,6 +94,8 @@ class Registry:
             self._by_method[method] = operation
         for module_type in operation.modules:
             self._by_module[module_type] = operation
+            if operation.subclasses:
+                self._by_base_module[module_type] = operation
         return operation
 
     def for_function(self, function: Callable[..., Any]) -> Operation | None:
@@ -93,7 +113,16 @@ class Registry:
         for base in type(module).__mro__[1:]:
             if base in self._by_module and type(module).forward is base.forward:
                 return self._by_module[base]
+        for base in type(module).__mro__:
+            if base in self._by_base_module:
+                return self._by_base_module[base]
         return None
+
+    def leaf_functions(self) -> tuple[Callable[..., Any], ...]:
+        """Functions of operations marked ``leaf``: capture records their calls as single nodes."""
+        return tuple(
+            function for operation in self.operations.values() if operation.leaf for function in operation.functions
+        )
 
 
 REGISTRY = Registry()

@@ -141,13 +141,13 @@ class Rewriter:
     def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool) -> None:
         module_name, module_type = enclosing_module(node, self.modules)
         rule = None
+        site = Site(node.name, operation.name, operation.weighted, module_name, module_type,
+                    is_first_layer, is_module_call=node.op == "call_module")
         if operation.kind is Kind.AFFINE:
-            site = Site(node.name, operation.name, operation.weighted, module_name, module_type,
-                        is_first_layer, is_module_call=node.op == "call_module")
             rule = self.composite.rule_for(site)
             if rule is None:
                 rule = operation.default_rule() if operation.default_rule else self.composite.layer_rule
-        call = RelevanceCall(rule, self.warn_lost_relevance)
+        call = RelevanceCall(rule, self.warn_lost_relevance, site=site, composite=self.composite, strict=self.strict)
         if node.op == "call_module":
             module = out_of_place(self.modules[node.target])
             to_function = operation.module_function or (lambda module, state: (module, {}))

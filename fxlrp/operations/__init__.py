@@ -2,6 +2,7 @@
 
 from fxlrp.operations import (  # noqa: F401
     elementwise,
+    graph,
     layers,
     neutral,
     scatter,

@@ -22,12 +22,24 @@ register(
         "relu",
         Kind.NATIVE,
         functions=(
-            F.relu, torch.relu, F.relu6, F.leaky_relu, F.hardtanh, F.threshold, F.prelu,
+            F.relu, torch.relu, F.relu6, F.hardtanh, F.threshold, F.prelu,
             torch.prelu, torch.threshold, torch.clamp, torch.clip,
         ),
         methods=("relu", "clamp", "clip", "clamp_min", "clamp_max"),
-        modules=(nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.Threshold, nn.PReLU),
+        modules=(nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Threshold, nn.PReLU),
         description="piecewise-linear activations: native backward passes relevance where active",
+    )
+)
+register(
+    Operation(
+        "leaky_relu",
+        Kind.PASS,
+        functions=(F.leaky_relu, torch._C._nn.leaky_relu),
+        modules=(nn.LeakyReLU,),
+        relevance=passes((0,)),
+        module_function=module_as_function,
+        description="leaky ReLU: identity rule, R_in = R_out (its native backward would scale "
+        "relevance by the negative slope; for y = a x the z-rule gives x a / y R = R)",
     )
 )
 

@@ -13,7 +13,7 @@ import operator
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 
 from fxlrp.operations.helpers import identity
 from fxlrp.registry import Kind, Operation, register
@@ -100,6 +100,7 @@ register(
             operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
             operator.floordiv, operator.mod, operator.and_, operator.or_, operator.invert,
             operator.not_, operator.xor, builtins.len, builtins.int, builtins.float,
+            fx._symbolic_trace._assert_is_none,  # the check capture adds for concrete_args=None
         ),
         methods=(
             "size", "dim", "numel", "ndimension", "nelement", "new_zeros", "new_ones", "new_full",

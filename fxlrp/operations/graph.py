@@ -1,0 +1,69 @@
+"""Graph operations: softmax over groups of edges (attention coefficients).
+
+A graph-attention layer normalises one logit per edge over the edges that arrive at the same
+node: ``s_e = exp(a_e) / sum_{e' -> i} exp(a_e')``. Two ways to explain it:
+
+- default, the Taylor rule of AttnLRP (Achtibat et al. 2024) for softmax:
+  ``R(a_e) = a_e * (R_e - s_e * sum_{e' -> i} R_e')``, which is the epsilon rule's formula
+  ``a * J^T (R / s)`` applied to the softmax, so it runs as an affine rule on the operation
+  (``Epsilon(0.0)`` by default; a composite may give another epsilon);
+- CP-LRP (Ali et al. 2022, "XAI for Transformers: better explanations through conservative
+  propagation"): the attention coefficients are constants. The softmax output carries no relevance,
+  so a product ``alpha * x_j`` passes all of its relevance to the values ``x_j`` and no relevance
+  enters the logits. Select it with the rule :class:`AttentionAsConstant` for the operation
+  ``"graph_softmax"`` (``fxlrp.pyg.cp_lrp(composite)`` does that).
+
+Library spellings: torch_scatter's ``scatter_softmax`` here; integrations add theirs (PyG's
+``torch_geometric.utils.softmax``) with ``REGISTRY.extend("graph_softmax", ...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
+
+from fxlrp.call import RelevanceCall
+from fxlrp.operations.helpers import bind
+from fxlrp.operations.sums import proportional
+from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.layer import AffineLayer
+from fxlrp.rules import Rule
+from fxlrp.scatter_library import scatter_functions
+
+GRAPH_SOFTMAX = "graph_softmax"
+
+
+class AttentionAsConstant(Rule):
+    """CP-LRP for attention: the softmax's output is a constant, ``R(logits) = 0`` and products
+    with the coefficients pass their relevance to the other factor unchanged."""
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        return layer.forward(inputs).detach(), None
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        raise RuntimeError("fxlrp: attention treated as a constant receives no relevance")
+
+    def __repr__(self) -> str:
+        return "AttentionAsConstant()"
+
+
+def group_softmax(call: RelevanceCall, function: Any, src: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """Softmax of ``src`` over groups: the AttnLRP rule by default, constants under CP-LRP."""
+    if isinstance(call.rule, AttentionAsConstant):
+        return bind(function, kwargs)(src, *args).detach()
+    return call.affine(call.layer(bind(function, kwargs)), src, *args)
+
+
+register(
+    Operation(
+        GRAPH_SOFTMAX,
+        Kind.AFFINE,
+        functions=scatter_functions(("scatter_softmax",)),
+        relevance=group_softmax,
+        default_rule=proportional,
+        description="softmax over groups of edges (attention): AttnLRP's rule R(a) = a (R - s sum R); "
+        "AttentionAsConstant gives CP-LRP",
+    )
+)

@@ -1,0 +1,70 @@
+"""Registry entries for PyTorch Geometric: message-passing layers, PyG's scatter and softmax, the
+global pools. All of them are explained by running PyG's own code (see :mod:`fxlrp.pyg.runtime`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.models.basic_gnn import BasicGNN
+from torch_geometric.utils import scatter, softmax
+
+from fxlrp.call import RelevanceCall
+from fxlrp.capture import LIBRARY_CONCRETE_ARGS
+from fxlrp.operations.graph import GRAPH_SOFTMAX
+from fxlrp.operations.scatter import reduce_by_argument
+from fxlrp.operations.sums import proportional
+from fxlrp.pyg.messages import messages_of
+from fxlrp.pyg.runtime import LayerRunner, interpret, layer_runner
+from fxlrp.registry import REGISTRY, Kind, Operation, register
+
+
+def message_passing(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: Any) -> Tensor:
+    """A message-passing layer: its real forward, propagate, message, aggregate and update run
+    with every operation on relevance-carrying tensors explained by its rule."""
+    name = call.site.module_name if call.site is not None and call.site.module_name else type(runner.module).__name__
+    with messages_of(runner.module, name):
+        return interpret(call, runner, *args, **kwargs)
+
+
+register(
+    Operation(
+        "message_passing",
+        Kind.AFFINE,
+        modules=(MessagePassing,),
+        subclasses=True,
+        relevance=message_passing,
+        module_function=layer_runner,
+        weighted=True,
+        description="PyG message-passing layer (any MessagePassing subclass), run with its parts explained",
+    )
+)
+register(
+    Operation(
+        "pyg_scatter",
+        Kind.AFFINE,
+        functions=(scatter,),
+        relevance=reduce_by_argument,
+        default_rule=proportional,
+        leaf=True,
+        description="torch_geometric.utils.scatter: sum/mean proportional, max/min winner-take-all",
+    )
+)
+register(
+    Operation(
+        "global_pool",
+        Kind.AFFINE,
+        functions=(global_add_pool, global_mean_pool, global_max_pool),
+        relevance=interpret,
+        default_rule=proportional,
+        leaf=True,
+        description="PyG global add/mean/max pooling over the nodes of each graph",
+    )
+)
+REGISTRY.extend(GRAPH_SOFTMAX, functions=(softmax,))
+
+# BasicGNN (GCN, GIN, GraphSAGE, GAT, ...) trims sampled mini-batches when these are given;
+# fixed to None, its forward is a plain stack of layers.
+LIBRARY_CONCRETE_ARGS[BasicGNN] = {"num_sampled_nodes_per_hop": None, "num_sampled_edges_per_hop": None}
