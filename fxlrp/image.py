@@ -1,0 +1,248 @@
+"""Relevance of images as pictures: channel reduction, symmetric normalisation, colour maps,
+overlays on the input, PNG files. Works on single maps and on batches.
+
+Needs matplotlib and pillow (``pip install fxlrp[pictures]``); the core of fxlrp does not
+import this module, so ``import fxlrp`` works without them.
+
+Conventions: relevance batches are ``[batch, channels, height, width]`` tensors or arrays, single
+maps ``[channels, height, width]`` or ``[height, width]``. Colours are RGB ``uint8`` arrays of
+shape ``[..., height, width, 3]``. Zero relevance is always the middle of the colour map, so
+positive and negative relevance keep their meaning across a picture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.colors import Colormap, LinearSegmentedColormap
+from PIL import Image
+
+ArrayLike = np.ndarray | torch.Tensor
+
+COLD_AND_HOT = LinearSegmentedColormap.from_list(
+    "fxlrp_cold_and_hot",
+    # negative: light cyan -> blue -> black at zero; positive: black -> red -> yellow
+    [(0.0, (0.6, 1.0, 1.0)), (0.25, (0.0, 0.0, 1.0)), (0.5, (0.0, 0.0, 0.0)),
+     (0.75, (1.0, 0.0, 0.0)), (1.0, (1.0, 1.0, 0.0))],
+)
+"""Diverging map on black: cold (blue, cyan) for negative, hot (red, yellow) for positive."""
+
+COLOUR_MAPS = ("bwr", "seismic", "coolwarm", "RdBu_r", "cold_and_hot")
+"""Names :func:`colour_map` accepts; any other matplotlib colour map name works too."""
+
+CHANNEL_REDUCTIONS = ("sum", "abs_sum", "max_abs", "none")
+
+
+def as_numpy(values: ArrayLike) -> np.ndarray:
+    """A float64 numpy copy of a tensor or array (detached, on the CPU)."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().double().numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+def colour_map(name: str | Colormap) -> Colormap:
+    """A matplotlib colour map by name; ``"cold_and_hot"`` is fxlrp's :data:`COLD_AND_HOT`."""
+    if isinstance(name, Colormap):
+        return name
+    if name in ("cold_and_hot", "coldnhot"):
+        return COLD_AND_HOT
+    try:
+        return colormaps[name]
+    except KeyError:
+        raise ValueError(f"unknown colour map {name!r}; use one of {', '.join(COLOUR_MAPS)} "
+                         f"or any matplotlib colour map name") from None
+
+
+def reduce_channels(relevance: ArrayLike, reduction: str = "sum", channel_axis: int = -3) -> np.ndarray:
+    """Collapse the channel axis of ``[..., channels, height, width]`` relevance.
+
+    ``"sum"``: ``R_hw = sum_c R_chw`` (keeps the sign; relevance of a pixel is the sum over its
+    colours). ``"abs_sum"``: ``sum_c |R_chw|`` (magnitude only). ``"max_abs"``: the channel
+    value with the largest magnitude, sign kept. ``"none"``: the input must have no channel axis.
+    """
+    values = as_numpy(relevance)
+    if reduction == "none":
+        return values
+    if values.ndim < 3:
+        raise ValueError(f"relevance of shape {values.shape} has no channel axis; "
+                         f"pass reduction='none' for [height, width] maps")
+    if reduction == "sum":
+        return values.sum(axis=channel_axis)
+    if reduction == "abs_sum":
+        return np.abs(values).sum(axis=channel_axis)
+    if reduction == "max_abs":
+        index = np.expand_dims(np.abs(values).argmax(axis=channel_axis), channel_axis)
+        return np.take_along_axis(values, index, axis=channel_axis).squeeze(channel_axis)
+    raise ValueError(f"unknown channel reduction {reduction!r}; use one of {', '.join(CHANNEL_REDUCTIONS)}")
+
+
+def normalise_symmetric(heatmaps: ArrayLike, per_map: bool = True, percentile: float = 100.0) -> np.ndarray:
+    """Scale ``[..., height, width]`` maps to ``[-1, 1]`` by ``R / max|R|``, keeping zero at zero.
+
+    ``per_map``: each map gets its own scale (the default); otherwise one scale for all.
+    ``percentile`` below 100 uses that percentile of ``|R|`` as the scale and clips beyond it,
+    so that a few extreme pixels do not wash out the rest. All-zero maps stay zero.
+    """
+    values = as_numpy(heatmaps)
+    if values.ndim < 2:
+        raise ValueError(f"heatmaps need at least [height, width], got shape {values.shape}")
+    magnitude = np.abs(values)
+    axes = (-2, -1) if per_map else tuple(range(values.ndim))
+    if percentile >= 100.0:
+        scale = magnitude.max(axis=axes, keepdims=True)
+    else:
+        scale = np.percentile(magnitude, percentile, axis=axes, keepdims=True)
+    # an all-zero map has no scale: dividing by 1 keeps it zero instead of NaN
+    scale = np.where(scale > 0, scale, 1.0)
+    return np.clip(values / scale, -1.0, 1.0)
+
+
+def colourise(normalised: ArrayLike, cmap: str | Colormap = "bwr") -> np.ndarray:
+    """Map values in ``[-1, 1]`` to RGB ``uint8`` with zero at the centre of ``cmap``."""
+    values = as_numpy(normalised)
+    rgba = colour_map(cmap)((np.clip(values, -1.0, 1.0) + 1.0) / 2.0)
+    return np.round(rgba[..., :3] * 255).astype(np.uint8)
+
+
+def heatmap(
+    relevance: ArrayLike,
+    cmap: str | Colormap = "bwr",
+    reduction: str = "sum",
+    per_map: bool = True,
+    percentile: float = 100.0,
+) -> np.ndarray:
+    """Relevance ``[..., channels, height, width]`` (or ``[..., h, w]`` with ``reduction="none"``)
+    to RGB ``uint8`` ``[..., height, width, 3]``: reduce channels, normalise symmetrically, colour.
+    """
+    return colourise(normalise_symmetric(reduce_channels(relevance, reduction), per_map, percentile), cmap)
+
+
+def image_to_rgb(image: ArrayLike, low: float | None = None, high: float | None = None) -> np.ndarray:
+    """An input image ``[..., channels, height, width]`` (1 or 3 channels) as RGB ``uint8``.
+
+    Values are scaled from ``[low, high]`` (default: the image's own range) to ``[0, 255]``,
+    which undoes any per-channel-free normalisation well enough for display.
+    """
+    values = as_numpy(image)
+    if values.ndim < 3 or values.shape[-3] not in (1, 3):
+        raise ValueError(f"images need shape [..., 1 or 3 channels, height, width], got {values.shape}")
+    low = values.min() if low is None else low
+    high = values.max() if high is None else high
+    scaled = (values - low) / (high - low) if high > low else np.zeros_like(values)
+    rgb = np.moveaxis(np.clip(scaled, 0.0, 1.0), -3, -1)
+    if rgb.shape[-1] == 1:
+        rgb = np.repeat(rgb, 3, axis=-1)
+    return np.round(rgb * 255).astype(np.uint8)
+
+
+def overlay(
+    image: ArrayLike,
+    relevance: ArrayLike,
+    cmap: str | Colormap = "bwr",
+    reduction: str = "sum",
+    strength: float = 0.7,
+    percentile: float = 100.0,
+) -> np.ndarray:
+    """The heatmap of ``relevance`` laid over the grey version of ``image``.
+
+    Each pixel blends a grey image with the heatmap colour, weighted by ``strength * |R|`` of the
+    normalised relevance: irrelevant pixels show the image, relevant ones the colour.
+    ``image`` and ``relevance`` are ``[..., channels, height, width]`` of the same size.
+    """
+    grey = image_to_rgb(image).astype(np.float64).mean(axis=-1, keepdims=True)
+    normalised = normalise_symmetric(reduce_channels(relevance, reduction), percentile=percentile)
+    if normalised.shape != grey.shape[:-1]:
+        raise ValueError(f"image {grey.shape[:-1]} and relevance {normalised.shape} differ in size")
+    colours = colourise(normalised, cmap).astype(np.float64)
+    weight = strength * np.abs(normalised)[..., None]
+    return np.round((1.0 - weight) * grey + weight * colours).astype(np.uint8)
+
+
+def enlarge(rgb: np.ndarray, factor: int) -> np.ndarray:
+    """Repeat each pixel ``factor`` times along height and width (small inputs such as 8x8 digits
+    stay crisp: no interpolation invents structure)."""
+    if factor < 1:
+        raise ValueError(f"enlarge factor must be >= 1, got {factor}")
+    return np.repeat(np.repeat(rgb, factor, axis=-3), factor, axis=-2)
+
+
+def save_png(rgb: np.ndarray, path: str | Path, scale: int = 1) -> Path:
+    """Save one RGB ``uint8`` picture ``[height, width, 3]`` as PNG; returns the path."""
+    if rgb.ndim != 3 or rgb.shape[-1] != 3:
+        raise ValueError(f"save_png takes one RGB picture [height, width, 3], got shape {rgb.shape}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(enlarge(np.ascontiguousarray(rgb, dtype=np.uint8), scale)).save(path, format="PNG")
+    return path
+
+
+def save_pngs(rgb: np.ndarray, directory: str | Path, names: Sequence[str], scale: int = 1) -> list[Path]:
+    """Save a batch ``[batch, height, width, 3]`` as ``directory/name.png`` each."""
+    if rgb.ndim != 4 or len(names) != rgb.shape[0]:
+        raise ValueError(f"save_pngs takes a batch [batch, height, width, 3] and one name per picture; "
+                         f"got shape {rgb.shape} and {len(names)} names")
+    directory = Path(directory)
+    return [save_png(picture, directory / f"{name}.png", scale) for picture, name in zip(rgb, names, strict=True)]
+
+
+def read_png(path: str | Path) -> np.ndarray:
+    """An RGB ``uint8`` array ``[height, width, 3]`` read from a PNG file."""
+    with Image.open(path) as picture:
+        return np.asarray(picture.convert("RGB"))
+
+
+def signed_values_from_bwr(rgb: np.ndarray) -> np.ndarray:
+    """Invert the ``bwr`` map: the value in ``[-1, 1]`` each pixel of a bwr heatmap shows.
+
+    bwr runs blue ``(0, 0, 1)`` -> white -> red ``(1, 0, 0)``, so ``(red - blue) / 255`` is the
+    normalised relevance. Used to check rendered pictures, not only the arrays behind them.
+    """
+    channels = rgb.astype(np.float64)
+    return (channels[..., 0] - channels[..., 2]) / 255.0
+
+
+def figure_grid(
+    images: ArrayLike,
+    relevances: Sequence[ArrayLike],
+    titles: Sequence[str],
+    path: str | Path,
+    row_labels: Sequence[str] | None = None,
+    cmap: str | Colormap = "bwr",
+    reduction: str = "sum",
+) -> Path:
+    """One figure: a row per image with the input and one heatmap per relevance batch.
+
+    ``images``: ``[batch, channels, h, w]``; ``relevances``: batches of the same shape (for
+    example one per composite); ``titles``: ``"input"`` plus one per relevance batch.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    inputs = image_to_rgb(images)
+    maps = [heatmap(relevance, cmap, reduction) for relevance in relevances]
+    rows, columns = inputs.shape[0], 1 + len(maps)
+    if len(titles) != columns:
+        raise ValueError(f"figure_grid needs {columns} titles (input plus one per relevance), got {len(titles)}")
+    figure, axes = pyplot.subplots(rows, columns, figsize=(1.6 * columns, 1.6 * rows), squeeze=False)
+    for row in range(rows):
+        for column, picture in enumerate([inputs[row]] + [colours[row] for colours in maps]):
+            axis = axes[row, column]
+            axis.imshow(picture, interpolation="nearest")
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if row == 0:
+                axis.set_title(titles[column], fontsize=9)
+        if row_labels is not None:
+            axes[row, 0].set_ylabel(row_labels[row], fontsize=8)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+    return path
