@@ -332,7 +332,8 @@ ROUTING = [
     Case("torch.relu", lambda m, x: torch.relu(x), ((3, 4),), "routed"),
     Case("relu method", lambda m, x: x.relu(), ((3, 4),), "routed"),
     Case("relu_ method", _relu_in_place, ((3, 4),), "routed"),
-    Case("leaky_relu", lambda m, x: F.leaky_relu(x, 0.1), ((3, 4),), "routed"),
+    # identity since commit 9755653 (a leaky ReLU passes all its relevance, negative side included)
+    Case("leaky_relu", lambda m, x: F.leaky_relu(x, 0.1), ((3, 4),), "identity"),
     Case("clamp", lambda m, x: x.clamp(min=-0.5, max=0.5), ((3, 4),), "routed"),
 ]
 
