@@ -29,7 +29,6 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 import fxlrp
 from fxlrp.call import RelevanceCall
@@ -46,7 +45,17 @@ _LIBRARY_FILES = (torch.__file__.rsplit("/", 1)[0], fxlrp.__file__.rsplit("/", 1
 
 
 def _tensors(value: Any) -> list[Tensor]:
-    return [leaf for leaf in tree_flatten(value)[0] if isinstance(leaf, Tensor)]
+    """Tensors inside nested tuples, lists and dicts (a plain walk: this runs for every torch call)."""
+    found, pending = [], [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+    return found
 
 
 def _carries(value: Any) -> bool:
