@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import linecache
 import os
+import sys
 import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,6 +20,7 @@ from fxlrp.registry import REGISTRY
 _LIBRARY_DIRECTORIES = tuple(
     os.path.dirname(module.__file__) + os.sep for module in (torch, __import__("fxlrp"))
 )
+_GENERATED_BY_FXLRP = "<fxlrp "  # code objects fxlrp compiles (fxlrp/leaf_functions.py)
 
 
 LIBRARY_CONCRETE_ARGS: dict[type, dict[str, Any]] = {}
@@ -33,6 +36,25 @@ def _library_concrete_args(model: nn.Module) -> dict[str, Any]:
     return fixed
 
 
+def innermost_user_frame() -> str:
+    """The innermost caller outside torch and fxlrp, in traceback format, as long as it runs
+    inside a ``forward`` (as torch.fx's own stack traces require); '' otherwise.
+
+    It is all :func:`fxlrp.source.source_line` reads. torch.fx's ``record_stack_traces`` would
+    format the whole stack of every node and, the first time, import torch.export (~2 s)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith((*_LIBRARY_DIRECTORIES, _GENERATED_BY_FXLRP)):
+        frame = frame.f_back
+    user = frame
+    while frame is not None and frame.f_code.co_name != "forward":
+        frame = frame.f_back
+    if user is None or frame is None:
+        return ""
+    code = user.f_code
+    line = linecache.getline(code.co_filename, user.f_lineno).strip()
+    return f'File "{code.co_filename}", line {user.f_lineno}, in {code.co_name}\n    {line}'
+
+
 class RelevanceTracer(fx.Tracer):
     """torch.fx's tracer with two small changes: modules fxlrp explains as a whole are leaves,
     and library functions that cannot be traced through are recorded as single calls."""
@@ -43,9 +65,17 @@ class RelevanceTracer(fx.Tracer):
         leaf_functions: Iterable[Callable[..., Any]] = (),
     ) -> None:
         super().__init__()
-        self.record_stack_traces = True
+        self.record_stack_traces = False  # create_node records the one frame fxlrp reports
         self.is_explained_module = is_explained_module
         self.leaf_functions = tuple(leaf_functions)
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        if not node.stack_trace:
+            trace = innermost_user_frame()
+            if trace:
+                node.stack_trace = trace
+        return node
 
     def is_leaf_module(self, module: nn.Module, module_qualified_name: str) -> bool:
         return self.is_explained_module(module) or super().is_leaf_module(module, module_qualified_name)

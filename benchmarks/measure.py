@@ -1,0 +1,121 @@
+"""Timing (interleaved repeats in one process, medians) and peak memory (a fresh process per
+configuration, peak resident set size above the resident size just before the call)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.configurations import CONFIGURATIONS, Unavailable
+from benchmarks.workloads import Workload, build
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Result:
+    """One configuration on one workload."""
+
+    setup: float | None = None
+    """Seconds of the one-off work: ``fxlrp.convert``, registering zennit's hooks."""
+    times: list[float] = field(default_factory=list)
+    status: str = "ok"
+    """``ok``, or why the configuration did not run (``unsupported: ...``, ``n/a: ...``)."""
+    memory: float | None = None
+    """Peak memory above the resident size before the call, in MB."""
+
+    @property
+    def seconds(self) -> float | None:
+        return statistics.median(self.times) if self.times else None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:160]
+
+
+def prepare(workload: Workload, name: str, result: Result) -> Callable[[], Any] | None:
+    """The configuration's run function after one warm-up call, or None (``result.status``
+    says why)."""
+    try:
+        start = time.perf_counter()
+        run = CONFIGURATIONS[name].prepare(workload)
+        result.setup = time.perf_counter() - start
+        run()
+        return run
+    except Unavailable as error:
+        result.status = f"n/a: {error}"
+    except Exception as error:  # a library that cannot explain this model is a result, not a crash
+        result.status = f"unsupported: {_first_line(error)}"
+    return None
+
+
+def time_interleaved(workload: Workload, names: list[str], repeats: int) -> dict[str, Result]:
+    """Run every configuration once per round, ``repeats`` rounds, rotating the order so that
+    no configuration always follows the same one; machine load hits all of them alike."""
+    results = {name: Result() for name in names}
+    runs = {}
+    for name in names:
+        run = prepare(workload, name, results[name])
+        if run is not None:
+            runs[name] = run
+    order = list(runs)
+    for round_ in range(repeats):
+        shift = round_ % max(len(order), 1)
+        for name in order[shift:] + order[:shift]:
+            gc.collect()
+            start = time.perf_counter()
+            runs[name]()
+            results[name].times.append(time.perf_counter() - start)
+    return results
+
+
+def _status_kb(field_name: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field_name}")
+
+
+def probe_memory(model: str, name: str, quick: bool) -> dict[str, Any]:
+    """In this (fresh) process: peak resident memory of one call of the configuration above the
+    resident memory right before it, in MB. Linux only (/proc/self/clear_refs resets the peak)."""
+    workload = build(model, quick)
+    try:
+        run = CONFIGURATIONS[name].prepare(workload)
+    except Exception as error:
+        return {"error": _first_line(error)}
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # reset VmHWM to the current resident size
+    before = _status_kb("VmRSS")
+    try:
+        output = run()
+    except Exception as error:
+        return {"error": _first_line(error)}
+    peak = _status_kb("VmHWM")
+    del output
+    return {"peak_mb": (peak - before) / 1024}
+
+
+def memory_in_subprocess(model: str, name: str, quick: bool, threads: int | None = None) -> float | None:
+    command = [sys.executable, "-m", "benchmarks.run", "--probe-memory", model, name]
+    if quick:
+        command.append("--quick")
+    if threads:
+        command += ["--threads", str(threads)]
+    environment = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        return None
+    return json.loads(lines[-1]).get("peak_mb")

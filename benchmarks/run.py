@@ -1,0 +1,84 @@
+"""fxlrp benchmark: forward, gradient x input, fxlrp, zennit and captum side by side.
+
+    python benchmarks/run.py                      # everything; writes docs/benchmarks.md + README
+    python benchmarks/run.py --quick              # small inputs, a smoke check (writes nothing)
+    python benchmarks/run.py --models resnet50,gcn --configs fxlrp,zennit --repeats 3
+
+Timings: all configurations of a model in one process, interleaved repeats, medians.
+Memory: a fresh process per configuration (``--no-memory`` skips it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.configurations import CONFIGURATIONS, FLOOR  # noqa: E402
+from benchmarks.measure import memory_in_subprocess, probe_memory, time_interleaved  # noqa: E402
+from benchmarks.table import document, write  # noqa: E402
+from benchmarks.workloads import DESCRIPTIONS, FULL, QUICK_DESCRIPTION, build  # noqa: E402
+
+
+def _select(available: list[str], selectors: str | None) -> list[str]:
+    """Names containing any of the comma-separated ``selectors`` (case-insensitive)."""
+    if not selectors:
+        return available
+    wanted = [selector.strip().lower() for selector in selectors.split(",") if selector.strip()]
+    chosen = [name for name in available if any(selector in name.lower() for selector in wanted)]
+    if not chosen:
+        raise SystemExit(f"nothing matches {selectors!r}; choose from: {', '.join(available)}")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", help=f"comma-separated, from: {', '.join(FULL)}")
+    parser.add_argument("--configs", help="comma-separated substrings of configuration names "
+                        f"(gradient x input is always included): {', '.join(CONFIGURATIONS)}")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int,
+                        help="torch threads (default: torch's choice); 1 is steadier on a busy machine")
+    parser.add_argument("--quick", action="store_true", help="small inputs; a smoke check, writes nothing")
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-configuration memory processes")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs and README alone")
+    parser.add_argument("--probe-memory", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
+    arguments = parser.parse_args(argv)
+
+    if arguments.threads:
+        torch.set_num_threads(arguments.threads)
+    if arguments.probe_memory:
+        print(json.dumps(probe_memory(*arguments.probe_memory, arguments.quick)))
+        return
+
+    models = _select(list(FULL), arguments.models)
+    names = _select(list(CONFIGURATIONS), arguments.configs)
+    if FLOOR not in names:
+        names.insert(0, FLOOR)
+    all_results = {}
+    for model in models:
+        print(f"{model}: timing {len(names)} configurations x {arguments.repeats} repeats", flush=True)
+        results = time_interleaved(build(model, arguments.quick), names, arguments.repeats)
+        if not arguments.no_memory:
+            for name, result in results.items():
+                if result.status == "ok":
+                    print(f"{model}: memory of {name}", flush=True)
+                    result.memory = memory_in_subprocess(model, name, arguments.quick, arguments.threads)
+        all_results[model] = results
+    command = "make bench" if argv is None and len(sys.argv) == 1 else "python benchmarks/run.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    descriptions = {model: "quick: " + QUICK_DESCRIPTION for model in models} if arguments.quick else DESCRIPTIONS
+    text = document(all_results, descriptions, arguments.repeats, arguments.quick, command.strip())
+    print(text)
+    if not (arguments.quick or arguments.no_write):
+        for path in write(text):
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""The benchmark's table: machine description, one section per model, target checks; written
+to docs/benchmarks.md and between the README's benchmark markers."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+
+import torch
+
+from benchmarks.configurations import FLOOR
+from benchmarks.measure import ROOT, Result
+
+START_MARKER = "<!-- benchmark:start -->"
+END_MARKER = "<!-- benchmark:end -->"
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = [f"torch {torch.__version__}"]
+    for package in ("zennit", "captum"):
+        try:
+            from importlib.metadata import version
+
+            versions.append(f"{package} {version(package)}")
+        except Exception:
+            pass
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return (f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
+            f"{', '.join(versions)}; Python {platform.python_version()}; load average at start {load}")
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(value: float | None, floor: float | None) -> str:
+    return "" if value is None or not floor else f"{value / floor:.2f}x"
+
+
+def model_table(results: Mapping[str, Result]) -> list[str]:
+    floor = results.get(FLOOR, Result())
+    lines = [
+        "| configuration | setup (s) | time (s) | / gradient | peak memory (MB) | / gradient | note |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, result in results.items():
+        note = "" if result.status == "ok" else result.status.replace("|", "/")
+        lines.append(
+            f"| {name} | {_number(result.setup)} | {_number(result.seconds)} | "
+            f"{_ratio(result.seconds, floor.seconds)} | {_number(result.memory, 0)} | "
+            f"{_ratio(result.memory, floor.memory)} | {note} |"
+        )
+    return lines
+
+
+def _check(label: str, value: float | None, limit: float, compare: str = "<=") -> str | None:
+    if value is None:
+        return None
+    met = value <= limit if compare == "<=" else value >= limit
+    return f"- {label}: {value:.2f} (target {compare} {limit}) {'met' if met else 'MISSED'}"
+
+
+def target_checks(all_results: Mapping[str, Mapping[str, Result]]) -> list[str]:
+    """The issue's targets, as ratios from this run."""
+    lines = []
+    for model, results in all_results.items():
+        floor = results.get(FLOOR)
+        if floor is None or floor.seconds is None:
+            continue
+
+        def time_of(name: str) -> float | None:
+            result = results.get(name)
+            return result.seconds if result is not None else None
+
+        def ratio(name: str, attribute: str = "seconds") -> float | None:
+            result = results.get(name)
+            value = getattr(result, attribute) if result is not None else None
+            base = getattr(floor, attribute)
+            return value / base if value is not None and base else None
+
+        checks = [
+            _check(f"{model}: fxlrp Epsilon time / gradient", ratio("fxlrp Epsilon"),
+                   1.2 if model == "gcn" else 1.15),
+            _check(f"{model}: fxlrp EpsilonPlusFlat time / gradient", ratio("fxlrp EpsilonPlusFlat"), 1.6),
+        ]
+        ours, theirs = time_of("fxlrp EpsilonPlusFlat"), time_of("zennit EpsilonPlusFlat")
+        if ours and theirs:
+            checks.append(_check(f"{model}: zennit EpsilonPlusFlat time / fxlrp's", theirs / ours, 3.0, ">="))
+        for name in ("fxlrp Epsilon", "fxlrp EpsilonPlusFlat", "fxlrp EpsilonGammaBox"):
+            checks.append(_check(f"{model}: {name} peak memory / gradient", ratio(name, "memory"), 1.25))
+        if model == "resnet50":
+            epsilon = results.get("fxlrp Epsilon")
+            checks.append(_check("resnet50: convert (s)", epsilon.setup if epsilon else None, 0.5))
+        lines += [check for check in checks if check is not None]
+    return lines
+
+
+def document(all_results: Mapping[str, Mapping[str, Result]], descriptions: Mapping[str, str],
+             repeats: int, quick: bool, command: str) -> str:
+    lines = [
+        f"Machine: {machine()}.",
+        "",
+        f"Median of {repeats} interleaved repeats in one process; peak memory is the peak resident "
+        "memory of one call above the resident memory before it, each configuration in a fresh "
+        "process. Setup is `fxlrp.convert` (or registering zennit's composite and canonizers). "
+        "Ratios are to gradient x input with frozen parameters, measured in the same run."
+        + (" **Quick mode: small inputs, for smoke checks only.**" if quick else ""),
+        f"Rerun: `{command}`.",
+        "",
+    ]
+    for model, results in all_results.items():
+        lines += [f"### {model} ({descriptions.get(model, '')})", "", *model_table(results), ""]
+    checks = target_checks(all_results)
+    if checks:
+        lines += ["Targets:", "", *checks, ""]
+    return "\n".join(lines)
+
+
+def write(text: str, title: str = "# Benchmarks") -> list[str]:
+    """Write docs/benchmarks.md and the README's benchmark section; return the files written."""
+    written = []
+    path = os.path.join(ROOT, "docs", "benchmarks.md")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as out:
+        out.write(f"{title}\n\n{text}\n")
+    written.append(path)
+    readme = os.path.join(ROOT, "README.md")
+    if os.path.exists(readme):
+        with open(readme) as source:
+            content = source.read()
+        start, end = content.find(START_MARKER), content.find(END_MARKER)
+        if 0 <= start < end:
+            content = content[: start + len(START_MARKER)] + "\n" + text + "\n" + content[end:]
+            with open(readme, "w") as out:
+                out.write(content)
+            written.append(readme)
+    return written

@@ -1,0 +1,122 @@
+"""The models and inputs the benchmark explains: torchvision CNNs, a vision transformer and a
+GCN written with plain torch + torch_scatter. Random weights (no downloads), eval mode,
+parameters frozen."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+# Normalised images lie roughly in [-3, 3]: the box of the first layer's zB rule.
+IMAGE_LOW, IMAGE_HIGH = -3.0, 3.0
+
+
+@dataclass
+class Workload:
+    """A model, the inputs it is called with, and which input is explained (the others are
+    indices or constants)."""
+
+    name: str
+    model: nn.Module
+    inputs: tuple[Tensor, ...]
+    explained: int = 0
+    low: float = IMAGE_LOW
+    high: float = IMAGE_HIGH
+    zennit_canonizers: Callable[[], list] = list
+    """Builds zennit's canonizers for this model (zennit has none for ViT or graphs)."""
+
+
+class GCNLayer(nn.Module):
+    """``H' = D^-1/2 A D^-1/2 (H W) + b`` with messages gathered by ``index_select`` and summed by
+    ``torch_scatter.scatter_add``, as a user writes it without PyG."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: Tensor, source: Tensor, target: Tensor, norm: Tensor) -> Tensor:
+        from torch_scatter import scatter_add
+
+        h = self.linear(x)
+        messages = h.index_select(0, source) * norm.unsqueeze(-1)
+        return scatter_add(messages, target, dim=0, dim_size=x.size(0)) + self.bias
+
+
+class GCN(nn.Module):
+    """Two GCN layers with a ReLU between them; node classification logits."""
+
+    def __init__(self, in_features: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.conv1 = GCNLayer(in_features, hidden)
+        self.conv2 = GCNLayer(hidden, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        from torch_scatter import scatter_add
+
+        source, target = edge_index[0], edge_index[1]
+        ones = torch.ones_like(target, dtype=x.dtype)
+        degree = scatter_add(ones, target, dim=0, dim_size=x.size(0)).clamp(min=1.0)
+        inverse_root = degree.rsqrt()
+        norm = inverse_root.index_select(0, source) * inverse_root.index_select(0, target)
+        hidden = torch.relu(self.conv1(x, source, target, norm))
+        return self.conv2(hidden, source, target, norm)
+
+
+def _torchvision(name: str, batch: int, size: int) -> Workload:
+    import torchvision
+    from zennit.canonizers import SequentialMergeBatchNorm
+    from zennit.torchvision import ResNetCanonizer, VGGCanonizer
+
+    kwargs = {"image_size": size} if name.startswith("vit") else {}
+    model = getattr(torchvision.models, name)(weights=None, **kwargs)
+    canonizers = {"resnet": ResNetCanonizer, "vgg": VGGCanonizer, "densenet": SequentialMergeBatchNorm}
+    canonizer = next((build for prefix, build in canonizers.items() if name.startswith(prefix)), None)
+    return Workload(
+        name, model, (torch.randn(batch, 3, size, size),),
+        zennit_canonizers=(lambda: [canonizer()]) if canonizer else list,
+    )
+
+
+def _gcn(nodes: int, edges: int, features: int = 64, hidden: int = 64, classes: int = 8) -> Workload:
+    edge_index = torch.randint(0, nodes, (2, edges))
+    x = torch.randn(nodes, features)
+    return Workload(
+        "gcn", GCN(features, hidden, classes), (x, edge_index),
+        low=float(x.min()), high=float(x.max()),
+    )
+
+
+FULL: dict[str, Callable[[], Workload]] = {
+    "resnet50": lambda: _torchvision("resnet50", 4, 224),
+    "vgg16": lambda: _torchvision("vgg16", 4, 224),
+    "densenet121": lambda: _torchvision("densenet121", 4, 224),
+    "vit_b_16": lambda: _torchvision("vit_b_16", 2, 224),
+    "gcn": lambda: _gcn(100_000, 1_000_000),
+}
+QUICK: dict[str, Callable[[], Workload]] = {
+    "resnet50": lambda: _torchvision("resnet50", 1, 64),
+    "vgg16": lambda: _torchvision("vgg16", 1, 64),
+    "densenet121": lambda: _torchvision("densenet121", 1, 64),
+    "vit_b_16": lambda: _torchvision("vit_b_16", 1, 32),
+    "gcn": lambda: _gcn(2_000, 20_000),
+}
+QUICK_DESCRIPTION = "batch 1 at 64x64 (ViT 32x32), GCN with 2k nodes and 20k edges"
+DESCRIPTIONS = {
+    "resnet50": "batch 4, 3x224x224",
+    "vgg16": "batch 4, 3x224x224",
+    "densenet121": "batch 4, 3x224x224",
+    "vit_b_16": "batch 2, 3x224x224",
+    "gcn": "100k nodes, 1M edges, 64 -> 64 -> 8 features",
+}
+
+
+def build(name: str, quick: bool) -> Workload:
+    """The workload ``name`` in eval mode with frozen parameters and a fixed seed."""
+    torch.manual_seed(0)
+    workload = (QUICK if quick else FULL)[name]()
+    workload.model.eval().requires_grad_(False)
+    return workload
