@@ -28,6 +28,7 @@ COLD_AND_HOT = LinearSegmentedColormap.from_list(
     # negative: light cyan -> blue -> black at zero; positive: black -> red -> yellow
     [(0.0, (0.6, 1.0, 1.0)), (0.25, (0.0, 0.0, 1.0)), (0.5, (0.0, 0.0, 0.0)),
      (0.75, (1.0, 0.0, 0.0)), (1.0, (1.0, 1.0, 0.0))],
+    N=255,  # odd: the middle entry is exactly the value 0 (black)
 )
 """Diverging map on black: cold (blue, cyan) for negative, hot (red, yellow) for positive."""
 
