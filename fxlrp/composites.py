@@ -12,9 +12,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
-from fxlrp.rules import Epsilon, Rule
+from fxlrp.rules import (
+    AlphaBeta,
+    Epsilon,
+    Flat,
+    Gamma,
+    Norm,
+    Pass,
+    Rule,
+    Stabiliser,
+    ZBox,
+    ZeroParams,
+    ZPlus,
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,8 @@ class Site:
     """Qualified name of the module the node belongs to (its own for module calls)."""
     module_type: type[nn.Module] | None
     is_first_layer: bool
-    """The first weighted layer the input meets."""
+    """The first layer the input meets among the operations the composite counts as first layers
+    (:meth:`Composite.counts_as_first_layer`; any weighted layer by default)."""
     is_module_call: bool = False
     """The node calls a module (``nn.AvgPool2d``) rather than a function (``x + y``)."""
 
@@ -48,6 +61,11 @@ class Composite:
     4. ``operation_rules``: ``{canonical operation: rule}`` (``"add"``, ``"avg_pool"``, ...);
     5. ``layer_rule`` for every weighted layer;
     6. the operation's own default (z-rule for sums).
+
+    ``first_layer_operations`` says which canonical operations can be the first layer (e.g.
+    ``{"conv", "conv_transpose"}`` for a rule meant for pixels); None means any weighted layer.
+    The first layer is the first such node in execution order, and only that call of a module
+    that is called several times.
     """
 
     def __init__(
@@ -58,12 +76,20 @@ class Composite:
         first_layer: Rule | None = None,
         type_rules: Mapping[Any, Rule] | Iterable[tuple[Any, Rule]] | None = None,
         operation_rules: Mapping[str, Rule] | None = None,
+        first_layer_operations: Iterable[str] | None = None,
     ) -> None:
         self.layer_rule = layer_rule
         self.name_rules = dict(name_rules or {})
         self.first_layer = first_layer
         self.type_rules = list(type_rules.items() if isinstance(type_rules, Mapping) else type_rules or [])
         self.operation_rules = dict(operation_rules or {})
+        self.first_layer_operations = None if first_layer_operations is None else frozenset(first_layer_operations)
+
+    def counts_as_first_layer(self, operation: str, weighted: bool) -> bool:
+        """Whether a node of this canonical operation can be the first layer."""
+        if self.first_layer_operations is None:
+            return weighted
+        return operation in self.first_layer_operations
 
     def rule_for(self, site: Site) -> Rule | None:
         by_module = site.weighted or site.is_module_call
@@ -85,6 +111,123 @@ class Composite:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(layer_rule={self.layer_rule!r})"
+
+
+CONVOLUTIONS = ("conv", "conv_transpose")
+LINEAR_LAYERS = ("linear", *CONVOLUTIONS)
+"""zennit's ``Linear`` type: dense and convolutional layers."""
+SUMS = ("add", "sub", "sum", "mean", "avg_pool")
+"""Parameterless sums; zennit's composites give its ``Sum`` and ``AvgPool`` modules ``Norm``."""
+
+
+class _EpsilonAndConvolutionComposite(Composite):
+    """zennit's shared layer map: ``Norm`` on sums and average pooling, ``Pass`` on BatchNorm that
+    was not folded, ``Epsilon`` on dense layers (and other weighted layers: matmul with a
+    parameter), the subclass's rule on convolutions and, optionally, on the first layer.
+
+    Activations need no entry: smooth ones pass relevance unchanged and piecewise-linear ones
+    keep their native backward, which gives zennit's numbers because every rule above weights
+    by the (zero) input where a ReLU is off.
+    User ``name_rules``, ``type_rules`` and ``operation_rules`` take precedence over the map.
+    """
+
+    first_layer_operations_of_composite: tuple[str, ...] | None = None
+
+    def __init__(
+        self,
+        epsilon: Stabiliser = 1e-6,
+        stabilizer: Stabiliser = 1e-6,
+        zero_params: ZeroParams = None,
+        *,
+        name_rules: Mapping[str, Rule] | None = None,
+        type_rules: Mapping[Any, Rule] | Iterable[tuple[Any, Rule]] | None = None,
+        operation_rules: Mapping[str, Rule] | None = None,
+    ) -> None:
+        norm = Norm(stabilizer)
+        operations: dict[str, Rule] = {name: norm for name in SUMS}
+        operations["batch_norm"] = Pass()
+        convolution_rule = self.convolution_rule(stabilizer, zero_params)
+        operations.update({name: convolution_rule for name in CONVOLUTIONS})
+        operations.update(operation_rules or {})
+        super().__init__(
+            Epsilon(epsilon, zero_params),
+            name_rules=name_rules,
+            first_layer=self.first_layer_rule(stabilizer, zero_params),
+            type_rules=type_rules,
+            operation_rules=operations,
+            first_layer_operations=self.first_layer_operations_of_composite,
+        )
+
+    def convolution_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
+        raise NotImplementedError
+
+    def first_layer_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule | None:
+        return None
+
+
+class EpsilonPlus(_EpsilonAndConvolutionComposite):
+    """zennit's ``EpsilonPlus``: :class:`~fxlrp.rules.ZPlus` on convolutions,
+    :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
+    pooling."""
+
+    def convolution_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
+        return ZPlus(stabilizer, zero_params)
+
+
+class EpsilonAlpha2Beta1(_EpsilonAndConvolutionComposite):
+    """zennit's ``EpsilonAlpha2Beta1``: :class:`~fxlrp.rules.AlphaBeta` (2, 1) on convolutions,
+    :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
+    pooling."""
+
+    def convolution_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
+        return AlphaBeta(2.0, 1.0, stabilizer, zero_params)
+
+
+class _FlatFirstLayer:
+    """Mixin: :class:`~fxlrp.rules.Flat` on the first dense or convolutional layer."""
+
+    first_layer_operations_of_composite = LINEAR_LAYERS
+
+    def first_layer_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
+        return Flat(stabilizer, zero_params)
+
+
+class EpsilonPlusFlat(_FlatFirstLayer, EpsilonPlus):
+    """zennit's ``EpsilonPlusFlat``: :class:`EpsilonPlus` with :class:`~fxlrp.rules.Flat` on the
+    first dense or convolutional layer."""
+
+
+class EpsilonAlpha2Beta1Flat(_FlatFirstLayer, EpsilonAlpha2Beta1):
+    """zennit's ``EpsilonAlpha2Beta1Flat``: :class:`EpsilonAlpha2Beta1` with
+    :class:`~fxlrp.rules.Flat` on the first dense or convolutional layer."""
+
+
+class EpsilonGammaBox(_EpsilonAndConvolutionComposite):
+    """zennit's ``EpsilonGammaBox``: :class:`~fxlrp.rules.ZBox` (``low``, ``high``) on the first
+    convolution, :class:`~fxlrp.rules.Gamma` on the other convolutions,
+    :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
+    pooling. ``low``/``high`` bound the input (numbers or per-channel tensors ``(1, C, 1, 1)``)."""
+
+    first_layer_operations_of_composite = CONVOLUTIONS
+
+    def __init__(
+        self,
+        low: float | Tensor,
+        high: float | Tensor,
+        epsilon: Stabiliser = 1e-6,
+        gamma: float = 0.25,
+        stabilizer: Stabiliser = 1e-6,
+        zero_params: ZeroParams = None,
+        **overrides: Any,
+    ) -> None:
+        self.low, self.high, self.gamma = low, high, gamma
+        super().__init__(epsilon, stabilizer, zero_params, **overrides)
+
+    def convolution_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
+        return Gamma(self.gamma, stabilizer, zero_params)
+
+    def first_layer_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
+        return ZBox(self.low, self.high, stabilizer, zero_params)
 
 
 def default_composite() -> Composite:

@@ -11,6 +11,7 @@ from fxlrp.canonicalise import canonicalise_in_place
 from fxlrp.capture import capture
 from fxlrp.composites import Composite, as_composite
 from fxlrp.explainer import Explainer
+from fxlrp.fold_batchnorm import fold_batch_norms
 from fxlrp.registry import REGISTRY
 from fxlrp.report import Report
 from fxlrp.rewrite import Rewriter
@@ -29,6 +30,7 @@ def convert(
     strict: bool = True,
     concrete_args: dict[str, Any] | None = None,
     warn_lost_relevance: bool = False,
+    fold_batch_norm: bool = True,
 ) -> Explainer:
     """Return a module that computes ``model``'s outputs and propagates relevance in backward.
 
@@ -40,6 +42,10 @@ def convert(
     warning lists them.
     ``concrete_args``: fixed values for inputs that steer Python control flow.
     ``warn_lost_relevance``: warn when relevance reaches an output of 0 and is dropped.
+    ``fold_batch_norm``: fold BatchNorm into the adjacent linear or convolutional layer (on new
+    tensors), so that rules treat its shift as part of that layer's bias, as LRP composites and
+    zennit's canonizers do. With False, BatchNorm is a layer of its own with its own rule.
+    LRP-0 gives gradient x input either way.
 
     The model is only read: its parameters are shared (detached), never modified or given
     gradients. Explanations use inference semantics (BatchNorm running statistics, no dropout).
@@ -49,7 +55,8 @@ def convert(
     composite = as_composite(composite)
     graph = capture(model, _is_explained_module, all_scatter_functions(), concrete_args)
     in_place_modules = canonicalise_in_place(graph, dict(model.named_modules()))
-    rewriter = Rewriter(model, graph, composite, strict=strict,
-                        warn_lost_relevance=warn_lost_relevance, in_place_modules=in_place_modules)
+    modules = fold_batch_norms(graph, dict(model.named_modules())) if fold_batch_norm else None
+    rewriter = Rewriter(model, graph, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
+                        in_place_modules=in_place_modules, modules=modules)
     graph_module = rewriter.run()
     return Explainer(graph_module, Report(type(model).__name__, rewriter.reports))

@@ -76,14 +76,17 @@ class Rewriter:
     """
 
     def __init__(self, model: nn.Module, graph: fx.Graph, composite: Composite, *, strict: bool,
-                 warn_lost_relevance: bool, in_place_modules: set[str]) -> None:
+                 warn_lost_relevance: bool, in_place_modules: set[str],
+                 modules: dict[str, nn.Module] | None = None) -> None:
         self.model = model
         self.graph = graph
         self.composite = composite
         self.strict = strict
         self.warn_lost_relevance = warn_lost_relevance
         self.in_place_modules = in_place_modules
-        self.modules = dict(model.named_modules())
+        # The modules call_module targets refer to: the model's own, unless a pipeline stage
+        # (BatchNorm folding) substituted some by modules owned by the explainer.
+        self.modules = dict(model.named_modules()) if modules is None else dict(modules)
         self.root = nn.Module()
         self.reports: list[NodeReport] = []
 
@@ -117,7 +120,7 @@ class Rewriter:
     def _first_weighted_node(self) -> fx.Node | None:
         for node in self.graph.nodes:
             operation = find_operation(node, self.modules)
-            if operation is not None and operation.weighted:
+            if operation is not None and self.composite.counts_as_first_layer(operation.name, operation.weighted):
                 return node
         return None
 

@@ -5,11 +5,21 @@ operation is shared among its inputs ``x_j``. Rules know nothing of tracing: the
 :class:`~fxlrp.relevance.AffineLayer` and its inputs, run what their formula needs in forward
 (under autograd) and turn the output relevance into input relevance in backward with native
 vector-Jacobian products.
+
+The definitions are zennit 0.5.1's, bias handling included. Notation used in the docstrings:
+``x+ = max(x, 0)``, ``x- = min(x, 0)``, likewise ``w+``, ``w-``, ``b+``, ``b-``; ``f(x; w, b)`` is
+the layer with parameters ``(w, b)``, and ``s(z)`` the stabiliser (``z + eps (sign(z) + [z = 0])``
+for a number ``eps``, or any callable). ``zero_params`` (``"weight"``, ``"bias"`` or both) sets
+those parameters to 0 in every modified copy of the layer, as zennit does. Parameter transforms
+are computed once per weight tensor (:meth:`Rule.prepare`); each term of a formula costs one
+forward of the operation, and terms that are 0 for the given input (the ``x-`` terms behind a
+ReLU, the negative half of alpha-beta with ``beta = 0``) are not computed at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,6 +28,14 @@ from torch import Tensor
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
+
+Stabiliser = float | Callable[[Tensor], Tensor]
+"""A number ``eps`` (zennit's sign-preserving shift) or a function ``z -> stabilised z``."""
+ZeroParams = str | Iterable[str] | None
+Parameters = tuple[Tensor | None, Tensor | None]
+"""``(weight, bias)`` of a modified copy of a layer."""
+
+PARAMETER_NAMES = ("weight", "bias")
 
 
 class Rule:
@@ -42,14 +60,18 @@ class Rule:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={value!r}" for name, value in vars(self).items())
+        fields = ", ".join(f"{name}={value!r}" for name, value in vars(self).items() if not name.startswith("_"))
         return f"{type(self).__name__}({fields})"
 
 
 def input_times_gradient(
-    output: Tensor, inputs: Sequence[Any], scaled_relevance: Tensor
+    output: Tensor | Sequence[Tensor], inputs: Sequence[Any], scaled_relevance: Tensor | Sequence[Tensor]
 ) -> tuple[Tensor | None, ...]:
-    """``R_j = x_j * sum_k w_jk s_k`` for each relevance-carrying input, with the native VJP."""
+    """``R_j = x_j * sum_k w_jk s_k`` for each relevance-carrying input, with the native VJP.
+
+    ``output`` and ``scaled_relevance`` may be sequences (one ``s`` per term of a formula); the
+    gradients of all terms are summed by autograd in one call.
+    """
     carrying = [value for value in inputs if carries_relevance(value)]
     gradients = iter(torch.autograd.grad(output, carrying, scaled_relevance))
     return tuple(
@@ -57,26 +79,422 @@ def input_times_gradient(
     )
 
 
+def stabiliser_function(stabiliser: Stabiliser) -> Callable[[Tensor], Tensor]:
+    """A number becomes zennit's stabiliser ``z + eps (sign(z) + [z = 0])``; a callable is kept."""
+    if callable(stabiliser):
+        return stabiliser
+    if isinstance(stabiliser, bool) or not isinstance(stabiliser, (int, float)):
+        raise TypeError(f"a stabiliser is a number or a function of the denominator, not {stabiliser!r}")
+    return partial(stabilise, epsilon=float(stabiliser))
+
+
+def zero_parameter_names(zero_params: ZeroParams) -> frozenset[str]:
+    """zennit's ``zero_params`` as a set of names, checked against the parameters layers have."""
+    names = frozenset() if zero_params is None else frozenset(
+        [zero_params] if isinstance(zero_params, str) else zero_params)
+    unknown = names - set(PARAMETER_NAMES)
+    if unknown:
+        raise ValueError(f"zero_params may name {PARAMETER_NAMES}, got {sorted(unknown)}")
+    return names
+
+
+def modified_parameters(
+    layer: AffineLayer, transform: Callable[[Tensor], Tensor], zero: frozenset[str] = frozenset()
+) -> Parameters:
+    """``(weight, bias)`` of ``layer`` with ``transform`` applied; parameters named in ``zero``
+    become zeros. A missing parameter (``bias=None``) stays missing."""
+
+    def modify(name: str, tensor: Tensor | None) -> Tensor | None:
+        if tensor is None:
+            return None
+        return torch.zeros_like(tensor) if name in zero else transform(tensor)
+
+    return modify("weight", layer.weight), modify("bias", layer.bias)
+
+
+def _identity(tensor: Tensor) -> Tensor:
+    return tensor
+
+
+def _positive_part(tensor: Tensor) -> Tensor:
+    return tensor.clamp(min=0)
+
+
+def _negative_part(tensor: Tensor) -> Tensor:
+    return tensor.clamp(max=0)
+
+
+def _map_carrying(inputs: Sequence[Any], transform: Callable[[Tensor], Tensor]) -> list[Any]:
+    """Apply ``transform`` to the relevance-carrying inputs; constants stay as they are."""
+    return [transform(value) if carries_relevance(value) else value for value in inputs]
+
+
+def _has_negative_inputs(inputs: Sequence[Any]) -> bool:
+    """Whether any ``x-`` term can be non-zero (behind a ReLU none can, and none is computed)."""
+    return any(bool((value < 0).any()) for value in inputs if carries_relevance(value))
+
+
+def _original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
+    """The layer's own output, when the rule's terms are modified copies (no graph needed)."""
+    with torch.no_grad():
+        return layer.forward(inputs)
+
+
+def _scaled(relevance: Tensor, denominator: Tensor, layer: AffineLayer) -> Tensor:
+    return divide_dropping_zeros(relevance, denominator, layer.warn_lost_relevance)
+
+
 class Epsilon(Rule):
     r"""The epsilon rule (LRP-epsilon; LRP-0 for ``epsilon=0``).
 
     .. math::
-        R_j = \sum_k \frac{x_j w_{jk}}{z_k + \epsilon \cdot (\operatorname{sign}(z_k) + [z_k = 0])} R_k,
-        \qquad z_k = \sum_j x_j w_{jk} + b_k
+        R_j = \sum_k \frac{x_j w_{jk}}{s(z_k)} R_k,
+        \qquad z_k = \sum_j x_j w_{jk} + b_k,
+        \qquad s(z) = z + \epsilon \cdot (\operatorname{sign}(z) + [z = 0])
 
     The bias takes part in ``z_k`` and absorbs its share of the relevance, as in zennit.
-    Relevance of an output with a zero denominator (only possible for ``epsilon=0``) is dropped.
+    ``epsilon`` may also be a function ``z -> s(z)``. Relevance of an output with a zero
+    denominator (only possible for ``epsilon=0``) is dropped.
     """
 
-    def __init__(self, epsilon: float = 1e-6) -> None:
-        self.epsilon = float(epsilon)
+    def __init__(self, epsilon: Stabiliser = 1e-6, zero_params: ZeroParams = None) -> None:
+        self.epsilon = epsilon if callable(epsilon) else float(epsilon)
+        self.zero_params = sorted(zero_parameter_names(zero_params))
+        self._stabilise = stabiliser_function(self.epsilon)
+
+    def prepare(self, layer: AffineLayer) -> Parameters | None:
+        if not self.zero_params or not layer.has_parameters:
+            return None
+        return modified_parameters(layer, _identity, frozenset(self.zero_params))
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        output = layer.forward(inputs)
-        return output, (inputs, output)
+        if prepared is None:
+            output = layer.forward(inputs)
+            return output, (inputs, output)
+        return _original_output(layer, inputs), (inputs, layer(inputs, *prepared))
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, output = state
-        denominator = stabilise(output.detach(), self.epsilon)
-        scaled = divide_dropping_zeros(relevance, denominator, layer.warn_lost_relevance)
+        scaled = _scaled(relevance, self._stabilise(output.detach()), layer)
         return input_times_gradient(output, inputs, scaled)
+
+
+class Norm(Epsilon):
+    r"""Normalise by the output and weight by the contributions, zennit's rule for sums and
+    average pooling: the epsilon rule with ``epsilon`` used only as a stabiliser.
+
+    .. math:: R_j = \frac{x_j \, \partial z / \partial x_j}{s(z)} R
+
+    for ``z = x_1 + x_2`` (a residual add), a sum or a mean over dimensions, or average pooling.
+    """
+
+    def __init__(self, stabilizer: Stabiliser = 1e-6) -> None:
+        super().__init__(stabilizer)
+
+
+class ZPlus(Rule):
+    r"""The z+ rule (alpha=1, beta=0), zennit's version that also admits negative inputs.
+
+    .. math::
+        R_j = \frac{x_j^+ w_{jk}^+ + x_j^- w_{jk}^-}{s(z_k^+)} R_k,
+        \qquad z_k^+ = f(x^+; w^+, b^+)_k + f(x^-; w^-, 0)_k
+
+    Only the positive part of the bias enters the denominator.
+    """
+
+    def __init__(self, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None) -> None:
+        self.stabilizer = stabilizer
+        self.zero_params = sorted(zero_parameter_names(zero_params))
+        self._stabilise = stabiliser_function(stabilizer)
+
+    def prepare(self, layer: AffineLayer) -> tuple[Parameters, Parameters]:
+        zero = frozenset(self.zero_params)
+        return (
+            modified_parameters(layer, _positive_part, zero),
+            modified_parameters(layer, _negative_part, zero | {"bias"}),
+        )
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        positive, negative = prepared
+        terms = [layer(_map_carrying(inputs, _positive_part), *positive)]
+        if _has_negative_inputs(inputs):
+            terms.append(layer(_map_carrying(inputs, _negative_part), *negative))
+        return _original_output(layer, inputs), (inputs, terms)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        inputs, terms = state
+        scaled = _scaled(relevance, self._stabilise(sum(term.detach() for term in terms)), layer)
+        return input_times_gradient(terms, inputs, [scaled] * len(terms))
+
+
+class AlphaBeta(Rule):
+    r"""The alpha-beta rule: positive and negative contributions normalised separately.
+
+    .. math::
+        R_j = \sum_k \left( \alpha \frac{(x_j w_{jk})^+}{s(z_k^+)} - \beta \frac{(x_j w_{jk})^-}{s(z_k^-)} \right) R_k
+
+    with ``(x w)^+ = x^+ w^+ + x^- w^-``, ``(x w)^- = x^+ w^- + x^- w^+``,
+    ``z^+ = f(x^+; w^+, b^+) + f(x^-; w^-, 0)`` and ``z^- = f(x^+; w^-, b^-) + f(x^-; w^+, 0)``:
+    the positive part of the bias counts as a positive contribution, the negative part as a
+    negative one. As in zennit, ``alpha, beta >= 0`` and ``alpha - beta = 1``.
+    """
+
+    def __init__(
+        self, alpha: float = 2.0, beta: float = 1.0, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None
+    ) -> None:
+        if alpha < 0 or beta < 0:
+            raise ValueError(f"AlphaBeta needs alpha >= 0 and beta >= 0, got alpha={alpha}, beta={beta}")
+        if alpha - beta != 1:
+            raise ValueError(
+                f"AlphaBeta needs alpha - beta = 1 so that relevance is conserved, got alpha={alpha}, beta={beta}"
+            )
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.stabilizer = stabilizer
+        self.zero_params = sorted(zero_parameter_names(zero_params))
+        self._stabilise = stabiliser_function(stabilizer)
+
+    def prepare(self, layer: AffineLayer) -> dict[str, Parameters]:
+        zero = frozenset(self.zero_params)
+        return {
+            "positive": modified_parameters(layer, _positive_part, zero),
+            "negative": modified_parameters(layer, _negative_part, zero),
+            "positive_without_bias": modified_parameters(layer, _positive_part, zero | {"bias"}),
+            "negative_without_bias": modified_parameters(layer, _negative_part, zero | {"bias"}),
+        }
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        positive_inputs = _map_carrying(inputs, _positive_part)
+        negative_inputs = _map_carrying(inputs, _negative_part) if _has_negative_inputs(inputs) else None
+        groups = [(self.alpha, "positive", "negative_without_bias")]
+        if self.beta != 0:
+            groups.append((-self.beta, "negative", "positive_without_bias"))
+        terms = []
+        for factor, with_positive_inputs, with_negative_inputs in groups:
+            group = [layer(positive_inputs, *prepared[with_positive_inputs])]
+            if negative_inputs is not None:
+                group.append(layer(negative_inputs, *prepared[with_negative_inputs]))
+            terms.append((factor, group))
+        return _original_output(layer, inputs), (inputs, terms)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        inputs, groups = state
+        outputs, scaled = [], []
+        for factor, group in groups:
+            denominator = self._stabilise(sum(term.detach() for term in group))
+            share = factor * _scaled(relevance, denominator, layer)
+            outputs += group
+            scaled += [share] * len(group)
+        return input_times_gradient(outputs, inputs, scaled)
+
+
+class Gamma(Rule):
+    r"""The generalised gamma rule: positive contributions amplified by ``1 + gamma``.
+
+    With ``w^\uparrow = w + \gamma w^+`` and ``w^\downarrow = w + \gamma w^-`` (biases alike),
+    outputs ``z_k > 0`` are explained by
+
+    .. math::
+        R_j = \frac{x_j^+ w_{jk}^\uparrow + x_j^- w_{jk}^\downarrow}
+                   {s\left(f(x^+; w^\uparrow, b^\uparrow)_k + f(x^-; w^\downarrow, 0)_k\right)} R_k
+
+    and outputs ``z_k < 0`` by the same with the roles of ``\uparrow`` and ``\downarrow`` swapped;
+    relevance of outputs ``z_k = 0`` is dropped. ``z = f(x; w, b)`` is the layer's own output.
+    """
+
+    def __init__(self, gamma: float = 0.25, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None) -> None:
+        self.gamma = float(gamma)
+        self.stabilizer = stabilizer
+        self.zero_params = sorted(zero_parameter_names(zero_params))
+        self._stabilise = stabiliser_function(stabilizer)
+
+    def prepare(self, layer: AffineLayer) -> dict[str, Parameters]:
+        zero = frozenset(self.zero_params)
+
+        def raised(tensor: Tensor) -> Tensor:
+            return tensor + self.gamma * tensor.clamp(min=0)
+
+        def lowered(tensor: Tensor) -> Tensor:
+            return tensor + self.gamma * tensor.clamp(max=0)
+
+        return {
+            "raised": modified_parameters(layer, raised, zero),
+            "lowered": modified_parameters(layer, lowered, zero),
+            "raised_without_bias": modified_parameters(layer, raised, zero | {"bias"}),
+            "lowered_without_bias": modified_parameters(layer, lowered, zero | {"bias"}),
+        }
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        output = _original_output(layer, inputs)
+        positive_inputs = _map_carrying(inputs, _positive_part)
+        negative_inputs = _map_carrying(inputs, _negative_part) if _has_negative_inputs(inputs) else None
+        groups = []
+        # An output sign that never occurs receives no relevance: its terms are not computed.
+        for selected, for_positive_inputs, for_negative_inputs in (
+            (output > 0, "raised", "lowered_without_bias"),
+            (output < 0, "lowered", "raised_without_bias"),
+        ):
+            if not bool(selected.any()):
+                continue
+            group = [layer(positive_inputs, *prepared[for_positive_inputs])]
+            if negative_inputs is not None:
+                group.append(layer(negative_inputs, *prepared[for_negative_inputs]))
+            groups.append((selected, group))
+        return output, (inputs, groups)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        inputs, groups = state
+        if not groups:  # every output is 0: all relevance is dropped
+            return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
+        outputs, scaled = [], []
+        for selected, group in groups:
+            denominator = self._stabilise(sum(term.detach() for term in group))
+            share = selected * _scaled(relevance, denominator, layer)
+            outputs += group
+            scaled += [share] * len(group)
+        return input_times_gradient(outputs, inputs, scaled)
+
+
+def expand_bound(bound: float | Tensor, like: Tensor) -> Tensor:
+    """zennit's expansion of an input bound to the input's shape: a number fills the shape; a
+    tensor with fewer dimensions gets trailing singleton dimensions (``(1, 3)`` means per
+    channel); a tensor with a larger first (batch) dimension is cut to the batch."""
+    bound = torch.as_tensor(bound).to(like)
+    if bound.dim() > like.dim():
+        raise ValueError(
+            f"ZBox bound of shape {tuple(bound.shape)} has more dimensions than the input {tuple(like.shape)}"
+        )
+    bound = bound.reshape(*bound.shape, *(1,) * (like.dim() - bound.dim()))
+    if bound.dim() and bound.shape[0] > like.shape[0]:
+        bound = bound[: like.shape[0]]
+    try:
+        return bound.expand(like.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"ZBox bound of shape {tuple(bound.shape)} does not fit the input of shape {tuple(like.shape)}; "
+            "pass a number or a tensor such as shape (1, channels, 1, 1)"
+        ) from None
+
+
+class ZBox(Rule):
+    r"""The z^B rule for inputs bounded by ``low <= x <= high`` (first layer on pixels).
+
+    .. math::
+        R_j = \sum_k \frac{x_j w_{jk} - l_j w_{jk}^+ - h_j w_{jk}^-}{s(z_k)} R_k,
+        \qquad z = f(x; w, b) - f(l; w^+, b^+) - f(h; w^-, b^-)
+
+    The three bias terms cancel (``b - b^+ - b^- = 0``), as in zennit. ``low`` and ``high`` are
+    numbers or tensors (e.g. of shape ``(1, 3, 1, 1)`` per channel).
+    """
+
+    def __init__(
+        self, low: float | Tensor, high: float | Tensor, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None
+    ) -> None:
+        self.low, self.high = low, high
+        self.stabilizer = stabilizer
+        self.zero_params = sorted(zero_parameter_names(zero_params))
+        self._stabilise = stabiliser_function(stabilizer)
+
+    def prepare(self, layer: AffineLayer) -> dict[str, Parameters | None]:
+        zero = frozenset(self.zero_params)
+        return {
+            "own": modified_parameters(layer, _identity, zero) if zero else None,
+            "positive": modified_parameters(layer, _positive_part, zero),
+            "negative": modified_parameters(layer, _negative_part, zero),
+        }
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        def bounds(bound: float | Tensor) -> list[Any]:
+            return _map_carrying(inputs, lambda value: expand_bound(bound, value).requires_grad_())
+
+        lows, highs = bounds(self.low), bounds(self.high)
+        if prepared["own"] is None:
+            output = own = layer.forward(inputs)
+        else:
+            output, own = _original_output(layer, inputs), layer(inputs, *prepared["own"])
+        terms = [own, layer(lows, *prepared["positive"]), layer(highs, *prepared["negative"])]
+        return output, ([inputs, lows, highs], terms)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        (inputs, lows, highs), (own, low_term, high_term) = state
+        denominator = self._stabilise(own.detach() - low_term.detach() - high_term.detach())
+        scaled = _scaled(relevance, denominator, layer)
+        from_inputs = input_times_gradient(own, inputs, scaled)
+        from_lows = input_times_gradient(low_term, lows, scaled)
+        from_highs = input_times_gradient(high_term, highs, scaled)
+        return tuple(
+            None if value is None else value - low - high
+            for value, low, high in zip(from_inputs, from_lows, from_highs, strict=True)
+        )
+
+
+class _UniformInput(Rule):
+    r"""Rules that ignore the input's values: ``R_j = \sum_k \frac{m_{jk}}{s(\sum_j m_{jk})} R_k`` for
+    modified weights ``m`` (and modified bias in the denominator), computed with an input of ones."""
+
+    def __init__(self, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None) -> None:
+        self.stabilizer = stabilizer
+        self.zero_params = sorted(zero_parameter_names(zero_params))
+        self._stabilise = stabiliser_function(stabilizer)
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        ones = _map_carrying(inputs, lambda value: torch.ones_like(value).requires_grad_())
+        return _original_output(layer, inputs), (ones, layer(ones, *prepared))
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        ones, output = state
+        # x_j = 1: the input-times-gradient product is the gradient itself.
+        return input_times_gradient(output, ones, _scaled(relevance, self._stabilise(output.detach()), layer))
+
+
+class Flat(_UniformInput):
+    r"""The flat rule: relevance spread uniformly over each output's receptive field.
+
+    .. math:: R_j = \sum_k \frac{1}{s\left(\sum_{j'} 1\right)} R_k
+
+    where the sum runs over the inputs connected to output ``k`` (``f(1; 1, 0)``: all weights
+    one, bias left out).
+    """
+
+    def prepare(self, layer: AffineLayer) -> Parameters:
+        return modified_parameters(layer, torch.ones_like, frozenset(self.zero_params) | {"bias"})
+
+
+class WSquare(_UniformInput):
+    r"""The w^2 rule: relevance shared by squared weights, independent of the input.
+
+    .. math:: R_j = \sum_k \frac{w_{jk}^2}{s\left(\sum_{j'} w_{j'k}^2 + b_k^2\right)} R_k
+
+    As in zennit, the bias enters the denominator squared.
+    """
+
+    def prepare(self, layer: AffineLayer) -> Parameters:
+        return modified_parameters(layer, torch.square, frozenset(self.zero_params))
+
+
+def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    return len(shape) <= len(target) and all(
+        size in (1, wanted) for size, wanted in zip(reversed(shape), reversed(target), strict=False))
+
+
+class Pass(Rule):
+    r"""The identity rule: ``R_in = R_out`` (shared equally among several relevance-carrying
+    inputs; summed back over broadcast dimensions). For operations whose output has the shape of
+    its input, e.g. activations and BatchNorm, as zennit uses it."""
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        output = _original_output(layer, inputs)
+        shapes = [value.shape if carries_relevance(value) else None for value in inputs]
+        for shape in shapes:
+            if shape is not None and not _broadcasts_to(shape, output.shape):
+                raise ValueError(
+                    f"the Pass rule hands relevance through unchanged, so it needs an output of the input's "
+                    f"shape, but this operation maps {tuple(shape)} to {tuple(output.shape)}; "
+                    "use Epsilon or Norm for it"
+                )
+        return output, shapes
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        receiving = sum(shape is not None for shape in state)
+        return tuple(
+            None if shape is None else (relevance / receiving).sum_to_size(shape) for shape in state
+        )
