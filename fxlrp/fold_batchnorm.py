@@ -130,18 +130,23 @@ def _single_input(node: fx.Node) -> fx.Node | None:
     return None
 
 
+def _every_call_of_one_layer(nodes: list[fx.Node], layer_calls: dict[str, list[fx.Node]]) -> str | None:
+    """The module all ``nodes`` call, if they are (distinct) calls of one layer and all its calls."""
+    targets = {node.target for node in nodes}
+    if len(targets) != 1:
+        return None
+    target = targets.pop()
+    if target not in layer_calls or len(layer_calls[target]) != len(nodes):
+        return None
+    return target
+
+
 def _pairs_after(norm_calls: list[fx.Node], layer_calls: dict[str, list[fx.Node]]) -> str | None:
     """The layer whose every call feeds only these BatchNorm calls, one each; else None."""
     sources = [_single_input(node) for node in norm_calls]
     if any(source is None or source.op != "call_module" or len(source.users) != 1 for source in sources):
         return None
-    targets = {source.target for source in sources}
-    if len(targets) != 1:
-        return None
-    target = targets.pop()
-    if target not in layer_calls or len(layer_calls[target]) != len(sources):
-        return None
-    return target
+    return _every_call_of_one_layer(sources, layer_calls)
 
 
 def _pairs_before(norm_calls: list[fx.Node], layer_calls: dict[str, list[fx.Node]]) -> str | None:
@@ -154,13 +159,7 @@ def _pairs_before(norm_calls: list[fx.Node], layer_calls: dict[str, list[fx.Node
         if user.op != "call_module" or _single_input(user) is not node:
             return None
         users.append(user)
-    targets = {user.target for user in users}
-    if len(targets) != 1:
-        return None
-    target = targets.pop()
-    if target not in layer_calls or len(layer_calls[target]) != len(users):
-        return None
-    return target
+    return _every_call_of_one_layer(users, layer_calls)
 
 
 def fold_batch_norms(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:

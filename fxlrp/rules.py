@@ -227,7 +227,68 @@ class ZPlus(Rule):
         return input_times_gradient(terms, inputs, [scaled] * len(terms))
 
 
-class AlphaBeta(Rule):
+class _TwoHalves(Rule):
+    r"""Rules that normalise two halves of the contributions separately and weight them.
+
+    With parameter transforms "more" (``w^>``) and "less" (``w^<``), the first half is
+    ``f(x^+; w^>, b^>) + f(x^-; w^<, 0)`` and the second ``f(x^+; w^<, b^<) + f(x^-; w^>, 0)``;
+    each term's contributions get the half's weight times ``R / s(half)``. A half whose weight is
+    None is not computed.
+    """
+
+    def __init__(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> None:
+        self.stabilizer = stabilizer
+        self.zero_params = sorted(zero_parameter_names(zero_params))
+        self._stabilise = stabiliser_function(stabilizer)
+
+    def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+        """The "more" and "less" transforms of the parameters."""
+        raise NotImplementedError
+
+    def half_weights(self, output: Tensor) -> tuple[float | Tensor | None, float | Tensor | None]:
+        """Weights of the first and second half given the layer's output; None skips a half."""
+        raise NotImplementedError
+
+    def prepare(self, layer: AffineLayer) -> dict[str, Parameters]:
+        zero = frozenset(self.zero_params)
+        more, less = self.parameter_transforms()
+        return {
+            "more": modified_parameters(layer, more, zero),
+            "less": modified_parameters(layer, less, zero),
+            "more_without_bias": modified_parameters(layer, more, zero | {"bias"}),
+            "less_without_bias": modified_parameters(layer, less, zero | {"bias"}),
+        }
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        output = _original_output(layer, inputs)
+        positive_inputs = _map_carrying(inputs, _positive_part)
+        negative_inputs = _map_carrying(inputs, _negative_part) if _has_negative_inputs(inputs) else None
+        halves = []
+        for weight, for_positive_inputs, for_negative_inputs in zip(
+            self.half_weights(output), ("more", "less"), ("less_without_bias", "more_without_bias"), strict=True
+        ):
+            if weight is None:
+                continue
+            terms = [layer(positive_inputs, *prepared[for_positive_inputs])]
+            if negative_inputs is not None:
+                terms.append(layer(negative_inputs, *prepared[for_negative_inputs]))
+            halves.append((weight, terms))
+        return output, (inputs, halves)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        inputs, halves = state
+        if not halves:  # every output is 0: all relevance is dropped
+            return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
+        outputs, scaled = [], []
+        for weight, terms in halves:
+            denominator = self._stabilise(sum(term.detach() for term in terms))
+            share = weight * _scaled(relevance, denominator, layer)
+            outputs += terms
+            scaled += [share] * len(terms)
+        return input_times_gradient(outputs, inputs, scaled)
+
+
+class AlphaBeta(_TwoHalves):
     r"""The alpha-beta rule: positive and negative contributions normalised separately.
 
     .. math::
@@ -249,45 +310,16 @@ class AlphaBeta(Rule):
                 f"AlphaBeta needs alpha - beta = 1 so that relevance is conserved, got alpha={alpha}, beta={beta}"
             )
         self.alpha, self.beta = float(alpha), float(beta)
-        self.stabilizer = stabilizer
-        self.zero_params = sorted(zero_parameter_names(zero_params))
-        self._stabilise = stabiliser_function(stabilizer)
+        super().__init__(stabilizer, zero_params)
 
-    def prepare(self, layer: AffineLayer) -> dict[str, Parameters]:
-        zero = frozenset(self.zero_params)
-        return {
-            "positive": modified_parameters(layer, _positive_part, zero),
-            "negative": modified_parameters(layer, _negative_part, zero),
-            "positive_without_bias": modified_parameters(layer, _positive_part, zero | {"bias"}),
-            "negative_without_bias": modified_parameters(layer, _negative_part, zero | {"bias"}),
-        }
+    def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+        return _positive_part, _negative_part
 
-    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        positive_inputs = _map_carrying(inputs, _positive_part)
-        negative_inputs = _map_carrying(inputs, _negative_part) if _has_negative_inputs(inputs) else None
-        groups = [(self.alpha, "positive", "negative_without_bias")]
-        if self.beta != 0:
-            groups.append((-self.beta, "negative", "positive_without_bias"))
-        terms = []
-        for factor, with_positive_inputs, with_negative_inputs in groups:
-            group = [layer(positive_inputs, *prepared[with_positive_inputs])]
-            if negative_inputs is not None:
-                group.append(layer(negative_inputs, *prepared[with_negative_inputs]))
-            terms.append((factor, group))
-        return _original_output(layer, inputs), (inputs, terms)
-
-    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        inputs, groups = state
-        outputs, scaled = [], []
-        for factor, group in groups:
-            denominator = self._stabilise(sum(term.detach() for term in group))
-            share = factor * _scaled(relevance, denominator, layer)
-            outputs += group
-            scaled += [share] * len(group)
-        return input_times_gradient(outputs, inputs, scaled)
+    def half_weights(self, output: Tensor) -> tuple[float, float | None]:
+        return self.alpha, (-self.beta if self.beta != 0 else None)
 
 
-class Gamma(Rule):
+class Gamma(_TwoHalves):
     r"""The generalised gamma rule: positive contributions amplified by ``1 + gamma``.
 
     With ``w^\uparrow = w + \gamma w^+`` and ``w^\downarrow = w + \gamma w^-`` (biases alike),
@@ -303,55 +335,21 @@ class Gamma(Rule):
 
     def __init__(self, gamma: float = 0.25, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None) -> None:
         self.gamma = float(gamma)
-        self.stabilizer = stabilizer
-        self.zero_params = sorted(zero_parameter_names(zero_params))
-        self._stabilise = stabiliser_function(stabilizer)
+        super().__init__(stabilizer, zero_params)
 
-    def prepare(self, layer: AffineLayer) -> dict[str, Parameters]:
-        zero = frozenset(self.zero_params)
-
+    def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
         def raised(tensor: Tensor) -> Tensor:
             return tensor + self.gamma * tensor.clamp(min=0)
 
         def lowered(tensor: Tensor) -> Tensor:
             return tensor + self.gamma * tensor.clamp(max=0)
 
-        return {
-            "raised": modified_parameters(layer, raised, zero),
-            "lowered": modified_parameters(layer, lowered, zero),
-            "raised_without_bias": modified_parameters(layer, raised, zero | {"bias"}),
-            "lowered_without_bias": modified_parameters(layer, lowered, zero | {"bias"}),
-        }
+        return raised, lowered
 
-    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        output = _original_output(layer, inputs)
-        positive_inputs = _map_carrying(inputs, _positive_part)
-        negative_inputs = _map_carrying(inputs, _negative_part) if _has_negative_inputs(inputs) else None
-        groups = []
-        # An output sign that never occurs receives no relevance: its terms are not computed.
-        for selected, for_positive_inputs, for_negative_inputs in (
-            (output > 0, "raised", "lowered_without_bias"),
-            (output < 0, "lowered", "raised_without_bias"),
-        ):
-            if not bool(selected.any()):
-                continue
-            group = [layer(positive_inputs, *prepared[for_positive_inputs])]
-            if negative_inputs is not None:
-                group.append(layer(negative_inputs, *prepared[for_negative_inputs]))
-            groups.append((selected, group))
-        return output, (inputs, groups)
-
-    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        inputs, groups = state
-        if not groups:  # every output is 0: all relevance is dropped
-            return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
-        outputs, scaled = [], []
-        for selected, group in groups:
-            denominator = self._stabilise(sum(term.detach() for term in group))
-            share = selected * _scaled(relevance, denominator, layer)
-            outputs += group
-            scaled += [share] * len(group)
-        return input_times_gradient(outputs, inputs, scaled)
+    def half_weights(self, output: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        # An output sign that never occurs receives no relevance: its half is not computed.
+        positive, negative = output > 0, output < 0
+        return (positive if bool(positive.any()) else None, negative if bool(negative.any()) else None)
 
 
 def expand_bound(bound: float | Tensor, like: Tensor) -> Tensor:
