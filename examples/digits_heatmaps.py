@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     figure = image.figure_grid(data.test_images[shown], relevances, ["input", *composites()],
                                args.out / "digits_heatmaps.png",
-                               row_labels=[f"label {int(label)}" for label in data.test_labels[shown]])
+                               sample_labels=[f"label {int(label)}" for label in data.test_labels[shown]],
+                               samples_in_columns=True)
     print(f"pictures in {args.out}/ (overview: {figure})")
     return fractions
 

@@ -46,7 +46,7 @@ def digits_demo(out: Path, fast: bool) -> Path:
               f"(ink covers {data.ink().float().mean().item():.0%} of the pixels)")
         relevances[name] = relevance[shown]
     path = image.figure_grid(data.test_images[shown], list(relevances.values()), ["input", *relevances],
-                             out / "digits_heatmaps.png", row_labels=[f"label {int(label)}" for label in labels])
+                             out / "digits_heatmaps.png", sample_labels=[f"label {int(label)}" for label in labels])
     print(f"    heatmaps (red: for the class, blue: against) -> {path}")
     return path
 

@@ -211,14 +211,16 @@ def figure_grid(
     relevances: Sequence[ArrayLike],
     titles: Sequence[str],
     path: str | Path,
-    row_labels: Sequence[str] | None = None,
+    sample_labels: Sequence[str] | None = None,
     cmap: str | Colormap = "bwr",
     reduction: str = "sum",
+    samples_in_columns: bool = False,
 ) -> Path:
-    """One figure: a row per image with the input and one heatmap per relevance batch.
+    """One figure with, for each sample, the input and one heatmap per relevance batch.
 
     ``images``: ``[batch, channels, h, w]``; ``relevances``: batches of the same shape (for
     example one per composite); ``titles``: ``"input"`` plus one per relevance batch.
+    Samples are rows (default) or columns (``samples_in_columns``, for wide figures).
     """
     import matplotlib
 
@@ -227,20 +229,23 @@ def figure_grid(
 
     inputs = image_to_rgb(images)
     maps = [heatmap(relevance, cmap, reduction) for relevance in relevances]
-    rows, columns = inputs.shape[0], 1 + len(maps)
-    if len(titles) != columns:
-        raise ValueError(f"figure_grid needs {columns} titles (input plus one per relevance), got {len(titles)}")
+    samples, kinds = inputs.shape[0], 1 + len(maps)
+    if len(titles) != kinds:
+        raise ValueError(f"figure_grid needs {kinds} titles (input plus one per relevance), got {len(titles)}")
+    rows, columns = (kinds, samples) if samples_in_columns else (samples, kinds)
     figure, axes = pyplot.subplots(rows, columns, figsize=(1.6 * columns, 1.6 * rows), squeeze=False)
-    for row in range(rows):
-        for column, picture in enumerate([inputs[row]] + [colours[row] for colours in maps]):
-            axis = axes[row, column]
+    for sample in range(samples):
+        for kind, picture in enumerate([inputs[sample]] + [colours[sample] for colours in maps]):
+            axis = axes[kind, sample] if samples_in_columns else axes[sample, kind]
             axis.imshow(picture, interpolation="nearest")
             axis.set_xticks([])
             axis.set_yticks([])
-            if row == 0:
-                axis.set_title(titles[column], fontsize=9)
-        if row_labels is not None:
-            axes[row, 0].set_ylabel(row_labels[row], fontsize=8)
+            kind_label = axis.set_ylabel if samples_in_columns else axis.set_title
+            sample_label = axis.set_title if samples_in_columns else axis.set_ylabel
+            if sample == 0:
+                kind_label(titles[kind], fontsize=9)
+            if kind == 0 and sample_labels is not None:
+                sample_label(sample_labels[sample], fontsize=8)
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
