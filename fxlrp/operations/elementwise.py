@@ -1,9 +1,9 @@
-"""Elementwise operations: activations, products and quotients, negation.
+"""Elementwise operations: activations, quotients, negation.
 
 ReLU and its piecewise-linear relatives keep their native backward, which passes relevance where
-the unit is active. Smooth activations pass relevance unchanged (the identity rule). A product
-or quotient with a tensor that carries no relevance is a rescaling: relevance passes to the
-other factor unchanged.
+the unit is active. Smooth activations pass relevance unchanged (the identity rule). A quotient
+by a tensor that carries no relevance is a rescaling: relevance passes to the numerator
+unchanged. Products are in ``products.py``, sigmoid-like gates in ``gating.py``.
 """
 
 from __future__ import annotations
@@ -44,34 +44,23 @@ register(
 )
 
 SMOOTH_ACTIVATION_MODULES = (
-    nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.ELU, nn.CELU, nn.SELU, nn.Softplus, nn.Mish,
-    nn.Hardswish, nn.Hardsigmoid, nn.LogSigmoid, nn.Softsign, nn.Tanhshrink,
+    nn.GELU, nn.SiLU, nn.Tanh, nn.ELU, nn.CELU, nn.SELU, nn.Softplus, nn.Mish,
+    nn.Hardswish, nn.LogSigmoid, nn.Softsign, nn.Tanhshrink,
 )
 register(
     Operation(
         "activation",
         Kind.PASS,
         functions=(
-            F.gelu, F.silu, F.sigmoid, F.tanh, F.elu, F.celu, F.selu, F.softplus, F.mish,
-            F.hardswish, F.hardsigmoid, F.logsigmoid, F.softsign, F.tanhshrink,
-            torch.sigmoid, torch.tanh, torch.selu, torch.celu, torch.nn.functional.elu,
+            F.gelu, F.silu, F.tanh, F.elu, F.celu, F.selu, F.softplus, F.mish,
+            F.hardswish, F.logsigmoid, F.softsign, F.tanhshrink,
+            torch.tanh, torch.selu, torch.celu, torch.nn.functional.elu,
         ),
-        methods=("sigmoid", "tanh"),
+        methods=("tanh",),
         modules=SMOOTH_ACTIVATION_MODULES,
         relevance=passes((0,)),
         module_function=module_as_function,
         description="smooth activations: identity rule, R_in = R_out",
-    )
-)
-register(
-    Operation(
-        "mul",
-        Kind.PASS,
-        functions=(operator.mul, torch.mul, torch.multiply),
-        methods=("mul", "multiply", "__mul__", "__rmul__"),
-        relevance=passes(None),
-        description="product: a constant factor rescales (relevance passes to the other factor); "
-        "two relevance-carrying factors share it equally",
     )
 )
 register(

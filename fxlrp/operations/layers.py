@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from functools import partial
 from typing import Any
 
@@ -152,37 +151,6 @@ register(
         module_function=batch_norm_module,
         weighted=True,
         description="BatchNorm with running statistics: per-channel affine map",
-    )
-)
-
-
-def matmul(call: RelevanceCall, function: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Tensor:
-    """A product with one constant factor is a linear layer in the other factor."""
-    left_carries, right_carries = carries_relevance(left), carries_relevance(right)
-    if left_carries and right_carries:
-        raise NotImplementedError(
-            "fxlrp: a matrix product of two relevance-carrying tensors (attention) has no rule "
-            "yet in this version; give one factor no relevance (detach it) or use strict=False."
-        )
-    if right_carries:
-        def layer_function(x, w, b):
-            return function(w, x, *args, **kwargs)
-        return call.affine(call.layer(layer_function, left, None, has_parameters=True), right)
-
-    def layer_function(x, w, b):
-        return function(x, w, *args, **kwargs)
-    return call.affine(call.layer(layer_function, right, None, has_parameters=True), left)
-
-
-register(
-    Operation(
-        "matmul",
-        Kind.AFFINE,
-        functions=(torch.matmul, torch.mm, torch.bmm, operator.matmul),
-        methods=("matmul", "mm", "bmm", "__matmul__"),
-        relevance=matmul,
-        weighted=True,
-        description="matrix product with a constant factor (a parameter)",
     )
 )
 

@@ -1,0 +1,201 @@
+"""Softmax and attention: ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention``.
+
+Softmax takes AttnLRP's rule (:class:`~fxlrp.attention_rules.SoftmaxRule`) and marks its output as
+attention weights. Fused attention is explained through its decomposition
+``softmax(q k^T * scale + mask) @ v``, run under :class:`~fxlrp.operations.run_through.RelevanceMode`
+so that the products follow the node's :class:`~fxlrp.attention_rules.Product` rule (AttnLRP's
+uniform split by default, CP-LRP with :func:`~fxlrp.attention_rules.cp_lrp`); the outputs keep the
+values of the fused kernel.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fxlrp.attention_rules import Product, SoftmaxRule
+from fxlrp.call import RelevanceCall
+from fxlrp.operations.helpers import bind, module_as_function
+from fxlrp.operations.run_through import run_through
+from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.roles import ATTENTION, mark
+from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.relevance.straight_through import with_value_of
+
+
+def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """The node's rule (AttnLRP's softmax rule by default); the output is marked as attention weights."""
+    return mark(call.affine(call.layer(bind(function, kwargs)), input, *args), ATTENTION)
+
+
+register(
+    Operation(
+        "softmax",
+        Kind.AFFINE,
+        functions=(F.softmax, torch.softmax),
+        methods=("softmax",),
+        modules=(nn.Softmax,),
+        relevance=softmax,
+        module_function=module_as_function,
+        default_rule=SoftmaxRule,
+        description="softmax: AttnLRP rule R_in = x (R - s sum R); output marked as attention weights",
+    )
+)
+
+
+def additive_mask(mask: Tensor | None, allowed_when_true: bool, dtype: torch.dtype) -> Tensor | None:
+    """A float mask to add to attention scores (``-inf`` where attention is not allowed)."""
+    if mask is None or mask.is_floating_point():
+        return mask
+    blocked = ~mask if allowed_when_true else mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(blocked, float("-inf"))
+
+
+def decomposed_attention(
+    query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+) -> Tensor:
+    """``softmax(q k^T * scale + mask) @ v`` in plain torch, as ``F.scaled_dot_product_attention``
+    computes it (boolean masks: True = may attend). Dropout is off: explanations are of inference."""
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeats = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        length, source = query.shape[-2], key.shape[-2]
+        causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
+        scores = scores + additive_mask(causal, True, scores.dtype)
+    mask = additive_mask(attn_mask, True, scores.dtype)
+    if mask is not None:
+        scores = scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
+def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any, **kwargs: Any) -> Tensor:
+    """Fused attention: values of the kernel, relevance through :func:`decomposed_attention`."""
+    if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    with torch.no_grad():
+        exact = function(*args, **kwargs)
+    return with_value_of(exact, run_through(call, decomposed_attention, *args, **kwargs))
+
+
+register(
+    Operation(
+        "attention",
+        Kind.AFFINE,
+        functions=(F.scaled_dot_product_attention,),
+        relevance=scaled_dot_product_attention,
+        default_rule=Product,
+        description="scaled dot-product attention: softmax rule and Product rule on its decomposition",
+    )
+)
+
+
+def _heads(projected: Tensor, heads: int) -> Tensor:
+    """``[batch, length, embed]`` -> ``[batch, heads, length, embed / heads]``."""
+    batch, length, _ = projected.shape
+    return projected.reshape(batch, length, heads, -1).transpose(1, 2)
+
+
+def decomposed_multi_head_attention(
+    module: nn.MultiheadAttention, parameters: dict[str, Tensor], query: Tensor, key: Tensor, value: Tensor,
+    key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
+    average_attn_weights: bool = True, is_causal: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``nn.MultiheadAttention`` at inference in plain torch: projections, heads, attention with
+    masks (boolean: True = may not attend, as the module defines them), output projection."""
+    if module.bias_k is not None or module.add_zero_attn:
+        raise NotImplementedError(
+            "fxlrp explains nn.MultiheadAttention without add_bias_kv and add_zero_attn; "
+            "build the module without them to explain it."
+        )
+    unbatched = query.dim() == 2
+    if unbatched:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
+    if not module.batch_first or unbatched:
+        query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+    if module._qkv_same_embed_dim:
+        weights = parameters["in_proj_weight"].chunk(3)
+    else:
+        weights = (parameters["q_proj_weight"], parameters["k_proj_weight"], parameters["v_proj_weight"])
+    in_bias = parameters.get("in_proj_bias")
+    biases = (None, None, None) if in_bias is None else in_bias.chunk(3)
+    heads = module.num_heads
+    q, k, v = (_heads(F.linear(x, w, b), heads) for x, w, b in zip((query, key, value), weights, biases, strict=True))
+    batch, length, source = q.shape[0], q.shape[2], k.shape[2]
+
+    mask = additive_mask(attn_mask, False, q.dtype)
+    if mask is not None and mask.dim() == 3:
+        mask = mask.view(batch, heads, length, source)
+    padding = additive_mask(key_padding_mask, False, q.dtype)
+    if padding is not None:
+        padding = padding.view(batch, 1, 1, source)
+        mask = padding if mask is None else mask + padding
+    if is_causal and mask is None:
+        causal = torch.ones(length, source, dtype=torch.bool, device=q.device).tril()
+        mask = additive_mask(causal, True, q.dtype)
+
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        scores = scores + mask
+    attention = torch.softmax(scores, dim=-1)
+    output = torch.matmul(attention, v).transpose(1, 2).reshape(batch, length, -1)
+    output = F.linear(output, parameters["out_proj.weight"], parameters.get("out_proj.bias"))
+    if not module.batch_first or unbatched:
+        output = output.transpose(0, 1)
+    if unbatched:
+        output = output.squeeze(1)
+    if not need_weights:
+        return output, None
+    attention = attention.mean(1) if average_attn_weights else attention
+    return output, attention.squeeze(0) if unbatched else attention
+
+
+def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
+    """The module's own values; relevance through :func:`decomposed_multi_head_attention`."""
+    module, parameters = function.args
+    if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
+        return module(*args, **kwargs)
+    with torch.no_grad():
+        exact = module(*args, **kwargs)
+    path = run_through(call, function, *args, **kwargs)
+    return tuple(
+        value if value is None else with_value_of(value, relevance)
+        for value, relevance in zip(exact, path, strict=True)
+    )
+
+
+def multi_head_attention_module(module: nn.MultiheadAttention, parameters: dict[str, Any]):
+    if module.training:
+        # Explanations use inference semantics; attention dropout is off as in eval mode.
+        module = _evaluation_copy(module)
+    return partial(decomposed_multi_head_attention, module, parameters), {}
+
+
+def _evaluation_copy(module: nn.Module) -> nn.Module:
+    twin = copy.copy(module)
+    twin.training = False
+    return twin
+
+
+register(
+    Operation(
+        "multihead_attention",
+        Kind.AFFINE,
+        modules=(nn.MultiheadAttention,),
+        relevance=multi_head_attention,
+        module_function=multi_head_attention_module,
+        weighted=True,
+        description="nn.MultiheadAttention: projections by the layer rule, products by the Product rule, softmax rule",
+    )
+)

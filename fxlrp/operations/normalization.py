@@ -1,0 +1,178 @@
+"""LayerNorm, GroupNorm, RMSNorm and ``F.normalize``: the denominator is a constant.
+
+``y = (x - mean(x)) / sigma * gamma + beta``. Following AttnLRP, the division by ``sigma`` takes
+the identity rule (``sigma`` is treated as a constant of the input), which leaves an affine map of
+``x``: the centring ``x - mean(x)`` is linear, then a per-feature scale and the shift ``beta``.
+The composite's rule (by default the z-rule) is applied to that affine map as a whole:
+
+.. math::
+    R_{x_i} = x_i \\sum_k \\frac{\\partial y_k / \\partial x_i |_{\\sigma \\text{ const}}}{y_k} R_k
+
+which, with ``beta = 0`` and LRP-0, conserves relevance. Forward values are the native kernel's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fxlrp.call import RelevanceCall
+from fxlrp.operations.helpers import passes
+from fxlrp.operations.sums import proportional
+from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.straight_through import with_value_of
+
+
+def scaled_and_shifted(
+    normalised: Tensor, weight: Tensor | None, bias: Tensor | None, feature_shape: Sequence[int]
+) -> Tensor:
+    if weight is not None:
+        normalised = normalised * weight.view(feature_shape)
+    if bias is not None:
+        normalised = normalised + bias.view(feature_shape)
+    return normalised
+
+
+def normalisation(
+    call: RelevanceCall,
+    exact: Callable[[Tensor, Tensor | None, Tensor | None], Tensor],
+    linearised: Callable[[Tensor, Tensor | None, Tensor | None], Tensor],
+    input: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+) -> Tensor:
+    """Values of ``exact(x, w, b)``, relevance by the node's rule on ``linearised(x, w, b)``."""
+
+    def layer_function(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        return with_value_of(exact(x.detach(), w, b), linearised(x, w, b))
+
+    return call.affine(call.layer(layer_function, weight, bias, has_parameters=True), input)
+
+
+def _dimensions(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
+    count = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+    return tuple(range(-count, 0))
+
+
+def layer_norm(
+    call: RelevanceCall, function: Any, input: Tensor, normalized_shape: Any,
+    weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5,
+) -> Tensor:
+    """``F.layer_norm`` with ``sigma`` constant: centring over the normalised dimensions, scale, shift."""
+    dimensions = _dimensions(normalized_shape)
+    feature_shape = input.shape[len(input.shape) - len(dimensions):]
+
+    def exact(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        return function(x, normalized_shape, w, b, eps)
+
+    def linearised(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        inverse_sigma = torch.rsqrt(x.detach().var(dimensions, unbiased=False, keepdim=True) + eps)
+        centred = x - x.mean(dimensions, keepdim=True)
+        return scaled_and_shifted(centred * inverse_sigma, w, b, feature_shape)
+
+    return normalisation(call, exact, linearised, input, weight, bias)
+
+
+def group_norm(
+    call: RelevanceCall, function: Any, input: Tensor, num_groups: int,
+    weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5,
+) -> Tensor:
+    """``F.group_norm`` with each group's ``sigma`` constant."""
+    channel_shape = (1, -1) + (1,) * (input.dim() - 2)
+
+    def exact(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        return function(x, num_groups, w, b, eps)
+
+    def linearised(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        grouped = x.reshape(x.shape[0], num_groups, -1)
+        inverse_sigma = torch.rsqrt(grouped.detach().var(-1, unbiased=False, keepdim=True) + eps)
+        centred = (grouped - grouped.mean(-1, keepdim=True)) * inverse_sigma
+        return scaled_and_shifted(centred.reshape(x.shape), w, b, channel_shape)
+
+    return normalisation(call, exact, linearised, input, weight, bias)
+
+
+def rms_norm(
+    call: RelevanceCall, function: Any, input: Tensor, normalized_shape: Any,
+    weight: Tensor | None = None, eps: float | None = None,
+) -> Tensor:
+    """``F.rms_norm``: no centring; the root mean square is constant, so it is a rescaling."""
+    dimensions = _dimensions(normalized_shape)
+    feature_shape = input.shape[len(input.shape) - len(dimensions):]
+    stabiliser = torch.finfo(input.dtype).eps if eps is None else eps
+
+    def exact(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        return function(x, normalized_shape, w, eps)
+
+    def linearised(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        inverse_rms = torch.rsqrt(x.detach().pow(2).mean(dimensions, keepdim=True) + stabiliser)
+        return scaled_and_shifted(x * inverse_rms, w, None, feature_shape)
+
+    return normalisation(call, exact, linearised, input, weight, None)
+
+
+def layer_norm_module(module: nn.LayerNorm, parameters: dict[str, Any]):
+    return F.layer_norm, {"normalized_shape": module.normalized_shape, "weight": parameters.get("weight"),
+                          "bias": parameters.get("bias"), "eps": module.eps}
+
+
+def group_norm_module(module: nn.GroupNorm, parameters: dict[str, Any]):
+    return F.group_norm, {"num_groups": module.num_groups, "weight": parameters.get("weight"),
+                          "bias": parameters.get("bias"), "eps": module.eps}
+
+
+def rms_norm_module(module: nn.Module, parameters: dict[str, Any]):
+    return F.rms_norm, {"normalized_shape": module.normalized_shape, "weight": parameters.get("weight"),
+                        "eps": module.eps}
+
+
+register(
+    Operation(
+        "layer_norm",
+        Kind.AFFINE,
+        functions=(F.layer_norm, torch.layer_norm),
+        modules=(nn.LayerNorm,),
+        relevance=layer_norm,
+        module_function=layer_norm_module,
+        default_rule=proportional,
+        description="LayerNorm: sigma constant (identity rule), centring, scale and shift as one affine map",
+    )
+)
+register(
+    Operation(
+        "group_norm",
+        Kind.AFFINE,
+        functions=(F.group_norm, torch.group_norm),
+        modules=(nn.GroupNorm,),
+        relevance=group_norm,
+        module_function=group_norm_module,
+        default_rule=proportional,
+        description="GroupNorm: sigma constant per group, centring, scale and shift as one affine map",
+    )
+)
+if hasattr(F, "rms_norm"):  # torch >= 2.4
+    register(
+        Operation(
+            "rms_norm",
+            Kind.AFFINE,
+            functions=(F.rms_norm,),
+            modules=(nn.RMSNorm,),
+            relevance=rms_norm,
+            module_function=rms_norm_module,
+            default_rule=proportional,
+            description="RMSNorm: the root mean square is constant, a per-feature rescaling",
+        )
+    )
+register(
+    Operation(
+        "normalize",
+        Kind.PASS,
+        functions=(F.normalize,),
+        relevance=passes((0,)),
+        description="x / ||x||: the norm is treated as a constant, relevance passes unchanged",
+    )
+)

@@ -1,0 +1,120 @@
+"""Products in which several factors may carry relevance: ``mul``, ``matmul``, ``einsum``.
+
+With one relevance-carrying factor a product is a layer in that factor: an elementwise product
+rescales it (relevance passes unchanged), a matrix product or einsum is a linear layer whose
+weight is the constant factor (the composite's rule). With several, the composite's rule is
+turned into a :class:`~fxlrp.attention_rules.Product` rule: factors that are constants by role
+(gates, and attention weights under CP-LRP) get nothing, the others share uniformly.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fxlrp.attention_rules import Product, product_rule
+from fxlrp.call import RelevanceCall
+from fxlrp.operations.helpers import affine, bind
+from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
+from fxlrp.relevance.roles import role_of
+from fxlrp.relevance.rule_function import carries_relevance
+
+
+def receivers(rule: Product, args: tuple[Any, ...]) -> tuple[int, ...]:
+    """Positions of the relevance-carrying factors that are not constants by role (all of the
+    relevance-carrying ones if every one of them is)."""
+    carrying = tuple(position for position, value in enumerate(args) if carries_relevance(value))
+    chosen = tuple(position for position in carrying if role_of(args[position]) not in rule.constants)
+    return chosen or carrying
+
+
+def multilinear(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    """A product of several relevance-carrying factors under the node's :class:`Product` rule."""
+    rule = product_rule(call.rule)
+    chosen = receivers(rule, args)
+    # Factors that are constants by role enter the rule as constants: detached, they get no share.
+    factors = tuple(
+        value.detach() if carries_relevance(value) and position not in chosen else value
+        for position, value in enumerate(args)
+    )
+    layer = AffineLayer(bind(function, kwargs), warn_lost_relevance=call.warn_lost_relevance)
+    return apply_rule(layer, rule, rule.prepare(layer), *factors)
+
+
+def carrying_count(args: tuple[Any, ...]) -> int:
+    return sum(carries_relevance(value) for value in args)
+
+
+def elementwise_product(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    """``a * b``: rescaling by constants passes relevance unchanged; between relevance-carrying
+    factors it is shared equally among the receivers of the :class:`Product` rule (each term of an
+    elementwise product is the whole product, so the uniform epsilon rule is exactly ``R / N``)."""
+    if carrying_count(args) < 2:
+        return apply_pass(bind(function, kwargs), None, *args)
+    return apply_pass(bind(function, kwargs), receivers(product_rule(call.rule), args), *args)
+
+
+def matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Tensor:
+    """``left @ right``: a linear layer in the factor that carries relevance (the other one is its
+    weight), or the :class:`Product` rule when both do."""
+    left_carries, right_carries = carries_relevance(left), carries_relevance(right)
+    if left_carries and right_carries:
+        return multilinear(call, function, left, right, *args, **kwargs)
+    if right_carries:
+        def right_layer(x: Tensor, w: Tensor, b: Any) -> Tensor:
+            return function(w, x, *args, **kwargs)
+        return call.affine(call.layer(right_layer, left, None, has_parameters=True), right)
+
+    def left_layer(x: Tensor, w: Tensor, b: Any) -> Tensor:
+        return function(x, w, *args, **kwargs)
+    return call.affine(call.layer(left_layer, right, None, has_parameters=True), left)
+
+
+def einsum(call: RelevanceCall, function: Any, equation: str, *operands: Any, **kwargs: Any) -> Tensor:
+    """``torch.einsum``: linear in each operand; the :class:`Product` rule when several carry
+    relevance, the composite's rule (constant operands as weights) when one does."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if carrying_count(operands) >= 2:
+        return multilinear(call, function, equation, *operands, **kwargs)
+    return affine(call, function, equation, *operands, **kwargs)
+
+
+register(
+    Operation(
+        "mul",
+        Kind.AFFINE,
+        functions=(operator.mul, torch.mul, torch.multiply),
+        methods=("mul", "multiply", "__mul__", "__rmul__"),
+        relevance=elementwise_product,
+        default_rule=Product,
+        description="product: a constant factor rescales (relevance passes to the other factor); "
+        "relevance-carrying factors by the Product rule (gates get none by default)",
+    )
+)
+register(
+    Operation(
+        "matmul",
+        Kind.AFFINE,
+        functions=(torch.matmul, torch.mm, torch.bmm, operator.matmul),
+        methods=("matmul", "mm", "bmm", "__matmul__"),
+        relevance=matrix_product,
+        weighted=True,
+        description="matrix product: a layer when one factor is constant; attention products by the Product rule",
+    )
+)
+register(
+    Operation(
+        "einsum",
+        Kind.AFFINE,
+        functions=(torch.einsum,),
+        relevance=einsum,
+        weighted=True,
+        description="einsum: a layer when one operand carries relevance; attention products by the Product rule",
+    )
+)
