@@ -27,11 +27,9 @@ SHOWN = 8
 
 
 def composites() -> dict[str, Any]:
-    """Epsilon everywhere, and EpsilonGammaBox for inputs in [0, 1] if this fxlrp has it."""
-    chosen: dict[str, Any] = {"epsilon": fxlrp.rules.Epsilon(1e-6)}
-    if hasattr(fxlrp.composites, "EpsilonGammaBox"):
-        chosen["epsilon_gamma_box"] = fxlrp.composites.EpsilonGammaBox(low=0.0, high=1.0)
-    return chosen
+    """Epsilon everywhere, and zennit's EpsilonGammaBox with the bounds of grey values in [0, 1]."""
+    return {"epsilon": fxlrp.rules.Epsilon(1e-6),
+            "epsilon_gamma_box": fxlrp.composites.EpsilonGammaBox(low=0.0, high=1.0)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

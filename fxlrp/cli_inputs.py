@@ -135,25 +135,16 @@ def first_layer_channels(model: nn.Module, default: int = 3) -> int:
 
 
 def _composite_factories() -> dict[str, Callable[[Preprocessing], Any]]:
-    """Composite names the command line accepts: only those this fxlrp version provides."""
-    factories: dict[str, Callable[[Preprocessing], Any]] = {
+    """Composite names the command line accepts; EpsilonGammaBox gets the input's bounds."""
+    return {
         "epsilon": lambda _: rules.Epsilon(1e-6),
         "lrp0": lambda _: rules.Epsilon(0.0),
+        "epsilon_plus": lambda _: composites.EpsilonPlus(),
+        "epsilon_plus_flat": lambda _: composites.EpsilonPlusFlat(),
+        "epsilon_alpha2_beta1": lambda _: composites.EpsilonAlpha2Beta1(),
+        "epsilon_alpha2_beta1_flat": lambda _: composites.EpsilonAlpha2Beta1Flat(),
+        "epsilon_gamma_box": lambda preprocessing: composites.EpsilonGammaBox(*preprocessing.input_bounds()),
     }
-    simple = {
-        "epsilon_plus": "EpsilonPlus",
-        "epsilon_plus_flat": "EpsilonPlusFlat",
-        "epsilon_alpha2_beta1": "EpsilonAlpha2Beta1",
-        "epsilon_alpha2_beta1_flat": "EpsilonAlpha2Beta1Flat",
-    }
-    for name, class_name in simple.items():
-        composite_class = getattr(composites, class_name, None)
-        if composite_class is not None:
-            factories[name] = lambda _, composite_class=composite_class: composite_class()
-    box = getattr(composites, "EpsilonGammaBox", None)
-    if box is not None:
-        factories["epsilon_gamma_box"] = lambda preprocessing: box(*preprocessing.input_bounds())
-    return factories
 
 
 def composite_names() -> list[str]:

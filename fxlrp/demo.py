@@ -13,20 +13,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 import fxlrp
 from fxlrp import image
-
-
-def composites_to_compare() -> list[tuple[str, Any]]:
-    """Epsilon everywhere, and zennit's EpsilonGammaBox for inputs in [0, 1] where available."""
-    chosen: list[tuple[str, Any]] = [("epsilon", fxlrp.rules.Epsilon(1e-6))]
-    if hasattr(fxlrp.composites, "EpsilonGammaBox"):
-        chosen.append(("epsilon_gamma_box", fxlrp.composites.EpsilonGammaBox(0.0, 1.0)))
-    return chosen
 
 
 def digits_demo(out: Path, fast: bool) -> Path:
@@ -39,7 +30,9 @@ def digits_demo(out: Path, fast: bool) -> Path:
     shown = slice(0, 6)
     labels = data.test_labels[shown]
     relevances = {}
-    for name, composite in composites_to_compare():
+    # inputs are grey values in [0, 1]: those are the bounds of the first layer's box rule
+    chosen = {"epsilon": fxlrp.rules.Epsilon(1e-6), "epsilon_gamma_box": fxlrp.composites.EpsilonGammaBox(0.0, 1.0)}
+    for name, composite in chosen.items():
         relevance = fxlrp.attribute(fxlrp.convert(model, composite), data.test_images, target=data.test_labels)
         on_ink = positive_relevance_on_ink(relevance[:, 0], data.ink()).mean().item()
         print(f"    {name}: {on_ink:.0%} of the positive relevance lies on inked pixels "
@@ -112,10 +105,10 @@ def infection_demo(out: Path, fast: bool) -> Path:
     print(f"    why does node {node} ({states[node]}) get sick? node relevance:")
     for index in node_relevance.abs().argsort(descending=True)[:5].tolist():
         print(f"      node {index:2d} {states[index]:8s} {node_relevance[index]:+.3f}")
-    top_edge = int(edge_relevance.abs().argmax())
-    kind = "real" if graph.edges[top_edge, 0] == 1 else "virtual"
-    print(f"    most relevant edge: {int(graph.senders[top_edge])} -> {int(graph.receivers[top_edge])} "
-          f"({kind}) {edge_relevance[top_edge]:+.3f}")
+    for label, edge in (("for", int(edge_relevance.argmax())), ("against", int(edge_relevance.argmin()))):
+        kind = "real" if graph.edges[edge, 0] == 1 else "virtual"
+        print(f"    edge most {label}: {int(graph.senders[edge])} -> {int(graph.receivers[edge])} ({kind} contact, "
+              f"{states[int(graph.senders[edge])]} sender) {edge_relevance[edge]:+.3f}")
     labels = {index: f"{index}\n{state[0].upper()}" for index, state in enumerate(states)}
     path = save_graph_relevance(out / "infection_graph.png", graph.edge_index, node_relevance, edge_relevance,
                                 labels=labels, highlight=[node], dashed=(graph.edges[:, 1] == 1).tolist(),

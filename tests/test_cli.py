@@ -126,5 +126,6 @@ def test_demo_runs_fast_and_checks_itself(tmp_path: Path, capsys: pytest.Capture
     difference = float(re.search(r"relative difference ([0-9.e+-]+)", stdout).group(1))
     assert difference < 1e-12  # LRP-0 == gradient x input on the torchvision ResNet-18
     assert re.search(r"node relevance:\n\s+node\s+\d+ sick\s+\+", stdout)  # the top node for "gets sick" is sick
+    assert re.search(r"edge most for: \d+ -> \d+ \(real contact, sick sender\) \+", stdout)  # and infects by a contact
     for name in ("digits_heatmaps.png", "resnet18_random_weights.png", "infection_graph.png"):
         assert (tmp_path / name).stat().st_size > 5_000

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fxlrp.toys import single_thread
+
 INK_THRESHOLD = 0.25
 """A pixel is inked when its grey value is above this fraction of the maximum (16)."""
 
@@ -65,16 +67,17 @@ class DigitsCNN(nn.Module):
 def train_classifier(model: nn.Module, images: Tensor, labels: Tensor, epochs: int = 8,
                      batch_size: int = 64, learning_rate: float = 3e-3, seed: int = 0) -> nn.Module:
     """Adam on cross-entropy; returns the model in eval mode."""
-    generator = torch.Generator().manual_seed(seed)
-    optimiser = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    model.train()
-    for _ in range(epochs):
-        for batch in torch.randperm(len(labels), generator=generator).split(batch_size):
-            loss = F.cross_entropy(model(images[batch]), labels[batch])
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
-    return model.eval()
+    with single_thread():
+        generator = torch.Generator().manual_seed(seed)
+        optimiser = torch.optim.Adam(model.parameters(), lr=learning_rate)
+        model.train()
+        for _ in range(epochs):
+            for batch in torch.randperm(len(labels), generator=generator).split(batch_size):
+                loss = F.cross_entropy(model(images[batch]), labels[batch])
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+        return model.eval()
 
 
 @torch.no_grad()

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fxlrp.toys import single_thread
+
 NODE_STATES = ("healthy", "sick", "immune")
 EDGE_KINDS = ("real", "virtual")
 
@@ -110,17 +112,18 @@ class InfectionNetwork(nn.Module):
 def train_infection_network(model: InfectionNetwork, steps: int = 300, graphs_per_step: int = 32,
                             learning_rate: float = 1e-2, seed: int = 0) -> InfectionNetwork:
     """Adam on the node and edge cross-entropies, fresh graphs every step; eval mode after."""
-    optimiser = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    model.train()
-    for step in range(steps):
-        batch = generate_infection_graphs(graphs_per_step, seed=seed * 100_003 + step + 1)
-        node_logits, edge_logits = model(batch.nodes, batch.edges, batch.senders, batch.receivers)
-        loss = (F.binary_cross_entropy_with_logits(node_logits, batch.sick_next)
-                + F.binary_cross_entropy_with_logits(edge_logits, batch.infecting))
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-    return model.eval()
+    with single_thread():
+        optimiser = torch.optim.Adam(model.parameters(), lr=learning_rate)
+        model.train()
+        for step in range(steps):
+            batch = generate_infection_graphs(graphs_per_step, seed=seed * 100_003 + step + 1)
+            node_logits, edge_logits = model(batch.nodes, batch.edges, batch.senders, batch.receivers)
+            loss = (F.binary_cross_entropy_with_logits(node_logits, batch.sick_next)
+                    + F.binary_cross_entropy_with_logits(edge_logits, batch.infecting))
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+        return model.eval()
 
 
 @torch.no_grad()
