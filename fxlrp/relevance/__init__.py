@@ -5,8 +5,8 @@ This package is plain tensor math. It imports nothing from capture, rewrite or t
 """
 
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import apply_rule
 from fxlrp.relevance.passthrough import apply_pass
+from fxlrp.relevance.rule_function import apply_rule
 from fxlrp.relevance.stabilise import divide_dropping_zeros
 
 __all__ = ["AffineLayer", "apply_rule", "apply_pass", "divide_dropping_zeros"]

@@ -29,7 +29,7 @@ class PassFunction(torch.autograd.Function):
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
         input_relevance = tuple(
             None if share == 0.0 else (relevance * share if share != 1.0 else relevance).sum_to_size(shape)
-            for share, shape in zip(ctx.shares, ctx.shapes)
+            for share, shape in zip(ctx.shares, ctx.shapes, strict=True)
         )
         return (None, None, *input_relevance)
 

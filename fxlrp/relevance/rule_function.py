@@ -18,6 +18,17 @@ def carries_relevance(value: Any) -> bool:
     return isinstance(value, Tensor) and value.requires_grad
 
 
+def _holds(state: Any, tensor: Tensor) -> bool:
+    """Whether ``tensor`` itself is among the (nested tuple/list/dict) values of ``state``."""
+    if state is tensor:
+        return True
+    if isinstance(state, (tuple, list)):
+        return any(_holds(value, tensor) for value in state)
+    if isinstance(state, dict):
+        return any(_holds(value, tensor) for value in state.values())
+    return False
+
+
 class RuleFunction(torch.autograd.Function):
     """Forward: the layer's own operation. Backward: the rule's relevance.
 
@@ -36,20 +47,23 @@ class RuleFunction(torch.autograd.Function):
             output, state = rule.forward(layer, leaves, prepared)
         ctx.layer, ctx.rule, ctx.state = layer, rule, state
         ctx.carrying = tuple(carries_relevance(value) for value in inputs)
-        output = output.detach()
-        # Saved only so that autograd reports an in-place change of the output instead of
-        # silently using a modified denominator.
-        ctx.save_for_backward(output)
-        return output
+        if _holds(state, output):
+            # Saved only so that autograd reports an in-place change of the output instead of
+            # silently using a modified denominator. Rules whose backward does not read the
+            # output (z+, gamma, ...) do not keep it alive: that would be an activation per layer.
+            output = output.detach()
+            ctx.save_for_backward(output)
+            return output
+        return output.detach()
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        ctx.saved_tensors  # raises if the output was modified in place since forward
+        _ = ctx.saved_tensors  # raises if the output was modified in place since forward
         input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance)
         ctx.state = None  # free the inner graph as soon as relevance has passed
         routed = tuple(
             relevance_of_input if carrying else None
-            for relevance_of_input, carrying in zip(input_relevance, ctx.carrying)
+            for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
         )
         return (None, None, None, *routed)
 
