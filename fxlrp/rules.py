@@ -191,6 +191,9 @@ class Norm(Epsilon):
     def __init__(self, stabilizer: Stabiliser = 1e-6) -> None:
         super().__init__(stabilizer)
 
+    def __repr__(self) -> str:
+        return f"Norm(stabilizer={self.epsilon!r})"
+
 
 class ZPlus(Rule):
     r"""The z+ rule (alpha=1, beta=0), zennit's version that also admits negative inputs.
