@@ -46,6 +46,16 @@ class GCNLayer(nn.Module):
         return scatter_add(messages, target, dim=0, dim_size=x.size(0)) + self.bias
 
 
+def gcn_norm(edge_index: Tensor, nodes: int) -> Tensor:
+    """``1 / sqrt(deg(i) deg(j))`` per edge, computed once per graph (PyG's ``cached=True``)."""
+    from torch_scatter import scatter_add
+
+    source, target = edge_index
+    degree = scatter_add(torch.ones(target.numel()), target, dim=0, dim_size=nodes).clamp(min=1.0)
+    inverse_root = degree.rsqrt()
+    return inverse_root[source] * inverse_root[target]
+
+
 class GCN(nn.Module):
     """Two GCN layers with a ReLU between them; node classification logits."""
 
@@ -54,26 +64,20 @@ class GCN(nn.Module):
         self.conv1 = GCNLayer(in_features, hidden)
         self.conv2 = GCNLayer(hidden, classes)
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        from torch_scatter import scatter_add
-
+    def forward(self, x: Tensor, edge_index: Tensor, norm: Tensor) -> Tensor:
         source, target = edge_index[0], edge_index[1]
-        ones = torch.ones_like(target, dtype=x.dtype)
-        degree = scatter_add(ones, target, dim=0, dim_size=x.size(0)).clamp(min=1.0)
-        inverse_root = degree.rsqrt()
-        norm = inverse_root.index_select(0, source) * inverse_root.index_select(0, target)
         hidden = torch.relu(self.conv1(x, source, target, norm))
         return self.conv2(hidden, source, target, norm)
 
 
 def _torchvision(name: str, batch: int, size: int) -> Workload:
     import torchvision
-    from zennit.canonizers import SequentialMergeBatchNorm
     from zennit.torchvision import ResNetCanonizer, VGGCanonizer
 
     kwargs = {"image_size": size} if name.startswith("vit") else {}
     model = getattr(torchvision.models, name)(weights=None, **kwargs)
-    canonizers = {"resnet": ResNetCanonizer, "vgg": VGGCanonizer, "densenet": SequentialMergeBatchNorm}
+    # zennit has no DenseNet canonizer (its sequential BatchNorm merge pairs the wrong layers there).
+    canonizers = {"resnet": ResNetCanonizer, "vgg": VGGCanonizer}
     canonizer = next((build for prefix, build in canonizers.items() if name.startswith(prefix)), None)
     return Workload(
         name, model, (torch.randn(batch, 3, size, size),),
@@ -85,7 +89,7 @@ def _gcn(nodes: int, edges: int, features: int = 64, hidden: int = 64, classes: 
     edge_index = torch.randint(0, nodes, (2, edges))
     x = torch.randn(nodes, features)
     return Workload(
-        "gcn", GCN(features, hidden, classes), (x, edge_index),
+        "gcn", GCN(features, hidden, classes), (x, edge_index, gcn_norm(edge_index, nodes)),
         low=float(x.min()), high=float(x.max()),
     )
 
