@@ -99,19 +99,26 @@ def capture(
     is_explained_module: Callable[[nn.Module], bool],
     leaf_functions: Iterable[Callable[..., Any]] = (),
     concrete_args: dict[str, Any] | None = None,
-) -> fx.Graph:
+) -> tuple[fx.Graph, dict[str, Any]]:
     """Trace ``model``'s forward into a graph, or raise :class:`CaptureError` saying why not.
 
-    Integrations of libraries in use are loaded first; functions of operations registered as
-    ``leaf`` are recorded as single calls like ``leaf_functions``.
+    Returns the graph and the constants the trace created (tensors made in ``forward``, e.g.
+    ``torch.ones(3)``, which get_attr nodes name). Integrations of libraries in use are loaded
+    first; functions of operations registered as ``leaf`` are recorded as single calls like
+    ``leaf_functions``.
     """
     load_integrations()
     tracer = RelevanceTracer(is_explained_module, (*leaf_functions, *REGISTRY.leaf_functions()))
     concrete_args = {**_library_concrete_args(model), **(concrete_args or {})} or None
+    attributes_before = set(vars(model))
     try:
-        return tracer.trace(model, concrete_args)
+        graph = tracer.trace(model, concrete_args)
     except Exception as error:  # every tracing failure becomes one readable error
         raise CaptureError(_explain_capture_failure(model, error)) from error
+    finally:
+        # torch.fx stores such constants on the traced root, i.e. the user's model: take them back.
+        constants = {name: vars(model).pop(name) for name in set(vars(model)) - attributes_before}
+    return graph, constants
 
 
 def _explain_capture_failure(model: nn.Module, error: Exception) -> str:

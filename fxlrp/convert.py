@@ -53,10 +53,10 @@ def convert(
     if not isinstance(model, nn.Module):
         raise TypeError(f"fxlrp.convert expects an nn.Module, got {type(model).__name__}")
     composite = as_composite(composite)
-    graph = capture(model, _is_explained_module, all_scatter_functions(), concrete_args)
+    graph, constants = capture(model, _is_explained_module, all_scatter_functions(), concrete_args)
     in_place_modules = canonicalise_in_place(graph, dict(model.named_modules()))
     modules = fold_batch_norms(graph, dict(model.named_modules())) if fold_batch_norm else None
     rewriter = Rewriter(model, graph, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
-                        in_place_modules=in_place_modules, modules=modules)
+                        in_place_modules=in_place_modules, modules=modules, constants=constants)
     graph_module = rewriter.run()
     return Explainer(graph_module, Report(type(model).__name__, rewriter.reports))

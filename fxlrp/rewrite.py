@@ -77,8 +77,9 @@ class Rewriter:
 
     def __init__(self, model: nn.Module, graph: fx.Graph, composite: Composite, *, strict: bool,
                  warn_lost_relevance: bool, in_place_modules: set[str],
-                 modules: dict[str, nn.Module] | None = None) -> None:
+                 modules: dict[str, nn.Module] | None = None, constants: dict[str, Any] | None = None) -> None:
         self.model = model
+        self.constants = constants or {}
         self.graph = graph
         self.composite = composite
         self.strict = strict
@@ -125,7 +126,7 @@ class Rewriter:
         return None
 
     def _own_attribute(self, node: fx.Node) -> None:
-        value = _resolve(self.model, node.target)
+        value = self.constants[node.target] if node.target in self.constants else _resolve(self.model, node.target)
         name = "fxlrp_constant_" + node.target.replace(".", "_")
         if isinstance(value, torch.Tensor):
             if not hasattr(self.root, name):
