@@ -103,15 +103,17 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
 
 def attribute(
     explain: Explainer | nn.Module,
-    inputs: Tensor | Sequence[Tensor],
+    inputs: Tensor | Sequence[Any],
     target: Any = None,
     *,
     output: Callable[[Any], Tensor] | None = None,
     nodes: Sequence[str] | None = None,
-) -> Tensor | tuple[Tensor, ...] | tuple[Tensor | tuple[Tensor, ...], dict[str, Tensor]]:
+) -> Tensor | tuple[Tensor | None, ...] | tuple[Tensor | tuple[Tensor | None, ...], dict[str, Tensor]]:
     """Relevance of each input in one call.
 
-    ``inputs``: a tensor or a sequence of tensors (each gets its relevance).
+    ``inputs``: a tensor or a sequence of inputs. Each floating-point tensor gets its relevance;
+    other inputs (integer indices such as a GNN's senders/receivers, settings) are passed as they
+    are and get ``None``.
     ``target``: see :func:`output_relevance`.
     ``output``: picks the explained tensor from the model's output (e.g.
     ``lambda graphs: graphs.global_features``); by default the output itself.
@@ -122,7 +124,8 @@ def attribute(
     Relevance is returned with the shapes of the inputs (and of the nodes' outputs).
     """
     single = isinstance(inputs, Tensor)
-    leaves = [value.detach().requires_grad_() for value in ((inputs,) if single else inputs)]
+    leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
+    explained_leaves = [leaf for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute(..., nodes=...) needs the explainer returned by fxlrp.convert")
     with torch.enable_grad():
@@ -136,11 +139,13 @@ def attribute(
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
             )
         intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
-        wanted = leaves + [value for value in intermediate if value is not None]
+        wanted = explained_leaves + [value for value in intermediate if value is not None]
         relevance = iter(torch.autograd.grad(
             explained, wanted, output_relevance(explained, target), allow_unused=True
         ))
-    input_relevance = tuple(_zero_if_none(next(relevance), leaf) for leaf in leaves)
+    input_relevance = tuple(
+        _zero_if_none(next(relevance), leaf) if _is_explained_leaf(leaf) else None for leaf in leaves
+    )
     input_result = input_relevance[0] if single else input_relevance
     if nodes is None:
         return input_result
@@ -149,6 +154,17 @@ def attribute(
         for (name, value), carrier in zip(recorded.items(), intermediate, strict=True)
     }
     return input_result, node_relevance
+
+
+def _leaf_if_explained(value: Any) -> Any:
+    """A floating-point tensor becomes a fresh leaf that collects relevance; the rest stays."""
+    if isinstance(value, Tensor) and value.is_floating_point():
+        return value.detach().requires_grad_()
+    return value
+
+
+def _is_explained_leaf(value: Any) -> bool:
+    return isinstance(value, Tensor) and value.requires_grad
 
 
 def _relevance_carrier(name: str, value: Any) -> Tensor | None:

@@ -197,3 +197,31 @@ def test_aggregations_are_recorded_as_scatter_calls() -> None:
     # hidden block, applied 3 times: incoming mean, global node sum, global edge mean
     assert operations.count("scatter_sum") == 3 * 3
     assert fxlrp.convert(model).report().coverage == 1.0
+
+
+def test_attribute_passes_integer_inputs_through() -> None:
+    """Index inputs (senders, receivers) are not explained; the float inputs get LRP-0, which
+    equals gradient x input of the model here (linear, indexing, scatter sum)."""
+    torch.manual_seed(3)
+    import torch_scatter
+
+    class MessageSum(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 2)
+
+        def forward(self, nodes, senders, receivers):
+            messages = self.linear(nodes)[senders]
+            return torch_scatter.scatter_add(messages, receivers, dim=0, dim_size=nodes.shape[0])
+
+    model = MessageSum().double()
+    nodes = torch.randn(5, 4, dtype=torch.float64)
+    senders, receivers = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 4])
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.0))
+    node_relevance, sender_relevance, receiver_relevance = fxlrp.attribute(
+        explain, (nodes, senders, receivers), target=0
+    )
+    assert sender_relevance is None and receiver_relevance is None
+    leaf = nodes.clone().requires_grad_()
+    model(leaf, senders, receivers)[:, 0].sum().backward()
+    torch.testing.assert_close(node_relevance, leaf.grad * nodes, rtol=1e-12, atol=1e-12)
