@@ -120,3 +120,23 @@ def test_edge_relevance_is_gradient_times_edge_weight():
     torch.testing.assert_close(relevance.edge, reference, rtol=1e-10, atol=1e-12)
     assert sorted(relevance.edge_by_layer) == ["convs.0", "convs.1", "convs.2"]
     torch.testing.assert_close(sum(relevance.edge_by_layer.values()), relevance.edge)
+
+
+def test_plain_index_select_after_pyg_import() -> None:
+    """PyG replaces torch.index_select by a Python wrapper; a plain model calling it still
+    converts and gets LRP-0 = gradient x input."""
+
+    class Gather(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 2)
+
+        def forward(self, x, index):
+            return torch.index_select(self.linear(x), 0, index).sum(dim=0)
+
+    model = Gather().double()
+    x, index = torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 2, 2, 3])
+    relevance, _ = fxlrp.attribute(fxlrp.convert(model, LRP0), (x, index), target=1)
+    leaf = x.clone().requires_grad_()
+    model(leaf, index)[1].backward()
+    torch.testing.assert_close(relevance, leaf.grad * x, rtol=1e-12, atol=1e-12)

@@ -3,6 +3,7 @@ global pools. All of them are explained by running PyG's own code (see :mod:`fxl
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from torch import Tensor
@@ -64,6 +65,21 @@ register(
     )
 )
 REGISTRY.extend(GRAPH_SOFTMAX, functions=(softmax,))
+
+# PyG replaces torch.index_select with a Python wrapper (for its HashTensor) that checks the
+# dimension against input.dim(): recorded as one call, it runs natively (gradient = gather-add,
+# which routes relevance like the original).
+_pyg_index_select = getattr(importlib.import_module("torch_geometric.hash_tensor"), "_new_index_select", None)
+if _pyg_index_select is not None:
+    register(
+        Operation(
+            "pyg_index_select",
+            Kind.NATIVE,
+            functions=(_pyg_index_select,),
+            leaf=True,
+            description="torch.index_select as patched by torch_geometric: native",
+        )
+    )
 
 # BasicGNN (GCN, GIN, GraphSAGE, GAT, ...) trims sampled mini-batches when these are given;
 # fixed to None, its forward is a plain stack of layers.
