@@ -2,7 +2,7 @@
 
 Softmax takes AttnLRP's rule (:class:`~fxlrp.attention_rules.SoftmaxRule`) and marks its output as
 attention weights. Fused attention is explained through its decomposition
-``softmax(q k^T * scale + mask) @ v``, run under :class:`~fxlrp.operations.run_through.RelevanceMode`
+``softmax(q k^T * scale + mask) @ v``, run under :class:`~fxlrp.interpret.RelevanceMode`
 so that the products follow the node's :class:`~fxlrp.attention_rules.Product` rule (AttnLRP's
 uniform split by default, CP-LRP with :func:`~fxlrp.attention_rules.cp_lrp`); the outputs keep the
 values of the fused kernel.
@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from fxlrp.attention_rules import Product, SoftmaxRule
 from fxlrp.call import RelevanceCall
+from fxlrp.interpret import interpret
 from fxlrp.operations.helpers import bind, module_as_function
-from fxlrp.operations.run_through import run_through
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.roles import ATTENTION, mark
 from fxlrp.relevance.rule_function import carries_relevance
@@ -85,7 +85,7 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
         return function(*args, **kwargs)
     with torch.no_grad():
         exact = function(*args, **kwargs)
-    return with_value_of(exact, run_through(call, decomposed_attention, *args, **kwargs))
+    return with_value_of(exact, interpret(call, decomposed_attention, *args, **kwargs))
 
 
 register(
@@ -168,7 +168,7 @@ def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwarg
         return module(*args, **kwargs)
     with torch.no_grad():
         exact = module(*args, **kwargs)
-    path = run_through(call, function, *args, **kwargs)
+    path = interpret(call, function, *args, **kwargs)
     return tuple(
         value if value is None else with_value_of(value, relevance)
         for value, relevance in zip(exact, path, strict=True)

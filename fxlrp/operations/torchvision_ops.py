@@ -2,7 +2,7 @@
 
 - ``stochastic_depth``: the identity at explanation time, like dropout;
 - Swin's ``shifted_window_attention``: run with relevance functions inside (see
-  :mod:`fxlrp.operations.run_through`): linear projections by the layer rule, ``q k^T`` and
+  :mod:`fxlrp.interpret`): linear projections by the layer rule, ``q k^T`` and
   ``attention @ v`` by the :class:`~fxlrp.attention_rules.Product` rule, softmax by its rule, the
   relative position bias and the shift mask as constants added to the scores (z-rule);
 - ``_patch_merging_pad``: padding and strided slices, a copy routed by its native backward;
@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
+from fxlrp.interpret import interpret
 from fxlrp.operations.helpers import identity
-from fxlrp.operations.run_through import run_through
 from fxlrp.registry import Kind, Operation, register
 
 try:
@@ -37,7 +37,7 @@ if swin_transformer is not None:
             "window_attention",
             Kind.AFFINE,
             functions=(swin_transformer.shifted_window_attention,),
-            relevance=run_through,
+            relevance=interpret,
             weighted=True,
             description="Swin window attention, run with relevance functions inside",
         )

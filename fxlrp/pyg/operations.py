@@ -1,5 +1,5 @@
 """Registry entries for PyTorch Geometric: message-passing layers, PyG's scatter and softmax, the
-global pools. All of them are explained by running PyG's own code (see :mod:`fxlrp.pyg.runtime`)."""
+global pools. All of them are explained by running PyG's own code (see :mod:`fxlrp.interpret`)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from torch_geometric.utils import scatter, softmax
 
 from fxlrp.call import RelevanceCall
 from fxlrp.capture import LIBRARY_CONCRETE_ARGS
+from fxlrp.interpret import LayerRunner, interpret, layer_runner
 from fxlrp.operations.graph import GRAPH_SOFTMAX
 from fxlrp.operations.scatter import reduce_by_argument
 from fxlrp.operations.sums import proportional
 from fxlrp.pyg.messages import messages_of
-from fxlrp.pyg.runtime import LayerRunner, interpret, layer_runner
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 
 

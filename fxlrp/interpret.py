@@ -1,17 +1,20 @@
 """Explain library code by running it: every torch operation is routed through the registry.
 
-A PyG layer cannot be captured by torch.fx: its forward and ``propagate`` check types, ranks and
-sizes of their inputs and pick code paths by them (``isinstance(edge_index, Tensor)``,
-``int(index.max()) + 1``, torch_scatter or native scatters). So the layer stays one node of the
-captured graph and, at explanation time, runs its real code on real tensors inside
+Some code cannot be captured by torch.fx. A PyG layer's forward and ``propagate`` check types,
+ranks and sizes of their inputs and pick code paths by them (``isinstance(edge_index, Tensor)``,
+``int(index.max()) + 1``, torch_scatter or native scatters); torchvision's
+``shifted_window_attention`` branches on tensor shapes. Such a module or function stays one node
+of the captured graph and, at explanation time, runs its real code on real tensors inside
 :class:`RelevanceMode`, a ``TorchFunctionMode`` that sends each torch function, Tensor method and
 operator whose arguments carry relevance to the relevance function the registry holds for it.
-Library functions registered as ``leaf`` (PyG's ``scatter``, ``softmax``, the global pools) are
-intercepted by identity and explained as a whole. Every decision of the layer's code is taken on
-the graph at hand, so nothing is baked from an earlier input.
+Operations explained through a decomposition written in plain torch (attention) run the same
+way. Library functions registered as ``leaf`` (PyG's ``scatter``, ``softmax``, the global pools)
+are intercepted by identity and explained as a whole. Every decision of the code is taken on the
+input at hand, so nothing is baked from an earlier input; the same rules apply inside as in the
+graph.
 
 Operations on tensors that carry no relevance (degree normalisation computed from
-``edge_index``, self-loop indices, shapes) run natively. An operation without a rule on a
+``edge_index``, masks, position biases, shapes) run natively. An operation without a rule on a
 relevance-carrying tensor is an :class:`~fxlrp.UnsupportedOperationError` (``strict=False``:
 its gradient is used, with a warning).
 """
