@@ -76,13 +76,21 @@ def product_rule(rule: Rule | None) -> Product:
     return Product()
 
 
-def cp_lrp(epsilon: float = 1e-6) -> dict[str, Product]:
+def cp_lrp(epsilon: float = 1e-6) -> dict[str, Rule]:
     """``operation_rules`` for CP-LRP: attention weights are constants, values take the relevance.
 
-    ``Composite(layer_rule, operation_rules=cp_lrp())``; combine with other operation rules by
-    ``{**cp_lrp(), "add": ...}``.
+    Covers transformer attention (softmax weights times values) and graph attention (the softmax
+    over each node's edges in GAT, GATv2, TransformerConv). ``Composite(layer_rule,
+    operation_rules=cp_lrp())``; combine with other operation rules by ``{**cp_lrp(), "add": ...}``.
     """
-    return {operation: Product(epsilon, constants=(GATE, ATTENTION)) for operation in PRODUCT_OPERATIONS}
+    # Imported here: the graph operations import this module's rules when they register.
+    from fxlrp.operations.graph import GRAPH_SOFTMAX, AttentionAsConstant
+
+    rules: dict[str, Rule] = {
+        operation: Product(epsilon, constants=(GATE, ATTENTION)) for operation in PRODUCT_OPERATIONS
+    }
+    rules[GRAPH_SOFTMAX] = AttentionAsConstant()
+    return rules
 
 
 def uniform_gates(epsilon: float = 1e-6) -> dict[str, Product]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 
+from fxlrp import attention_rules
 from fxlrp.composites import Composite, as_composite
-from fxlrp.operations.graph import GRAPH_SOFTMAX, AttentionAsConstant
 from fxlrp.rules import Rule
 
 
@@ -14,8 +14,9 @@ def cp_lrp(composite: Composite | Rule | None = None) -> Composite:
 
     No relevance enters the attention logits; a message ``alpha_ij * x_j`` passes all of its
     relevance to ``x_j``. Without it, the softmax gets AttnLRP's rule and a product of two
-    relevance-carrying factors splits relevance in halves.
+    relevance-carrying factors splits relevance in halves. The same choice as
+    ``operation_rules=fxlrp.attention_rules.cp_lrp()``, added to an existing composite.
     """
     chosen = copy.copy(as_composite(composite))
-    chosen.operation_rules = {**chosen.operation_rules, GRAPH_SOFTMAX: AttentionAsConstant()}
+    chosen.operation_rules = {**chosen.operation_rules, **attention_rules.cp_lrp()}
     return chosen
