@@ -3,6 +3,7 @@ configuration, peak resident set size above the resident size just before the ca
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -30,7 +31,9 @@ class Result:
     status: str = "ok"
     """``ok``, or why the configuration did not run (``unsupported: ...``, ``n/a: ...``)."""
     memory: float | None = None
-    """Peak memory above the resident size before the call, in MB."""
+    """Peak memory of a call above the resident size before it, in MB (second call)."""
+    first_call_memory: float | None = None
+    """The same for the first call, which also builds what a conversion caches."""
 
     @property
     def seconds(self) -> float | None:
@@ -86,28 +89,42 @@ def _status_kb(field_name: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field_name}")
 
 
-def probe_memory(model: str, name: str, quick: bool) -> dict[str, Any]:
-    """In this (fresh) process: peak resident memory of one call of the configuration above the
-    resident memory right before it, in MB. Linux only (/proc/self/clear_refs resets the peak)."""
-    workload = build(model, quick)
-    try:
-        run = CONFIGURATIONS[name].prepare(workload)
-    except Exception as error:
-        return {"error": _first_line(error)}
+def _release_freed_memory() -> None:
+    """Return freed heap memory to the system (glibc keeps it otherwise), so that the resident
+    size before a call is what is really in use."""
     gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _peak_of_call(run: Callable[[], Any]) -> float:
+    _release_freed_memory()
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # reset VmHWM to the current resident size
     before = _status_kb("VmRSS")
-    try:
-        output = run()
-    except Exception as error:
-        return {"error": _first_line(error)}
+    output = run()
     peak = _status_kb("VmHWM")
     del output
-    return {"peak_mb": (peak - before) / 1024}
+    return (peak - before) / 1024
 
 
-def memory_in_subprocess(model: str, name: str, quick: bool, threads: int | None = None) -> float | None:
+def probe_memory(model: str, name: str, quick: bool) -> dict[str, Any]:
+    """In this (fresh) process: peak resident memory of a call of the configuration above the
+    resident memory right before it, in MB, for the first call (with one-off work such as
+    modified weights cached per conversion) and for the next one. Linux only
+    (/proc/self/clear_refs resets the peak)."""
+    workload = build(model, quick)
+    try:
+        run = CONFIGURATIONS[name].prepare(workload)
+        first = _peak_of_call(run)
+        return {"peak_mb": _peak_of_call(run), "first_mb": first}
+    except Exception as error:
+        return {"error": _first_line(error)}
+
+
+def memory_in_subprocess(model: str, name: str, quick: bool, threads: int | None = None) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.run", "--probe-memory", model, name]
     if quick:
         command.append("--quick")
@@ -117,5 +134,5 @@ def memory_in_subprocess(model: str, name: str, quick: bool, threads: int | None
     completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
-        return None
-    return json.loads(lines[-1]).get("peak_mb")
+        return {"error": (completed.stderr.strip().splitlines() or ["no output"])[-1][:160]}
+    return json.loads(lines[-1])

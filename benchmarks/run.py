@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> None:
             for name, result in results.items():
                 if result.status == "ok":
                     print(f"{model}: memory of {name}", flush=True)
-                    result.memory = memory_in_subprocess(model, name, arguments.quick, arguments.threads)
+                    memory = memory_in_subprocess(model, name, arguments.quick, arguments.threads)
+                    result.memory, result.first_call_memory = memory.get("peak_mb"), memory.get("first_mb")
+                    if "error" in memory:
+                        result.status = f"memory probe failed: {memory['error']}"
         all_results[model] = results
     command = "make bench" if argv is None and len(sys.argv) == 1 else "python benchmarks/run.py " + " ".join(
         sys.argv[1:] if argv is None else argv)

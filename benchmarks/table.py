@@ -47,15 +47,16 @@ def _ratio(value: float | None, floor: float | None) -> str:
 def model_table(results: Mapping[str, Result]) -> list[str]:
     floor = results.get(FLOOR, Result())
     lines = [
-        "| configuration | setup (s) | time (s) | / gradient | peak memory (MB) | / gradient | note |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| configuration | setup (s) | time (s) | / gradient | peak memory (MB) | / gradient "
+        "| first call (MB) | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, result in results.items():
         note = "" if result.status == "ok" else result.status.replace("|", "/")
         lines.append(
             f"| {name} | {_number(result.setup)} | {_number(result.seconds)} | "
             f"{_ratio(result.seconds, floor.seconds)} | {_number(result.memory, 0)} | "
-            f"{_ratio(result.memory, floor.memory)} | {note} |"
+            f"{_ratio(result.memory, floor.memory)} | {_number(result.first_call_memory, 0)} | {note} |"
         )
     return lines
 
@@ -107,9 +108,10 @@ def document(all_results: Mapping[str, Mapping[str, Result]], descriptions: Mapp
     lines = [
         f"Machine: {machine()}.",
         "",
-        f"Median of {repeats} interleaved repeats in one process; peak memory is the peak resident "
-        "memory of one call above the resident memory before it, each configuration in a fresh "
-        "process. Setup is `fxlrp.convert` (or registering zennit's composite and canonizers). "
+        f"Median of {repeats} interleaved repeats in one process. Peak memory: peak resident memory "
+        "of a call above the resident memory right before it, each configuration in a fresh "
+        "process; the second call (the first call, also shown, builds what a conversion caches, "
+        "such as z+ and gamma weights). Setup is `fxlrp.convert` (or registering zennit's composite and canonizers). "
         "Ratios are to gradient x input with frozen parameters, measured in the same run."
         + (" **Quick mode: small inputs, for smoke checks only.**" if quick else ""),
         f"Rerun: `{command}`.",
