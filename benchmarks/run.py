@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.configurations import CONFIGURATIONS, FLOOR  # noqa: E402
 from benchmarks.measure import memory_in_subprocess, probe_memory, time_interleaved  # noqa: E402
-from benchmarks.table import document, write  # noqa: E402
+from benchmarks.table import document, summary, write  # noqa: E402
 from benchmarks.workloads import DESCRIPTIONS, FULL, QUICK_DESCRIPTION, build  # noqa: E402
 
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     text = document(all_results, descriptions, arguments.repeats, arguments.quick, command.strip())
     print(text)
     if not (arguments.quick or arguments.no_write):
-        for path in write(text):
+        for path in write(text, summary(all_results, command.strip())):
             print(f"wrote {path}")
 
 

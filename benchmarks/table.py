@@ -125,7 +125,35 @@ def document(all_results: Mapping[str, Mapping[str, Result]], descriptions: Mapp
     return "\n".join(lines)
 
 
-def write(text: str, title: str = "# Benchmarks") -> list[str]:
+SUMMARY_COLUMNS = ("fxlrp Epsilon", "fxlrp EpsilonPlusFlat", "fxlrp EpsilonGammaBox", "zennit EpsilonPlusFlat")
+
+
+def summary(all_results: Mapping[str, Mapping[str, Result]], command: str) -> str:
+    """One row per model for the README: time and memory as multiples of gradient x input."""
+    lines = [
+        f"Time (and peak memory) as multiples of gradient x input; {machine()}. "
+        f"Full tables, method and target checks: [docs/benchmarks.md](docs/benchmarks.md). Rerun: `{command}`.",
+        "",
+        "| model | gradient x input (s) | " + " | ".join(SUMMARY_COLUMNS) + " | convert (s) |",
+        "|---|---:|" + "---:|" * len(SUMMARY_COLUMNS) + "---:|",
+    ]
+    for model, results in all_results.items():
+        floor = results.get(FLOOR, Result())
+        cells = []
+        for name in SUMMARY_COLUMNS:
+            result = results.get(name)
+            if result is None or result.seconds is None:
+                cells.append("unsupported" if result is not None and result.status.startswith("unsupported") else "")
+                continue
+            memory = _ratio(result.memory, floor.memory)
+            cells.append(_ratio(result.seconds, floor.seconds) + (f" ({memory})" if memory else ""))
+        epsilon = results.get("fxlrp Epsilon")
+        lines.append(f"| {model} | {_number(floor.seconds, 2)} | " + " | ".join(cells)
+                     + f" | {_number(epsilon.setup if epsilon else None, 2)} |")
+    return "\n".join(lines)
+
+
+def write(text: str, readme_text: str, title: str = "# Benchmarks") -> list[str]:
     """Write docs/benchmarks.md and the README's benchmark section; return the files written."""
     written = []
     path = os.path.join(ROOT, "docs", "benchmarks.md")
@@ -139,7 +167,7 @@ def write(text: str, title: str = "# Benchmarks") -> list[str]:
             content = source.read()
         start, end = content.find(START_MARKER), content.find(END_MARKER)
         if 0 <= start < end:
-            content = content[: start + len(START_MARKER)] + "\n" + text + "\n" + content[end:]
+            content = content[: start + len(START_MARKER)] + "\n" + readme_text + "\n" + content[end:]
             with open(readme, "w") as out:
                 out.write(content)
             written.append(readme)
