@@ -34,7 +34,7 @@ class Report:
             (row.name, row.target, row.operation, row.handling, row.rule, _short(row.source)) for row in self.rows
         ]
         widths = [max(len(line[column]) for line in table) for column in range(len(header) - 1)]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths)) + "  " + line[-1]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)) + "  " + line[-1]
                  for line in table]
         lines.insert(1, "-" * len(lines[0]))
         counts = ", ".join(f"{count} {handling}" for handling, count in sorted(self.counts.items()))

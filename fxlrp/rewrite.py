@@ -96,7 +96,8 @@ class Rewriter:
         first_layer = self._first_weighted_node()
         for node in list(self.graph.nodes):
             if node.op in ("placeholder", "output"):
-                self._report(node, node.op if node.op == "output" else "input", "input" if node.op == "placeholder" else "output")
+                role = "input" if node.op == "placeholder" else "output"
+                self._report(node, role, role)
                 continue
             if node.op == "get_attr":
                 self._own_attribute(node)

@@ -6,9 +6,13 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-SUM_FUNCTIONS = ("scatter_sum", "scatter_add", "segment_sum_csr", "segment_add_csr", "segment_sum_coo", "segment_add_coo")
+SUM_FUNCTIONS = (
+    "scatter_sum", "scatter_add", "segment_sum_csr", "segment_add_csr", "segment_sum_coo", "segment_add_coo",
+)
 MEAN_FUNCTIONS = ("scatter_mean", "segment_mean_csr", "segment_mean_coo")
-MAX_FUNCTIONS = ("scatter_max", "scatter_min", "segment_max_csr", "segment_min_csr", "segment_max_coo", "segment_min_coo")
+MAX_FUNCTIONS = (
+    "scatter_max", "scatter_min", "segment_max_csr", "segment_min_csr", "segment_max_coo", "segment_min_coo",
+)
 REDUCE_FUNCTIONS = ("scatter", "segment_csr", "segment_coo")
 INDEX_FUNCTIONS = ("gather_csr", "gather_coo")
 UNSUPPORTED_FUNCTIONS = ("scatter_mul", "scatter_softmax", "scatter_log_softmax", "scatter_std", "scatter_logsumexp")

@@ -4,7 +4,6 @@ explained correctly (LRP-0 == gradient x input)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 from conftest import LRP0, explained_relevance, gradient_times_input, onehot_relevance, relative_error
