@@ -89,7 +89,7 @@ def _status_kb(field_name: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field_name}")
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
     """Return freed heap memory to the system (glibc keeps it otherwise), so that the resident
     size before a call is what is really in use."""
     gc.collect()
@@ -100,7 +100,7 @@ def _release_freed_memory() -> None:
 
 
 def _peak_of_call(run: Callable[[], Any]) -> float:
-    _release_freed_memory()
+    release_freed_memory()
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # reset VmHWM to the current resident size
     before = _status_kb("VmRSS")

@@ -20,7 +20,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.configurations import CONFIGURATIONS, FLOOR  # noqa: E402
-from benchmarks.measure import memory_in_subprocess, probe_memory, time_interleaved  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    memory_in_subprocess,
+    probe_memory,
+    release_freed_memory,
+    time_interleaved,
+)
 from benchmarks.table import document, summary, write  # noqa: E402
 from benchmarks.workloads import DESCRIPTIONS, FULL, QUICK_DESCRIPTION, build  # noqa: E402
 
@@ -64,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     for model in models:
         print(f"{model}: timing {len(names)} configurations x {arguments.repeats} repeats", flush=True)
         results = time_interleaved(build(model, arguments.quick), names, arguments.repeats)
+        release_freed_memory()  # the timed explainers and model copies, before the memory processes
         if not arguments.no_memory:
             for name, result in results.items():
                 if result.status == "ok":
