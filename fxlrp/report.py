@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fxlrp.rewrite import NodeReport
 
-EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant"}
+EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance"}
 
 
 @dataclass(frozen=True)

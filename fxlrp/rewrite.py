@@ -28,7 +28,9 @@ class NodeReport:
     handling: str
     """``rule`` (a rule of the composite), ``identity``, ``native`` (relevance-neutral or routed by
     the native backward), ``container`` (attribute access or a method of a non-tensor input),
-    ``input``/``output``/``constant`` or ``gradient`` (no rule: strict=False fallback)."""
+    ``input``/``output``/``constant``, ``no relevance`` (an operation without a rule on values
+    that no input reaches, e.g. a degree normalisation from ``edge_index``) or ``gradient`` (no
+    rule: strict=False fallback)."""
     rule: str
     source: str
 
@@ -67,6 +69,60 @@ def enclosing_module(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[str 
     return qualified_name, module_type if isinstance(module_type, type) else None
 
 
+RELEVANCE_FREE_OPERATIONS = {"constant"}
+"""Operations whose outputs carry no relevance whatever their inputs (shapes, indices,
+comparisons, tensor creation)."""
+SHAPE_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"}
+
+
+def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[fx.Node]:
+    """Nodes relevance may reach: those that depend on a model input through operations that
+    pass values on. Constants, parameters, shapes and what is computed from them alone are out.
+
+    Inputs count as carrying (their dtype is unknown when the graph is captured), so this is an
+    over-approximation: an operation outside the set can never see relevance."""
+    carrying: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            carrying.add(node)
+            continue
+        if node.op in ("get_attr", "output"):
+            continue
+        operation = find_operation(node, modules)
+        if operation is not None and operation.name in RELEVANCE_FREE_OPERATIONS:
+            continue
+        if node.op == "call_function" and node.target is getattr and node.args[1:2] and node.args[1] in SHAPE_ATTRIBUTES:
+            continue
+        values = value_arguments(node)
+        if any(source in carrying for source in values):
+            carrying.add(node)
+    return carrying
+
+
+# Positions of index arguments: an index selects values but contributes none of its own.
+_INDEX_POSITION_BY_NAME = {
+    "getitem": 1, "index_select": 2, "gather": 2, "index_add": 2, "scatter_add": 2, "scatter": 2,
+    "scatter_reduce": 2, "index_fill": 2, "index_copy": 2, "take_along_dim": 1, "index_put": 1,
+    "repeat_interleave": 1,
+}
+_INDEX_KEYWORDS = {"index", "indices", "indptr", "repeats", "dim_size", "batch", "ptr"}
+_GRAPH_LIBRARIES = ("torch_scatter", "torch_geometric")
+
+
+def value_arguments(node: fx.Node) -> list[fx.Node]:
+    """The input nodes of ``node`` that contribute values (not indices) to its output."""
+    target = node.target
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    position = _INDEX_POSITION_BY_NAME.get(name)
+    if callable(target) and getattr(target, "__module__", "").startswith(_GRAPH_LIBRARIES):
+        position = 1  # torch_scatter / PyG: (src, index, ...)
+    arguments = [value for index, value in enumerate(node.args) if index != position]
+    arguments += [value for key, value in node.kwargs.items() if key not in _INDEX_KEYWORDS]
+    found: list[fx.Node] = []
+    fx.node.map_arg((arguments,), found.append)
+    return found
+
+
 class Rewriter:
     """Builds the explainer's GraphModule from the captured graph.
 
@@ -94,6 +150,7 @@ class Rewriter:
     def run(self) -> fx.GraphModule:
         unsupported: list[fx.Node] = []
         first_layer = self._first_weighted_node()
+        carrying = nodes_that_may_carry_relevance(self.graph, self.modules)
         for node in list(self.graph.nodes):
             if node.op in ("placeholder", "output"):
                 role = "input" if node.op == "placeholder" else "output"
@@ -106,6 +163,11 @@ class Rewriter:
             if operation is None:
                 if node.op == "call_function" and node.target is getattr or is_container_method(node):
                     self._report(node, "container", "container")
+                    continue
+                if node not in carrying:
+                    # Computed from constants, parameters, shapes or indices only (a GCN's degree
+                    # normalisation): no relevance can reach it, so it needs no rule.
+                    self._keep_native(node, operation=None, handling="no relevance")
                     continue
                 unsupported.append(node)
                 self._keep_native(node, operation=None)
@@ -137,10 +199,10 @@ class Rewriter:
         node.target = name
         self._report(node, "constant", "constant")
 
-    def _keep_native(self, node: fx.Node, operation: Operation | None) -> None:
+    def _keep_native(self, node: fx.Node, operation: Operation | None, handling: str | None = None) -> None:
         if node.op == "call_module":
             self._install(node, NativeModuleNode(self.modules[node.target]))
-        handling = "native" if operation is not None else "gradient"
+        handling = handling or ("native" if operation is not None else "gradient")
         self._report(node, operation.name if operation else "?", handling)
 
     def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool) -> None:

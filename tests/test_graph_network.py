@@ -225,3 +225,42 @@ def test_attribute_passes_integer_inputs_through() -> None:
     leaf = nodes.clone().requires_grad_()
     model(leaf, senders, receivers)[:, 0].sum().backward()
     torch.testing.assert_close(node_relevance, leaf.grad * nodes, rtol=1e-12, atol=1e-12)
+
+
+class NormalisedInForward(torch.nn.Module):
+    """A GCN layer that computes its degree normalisation in forward, with operations fxlrp has
+    no LRP rule for (pow, rsqrt): they only see indices, so strict conversion accepts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 2)
+
+    def forward(self, x, senders, receivers):
+        degree = x.new_zeros(x.shape[0]).index_add(0, receivers, torch.ones_like(receivers, dtype=x.dtype))
+        scale = degree.clamp(min=1).pow(-0.5).rsqrt()
+        messages = self.linear(x)[senders] * scale[receivers].unsqueeze(-1)
+        return x.new_zeros((x.shape[0], 2)).index_add(0, receivers, messages)
+
+
+def test_rule_free_operations_on_indices_need_no_rule() -> None:
+    torch.manual_seed(5)
+    model = NormalisedInForward().double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    senders, receivers = torch.tensor([0, 1, 2, 3, 4, 0]), torch.tensor([1, 2, 3, 4, 0, 2])
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.0))  # strict: no error
+    handling = {row.target: row.handling for row in explain.report().rows}
+    assert handling[".pow()"] == "no relevance" and handling[".rsqrt()"] == "no relevance"
+    assert explain.report().coverage == 1.0
+    relevance, _, _ = fxlrp.attribute(explain, (x, senders, receivers), target=1)
+    leaf = x.clone().requires_grad_()
+    model(leaf, senders, receivers)[:, 1].sum().backward()
+    torch.testing.assert_close(relevance, leaf.grad * x, rtol=1e-12, atol=1e-12)
+
+
+def test_rule_free_operation_on_relevance_is_still_an_error() -> None:
+    class ExpOfFeatures(torch.nn.Module):
+        def forward(self, x, index):
+            return x.new_zeros((2, x.shape[1])).index_add(0, index, x.exp())
+
+    with pytest.raises(fxlrp.UnsupportedOperationError, match="exp"):
+        fxlrp.convert(ExpOfFeatures())
