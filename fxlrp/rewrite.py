@@ -91,10 +91,10 @@ def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module
         operation = find_operation(node, modules)
         if operation is not None and operation.name in RELEVANCE_FREE_OPERATIONS:
             continue
-        if node.op == "call_function" and node.target is getattr and node.args[1:2] and node.args[1] in SHAPE_ATTRIBUTES:
+        reads_shape = node.op == "call_function" and node.target is getattr and len(node.args) > 1
+        if reads_shape and node.args[1] in SHAPE_ATTRIBUTES:
             continue
-        values = value_arguments(node)
-        if any(source in carrying for source in values):
+        if any(source in carrying for source in value_arguments(node)):
             carrying.add(node)
     return carrying
 
