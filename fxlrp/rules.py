@@ -134,6 +134,17 @@ def _has_negative_inputs(inputs: Sequence[Any]) -> bool:
     return any(bool((value < 0).any()) for value in inputs if carries_relevance(value))
 
 
+def _positive_inputs(inputs: Sequence[Any], has_negative: bool) -> Sequence[Any]:
+    """``x+``: without negative inputs (behind a ReLU) the inputs themselves, which saves a copy
+    of each input, its clamp and the clamp's backward."""
+    return _map_carrying(inputs, _positive_part) if has_negative else inputs
+
+
+def _total(terms: Sequence[Tensor]) -> Tensor:
+    """The sum of the terms' values (no copy for a single term)."""
+    return terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
+
+
 def _original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
     """The layer's own output, when the rule's terms are modified copies (no graph needed)."""
     with torch.no_grad():
@@ -219,14 +230,15 @@ class ZPlus(Rule):
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         positive, negative = prepared
-        terms = [layer(_map_carrying(inputs, _positive_part), *positive)]
-        if _has_negative_inputs(inputs):
+        has_negative = _has_negative_inputs(inputs)
+        terms = [layer(_positive_inputs(inputs, has_negative), *positive)]
+        if has_negative:
             terms.append(layer(_map_carrying(inputs, _negative_part), *negative))
         return _original_output(layer, inputs), (inputs, terms)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, terms = state
-        scaled = _scaled(relevance, self._stabilise(sum(term.detach() for term in terms)), layer)
+        scaled = _scaled(relevance, self._stabilise(_total(terms)), layer)
         return input_times_gradient(terms, inputs, [scaled] * len(terms))
 
 
@@ -264,8 +276,9 @@ class _TwoHalves(Rule):
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         output = _original_output(layer, inputs)
-        positive_inputs = _map_carrying(inputs, _positive_part)
-        negative_inputs = _map_carrying(inputs, _negative_part) if _has_negative_inputs(inputs) else None
+        has_negative = _has_negative_inputs(inputs)
+        positive_inputs = _positive_inputs(inputs, has_negative)
+        negative_inputs = _map_carrying(inputs, _negative_part) if has_negative else None
         halves = []
         for weight, for_positive_inputs, for_negative_inputs in zip(
             self.half_weights(output), ("more", "less"), ("less_without_bias", "more_without_bias"), strict=True
@@ -284,7 +297,7 @@ class _TwoHalves(Rule):
             return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
         outputs, scaled = [], []
         for weight, terms in halves:
-            denominator = self._stabilise(sum(term.detach() for term in terms))
+            denominator = self._stabilise(_total(terms))
             share = weight * _scaled(relevance, denominator, layer)
             outputs += terms
             scaled += [share] * len(terms)
