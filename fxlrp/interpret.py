@@ -62,7 +62,19 @@ def _tensors(value: Any) -> list[Tensor]:
 
 
 def _carries(value: Any) -> bool:
-    return any(carries_relevance(tensor) for tensor in _tensors(value))
+    """Whether a relevance-carrying tensor is inside nested tuples, lists and dicts (stops at the
+    first one: this runs for every torch call)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Tensor):
+            if item.requires_grad:
+                return True
+        elif isinstance(item, (tuple, list)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+    return False
 
 
 def _caller() -> str:

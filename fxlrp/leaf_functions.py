@@ -14,6 +14,7 @@ route them to relevance functions (:func:`intercepted_calls`). Contexts nest.
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -38,10 +39,17 @@ def _dispatch(key: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _trampoline_code(function: types.FunctionType, key: int) -> types.CodeType:
-    source = f"def {function.__name__}(*args, **kwargs):\n    return {DISPATCH_NAME}({key}, args, kwargs)\n"
+    return _compiled_trampoline(function.__name__, function.__qualname__, key)
+
+
+@functools.cache
+def _compiled_trampoline(name: str, qualified_name: str, key: int) -> types.CodeType:
+    # Cached: interpreted library layers patch their functions on every call. The code only
+    # carries the dispatch key, so a reused id still dispatches to the function patched now.
+    source = f"def {name}(*args, **kwargs):\n    return {DISPATCH_NAME}({key}, args, kwargs)\n"
     namespace: dict[str, Any] = {}
-    exec(compile(source, f"<fxlrp leaf call of {function.__qualname__}>", "exec"), namespace)
-    return namespace[function.__name__].__code__
+    exec(compile(source, f"<fxlrp leaf call of {qualified_name}>", "exec"), namespace)
+    return namespace[name].__code__
 
 
 def _patch(function: types.FunctionType, handler: Handler) -> None:
