@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -31,7 +31,7 @@ class RelevanceCall:
         self.site = site
         self.composite = composite
         self.strict = strict
-        self._prepared: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}
+        self._cache: dict[str, tuple[tuple[Any, ...], Any, tuple[Any, ...]]] = {}
 
     def layer(
         self,
@@ -47,17 +47,19 @@ class RelevanceCall:
         """Run ``layer`` on ``inputs`` with this call's rule in backward."""
         return apply_rule(layer, self.rule, self._prepare(layer), *inputs)
 
+    def cached(self, slot: str, tensors: Sequence[Tensor | None], compute: Callable[[], Any]) -> Any:
+        """``compute()``, computed again only when one of ``tensors`` is replaced or changed in
+        place. For work that depends on parameters alone (a rule's weight transforms,
+        BatchNorm's scale and shift), so that it runs once per conversion, not once per call."""
+        key = tuple((id(tensor), tensor._version) if tensor is not None else None for tensor in tensors)
+        entry = self._cache.get(slot)
+        if entry is None or entry[0] != key:
+            # the tensors stay referenced with the result, so their ids cannot be reused
+            entry = (key, compute(), tuple(tensors))
+            self._cache[slot] = entry
+        return entry[1]
+
     def _prepare(self, layer: AffineLayer) -> Any:
         if not layer.has_parameters:
             return self.rule.prepare(layer)
-        key = tuple(
-            (id(tensor), tensor._version) if tensor is not None else (0, 0)
-            for tensor in (layer.weight, layer.bias)
-        )
-        flat_key = (*key[0], *key[1])
-        cached = self._prepared.get(flat_key)
-        if cached is None:
-            # keep the tensors alive with their result so that ids are not reused
-            cached = (self.rule.prepare(layer), (layer.weight, layer.bias))
-            self._prepared = {flat_key: cached}
-        return cached[0]
+        return self.cached("rule", (layer.weight, layer.bias), lambda: self.rule.prepare(layer))

@@ -59,7 +59,7 @@ class Composite:
     2. ``first_layer``: the rule of the first weighted layer;
     3. ``type_rules``: ``{module type or tuple of types: rule}``, subclasses included;
     4. ``operation_rules``: ``{canonical operation: rule}`` (``"add"``, ``"avg_pool"``, ...);
-    5. ``layer_rule`` for every weighted layer;
+    5. ``layer_rule`` for every weighted layer (``Epsilon(1e-6)`` when None);
     6. the operation's own default (z-rule for sums).
 
     ``first_layer_operations`` says which canonical operations can be the first layer (e.g.
@@ -78,7 +78,8 @@ class Composite:
         operation_rules: Mapping[str, Rule] | None = None,
         first_layer_operations: Iterable[str] | None = None,
     ) -> None:
-        self.layer_rule = layer_rule
+        # Every weighted layer needs a rule: without one, the default epsilon rule.
+        self.layer_rule = Epsilon(1e-6) if layer_rule is None else layer_rule
         self.name_rules = dict(name_rules or {})
         self.first_layer = first_layer
         self.type_rules = list(type_rules.items() if isinstance(type_rules, Mapping) else type_rules or [])

@@ -142,3 +142,34 @@ def test_lrp0_is_gradient_times_input_with_and_without_folding() -> None:
             fxlrp.convert(model, Epsilon(0.0), fold_batch_norm=fold), [x],
             lambda out: out.detach() * torch.nn.functional.one_hot(torch.tensor(1), 3).to(out))
         assert relative_error(actual, expected) < 1e-12, fold
+
+
+class CountingZPlus(fxlrp.rules.ZPlus):
+    """z+ that counts how often its weight transforms are computed."""
+
+    prepared = 0
+
+    def prepare(self, layer):
+        CountingZPlus.prepared += 1
+        return super().prepare(layer)
+
+
+def test_unfolded_batch_norm_transforms_once_per_conversion_and_follows_in_place_updates() -> None:
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.BatchNorm2d(3), nn.ReLU(), nn.Conv2d(3, 2, 3)).double().eval()
+    randomise_batch_norm_statistics(model, torch.Generator().manual_seed(2))
+    composite = fxlrp.composites.Composite(type_rules={nn.BatchNorm2d: CountingZPlus()})
+    explain = fxlrp.convert(model, composite, fold_batch_norm=False)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    CountingZPlus.prepared = 0
+    first = fxlrp.attribute(explain, x, target=1)
+    second = fxlrp.attribute(explain, x, target=1)
+    assert CountingZPlus.prepared == 1
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    with torch.no_grad():
+        model[0].running_var.mul_(4.0)  # an in-place update of the model is seen by the explainer
+    updated = fxlrp.attribute(explain, x, target=1)
+    fresh = fxlrp.attribute(fxlrp.convert(model, composite, fold_batch_norm=False), x, target=1)
+    assert CountingZPlus.prepared == 3
+    torch.testing.assert_close(updated, fresh, rtol=1e-12, atol=1e-12)
+    assert relative_error(updated, first) > 1e-3

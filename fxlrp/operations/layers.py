@@ -118,11 +118,15 @@ def batch_norm(
             "fxlrp explains BatchNorm with its running statistics, but this BatchNorm has none "
             "(track_running_stats=False); LRP needs a fixed affine map here."
         )
-    # Explanations are of the model at inference: statistics are never updated.
-    scale = torch.rsqrt(running_var + eps)
-    scale = scale if weight is None else scale * weight
-    shift = -running_mean * scale
-    shift = shift if bias is None else shift + bias
+    def scale_and_shift() -> tuple[Tensor, Tensor]:
+        # Explanations are of the model at inference: statistics are never updated.
+        scale = torch.rsqrt(running_var + eps)
+        scale = scale if weight is None else scale * weight
+        shift = -running_mean * scale
+        return scale, shift if bias is None else shift + bias
+
+    # Once per conversion: the same tensors each call also let the rule's weight transforms be reused.
+    scale, shift = call.cached("batch_norm", (running_mean, running_var, weight, bias), scale_and_shift)
 
     def affine_per_channel(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
         shape = (1, -1) + (1,) * (x.dim() - 2)
