@@ -14,7 +14,8 @@ from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place
 from fxlrp.operations.helpers import method
-from fxlrp.registry import REGISTRY, Kind, Operation
+from fxlrp.registry import Kind, Operation
+from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance
 from fxlrp.source import source_line
 
 
@@ -43,16 +44,6 @@ def describe_target(node: fx.Node) -> str:
     return str(node.target)
 
 
-def find_operation(node: fx.Node, modules: dict[str, nn.Module]) -> Operation | None:
-    if node.op == "call_module":
-        return REGISTRY.for_module(modules[node.target])
-    if node.op == "call_function":
-        return REGISTRY.for_function(node.target)
-    if node.op == "call_method":
-        return REGISTRY.for_method(node.target)
-    return None
-
-
 def is_container_method(node: fx.Node) -> bool:
     """A method that no tensor has: it belongs to a container input (``graphs.evolve(...)``)
     and moves tensors around without computing on them."""
@@ -67,60 +58,6 @@ def enclosing_module(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[str 
         return None, None
     qualified_name, module_type = list(stack.values())[-1]
     return qualified_name, module_type if isinstance(module_type, type) else None
-
-
-RELEVANCE_FREE_OPERATIONS = {"constant"}
-"""Operations whose outputs carry no relevance whatever their inputs (shapes, indices,
-comparisons, tensor creation)."""
-SHAPE_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"}
-
-
-def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[fx.Node]:
-    """Nodes relevance may reach: those that depend on a model input through operations that
-    pass values on. Constants, parameters, shapes and what is computed from them alone are out.
-
-    Inputs count as carrying (their dtype is unknown when the graph is captured), so this is an
-    over-approximation: an operation outside the set can never see relevance."""
-    carrying: set[fx.Node] = set()
-    for node in graph.nodes:
-        if node.op == "placeholder":
-            carrying.add(node)
-            continue
-        if node.op in ("get_attr", "output"):
-            continue
-        operation = find_operation(node, modules)
-        if operation is not None and operation.name in RELEVANCE_FREE_OPERATIONS:
-            continue
-        reads_shape = node.op == "call_function" and node.target is getattr and len(node.args) > 1
-        if reads_shape and node.args[1] in SHAPE_ATTRIBUTES:
-            continue
-        if any(source in carrying for source in value_arguments(node)):
-            carrying.add(node)
-    return carrying
-
-
-# Positions of index arguments: an index selects values but contributes none of its own.
-_INDEX_POSITION_BY_NAME = {
-    "getitem": 1, "index_select": 2, "gather": 2, "index_add": 2, "scatter_add": 2, "scatter": 2,
-    "scatter_reduce": 2, "index_fill": 2, "index_copy": 2, "take_along_dim": 1, "index_put": 1,
-    "repeat_interleave": 1,
-}
-_INDEX_KEYWORDS = {"index", "indices", "indptr", "repeats", "dim_size", "batch", "ptr"}
-_GRAPH_LIBRARIES = ("torch_scatter", "torch_geometric")
-
-
-def value_arguments(node: fx.Node) -> list[fx.Node]:
-    """The input nodes of ``node`` that contribute values (not indices) to its output."""
-    target = node.target
-    name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    position = _INDEX_POSITION_BY_NAME.get(name)
-    if callable(target) and getattr(target, "__module__", "").startswith(_GRAPH_LIBRARIES):
-        position = 1  # torch_scatter / PyG: (src, index, ...)
-    arguments = [value for index, value in enumerate(node.args) if index != position]
-    arguments += [value for key, value in node.kwargs.items() if key not in _INDEX_KEYWORDS]
-    found: list[fx.Node] = []
-    fx.node.map_arg((arguments,), found.append)
-    return found
 
 
 class Rewriter:

@@ -1,0 +1,79 @@
+"""Which nodes of a captured graph relevance can reach.
+
+An operation without an LRP rule is only a problem if relevance can reach it. Relevance starts at
+the model's inputs and flows along the values operations pass on; it does not flow into indices
+(``x[index]``, ``scatter_add(dim, index, src)``), shapes, comparisons or freshly created tensors.
+A GCN's degree normalisation computed in forward from ``edge_index`` (``pow``, ``rsqrt``) is
+therefore outside the flow and needs no rule.
+"""
+
+from __future__ import annotations
+
+from torch import fx, nn
+
+from fxlrp.registry import REGISTRY, Operation
+
+
+def find_operation(node: fx.Node, modules: dict[str, nn.Module]) -> Operation | None:
+    """The registered operation a call node performs, if any."""
+    if node.op == "call_module":
+        return REGISTRY.for_module(modules[node.target])
+    if node.op == "call_function":
+        return REGISTRY.for_function(node.target)
+    if node.op == "call_method":
+        return REGISTRY.for_method(node.target)
+    return None
+
+
+RELEVANCE_FREE_OPERATIONS = {"constant"}
+"""Operations whose outputs carry no relevance whatever their inputs (shapes, indices,
+comparisons, tensor creation)."""
+SHAPE_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"}
+
+
+def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[fx.Node]:
+    """Nodes relevance may reach: those that depend on a model input through operations that
+    pass values on. Constants, parameters, shapes and what is computed from them alone are out.
+
+    Inputs count as carrying (their dtype is unknown when the graph is captured), so this is an
+    over-approximation: an operation outside the set can never see relevance."""
+    carrying: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            carrying.add(node)
+            continue
+        if node.op in ("get_attr", "output"):
+            continue
+        operation = find_operation(node, modules)
+        if operation is not None and operation.name in RELEVANCE_FREE_OPERATIONS:
+            continue
+        reads_shape = node.op == "call_function" and node.target is getattr and len(node.args) > 1
+        if reads_shape and node.args[1] in SHAPE_ATTRIBUTES:
+            continue
+        if any(source in carrying for source in value_arguments(node)):
+            carrying.add(node)
+    return carrying
+
+
+# Positions of index arguments: an index selects values but contributes none of its own.
+_INDEX_POSITION_BY_NAME = {
+    "getitem": 1, "index_select": 2, "gather": 2, "index_add": 2, "scatter_add": 2, "scatter": 2,
+    "scatter_reduce": 2, "index_fill": 2, "index_copy": 2, "take_along_dim": 1, "index_put": 1,
+    "repeat_interleave": 1,
+}
+_INDEX_KEYWORDS = {"index", "indices", "indptr", "repeats", "dim_size", "batch", "ptr"}
+_GRAPH_LIBRARIES = ("torch_scatter", "torch_geometric")
+
+
+def value_arguments(node: fx.Node) -> list[fx.Node]:
+    """The input nodes of ``node`` that contribute values (not indices) to its output."""
+    target = node.target
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    position = _INDEX_POSITION_BY_NAME.get(name)
+    if callable(target) and getattr(target, "__module__", "").startswith(_GRAPH_LIBRARIES):
+        position = 1  # torch_scatter / PyG: (src, index, ...)
+    arguments = [value for index, value in enumerate(node.args) if index != position]
+    arguments += [value for key, value in node.kwargs.items() if key not in _INDEX_KEYWORDS]
+    found: list[fx.Node] = []
+    fx.node.map_arg((arguments,), found.append)
+    return found
