@@ -151,7 +151,16 @@ def _original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
         return layer.forward(inputs)
 
 
-def _scaled(relevance: Tensor, denominator: Tensor, layer: AffineLayer) -> Tensor:
+def _scaled(
+    relevance: Tensor, output: Tensor, layer: AffineLayer, stabilise: Callable[[Tensor], Tensor]
+) -> Tensor:
+    """``R / stabilise(z)``; relevance of a zero denominator is dropped. A stabiliser with
+    ``epsilon > 0`` never gives 0 (``|z| + epsilon``), so the zero check, a pass over the output
+    and a host synchronisation per layer, is skipped for it (unless the dtype flushes epsilon)."""
+    denominator = stabilise(output)
+    epsilon = stabilise.keywords.get("epsilon", 0.0) if isinstance(stabilise, partial) else 0.0
+    if epsilon >= torch.finfo(denominator.dtype).tiny:  # not flushed to 0 in this dtype
+        return relevance / denominator
     return divide_dropping_zeros(relevance, denominator, layer.warn_lost_relevance)
 
 
@@ -186,7 +195,7 @@ class Epsilon(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, output = state
-        scaled = _scaled(relevance, self._stabilise(output.detach()), layer)
+        scaled = _scaled(relevance, output.detach(), layer, self._stabilise)
         return input_times_gradient(output, inputs, scaled)
 
 
@@ -238,7 +247,7 @@ class ZPlus(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, terms = state
-        scaled = _scaled(relevance, self._stabilise(_total(terms)), layer)
+        scaled = _scaled(relevance, _total(terms), layer, self._stabilise)
         return input_times_gradient(terms, inputs, [scaled] * len(terms))
 
 
@@ -297,8 +306,7 @@ class _TwoHalves(Rule):
             return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
         outputs, scaled = [], []
         for weight, terms in halves:
-            denominator = self._stabilise(_total(terms))
-            share = weight * _scaled(relevance, denominator, layer)
+            share = weight * _scaled(relevance, _total(terms), layer, self._stabilise)
             outputs += terms
             scaled += [share] * len(terms)
         return input_times_gradient(outputs, inputs, scaled)
@@ -430,8 +438,7 @@ class ZBox(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         (inputs, lows, highs), (own, low_term, high_term) = state
-        denominator = self._stabilise(own.detach() - low_term.detach() - high_term.detach())
-        scaled = _scaled(relevance, denominator, layer)
+        scaled = _scaled(relevance, own.detach() - low_term.detach() - high_term.detach(), layer, self._stabilise)
         from_inputs = input_times_gradient(own, inputs, scaled)
         from_lows = input_times_gradient(low_term, lows, scaled)
         from_highs = input_times_gradient(high_term, highs, scaled)
@@ -457,7 +464,7 @@ class _UniformInput(Rule):
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         ones, output = state
         # x_j = 1: the input-times-gradient product is the gradient itself.
-        return input_times_gradient(output, ones, _scaled(relevance, self._stabilise(output.detach()), layer))
+        return input_times_gradient(output, ones, _scaled(relevance, output.detach(), layer, self._stabilise))
 
 
 class Flat(_UniformInput):

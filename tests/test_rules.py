@@ -261,3 +261,13 @@ def test_each_term_costs_one_forward_and_parameters_are_prepared_once(rule_name:
         weight.mul_(2.0)  # an in-place change of the weights is noticed
     call.affine(layer, x)
     assert len(prepared) == 2
+
+
+def test_epsilon_too_small_for_the_dtype_still_drops_zero_denominators() -> None:
+    """An epsilon that float32 flushes to 0 must not skip the zero check: no Inf or NaN."""
+    layer = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, -1.0]]))
+    explain = fxlrp.convert(torch.nn.Sequential(layer), fxlrp.rules.Epsilon(1e-50))
+    relevance = fxlrp.attribute(explain, torch.tensor([[2.0, 2.0]]), target=torch.tensor([[1.0]]))
+    assert torch.equal(relevance, torch.zeros(1, 2))
