@@ -113,7 +113,7 @@ class SoftmaxRule(Epsilon):
         super().__init__(0.0)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        inputs, _ = state
+        inputs = state[0]
         shares = super().backward(layer, state, relevance)
         return tuple(
             share if share is None else torch.where(torch.isfinite(value), share, torch.zeros_like(share))

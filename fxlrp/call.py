@@ -20,17 +20,20 @@ class RelevanceCall:
     ``site`` and ``composite`` are the node's :class:`~fxlrp.composites.Site` and the conversion's
     composite, for operations that run a whole sub-model at explanation time and choose rules for
     its parts (PyG's message-passing layers); ``strict`` is the conversion's setting.
+    ``sole_consumer``: the node is the only consumer of its first argument's value (known from
+    the graph; False where it is unknown).
     """
 
     def __init__(
         self, rule: Any, warn_lost_relevance: bool = False, *, site: Any = None, composite: Any = None,
-        strict: bool = True,
+        strict: bool = True, sole_consumer: bool = False,
     ) -> None:
         self.rule = rule
         self.warn_lost_relevance = warn_lost_relevance
         self.site = site
         self.composite = composite
         self.strict = strict
+        self.sole_consumer = sole_consumer
         self._cache: dict[str, tuple[tuple[Any, ...], Any, tuple[Any, ...]]] = {}
 
     def layer(

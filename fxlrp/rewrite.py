@@ -151,7 +151,8 @@ class Rewriter:
             rule = self.composite.rule_for(site)
             if rule is None:
                 rule = operation.default_rule() if operation.default_rule else self.composite.layer_rule
-        call = RelevanceCall(rule, self.warn_lost_relevance, site=site, composite=self.composite, strict=self.strict)
+        call = RelevanceCall(rule, self.warn_lost_relevance, site=site, composite=self.composite,
+                             strict=self.strict, sole_consumer=_sole_consumer_of_first_argument(node))
         if node.op == "call_module":
             module = out_of_place(self.modules[node.target])
             to_function = operation.module_function or (lambda module, state: (module, {}))
@@ -196,6 +197,11 @@ class Rewriter:
             f"rule (strict=False):\n{listing}",
             stacklevel=3,
         )
+
+
+def _sole_consumer_of_first_argument(node: fx.Node) -> bool:
+    producer = node.args[0] if node.args else None
+    return isinstance(producer, fx.Node) and len(producer.users) == 1
 
 
 def _resolve(model: nn.Module, target: str) -> Any:

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.graph import GradientEdge
 
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.relevance.rule_function import carries_relevance, gradient_root
 from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
 
 Stabiliser = float | Callable[[Tensor], Tensor]
@@ -34,6 +35,10 @@ Stabiliser = float | Callable[[Tensor], Tensor]
 ZeroParams = str | Iterable[str] | None
 Parameters = tuple[Tensor | None, Tensor | None]
 """``(weight, bias)`` of a modified copy of a layer."""
+
+Root = Tensor | GradientEdge
+"""Where a vector-Jacobian product starts: an output, or its gradient edge (which does not keep
+the output's values alive)."""
 
 PARAMETER_NAMES = ("weight", "bias")
 
@@ -43,6 +48,12 @@ class Rule:
 
     Subclasses implement :meth:`forward` and :meth:`backward`; :meth:`prepare` may compute
     parameter transforms once per conversion.
+
+    A state that holds the returned output itself may see it replaced by a ReLU's output when a
+    ReLU is the output's only consumer (:func:`~fxlrp.relevance.rule_function.hand_over_activation`):
+    the two are equal wherever relevance arrives. Rules therefore read the output's values from
+    the state, and start vector-Jacobian products from a
+    :func:`~fxlrp.relevance.rule_function.gradient_root` kept beside it.
     """
 
     def prepare(self, layer: AffineLayer) -> Any:
@@ -65,12 +76,13 @@ class Rule:
 
 
 def input_times_gradient(
-    output: Tensor | Sequence[Tensor], inputs: Sequence[Any], scaled_relevance: Tensor | Sequence[Tensor]
+    output: Root | Sequence[Root], inputs: Sequence[Any], scaled_relevance: Tensor | Sequence[Tensor]
 ) -> tuple[Tensor | None, ...]:
     """``R_j = x_j * sum_k w_jk s_k`` for each relevance-carrying input, with the native VJP.
 
-    ``output`` and ``scaled_relevance`` may be sequences (one ``s`` per term of a formula); the
-    gradients of all terms are summed by autograd in one call.
+    ``output`` (a tensor or its :func:`~fxlrp.relevance.rule_function.gradient_root`) and
+    ``scaled_relevance`` may be sequences (one ``s`` per term of a formula); the gradients of all
+    terms are summed by autograd in one call.
     """
     carrying = [value for value in inputs if carries_relevance(value)]
     gradients = iter(torch.autograd.grad(output, carrying, scaled_relevance))
@@ -190,13 +202,16 @@ class Epsilon(Rule):
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         if prepared is None:
             output = layer.forward(inputs)
-            return output, (inputs, output)
-        return _original_output(layer, inputs), (inputs, layer(inputs, *prepared))
+            # The output's values (the denominator) and where its gradient starts, separately: a
+            # following ReLU may hand over its own output for the values (hand_over_activation).
+            return output, (inputs, gradient_root(output), output)
+        modified = layer(inputs, *prepared)
+        return _original_output(layer, inputs), (inputs, gradient_root(modified), modified)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        inputs, output = state
+        inputs, root, output = state
         scaled = _scaled(relevance, output.detach(), layer, self._stabilise)
-        return input_times_gradient(output, inputs, scaled)
+        return input_times_gradient(root, inputs, scaled)
 
 
 class Norm(Epsilon):
@@ -434,12 +449,12 @@ class ZBox(Rule):
         else:
             output, own = _original_output(layer, inputs), layer(inputs, *prepared["own"])
         terms = [own, layer(lows, *prepared["positive"]), layer(highs, *prepared["negative"])]
-        return output, ([inputs, lows, highs], terms)
+        return output, ([inputs, lows, highs], gradient_root(own), terms)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        (inputs, lows, highs), (own, low_term, high_term) = state
+        (inputs, lows, highs), own_root, (own, low_term, high_term) = state
         scaled = _scaled(relevance, own.detach() - low_term.detach() - high_term.detach(), layer, self._stabilise)
-        from_inputs = input_times_gradient(own, inputs, scaled)
+        from_inputs = input_times_gradient(own_root, inputs, scaled)
         from_lows = input_times_gradient(low_term, lows, scaled)
         from_highs = input_times_gradient(high_term, highs, scaled)
         return tuple(

@@ -9,25 +9,49 @@ unchanged. Products are in ``products.py``, sigmoid-like gates in ``gating.py``.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
+from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import module_as_function, passes
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.rule_function import hand_over_activation
+
+
+def clipping(call: RelevanceCall, function: Callable[..., Tensor], input: Any, *args: Any, **kwargs: Any) -> Any:
+    """The activation itself, native backward: relevance passes where the unit is active. Where
+    the activation is its input's only consumer, the rule that computed the input reads its
+    denominator from the activation's output instead of keeping its own output alive."""
+    output = function(input, *args, **kwargs)
+    if call.sole_consumer and isinstance(input, Tensor) and input.requires_grad:
+        hand_over_activation(input, output)
+    return output
+
 
 register(
     Operation(
         "relu",
         Kind.NATIVE,
-        functions=(
-            F.relu, torch.relu, F.relu6, F.hardtanh, F.threshold, F.prelu,
-            torch.prelu, torch.threshold, torch.clamp, torch.clip,
-        ),
+        functions=(F.relu, torch.relu, F.relu6, F.hardtanh, F.threshold, torch.threshold, torch.clamp, torch.clip),
         methods=("relu", "clamp", "clip", "clamp_min", "clamp_max"),
-        modules=(nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Threshold, nn.PReLU),
-        description="piecewise-linear activations: native backward passes relevance where active",
+        modules=(nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Threshold),
+        relevance=clipping,
+        module_function=module_as_function,
+        description="piecewise-linear activations that clip (output = input or constant): native "
+        "backward passes relevance where the unit is active",
+    )
+)
+register(
+    Operation(
+        "prelu",
+        Kind.NATIVE,
+        functions=(F.prelu, torch.prelu),
+        modules=(nn.PReLU,),
+        description="parametric ReLU: native backward (relevance scaled by the slope where negative)",
     )
 )
 register(

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from fxlrp.relevance.layer import AffineLayer
 
@@ -18,15 +19,32 @@ def carries_relevance(value: Any) -> bool:
     return isinstance(value, Tensor) and value.requires_grad
 
 
+def gradient_root(output: Tensor) -> GradientEdge:
+    """Where ``torch.autograd.grad`` starts for ``output``, without keeping ``output``'s values
+    alive (a rule that needs them keeps the tensor itself)."""
+    return get_gradient_edge(output)
+
+
 def _holds(state: Any, tensor: Tensor) -> bool:
     """Whether ``tensor`` itself is among the (nested tuple/list/dict) values of ``state``."""
     if state is tensor:
         return True
-    if isinstance(state, (tuple, list)):
+    if type(state) in (tuple, list):  # not namedtuples such as GradientEdge
         return any(_holds(value, tensor) for value in state)
     if isinstance(state, dict):
         return any(_holds(value, tensor) for value in state.values())
     return False
+
+
+def _replaced(state: Any, old: Tensor, new: Tensor) -> Any:
+    """``state`` with the tensor ``old`` itself replaced by ``new`` wherever it occurs."""
+    if state is old:
+        return new
+    if type(state) in (tuple, list):  # not namedtuples such as GradientEdge
+        return type(state)(_replaced(value, old, new) for value in state)
+    if isinstance(state, dict):
+        return {key: _replaced(value, old, new) for key, value in state.items()}
+    return state
 
 
 class RuleFunction(torch.autograd.Function):
@@ -47,25 +65,47 @@ class RuleFunction(torch.autograd.Function):
             output, state = rule.forward(layer, leaves, prepared)
         ctx.layer, ctx.rule, ctx.state = layer, rule, state
         ctx.carrying = tuple(carries_relevance(value) for value in inputs)
-        if _holds(state, output):
-            # Saved only so that autograd reports an in-place change of the output instead of
-            # silently using a modified denominator. Rules whose backward does not read the
-            # output (z+, gamma, ...) do not keep it alive: that would be an activation per layer.
-            output = output.detach()
-            ctx.save_for_backward(output)
-            return output
+        # A rule whose backward reads the output values (the epsilon rule's denominator) keeps
+        # the output in its state. Its version is checked in backward, so that a later in-place
+        # change of the output is an error instead of a silently modified denominator.
+        ctx.kept_output = (output, output._version) if _holds(state, output) else None
         return output.detach()
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        _ = ctx.saved_tensors  # raises if the output was modified in place since forward
+        if ctx.kept_output is not None and ctx.kept_output[0]._version != ctx.kept_output[1]:
+            raise RuntimeError(
+                "fxlrp: the output of a layer was modified in place after the forward pass, so its "
+                "relevance rule would divide by changed values; do not modify the explainer's "
+                "intermediate outputs in place between forward and backward"
+            )
         input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance)
-        ctx.state = None  # free the inner graph as soon as relevance has passed
+        ctx.state = ctx.kept_output = None  # free the inner graph as soon as relevance has passed
         routed = tuple(
             relevance_of_input if carrying else None
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
         )
         return (None, None, None, *routed)
+
+
+def hand_over_activation(output: Tensor, activated: Tensor) -> None:
+    """Let the rule that computed ``output`` keep ``activated`` in its place.
+
+    For ``activated = relu(output)`` (or another activation that equals its input wherever its
+    gradient is not zero: ReLU6, hardtanh, clamp, threshold) whose sole consumer is this
+    activation: relevance reaches ``output`` only where ``activated == output``, so the rule's
+    denominator may be read from ``activated``. The next layer keeps ``activated`` anyway, and
+    ``output`` is freed: one activation-sized tensor less per layer than holding both. Does
+    nothing when ``output`` does not come straight from a rule that keeps it.
+    """
+    node = output.grad_fn
+    if not isinstance(node, RuleFunction._backward_cls) or node.kept_output is None:
+        return
+    kept = node.kept_output[0]
+    if kept.shape != activated.shape or kept.dtype != activated.dtype:
+        return
+    node.state = _replaced(node.state, kept, activated)
+    node.kept_output = (activated, activated._version)
 
 
 def apply_rule(layer: AffineLayer, rule: Any, prepared: Any, *inputs: Any) -> Tensor:

@@ -12,18 +12,20 @@ LOST_RELEVANCE_MESSAGE = (
 
 
 def stabilise(denominator: Tensor, epsilon: float) -> Tensor:
-    """zennit's stabiliser: ``z + epsilon * (sign(z) + [z == 0])``, so ``z = 0`` moves to ``+epsilon``."""
+    """zennit's stabiliser: ``z + epsilon * (sign(z) + [z == 0])``, so ``z = 0`` moves to ``+epsilon``.
+
+    Computed as ``z + copysign(epsilon, z)`` in two passes, which moves ``z = -0.0`` to
+    ``-epsilon`` instead. That changes no relevance: an output of exactly ``-0.0`` has only
+    contributions ``x_j w_jk = -0.0`` and a bias of 0, so every share ``x_j w_jk R_k / s(z_k)``
+    is 0 whatever the sign of ``s(z_k)`` (and a ReLU that follows passes it no relevance).
+    """
     if epsilon == 0.0:
         return denominator
-    # epsilon * (sign(z) + [z == 0]) is exactly -epsilon where z < 0 and +epsilon elsewhere,
-    # which is copysign(epsilon, z + 0.0) (adding +0.0 turns -0.0 into +0.0): the same bits in
-    # three cheap passes instead of six.
-    # One buffer for all three (a fresh allocation per pass costs as much as the pass).
     step = denominator.new_full((), epsilon)
-    stabilised = denominator + 0.0
-    if stabilised.requires_grad:  # out= cannot be recorded by autograd
-        return torch.copysign(step, stabilised) + denominator
-    return torch.copysign(step, stabilised, out=stabilised).add_(denominator)
+    if denominator.requires_grad:  # out=/in-place ops cannot be recorded by autograd
+        return torch.copysign(step, denominator) + denominator
+    # One buffer for both passes (a fresh allocation per pass costs as much as the pass).
+    return torch.copysign(step, denominator).add_(denominator)
 
 
 def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = False) -> Tensor:
@@ -32,10 +34,9 @@ def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = F
     Relevance that reaches an output of 0 has no contributions to be shared among, so it is
     dropped, as the seed notebooks do; ``warn=True`` says so when it happens.
     """
-    if int(torch.count_nonzero(denominator)) == denominator.numel():
-        return relevance / denominator  # the common case (epsilon > 0): no mask, no masked copy
     zero = denominator == 0
     if warn and bool((zero & (relevance != 0)).any()):
         warnings.warn(LOST_RELEVANCE_MESSAGE, stacklevel=2)
-    # Dividing by +inf gives an exact 0 without the NaN that 0/0 would produce.
-    return relevance / denominator.masked_fill(zero, float("inf"))
+    # The quotient's Inf and NaN at zero denominators are overwritten in place: three passes,
+    # no host synchronisation to find out whether there are any.
+    return (relevance / denominator).masked_fill_(zero, 0.0)

@@ -1,0 +1,130 @@
+"""A ReLU-like activation that is a layer's only consumer hands its output to the layer's rule,
+which then reads its denominator from it instead of keeping its own output alive.
+
+The results must be those of the rules written out layer by layer (where relevance arrives the
+two tensors are equal), nothing may be handed over where the layer's output has other consumers,
+and the rule must really keep the activation's output instead of its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import (
+    LRP0,
+    epsilon_reference,
+    explained_relevance,
+    gradient_times_input,
+    onehot_relevance,
+    relative_error,
+)
+from torch import Tensor, nn
+
+import fxlrp
+from fxlrp.relevance.rule_function import RuleFunction
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "hardtanh": F.hardtanh,
+    "clamp": lambda z: torch.clamp(z, min=-0.3, max=0.8),
+    "threshold": lambda z: F.threshold(z, 0.2, -1.0),
+    "relu_method": lambda z: z.relu(),
+}
+
+
+class TwoLayers(nn.Module):
+    def __init__(self, activation) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 16), nn.Linear(16, 3)
+        self.activation = activation
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.second(self.activation(self.first(x)))
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_layer_by_layer_reference_with_large_epsilon(name: str) -> None:
+    """Epsilon 0.1 makes every denominator matter; the reference keeps the pre-activation."""
+    torch.manual_seed(0)
+    model = TwoLayers(ACTIVATIONS[name]).double()
+    x = 8 * torch.randn(5, 6, dtype=torch.float64)  # large enough for ReLU6 and hardtanh to saturate
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.1))
+    (actual,) = explained_relevance(explain, [x], onehot_relevance)
+
+    with torch.no_grad():
+        z = model.first(x)
+        a = model.activation(z)
+        output = model.second(a)
+    (relevance_a,) = epsilon_reference(model.second, [a], onehot_relevance(output), epsilon=0.1)
+    z_leaf = z.clone().requires_grad_()
+    (relevance_z,) = torch.autograd.grad(model.activation(z_leaf), z_leaf, relevance_a)
+    (expected,) = epsilon_reference(model.first, [x], relevance_z, epsilon=0.1)
+    assert relative_error(actual, expected) < 1e-12
+
+
+class SharedPreActivation(nn.Module):
+    """The pre-activation has a second consumer: relevance reaches it where the ReLU is off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second, self.side = nn.Linear(6, 16), nn.Linear(16, 3), nn.Linear(16, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = self.first(x)
+        return self.second(torch.relu(z)) + self.side(z)
+
+
+def test_no_hand_over_where_the_output_has_other_consumers() -> None:
+    torch.manual_seed(1)
+    model = SharedPreActivation().double()
+    x = torch.randn(5, 6, dtype=torch.float64)
+    (actual,) = explained_relevance(fxlrp.convert(model, LRP0), [x], onehot_relevance)
+    (expected,) = gradient_times_input(model, [x], lambda out: out, onehot_relevance)
+    assert relative_error(actual, expected) < 1e-10
+
+
+def _rule_nodes(output: Tensor) -> list:
+    """The RuleFunction nodes of the autograd graph behind ``output``."""
+    found, stack, seen = [], [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, RuleFunction._backward_cls):
+            found.append(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def _tensors(state) -> list[Tensor]:
+    if isinstance(state, Tensor):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [tensor for value in state for tensor in _tensors(value)]
+    return []
+
+
+def test_the_rule_keeps_the_activation_instead_of_its_own_output() -> None:
+    model = TwoLayers(nn.ReLU())
+    explain = fxlrp.convert(model)
+    x = torch.randn(4, 6, requires_grad=True)
+    output, recorded = explain.run_recording(["first", "activation"], x)
+    first_rule = next(node for node in _rule_nodes(output) if node.state[0][0] is not None
+                      and node.state[0][0].shape == x.shape)
+    kept = {tensor.data_ptr() for tensor in _tensors(first_rule.state)}
+    assert recorded["activation"].data_ptr() in kept
+    assert recorded["first"].data_ptr() not in kept
+
+
+def test_in_place_change_of_a_kept_output_is_an_error() -> None:
+    model = nn.Sequential(nn.Linear(6, 8), nn.Linear(8, 3))
+    explain = fxlrp.convert(model)
+    x = torch.randn(4, 6, requires_grad=True)
+    output, recorded = explain.run_recording(["_0"], x)
+    with torch.no_grad():
+        recorded["_0"].mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        torch.autograd.grad(output, x, torch.ones_like(output))
