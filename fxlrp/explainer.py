@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from fxlrp.relevance.rule_function import outputs_recorded
 from fxlrp.report import Report
 
 
@@ -35,7 +36,8 @@ class Explainer(nn.Module):
         """
         graph_nodes = self._graph_nodes(nodes)
         recorder = _Recorder(self.graph_module, {node: name for name, node in graph_nodes.items()})
-        result = recorder.run(*args, **kwargs)
+        with outputs_recorded():
+            result = recorder.run(*args, **kwargs)
         return result, {name: recorder.recorded[name] for name in nodes if name in recorder.recorded}
 
     def report(self) -> Report:

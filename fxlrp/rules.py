@@ -142,8 +142,9 @@ def _map_carrying(inputs: Sequence[Any], transform: Callable[[Tensor], Tensor]) 
 
 
 def _has_negative_inputs(inputs: Sequence[Any]) -> bool:
-    """Whether any ``x-`` term can be non-zero (behind a ReLU none can, and none is computed)."""
-    return any(bool((value < 0).any()) for value in inputs if carries_relevance(value))
+    """Whether any ``x-`` term can be non-zero (behind a ReLU none can, and none is computed).
+    One read-only reduction per input (a comparison would first write a mask of the input's size)."""
+    return any(value.numel() > 0 and bool(value.amin() < 0) for value in inputs if carries_relevance(value))
 
 
 def _positive_inputs(inputs: Sequence[Any], has_negative: bool) -> Sequence[Any]:
@@ -164,16 +165,24 @@ def _original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
 
 
 def _scaled(
-    relevance: Tensor, output: Tensor, layer: AffineLayer, stabilise: Callable[[Tensor], Tensor]
+    relevance: Tensor, output: Tensor, layer: AffineLayer, stabilise: Callable[[Tensor], Tensor],
+    sign: float | None = None,
 ) -> Tensor:
-    """``R / stabilise(z)``; relevance of a zero denominator is dropped. A stabiliser with
-    ``epsilon > 0`` never gives 0 (``|z| + epsilon``), so the zero check, a pass over the output
-    and a host synchronisation per layer, is skipped for it (unless the dtype flushes epsilon)."""
-    denominator = stabilise(output)
+    """``R / stabilise(z)``; relevance of a zero denominator is dropped.
+
+    A stabiliser with ``epsilon > 0`` never gives 0 (``|z| + epsilon``), so the zero check, a
+    pass over the output and a host synchronisation per layer, is skipped for it (unless the
+    dtype flushes epsilon). ``sign``: ``+1`` (``-1``) when ``z >= 0`` (``z <= 0``) by
+    construction, as for the positive (negative) contributions of z+ and alpha-beta; the
+    stabiliser is then ``z + epsilon`` (``z - epsilon``) in one pass. That is zennit's value for
+    ``z != 0``; an output of exactly 0 has only zero contributions, which get 0 either way.
+    """
     epsilon = stabilise.keywords.get("epsilon", 0.0) if isinstance(stabilise, partial) else 0.0
-    if epsilon >= torch.finfo(denominator.dtype).tiny:  # not flushed to 0 in this dtype
-        return relevance / denominator
-    return divide_dropping_zeros(relevance, denominator, layer.warn_lost_relevance)
+    if epsilon < torch.finfo(output.dtype).tiny:  # no epsilon, a callable, or flushed to 0 in this dtype
+        return divide_dropping_zeros(relevance, stabilise(output), layer.warn_lost_relevance)
+    if sign is None:
+        return relevance / stabilise(output)
+    return relevance / (output + sign * epsilon)
 
 
 class Epsilon(Rule):
@@ -262,7 +271,7 @@ class ZPlus(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, terms = state
-        scaled = _scaled(relevance, _total(terms), layer, self._stabilise)
+        scaled = _scaled(relevance, _total(terms), layer, self._stabilise, sign=1.0)
         return input_times_gradient(terms, inputs, [scaled] * len(terms))
 
 
@@ -279,6 +288,10 @@ class _TwoHalves(Rule):
         self.stabilizer = stabilizer
         self.zero_params = sorted(zero_parameter_names(zero_params))
         self._stabilise = stabiliser_function(stabilizer)
+
+    half_signs: tuple[float | None, float | None] = (None, None)
+    """The sign each half has by construction (``+1``: never negative), if any: lets the
+    stabiliser skip its sign test (see ``_scaled``)."""
 
     def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
         """The "more" and "less" transforms of the parameters."""
@@ -304,15 +317,16 @@ class _TwoHalves(Rule):
         positive_inputs = _positive_inputs(inputs, has_negative)
         negative_inputs = _map_carrying(inputs, _negative_part) if has_negative else None
         halves = []
-        for weight, for_positive_inputs, for_negative_inputs in zip(
-            self.half_weights(output), ("more", "less"), ("less_without_bias", "more_without_bias"), strict=True
+        for weight, sign, for_positive_inputs, for_negative_inputs in zip(
+            self.half_weights(output), self.half_signs, ("more", "less"), ("less_without_bias", "more_without_bias"),
+            strict=True,
         ):
             if weight is None:
                 continue
             terms = [layer(positive_inputs, *prepared[for_positive_inputs])]
             if negative_inputs is not None:
                 terms.append(layer(negative_inputs, *prepared[for_negative_inputs]))
-            halves.append((weight, terms))
+            halves.append((weight, sign, terms))
         return output, (inputs, halves)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
@@ -320,8 +334,8 @@ class _TwoHalves(Rule):
         if not halves:  # every output is 0: all relevance is dropped
             return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
         outputs, scaled = [], []
-        for weight, terms in halves:
-            share = weight * _scaled(relevance, _total(terms), layer, self._stabilise)
+        for weight, sign, terms in halves:
+            share = weight * _scaled(relevance, _total(terms), layer, self._stabilise, sign)
             outputs += terms
             scaled += [share] * len(terms)
         return input_times_gradient(outputs, inputs, scaled)
@@ -350,6 +364,9 @@ class AlphaBeta(_TwoHalves):
             )
         self.alpha, self.beta = float(alpha), float(beta)
         super().__init__(stabilizer, zero_params)
+
+    # x+ w+ + x- w- >= 0 and x+ w- + x- w+ <= 0, with b+ >= 0 and b- <= 0.
+    half_signs = (1.0, -1.0)
 
     def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
         return _positive_part, _negative_part

@@ -128,3 +128,15 @@ def test_in_place_change_of_a_kept_output_is_an_error() -> None:
         recorded["_0"].mul_(2.0)
     with pytest.raises(RuntimeError, match="modified in place"):
         torch.autograd.grad(output, x, torch.ones_like(output))
+
+
+def test_relu_rectifies_the_rule_output_in_place() -> None:
+    """Without recording, ReLU works in place on the rule's output, which the rule keeps."""
+    torch.manual_seed(2)
+    model = TwoLayers(nn.ReLU())
+    x = torch.randn(4, 6, requires_grad=True)
+    output = fxlrp.convert(model)(x)
+    first_rule = next(node for node in _rule_nodes(output) if node.state[0][0].shape == x.shape)
+    kept = first_rule.kept_output[0]
+    assert torch.equal(kept, torch.relu(model.first(x.detach())))
+    assert any(tensor is kept for tensor in _tensors(first_rule.state))

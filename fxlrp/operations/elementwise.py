@@ -19,7 +19,15 @@ from torch import Tensor, nn
 from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import module_as_function, passes
 from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.rule_function import hand_over_activation
+from fxlrp.relevance.rule_function import hand_over_activation, rectify_in_place
+
+
+def rectified(call: RelevanceCall, function: Callable[..., Tensor], input: Any, *args: Any, **kwargs: Any) -> Any:
+    """ReLU, native backward: relevance passes where the unit is active. On the output of a rule
+    that nothing else reads, ReLU works in place as in the model's own ``ReLU(inplace=True)``."""
+    if call.sole_consumer and isinstance(input, Tensor) and rectify_in_place(input, torch.relu_):
+        return input
+    return clipping(call, function, input, *args, **kwargs)
 
 
 def clipping(call: RelevanceCall, function: Callable[..., Tensor], input: Any, *args: Any, **kwargs: Any) -> Any:
@@ -36,13 +44,25 @@ register(
     Operation(
         "relu",
         Kind.NATIVE,
-        functions=(F.relu, torch.relu, F.relu6, F.hardtanh, F.threshold, torch.threshold, torch.clamp, torch.clip),
-        methods=("relu", "clamp", "clip", "clamp_min", "clamp_max"),
-        modules=(nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Threshold),
+        functions=(F.relu, torch.relu),
+        methods=("relu",),
+        modules=(nn.ReLU,),
+        relevance=rectified,
+        module_function=module_as_function,
+        description="ReLU: native backward passes relevance where the unit is active",
+    )
+)
+register(
+    Operation(
+        "clip",
+        Kind.NATIVE,
+        functions=(F.relu6, F.hardtanh, F.threshold, torch.threshold, torch.clamp, torch.clip),
+        methods=("clamp", "clip", "clamp_min", "clamp_max"),
+        modules=(nn.ReLU6, nn.Hardtanh, nn.Threshold),
         relevance=clipping,
         module_function=module_as_function,
-        description="piecewise-linear activations that clip (output = input or constant): native "
-        "backward passes relevance where the unit is active",
+        description="activations that clip (output = input or a constant): native backward passes "
+        "relevance where the output is the input",
     )
 )
 register(

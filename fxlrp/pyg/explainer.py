@@ -12,7 +12,8 @@ from torch_geometric.explain.config import MaskType, ModelMode
 
 import fxlrp
 from fxlrp.composites import Composite
-from fxlrp.pyg.relevance import graph_relevance
+from fxlrp.pyg.forward_reuse import ForwardReuse
+from fxlrp.pyg.relevance import explained_forward, output_relevance, relevance_from
 from fxlrp.rules import Rule
 
 _MODES = {
@@ -42,13 +43,24 @@ class LRPExplainer(ExplainerAlgorithm):
     ``composite``: as for :func:`fxlrp.convert` (a rule, a composite, None for the default;
     :func:`fxlrp.pyg.cp_lrp` for attention as constants). ``strict``: as for ``convert``.
     The converted model is cached per model.
+
+    ``reuse_forward``: PyG calls the algorithm once per explained node with the same graph; the
+    forward pass is then run once and kept for the following calls, which pay only a backward
+    pass each, with results identical to a fresh forward. It is run again as soon as the model's
+    parameters (modified in place or replaced), the inputs (other tensors or modified in place)
+    or the keywords change (see :mod:`fxlrp.pyg.forward_reuse`). The last forward's graph stays
+    in memory until the next call with other inputs or :meth:`clear`; False: a forward per call,
+    nothing kept.
     """
 
-    def __init__(self, composite: Composite | Rule | None = None, *, strict: bool = True) -> None:
+    def __init__(self, composite: Composite | Rule | None = None, *, strict: bool = True,
+                 reuse_forward: bool = True) -> None:
         super().__init__()
         self.composite = composite
         self.strict = strict
+        self.reuse_forward = reuse_forward
         self._converted: tuple[int, nn.Module, nn.Module] | None = None
+        self._reuse = ForwardReuse()
 
     def explainer_for(self, model: nn.Module) -> nn.Module:
         """The fxlrp conversion of ``model`` (made once per model)."""
@@ -70,8 +82,15 @@ class LRPExplainer(ExplainerAlgorithm):
     ) -> Explanation:
         if isinstance(x, dict) or isinstance(edge_index, dict):
             raise ValueError("LRPExplainer explains homogeneous graphs; heterogeneous graphs are not supported yet")
-        relevance = graph_relevance(self.explainer_for(model), x, edge_index, target=target, index=index,
-                                    mode=_MODES[self.model_config.mode], **kwargs)
+        explain = self.explainer_for(model)
+        if self.reuse_forward:
+            forward = self._reuse.get(model, explain, x, edge_index, kwargs,
+                                      lambda reusable: explained_forward(explain, x, edge_index, reusable=reusable,
+                                                                         **kwargs))
+        else:
+            forward = explained_forward(explain, x, edge_index, **kwargs)
+        start = output_relevance(forward.output, target, index, _MODES[self.model_config.mode])
+        relevance = relevance_from(forward, start)
         node_mask_type = self.explainer_config.node_mask_type
         if node_mask_type == MaskType.object:
             node_mask = relevance.node.sum(dim=-1, keepdim=True)
@@ -83,6 +102,10 @@ class LRPExplainer(ExplainerAlgorithm):
             node_mask = None
         edge_mask = relevance.edge if self.explainer_config.edge_mask_type == MaskType.object else None
         return Explanation(node_mask=node_mask, edge_mask=edge_mask)
+
+    def clear(self) -> None:
+        """Drop the kept forward pass and the memory its graph holds."""
+        self._reuse.clear()
 
     def supports(self) -> bool:
         if self.explainer_config.edge_mask_type not in (None, MaskType.object):

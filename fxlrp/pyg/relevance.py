@@ -12,13 +12,16 @@ is the sum over layers (and over repeated calls of one layer) of these per-layer
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from fxlrp.pyg.edge_map import EdgeMap
 from fxlrp.pyg.messages import Messages, recording_messages
+from fxlrp.relevance.rule_function import reusable_graph
 
 
 @dataclass
@@ -69,24 +72,70 @@ def _per_edge(record: Messages, relevance: Tensor) -> Tensor:
     return relevance.movedim(record.edge_dim, 0).reshape(relevance.size(record.edge_dim), -1).sum(dim=1)
 
 
-def to_input_edges(record: Messages, relevance: Tensor, edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
-    """Per-message relevance -> (``[E]`` per input edge, ``[N]`` per self-loop the layer added)."""
-    per_message = _per_edge(record, relevance).to(torch.float64)
-    sent = record.edge_index
-    input_keys = edge_index[0] * num_nodes + edge_index[1]
-    message_keys = sent[0] * num_nodes + sent[1]
-    keys, inverse, counts = torch.unique(input_keys, return_inverse=True, return_counts=True)
-    if keys.numel() == 0:
-        found = torch.zeros_like(message_keys, dtype=torch.bool)
-        per_edge = per_message.new_zeros(edge_index.size(1))
-    else:
-        position = torch.searchsorted(keys, message_keys).clamp(max=keys.numel() - 1)
-        found = keys[position] == message_keys
-        per_key = per_message.new_zeros(keys.numel()).index_add_(0, position[found], per_message[found])
-        per_edge = per_key[inverse] / counts[inverse]
-    target = sent[1] if record.source_to_target else sent[0]
-    loops = per_message.new_zeros(num_nodes).index_add_(0, target[~found], per_message[~found])
-    return per_edge, loops
+@dataclass
+class GraphForward:
+    """One forward of a converted graph model, from which relevance is propagated.
+
+    ``reusable``: made under :func:`~fxlrp.relevance.rule_function.reusable_graph`, so that
+    :func:`relevance_from` may run it backward any number of times (one forward, many explained
+    outputs); otherwise once.
+    """
+
+    output: Tensor
+    leaves: list[Tensor]
+    """``x`` and, when the model takes floating edge features, ``edge_attr``, as graph leaves."""
+    records: list[Messages]
+    edge_index: Tensor
+    reusable: bool
+    edge_maps: list[EdgeMap] = field(default_factory=list)
+    """One per record, made by the first :func:`relevance_from` (they depend on the graph only)."""
+
+
+def explained_forward(
+    explain: nn.Module, x: Tensor, edge_index: Tensor, *, reusable: bool = False, **kwargs: Any
+) -> GraphForward:
+    """Run ``explain(x, edge_index, **kwargs)`` (a module from :func:`fxlrp.convert`) recording
+    the messages of its message-passing layers. A floating ``edge_attr`` keyword becomes a leaf."""
+    x = x.detach().requires_grad_()
+    leaves = [x]
+    edge_attr = kwargs.get("edge_attr")
+    if isinstance(edge_attr, Tensor) and edge_attr.is_floating_point():
+        kwargs["edge_attr"] = edge_attr = edge_attr.detach().requires_grad_()
+        leaves.append(edge_attr)
+    with torch.enable_grad(), recording_messages() as records, reusable_graph() if reusable else nullcontext():
+        output = explain(x, edge_index, **kwargs)
+    if not isinstance(output, Tensor):
+        raise TypeError(f"the model returns {type(output).__name__}; graph_relevance explains a tensor output")
+    return GraphForward(output, leaves, records, edge_index, reusable)
+
+
+def relevance_from(forward: GraphForward, relevance: Tensor) -> GraphRelevance:
+    """Propagate the output relevance ``relevance`` through ``forward``."""
+    leaves, records, edge_index = forward.leaves, forward.records, forward.edge_index
+    gradients = torch.autograd.grad(forward.output, [*leaves, *(r.messages for r in records)], relevance,
+                                    allow_unused=True, retain_graph=forward.reusable)
+    found = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(gradients, leaves, strict=False)]
+    x = leaves[0]
+    if not forward.edge_maps:
+        forward.edge_maps = [EdgeMap(r.edge_index, edge_index, x.size(0), r.source_to_target) for r in records]
+    edge = torch.zeros(edge_index.size(1), dtype=torch.float64, device=x.device)
+    by_layer: dict[str, Tensor] = {}
+    loops_by_layer: dict[str, Tensor] = {}
+    for record, edge_map, message_relevance in zip(records, forward.edge_maps, gradients[len(leaves):], strict=True):
+        if message_relevance is None:
+            continue
+        per_edge, loops = edge_map(_per_edge(record, message_relevance).to(torch.float64))
+        by_layer[record.layer] = by_layer.get(record.layer, 0) + per_edge
+        loops_by_layer[record.layer] = loops_by_layer.get(record.layer, 0) + loops
+        edge = edge + per_edge
+    return GraphRelevance(
+        output=forward.output.detach(),
+        node=found[0],
+        edge=edge.to(x.dtype),
+        edge_by_layer={name: value.to(x.dtype) for name, value in by_layer.items()},
+        self_loops_by_layer={name: value.to(x.dtype) for name, value in loops_by_layer.items()},
+        edge_attr=found[1] if len(found) > 1 else None,
+    )
 
 
 def graph_relevance(
@@ -105,35 +154,6 @@ def graph_relevance(
     The output relevance is ``relevance`` if given, else :func:`output_relevance` of ``target``,
     ``index`` and ``mode``. A floating ``edge_attr`` keyword gets its own relevance.
     """
-    x = x.detach().requires_grad_()
-    leaves = [x]
-    edge_attr = kwargs.get("edge_attr")
-    if isinstance(edge_attr, Tensor) and edge_attr.is_floating_point():
-        kwargs["edge_attr"] = edge_attr = edge_attr.detach().requires_grad_()
-        leaves.append(edge_attr)
-    with torch.enable_grad(), recording_messages() as records:
-        output = explain(x, edge_index, **kwargs)
-        if not isinstance(output, Tensor):
-            raise TypeError(f"the model returns {type(output).__name__}; graph_relevance explains a tensor output")
-        start = relevance if relevance is not None else output_relevance(output, target, index, mode)
-        gradients = torch.autograd.grad(output, [*leaves, *(r.messages for r in records)], start, allow_unused=True)
-    found = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(gradients, leaves, strict=False)]
-    num_nodes = x.size(0)
-    edge = torch.zeros(edge_index.size(1), dtype=torch.float64, device=x.device)
-    by_layer: dict[str, Tensor] = {}
-    loops_by_layer: dict[str, Tensor] = {}
-    for record, message_relevance in zip(records, gradients[len(leaves):], strict=True):
-        if message_relevance is None:
-            continue
-        per_edge, loops = to_input_edges(record, message_relevance, edge_index, num_nodes)
-        by_layer[record.layer] = by_layer.get(record.layer, 0) + per_edge
-        loops_by_layer[record.layer] = loops_by_layer.get(record.layer, 0) + loops
-        edge = edge + per_edge
-    return GraphRelevance(
-        output=output.detach(),
-        node=found[0],
-        edge=edge.to(x.dtype),
-        edge_by_layer={name: value.to(x.dtype) for name, value in by_layer.items()},
-        self_loops_by_layer={name: value.to(x.dtype) for name, value in loops_by_layer.items()},
-        edge_attr=found[1] if len(found) > 1 else None,
-    )
+    forward = explained_forward(explain, x, edge_index, **kwargs)
+    start = relevance if relevance is not None else output_relevance(forward.output, target, index, mode)
+    return relevance_from(forward, start)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -47,6 +50,45 @@ def _replaced(state: Any, old: Tensor, new: Tensor) -> Any:
     return state
 
 
+_reusable: ContextVar[bool] = ContextVar("fxlrp_reusable_graph", default=False)
+
+
+@contextmanager
+def reusable_graph() -> Iterator[None]:
+    """Relevance Functions created while active may go backward more than once.
+
+    By default a rule's inner graph is consumed by its backward (freed as soon as relevance has
+    passed). Created under this context, a :class:`RuleFunction` also keeps its inputs and
+    rebuilds its inner graph (the rule's forward once more: same inputs, same values) in every
+    later backward pass, so one forward can serve several output relevances through
+    ``torch.autograd.grad(..., retain_graph=True)`` (one explanation per node of a graph). An
+    input modified in place since the forward is an error, not stale relevance.
+    """
+    token = _reusable.set(True)
+    try:
+        yield
+    finally:
+        _reusable.reset(token)
+
+
+def _versions(values: tuple[Any, ...]) -> tuple[int | None, ...]:
+    return tuple(value._version if isinstance(value, Tensor) else None for value in values)
+
+
+def _rebuilt_state(ctx: Any) -> Any:
+    """The rule's state for a backward pass after the first one (see :func:`reusable_graph`)."""
+    if ctx.rebuild is None:
+        return None
+    leaves, prepared, versions = ctx.rebuild
+    if _versions(leaves) != versions:
+        raise RuntimeError(
+            "fxlrp: an input of a layer was modified in place after the forward pass, so a reused "
+            "graph would give relevance of changed values; run the forward again"
+        )
+    with torch.enable_grad():
+        return ctx.rule.forward(ctx.layer, leaves, prepared)[1]
+
+
 class RuleFunction(torch.autograd.Function):
     """Forward: the layer's own operation. Backward: the rule's relevance.
 
@@ -69,6 +111,7 @@ class RuleFunction(torch.autograd.Function):
         # the output in its state. Its version is checked in backward, so that a later in-place
         # change of the output is an error instead of a silently modified denominator.
         ctx.kept_output = (output, output._version) if _holds(state, output) else None
+        ctx.rebuild = (leaves, prepared, _versions(leaves)) if _reusable.get() else None
         return output.detach()
 
     @staticmethod
@@ -79,7 +122,8 @@ class RuleFunction(torch.autograd.Function):
                 "relevance rule would divide by changed values; do not modify the explainer's "
                 "intermediate outputs in place between forward and backward"
             )
-        input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance)
+        state = ctx.state if ctx.state is not None else _rebuilt_state(ctx)
+        input_relevance = ctx.rule.backward(ctx.layer, state, relevance)
         ctx.state = ctx.kept_output = None  # free the inner graph as soon as relevance has passed
         routed = tuple(
             relevance_of_input if carrying else None
@@ -106,6 +150,38 @@ def hand_over_activation(output: Tensor, activated: Tensor) -> None:
         return
     node.state = _replaced(node.state, kept, activated)
     node.kept_output = (activated, activated._version)
+
+
+_outputs_recorded: ContextVar[bool] = ContextVar("fxlrp_outputs_recorded", default=False)
+
+
+@contextmanager
+def outputs_recorded() -> Iterator[None]:
+    """While intermediate outputs are recorded for their relevance (``attribute(..., nodes=)``),
+    no output is rectified in place: the recorded tensor must keep its values and history."""
+    token = _outputs_recorded.set(True)
+    try:
+        yield
+    finally:
+        _outputs_recorded.reset(token)
+
+
+def rectify_in_place(output: Tensor, rectify_: Callable[[Tensor], Any]) -> bool:
+    """Apply the in-place activation ``rectify_`` (``torch.relu_``) to the output of a rule,
+    when the activation is that output's only consumer; False (and nothing done) otherwise.
+
+    What the model's own ``ReLU(inplace=True)`` does, and as safe here: nothing else reads the
+    pre-activation, and a rule that keeps the output sees the activation's values, which is
+    :func:`hand_over_activation` without allocating a second tensor.
+    """
+    node = output.grad_fn
+    if _outputs_recorded.get() or not isinstance(node, RuleFunction._backward_cls):
+        return False
+    rectify_(output)
+    if node.kept_output is not None:  # the kept tensor shares storage and version counter
+        kept = node.kept_output[0]
+        node.kept_output = (kept, kept._version)
+    return True
 
 
 def apply_rule(layer: AffineLayer, rule: Any, prepared: Any, *inputs: Any) -> Tensor:
