@@ -27,25 +27,33 @@ class EdgeMap:
         input_keys = edge_index[0] * num_nodes + edge_index[1]
         message_keys = sent[0] * num_nodes + sent[1]
         keys, inverse, counts = torch.unique(input_keys, return_inverse=True, return_counts=True)
-        if keys.numel() == 0:
+        self.num_keys = keys.numel()
+        if self.num_keys == 0:
             found = torch.zeros_like(message_keys, dtype=torch.bool)
         else:
-            position = torch.searchsorted(keys, message_keys).clamp(max=keys.numel() - 1)
+            position = torch.searchsorted(keys, message_keys).clamp(max=self.num_keys - 1)
             found = keys[position] == message_keys
             self.slots = position[found]
-        self.num_keys = keys.numel()
-        self.inverse, self.counts = inverse, counts[inverse]
-        self.along_input = found
-        self.along_loop = ~found
+        # Row indices instead of boolean masks: applied per relevance, they need no nonzero().
+        self.along_input = found.nonzero().view(-1)
+        along_loop = (~found).nonzero().view(-1)
+        self.along_loop = along_loop
+        self.inverse = inverse
+        # Edges with a repeated pair share its messages; without repeats no division (by 1).
+        self.shares = counts[inverse] if bool((counts > 1).any()) else None
         receivers = sent[1] if source_to_target else sent[0]
-        self.loop_nodes = receivers[self.along_loop]
+        self.loop_nodes = receivers[along_loop]
 
     def __call__(self, per_message: Tensor) -> tuple[Tensor, Tensor]:
         """``[E']`` relevance per message -> (``[E]`` per input edge, ``[N]`` per added self-loop)."""
         if self.num_keys == 0:
             per_edge = per_message.new_zeros(self.num_edges)
         else:
-            per_key = per_message.new_zeros(self.num_keys).index_add_(0, self.slots, per_message[self.along_input])
-            per_edge = per_key[self.inverse] / self.counts
-        loops = per_message.new_zeros(self.num_nodes).index_add_(0, self.loop_nodes, per_message[self.along_loop])
+            per_key = per_message.new_zeros(self.num_keys).index_add_(
+                0, self.slots, per_message.index_select(0, self.along_input))
+            per_edge = per_key.index_select(0, self.inverse)
+            if self.shares is not None:
+                per_edge = per_edge / self.shares
+        loops = per_message.new_zeros(self.num_nodes).index_add_(
+            0, self.loop_nodes, per_message.index_select(0, self.along_loop))
         return per_edge, loops
