@@ -11,9 +11,11 @@ The definitions are zennit 0.5.1's, bias handling included. Notation used in the
 the layer with parameters ``(w, b)``, and ``s(z)`` the stabiliser (``z + eps (sign(z) + [z = 0])``
 for a number ``eps``, or any callable). ``zero_params`` (``"weight"``, ``"bias"`` or both) sets
 those parameters to 0 in every modified copy of the layer, as zennit does. Parameter transforms
-are computed once per weight tensor (:meth:`Rule.prepare`); each term of a formula costs one
-forward of the operation, and terms that are 0 for the given input (the ``x-`` terms behind a
-ReLU, the negative half of alpha-beta with ``beta = 0``) are not computed at all.
+are computed once per weight tensor (:meth:`Rule.prepare`), each when first needed; each term of
+a formula costs one run of the operation, and terms that are 0 for the given input (the ``x-``
+terms behind a ReLU, the negative half of alpha-beta with ``beta = 0``) are not computed at all.
+Terms with modified parameters are computed in backward, where they are used, so that no
+activation-sized term is held from forward to backward (zennit too recomputes them there).
 """
 
 from __future__ import annotations
@@ -122,6 +124,26 @@ def modified_parameters(
         return torch.zeros_like(tensor) if name in zero else transform(tensor)
 
     return modify("weight", layer.weight), modify("bias", layer.bias)
+
+
+class ParameterVariants:
+    """Modified copies of a layer's parameters by name, each made on first use and then kept.
+
+    ``recipes`` maps a name to ``(transform, zero)`` for :func:`modified_parameters`. A rule's
+    :meth:`Rule.prepare` returns one per layer (cached per conversion), so that copies a call
+    never needs (the ``w-`` of z+ behind a ReLU) cost neither time nor memory.
+    """
+
+    def __init__(
+        self, layer: AffineLayer, recipes: dict[str, tuple[Callable[[Tensor], Tensor], frozenset[str]]]
+    ) -> None:
+        self._layer, self._recipes, self._made = layer, recipes, {}
+
+    def __getitem__(self, name: str) -> Parameters:
+        if name not in self._made:
+            transform, zero = self._recipes[name]
+            self._made[name] = modified_parameters(self._layer, transform, zero)
+        return self._made[name]
 
 
 def _identity(tensor: Tensor) -> Tensor:
@@ -254,23 +276,23 @@ class ZPlus(Rule):
         self.zero_params = sorted(zero_parameter_names(zero_params))
         self._stabilise = stabiliser_function(stabilizer)
 
-    def prepare(self, layer: AffineLayer) -> tuple[Parameters, Parameters]:
+    def prepare(self, layer: AffineLayer) -> ParameterVariants:
         zero = frozenset(self.zero_params)
-        return (
-            modified_parameters(layer, _positive_part, zero),
-            modified_parameters(layer, _negative_part, zero | {"bias"}),
-        )
+        return ParameterVariants(layer, {
+            "positive": (_positive_part, zero), "negative": (_negative_part, zero | {"bias"}),
+        })
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        positive, negative = prepared
-        has_negative = _has_negative_inputs(inputs)
-        terms = [layer(_positive_inputs(inputs, has_negative), *positive)]
-        if has_negative:
-            terms.append(layer(_map_carrying(inputs, _negative_part), *negative))
-        return _original_output(layer, inputs), (inputs, terms)
+        # The terms are computed in backward, where they are used: the same work, but no
+        # activation-sized term is held from forward to backward.
+        return _original_output(layer, inputs), (inputs, prepared, _has_negative_inputs(inputs))
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        inputs, terms = state
+        inputs, prepared, has_negative = state
+        with torch.enable_grad():
+            terms = [layer(_positive_inputs(inputs, has_negative), *prepared["positive"])]
+            if has_negative:
+                terms.append(layer(_map_carrying(inputs, _negative_part), *prepared["negative"]))
         scaled = _scaled(relevance, _total(terms), layer, self._stabilise, sign=1.0)
         return input_times_gradient(terms, inputs, [scaled] * len(terms))
 
@@ -301,43 +323,41 @@ class _TwoHalves(Rule):
         """Weights of the first and second half given the layer's output; None skips a half."""
         raise NotImplementedError
 
-    def prepare(self, layer: AffineLayer) -> dict[str, Parameters]:
+    def prepare(self, layer: AffineLayer) -> ParameterVariants:
         zero = frozenset(self.zero_params)
         more, less = self.parameter_transforms()
-        return {
-            "more": modified_parameters(layer, more, zero),
-            "less": modified_parameters(layer, less, zero),
-            "more_without_bias": modified_parameters(layer, more, zero | {"bias"}),
-            "less_without_bias": modified_parameters(layer, less, zero | {"bias"}),
-        }
+        return ParameterVariants(layer, {
+            "more": (more, zero),
+            "less": (less, zero),
+            "more_without_bias": (more, zero | {"bias"}),
+            "less_without_bias": (less, zero | {"bias"}),
+        })
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        # The halves' terms are computed in backward, where they are used (as in ZPlus).
         output = _original_output(layer, inputs)
-        has_negative = _has_negative_inputs(inputs)
-        positive_inputs = _positive_inputs(inputs, has_negative)
-        negative_inputs = _map_carrying(inputs, _negative_part) if has_negative else None
-        halves = []
+        return output, (inputs, prepared, _has_negative_inputs(inputs), self.half_weights(output))
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        inputs, prepared, has_negative, weights = state
+        with torch.enable_grad():
+            positive_inputs = _positive_inputs(inputs, has_negative)
+            negative_inputs = _map_carrying(inputs, _negative_part) if has_negative else None
+        outputs, scaled = [], []
         for weight, sign, for_positive_inputs, for_negative_inputs in zip(
-            self.half_weights(output), self.half_signs, ("more", "less"), ("less_without_bias", "more_without_bias"),
-            strict=True,
+            weights, self.half_signs, ("more", "less"), ("less_without_bias", "more_without_bias"), strict=True
         ):
             if weight is None:
                 continue
-            terms = [layer(positive_inputs, *prepared[for_positive_inputs])]
-            if negative_inputs is not None:
-                terms.append(layer(negative_inputs, *prepared[for_negative_inputs]))
-            halves.append((weight, sign, terms))
-        return output, (inputs, halves)
-
-    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        inputs, halves = state
-        if not halves:  # every output is 0: all relevance is dropped
-            return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
-        outputs, scaled = [], []
-        for weight, sign, terms in halves:
+            with torch.enable_grad():
+                terms = [layer(positive_inputs, *prepared[for_positive_inputs])]
+                if negative_inputs is not None:
+                    terms.append(layer(negative_inputs, *prepared[for_negative_inputs]))
             share = weight * _scaled(relevance, _total(terms), layer, self._stabilise, sign)
             outputs += terms
             scaled += [share] * len(terms)
+        if not outputs:  # every output is 0: all relevance is dropped
+            return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
         return input_times_gradient(outputs, inputs, scaled)
 
 
@@ -458,6 +478,7 @@ class ZBox(Rule):
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         def bounds(bound: float | Tensor) -> list[Any]:
+            # expanded views of the bound: no input-sized memory
             return _map_carrying(inputs, lambda value: expand_bound(bound, value).requires_grad_())
 
         lows, highs = bounds(self.low), bounds(self.high)
@@ -465,11 +486,13 @@ class ZBox(Rule):
             output = own = layer.forward(inputs)
         else:
             output, own = _original_output(layer, inputs), layer(inputs, *prepared["own"])
-        terms = [own, layer(lows, *prepared["positive"]), layer(highs, *prepared["negative"])]
-        return output, ([inputs, lows, highs], gradient_root(own), terms)
+        # The bound terms are computed in backward, where they are used (as in ZPlus).
+        return output, ([inputs, lows, highs], prepared, gradient_root(own), own)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        (inputs, lows, highs), own_root, (own, low_term, high_term) = state
+        (inputs, lows, highs), prepared, own_root, own = state
+        with torch.enable_grad():
+            low_term, high_term = layer(lows, *prepared["positive"]), layer(highs, *prepared["negative"])
         scaled = _scaled(relevance, own.detach() - low_term.detach() - high_term.detach(), layer, self._stabilise)
         from_inputs = input_times_gradient(own_root, inputs, scaled)
         from_lows = input_times_gradient(low_term, lows, scaled)
@@ -490,11 +513,14 @@ class _UniformInput(Rule):
         self._stabilise = stabiliser_function(stabilizer)
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        ones = _map_carrying(inputs, lambda value: torch.ones_like(value).requires_grad_())
-        return _original_output(layer, inputs), (ones, layer(ones, *prepared))
+        # The layer on ones is computed in backward, where it is used (as in ZPlus).
+        return _original_output(layer, inputs), (inputs, prepared)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        ones, output = state
+        inputs, prepared = state
+        ones = _map_carrying(inputs, lambda value: torch.ones_like(value).requires_grad_())
+        with torch.enable_grad():
+            output = layer(ones, *prepared)
         # x_j = 1: the input-times-gradient product is the gradient itself.
         return input_times_gradient(output, ones, _scaled(relevance, output.detach(), layer, self._stabilise))
 
