@@ -27,7 +27,7 @@ from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.roles import ATTENTION, mark
 from fxlrp.relevance.rule_function import carries_relevance
-from fxlrp.relevance.straight_through import with_value_of
+from fxlrp.relevance.straight_through import decomposed_in_backward
 
 
 def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
@@ -83,9 +83,8 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     """Fused attention: values of the kernel, relevance through :func:`decomposed_attention`."""
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return function(*args, **kwargs)
-    with torch.no_grad():
-        exact = function(*args, **kwargs)
-    return with_value_of(exact, interpret(call, decomposed_attention, *args, **kwargs))
+    return decomposed_in_backward(
+        partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args)
 
 
 register(
@@ -166,13 +165,7 @@ def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwarg
     module, parameters = function.args
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return module(*args, **kwargs)
-    with torch.no_grad():
-        exact = module(*args, **kwargs)
-    path = interpret(call, function, *args, **kwargs)
-    return tuple(
-        value if value is None else with_value_of(value, relevance)
-        for value, relevance in zip(exact, path, strict=True)
-    )
+    return decomposed_in_backward(partial(module, **kwargs), partial(interpret, call, function, **kwargs), *args)
 
 
 def multi_head_attention_module(module: nn.MultiheadAttention, parameters: dict[str, Any]):
