@@ -88,6 +88,14 @@ def test_changed_inputs_or_model_run_a_new_forward():
     assert_identical(reused(x.clone(), edge_index, index=3), fresh(x, edge_index, index=3))
     assert reused.algorithm._reuse._forward is not kept  # another tensor: not assumed equal
 
+    reused(x, edge_index, index=3)
+    replaced = model.convs[2].lin.weight.detach() * 0.5
+    model.convs[2].lin.weight = nn.Parameter(replaced)  # replaced, not changed in place
+    changed = reused(x, edge_index, index=3)
+    assert_identical(changed, make_explainer(model, False)(x, edge_index, index=3))
+    with torch.no_grad():  # the per-node backward needs no grad mode of its own
+        assert_identical(reused(x, edge_index, index=5), fresh(x, edge_index, index=5))
+
 
 def test_training_mode_and_other_keywords_are_not_reused():
     torch.manual_seed(3)

@@ -42,7 +42,9 @@ class LRPExplainer(ExplainerAlgorithm):
 
     ``composite``: as for :func:`fxlrp.convert` (a rule, a composite, None for the default;
     :func:`fxlrp.pyg.cp_lrp` for attention as constants). ``strict``: as for ``convert``.
-    The converted model is cached per model.
+    The converted model is kept and made again for another model, composite or ``strict``, or
+    when a parameter or buffer of the model was replaced by another tensor (the conversion holds
+    the tensors themselves; changes in place reach it).
 
     ``reuse_forward``: PyG calls the algorithm once per explained node with the same graph; the
     forward pass is then run once and kept for the following calls, which pay only a backward
@@ -59,16 +61,19 @@ class LRPExplainer(ExplainerAlgorithm):
         self.composite = composite
         self.strict = strict
         self.reuse_forward = reuse_forward
-        self._converted: tuple[int, nn.Module, nn.Module] | None = None
+        self._converted: tuple[tuple[Any, ...], nn.Module] | None = None
         self._reuse = ForwardReuse()
 
     def explainer_for(self, model: nn.Module) -> nn.Module:
-        """The fxlrp conversion of ``model`` (made once per model)."""
-        if self._converted is None or self._converted[0] != id(model) or self._converted[1] is not model:
+        """The fxlrp conversion of ``model`` (made again only when what it was made from changed)."""
+        made_from = (model, self.composite, self.strict, *model.parameters(), *model.buffers())
+        kept = self._converted
+        if kept is None or len(kept[0]) != len(made_from) or any(
+                old is not new for old, new in zip(kept[0], made_from, strict=True)):
             # Not stored as a submodule: the user's model must not become part of this module.
-            object.__setattr__(self, "_converted", (id(model), model, fxlrp.convert(model, self.composite,
-                                                                                  strict=self.strict)))
-        return self._converted[2]
+            object.__setattr__(self, "_converted", (made_from, fxlrp.convert(model, self.composite,
+                                                                             strict=self.strict)))
+        return self._converted[1]
 
     def forward(
         self,
