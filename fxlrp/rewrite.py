@@ -152,7 +152,7 @@ class Rewriter:
             if rule is None:
                 rule = operation.default_rule() if operation.default_rule else self.composite.layer_rule
         call = RelevanceCall(rule, self.warn_lost_relevance, site=site, composite=self.composite,
-                             strict=self.strict, sole_consumer=_sole_consumer_of_first_argument(node))
+                             strict=self.strict, sole_consumer=self._sole_consumer_of_rule_output(node))
         if node.op == "call_module":
             module = out_of_place(self.modules[node.target])
             to_function = operation.module_function or (lambda module, state: (module, {}))
@@ -165,6 +165,16 @@ class Rewriter:
         handling = "rule" if operation.kind is Kind.AFFINE else (
             "identity" if operation.kind is Kind.PASS else "native")
         self._report(node, operation.name, handling, rule)
+
+    def _sole_consumer_of_rule_output(self, node: fx.Node) -> bool:
+        """Whether ``node``'s first argument is the output of a rewritten rule node that no other
+        node reads. The producer must be the rule node itself: a tensor reached through a
+        container (``graphs.node_features``) may have other readers the graph does not show."""
+        producer = node.args[0] if node.args else None
+        if not isinstance(producer, fx.Node) or len(producer.users) != 1 or producer.op != "call_module":
+            return False
+        module = getattr(self.root, producer.target, None)
+        return isinstance(module, RelevanceNode) and module.operation.kind is Kind.AFFINE
 
     def _install(self, node: fx.Node, module: nn.Module) -> None:
         name = f"fxlrp_{node.name}"
@@ -199,9 +209,6 @@ class Rewriter:
         )
 
 
-def _sole_consumer_of_first_argument(node: fx.Node) -> bool:
-    producer = node.args[0] if node.args else None
-    return isinstance(producer, fx.Node) and len(producer.users) == 1
 
 
 def _resolve(model: nn.Module, target: str) -> Any:
