@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
@@ -50,6 +51,7 @@ class GCN(nn.Module):
 
 def ba_shapes(seed: int):
     torch.manual_seed(seed)
+    np.random.seed(seed)  # PyG's barabasi_albert_graph draws with numpy: unseeded, every run had another graph
     dataset = ExplainerDataset(graph_generator=BAGraph(num_nodes=300, num_edges=5), motif_generator="house",
                                num_motifs=80, transform=T.Constant())
     data = dataset[0]
