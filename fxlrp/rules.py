@@ -87,10 +87,31 @@ def input_times_gradient(
     terms are summed by autograd in one call.
     """
     carrying = [value for value in inputs if carries_relevance(value)]
-    gradients = iter(torch.autograd.grad(output, carrying, scaled_relevance))
-    return tuple(
-        value * next(gradients) if carries_relevance(value) else None for value in inputs
+    gradients = torch.autograd.grad(output, carrying, scaled_relevance)
+    scaled = [scaled_relevance] if isinstance(scaled_relevance, Tensor) else list(scaled_relevance)
+    owned = _exclusively_owned(gradients, scaled)
+    products = iter(
+        gradient.mul_(value) if own else value * gradient
+        for value, gradient, own in zip(carrying, gradients, owned, strict=True)
     )
+    return tuple(next(products) if carries_relevance(value) else None for value in inputs)
+
+
+def _exclusively_owned(gradients: Sequence[Tensor], others: Sequence[Tensor]) -> list[bool]:
+    """Which gradients may be overwritten: fresh tensors that share memory with no other
+    gradient and no relevance passed in (an addition hands its incoming relevance to both
+    inputs as one tensor). Multiplying those in place saves an input-sized allocation per layer."""
+    def storage(tensor: Tensor) -> int:
+        return tensor.untyped_storage().data_ptr()
+
+    counts: dict[int, int] = {}
+    for tensor in [*gradients, *others]:
+        counts[storage(tensor)] = counts.get(storage(tensor), 0) + 1
+    recording = torch.is_grad_enabled()  # a double backward would need the gradient unchanged
+    return [
+        not recording and not gradient.requires_grad and not gradient._is_view() and counts[storage(gradient)] == 1
+        for gradient in gradients
+    ]
 
 
 def stabiliser_function(stabiliser: Stabiliser) -> Callable[[Tensor], Tensor]:
