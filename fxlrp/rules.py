@@ -223,9 +223,12 @@ def _scaled(
     epsilon = stabilise.keywords.get("epsilon", 0.0) if isinstance(stabilise, partial) else 0.0
     if epsilon < torch.finfo(output.dtype).tiny:  # no epsilon, a callable, or flushed to 0 in this dtype
         return divide_dropping_zeros(relevance, stabilise(output), layer.warn_lost_relevance)
-    if sign is None:
-        return relevance / stabilise(output)
-    return relevance / (output + sign * epsilon)
+    denominator = stabilise(output) if sign is None else output + sign * epsilon
+    if denominator.shape != relevance.shape or denominator.dtype != relevance.dtype or denominator.requires_grad:
+        return relevance / denominator
+    # The denominator is a fresh tensor: the quotient overwrites it, so that backward's peak holds
+    # one activation-sized buffer fewer (the largest layers set the peak).
+    return torch.div(relevance, denominator, out=denominator)
 
 
 class Epsilon(Rule):
