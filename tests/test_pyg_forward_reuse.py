@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pyg_networks import EdgeFeatureStack, Stack, random_graph
+from pyg_networks import EdgeFeatureStack, Stack, gradient_times_input, random_graph
 from torch import nn
 from torch_geometric.explain import Explainer
 
@@ -47,6 +47,24 @@ def test_reused_forward_equals_fresh_explanations(layer, composite):
         assert_identical(explanation, fresh(x, edge_index, index=node))
         assert explanation.edge_mask.abs().sum() > 0
     assert len(forwards) == 1  # one forward served every node
+
+
+@pytest.mark.parametrize("layer", ["gcn", "sage_mean", "graphconv_max"])
+def test_reused_forward_keeps_lrp0_equal_to_gradient_times_input(layer):
+    """Independent of fresh explanations: every node explained through one reused forward gets
+    LRP-0 = gradient x input of its own logit (float64)."""
+    torch.manual_seed(5)
+    x, edge_index = random_graph(14, 40)
+    model = Stack(layer).double().eval()
+    explainer = make_explainer(model, True, Epsilon(0.0))
+    target = model(x, edge_index).argmax(dim=-1)
+    for node in NODES:
+        rows = torch.tensor([node])
+        (reference,) = gradient_times_input(model, [x], (edge_index,), {}, rows, target)
+        explanation = explainer(x, edge_index, index=node)
+        torch.testing.assert_close(explanation.node_mask, reference, rtol=1e-10, atol=1e-12)
+        assert reference.abs().sum() > 0
+    assert explainer.algorithm._reuse._forward is not None
 
 
 def test_edge_features_reused():
