@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.autograd.graph import GradientEdge
 
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import carries_relevance, gradient_root
+from fxlrp.relevance.rule_function import carries_relevance, gradient_root, graph_reused
 from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
 
 Stabiliser = float | Callable[[Tensor], Tensor]
@@ -87,7 +87,8 @@ def input_times_gradient(
     terms are summed by autograd in one call.
     """
     carrying = [value for value in inputs if carries_relevance(value)]
-    gradients = torch.autograd.grad(output, carrying, scaled_relevance)
+    # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
+    gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())
     scaled = [scaled_relevance] if isinstance(scaled_relevance, Tensor) else list(scaled_relevance)
     owned = _exclusively_owned(gradients, scaled)
     products = iter(

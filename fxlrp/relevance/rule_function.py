@@ -51,6 +51,7 @@ def _replaced(state: Any, old: Tensor, new: Tensor) -> Any:
 
 
 _reusable: ContextVar[bool] = ContextVar("fxlrp_reusable_graph", default=False)
+_reused: ContextVar[bool] = ContextVar("fxlrp_graph_reused", default=False)
 
 
 @contextmanager
@@ -58,11 +59,10 @@ def reusable_graph() -> Iterator[None]:
     """Relevance Functions created while active may go backward more than once.
 
     By default a rule's inner graph is consumed by its backward (freed as soon as relevance has
-    passed). Created under this context, a :class:`RuleFunction` also keeps its inputs and
-    rebuilds its inner graph (the rule's forward once more: same inputs, same values) in every
-    later backward pass, so one forward can serve several output relevances through
-    ``torch.autograd.grad(..., retain_graph=True)`` (one explanation per node of a graph). An
-    input modified in place since the forward is an error, not stale relevance.
+    passed). Created under this context, a :class:`RuleFunction` keeps it: the rule's backward
+    runs its vector-Jacobian products with ``retain_graph`` (:func:`graph_reused`), so one
+    forward can serve several output relevances through ``torch.autograd.grad(...,
+    retain_graph=True)`` (one explanation per node of a graph).
     """
     token = _reusable.set(True)
     try:
@@ -71,22 +71,9 @@ def reusable_graph() -> Iterator[None]:
         _reusable.reset(token)
 
 
-def _versions(values: tuple[Any, ...]) -> tuple[int | None, ...]:
-    return tuple(value._version if isinstance(value, Tensor) else None for value in values)
-
-
-def _rebuilt_state(ctx: Any) -> Any:
-    """The rule's state for a backward pass after the first one (see :func:`reusable_graph`)."""
-    if ctx.rebuild is None:
-        return None
-    leaves, prepared, versions = ctx.rebuild
-    if _versions(leaves) != versions:
-        raise RuntimeError(
-            "fxlrp: an input of a layer was modified in place after the forward pass, so a reused "
-            "graph would give relevance of changed values; run the forward again"
-        )
-    with torch.enable_grad():
-        return ctx.rule.forward(ctx.layer, leaves, prepared)[1]
+def graph_reused() -> bool:
+    """Whether the rule running its backward now must keep its inner graph (see :func:`reusable_graph`)."""
+    return _reused.get()
 
 
 class RuleFunction(torch.autograd.Function):
@@ -111,7 +98,7 @@ class RuleFunction(torch.autograd.Function):
         # the output in its state. Its version is checked in backward, so that a later in-place
         # change of the output is an error instead of a silently modified denominator.
         ctx.kept_output = (output, output._version) if _holds(state, output) else None
-        ctx.rebuild = (leaves, prepared, _versions(leaves)) if _reusable.get() else None
+        ctx.reusable = _reusable.get()
         return output.detach()
 
     @staticmethod
@@ -122,9 +109,15 @@ class RuleFunction(torch.autograd.Function):
                 "relevance rule would divide by changed values; do not modify the explainer's "
                 "intermediate outputs in place between forward and backward"
             )
-        state = ctx.state if ctx.state is not None else _rebuilt_state(ctx)
-        input_relevance = ctx.rule.backward(ctx.layer, state, relevance)
-        ctx.state = ctx.kept_output = None  # free the inner graph as soon as relevance has passed
+        if ctx.reusable:
+            token = _reused.set(True)
+            try:
+                input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance)
+            finally:
+                _reused.reset(token)
+        else:
+            input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance)
+            ctx.state = ctx.kept_output = None  # free the inner graph as soon as relevance has passed
         routed = tuple(
             relevance_of_input if carrying else None
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
