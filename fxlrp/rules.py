@@ -266,7 +266,9 @@ class Epsilon(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, root, output = state
-        scaled = _scaled(relevance, output.detach(), layer, self._stabilise)
+        # The sign of the kept output is known once a ReLU rectified it (never with zero_params,
+        # whose denominator is another tensor that is not kept as the output).
+        scaled = _scaled(relevance, output.detach(), layer, self._stabilise, sign=layer.output_sign)
         return input_times_gradient(root, inputs, scaled)
 
 

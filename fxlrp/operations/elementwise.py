@@ -25,7 +25,7 @@ from fxlrp.relevance.rule_function import hand_over_activation, rectify_in_place
 def rectified(call: RelevanceCall, function: Callable[..., Tensor], input: Any, *args: Any, **kwargs: Any) -> Any:
     """ReLU, native backward: relevance passes where the unit is active. On the output of a rule
     that nothing else reads, ReLU works in place as in the model's own ``ReLU(inplace=True)``."""
-    if call.sole_consumer and isinstance(input, Tensor) and rectify_in_place(input, torch.relu_):
+    if call.sole_consumer and isinstance(input, Tensor) and rectify_in_place(input):
         return input
     return clipping(call, function, input, *args, **kwargs)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -159,21 +160,23 @@ def outputs_recorded() -> Iterator[None]:
         _outputs_recorded.reset(token)
 
 
-def rectify_in_place(output: Tensor, rectify_: Callable[[Tensor], Any]) -> bool:
-    """Apply the in-place activation ``rectify_`` (``torch.relu_``) to the output of a rule,
-    when the activation is that output's only consumer; False (and nothing done) otherwise.
+def rectify_in_place(output: Tensor) -> bool:
+    """``torch.relu_`` on the output of a rule whose only consumer is that ReLU; False (and
+    nothing done) where the output does not come straight from a rule or is being recorded.
 
     What the model's own ``ReLU(inplace=True)`` does, and as safe here: nothing else reads the
     pre-activation, and a rule that keeps the output sees the activation's values, which is
-    :func:`hand_over_activation` without allocating a second tensor.
+    :func:`hand_over_activation` without allocating a second tensor. The kept output is then
+    known to be ``>= 0`` (``AffineLayer.output_sign``).
     """
     node = output.grad_fn
     if _outputs_recorded.get() or not isinstance(node, RuleFunction._backward_cls):
         return False
-    rectify_(output)
+    torch.relu_(output)
     if node.kept_output is not None:  # the kept tensor shares storage and version counter
         kept = node.kept_output[0]
         node.kept_output = (kept, kept._version)
+        node.layer = replace(node.layer, output_sign=1.0)
     return True
 
 
