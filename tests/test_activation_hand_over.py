@@ -140,3 +140,24 @@ def test_relu_rectifies_the_rule_output_in_place() -> None:
     kept = first_rule.kept_output[0]
     assert torch.equal(kept, torch.relu(model.first(x.detach())))
     assert any(tensor is kept for tensor in _tensors(first_rule.state))
+
+
+def test_a_second_backward_says_what_to_do() -> None:
+    """A forward's relevance graph is used up by its backward (to save memory); a second backward
+    must say so, and a forward inside reusable_graph() serves several, each equal to a fresh one."""
+    from fxlrp.relevance.rule_function import reusable_graph
+
+    torch.manual_seed(3)
+    explain = fxlrp.convert(TwoLayers(nn.ReLU()).double())
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    output = explain(x)
+    first = torch.autograd.grad(output, x, onehot_relevance(output, 0), retain_graph=True)[0]
+    with pytest.raises(RuntimeError, match="used up by an earlier backward"):
+        torch.autograd.grad(output, x, onehot_relevance(output, 1))
+    with reusable_graph():
+        output = explain(x)
+    for target in (0, 1, 0):
+        (reused,) = torch.autograd.grad(output, x, onehot_relevance(output, target), retain_graph=True)
+        (fresh,) = explained_relevance(explain, [x], lambda out, target=target: onehot_relevance(out, target))
+        assert torch.equal(reused, fresh)
+    assert torch.equal(reused, first)

@@ -77,6 +77,10 @@ def graph_reused() -> bool:
     return _reused.get()
 
 
+_USED_UP = object()
+"""A rule state after a backward pass that freed it."""
+
+
 class RuleFunction(torch.autograd.Function):
     """Forward: the layer's own operation. Backward: the rule's relevance.
 
@@ -104,6 +108,13 @@ class RuleFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        if ctx.state is _USED_UP:
+            raise RuntimeError(
+                "fxlrp: this forward's relevance graph was used up by an earlier backward pass (each "
+                "layer frees what its rule kept, to save memory). Run the explainer's forward again "
+                "for each further explanation, or run that forward inside "
+                "fxlrp.relevance.rule_function.reusable_graph() and pass retain_graph=True"
+            )
         if ctx.kept_output is not None and ctx.kept_output[0]._version != ctx.kept_output[1]:
             raise RuntimeError(
                 "fxlrp: the output of a layer was modified in place after the forward pass, so its "
@@ -118,7 +129,8 @@ class RuleFunction(torch.autograd.Function):
                 _reused.reset(token)
         else:
             input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance)
-            ctx.state = ctx.kept_output = None  # free the inner graph as soon as relevance has passed
+            # free the inner graph as soon as relevance has passed
+            ctx.state, ctx.kept_output = _USED_UP, None
         routed = tuple(
             relevance_of_input if carrying else None
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
