@@ -266,9 +266,11 @@ class Epsilon(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, root, output = state
+        del state
         # The sign of the kept output is known once a ReLU rectified it (never with zero_params,
         # whose denominator is another tensor that is not kept as the output).
         scaled = _scaled(relevance, output.detach(), layer, self._stabilise, sign=layer.output_sign)
+        del output  # read: without other holders its memory is free before the VJP's result is made
         return input_times_gradient(root, inputs, scaled)
 
 

@@ -81,6 +81,12 @@ _USED_UP = object()
 """A rule state after a backward pass that freed it."""
 
 
+def _taken_state(ctx: Any) -> Any:
+    """The rule's state, after which the Function holds none of it (nor the kept output)."""
+    state, ctx.state, ctx.kept_output = ctx.state, _USED_UP, None
+    return state
+
+
 class RuleFunction(torch.autograd.Function):
     """Forward: the layer's own operation. Backward: the rule's relevance.
 
@@ -128,9 +134,9 @@ class RuleFunction(torch.autograd.Function):
             finally:
                 _reused.reset(token)
         else:
-            input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance)
-            # free the inner graph as soon as relevance has passed
-            ctx.state, ctx.kept_output = _USED_UP, None
+            # The state is handed over, not kept here: a rule may drop what it has read (the
+            # epsilon rule frees the kept output before its VJP, lowering backward's peak).
+            input_relevance = ctx.rule.backward(ctx.layer, _taken_state(ctx), relevance)
         routed = tuple(
             relevance_of_input if carrying else None
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
