@@ -191,10 +191,29 @@ def _has_negative_inputs(inputs: Sequence[Any]) -> bool:
     return any(value.numel() > 0 and bool(value.amin() < 0) for value in inputs if carries_relevance(value))
 
 
-def _positive_inputs(inputs: Sequence[Any], has_negative: bool) -> Sequence[Any]:
-    """``x+``: without negative inputs (behind a ReLU) the inputs themselves, which saves a copy
-    of each input, its clamp and the clamp's backward."""
-    return _map_carrying(inputs, _positive_part) if has_negative else inputs
+def _split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[Any], Sequence[Any] | None]:
+    """``(x+, x-)`` under autograd. Without negative inputs (behind a ReLU) ``x+`` is the inputs
+    themselves, which saves a copy of each input, its clamp and the clamp's backward, and ``x-``
+    is None: its terms are 0 and not computed."""
+    if not has_negative:
+        return inputs, None
+    with torch.enable_grad():
+        return _map_carrying(inputs, _positive_part), _map_carrying(inputs, _negative_part)
+
+
+def _signed_terms(
+    layer: AffineLayer, split: tuple[Sequence[Any], Sequence[Any] | None], prepared: ParameterVariants,
+    for_positive: str, for_negative: str,
+) -> list[Tensor]:
+    """``f(x+; p)`` and, with negative inputs, ``f(x-; n)`` under autograd, for the parameter
+    variants named ``for_positive`` (p) and ``for_negative`` (n): the terms of z+ and of each
+    alpha-beta or gamma half, computed in backward where they are used."""
+    positive_inputs, negative_inputs = split
+    with torch.enable_grad():
+        terms = [layer(positive_inputs, *prepared[for_positive])]
+        if negative_inputs is not None:
+            terms.append(layer(negative_inputs, *prepared[for_negative]))
+    return terms
 
 
 def _total(terms: Sequence[Tensor]) -> Tensor:
@@ -318,10 +337,7 @@ class ZPlus(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, prepared, has_negative = state
-        with torch.enable_grad():
-            terms = [layer(_positive_inputs(inputs, has_negative), *prepared["positive"])]
-            if has_negative:
-                terms.append(layer(_map_carrying(inputs, _negative_part), *prepared["negative"]))
+        terms = _signed_terms(layer, _split_inputs(inputs, has_negative), prepared, "positive", "negative")
         scaled = _scaled(relevance, _total(terms), layer, self._stabilise, sign=1.0)
         return input_times_gradient(terms, inputs, [scaled] * len(terms))
 
@@ -369,19 +385,14 @@ class _TwoHalves(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, prepared, has_negative, weights = state
-        with torch.enable_grad():
-            positive_inputs = _positive_inputs(inputs, has_negative)
-            negative_inputs = _map_carrying(inputs, _negative_part) if has_negative else None
+        split = _split_inputs(inputs, has_negative)
         outputs, scaled = [], []
         for weight, sign, for_positive_inputs, for_negative_inputs in zip(
             weights, self.half_signs, ("more", "less"), ("less_without_bias", "more_without_bias"), strict=True
         ):
             if weight is None:
                 continue
-            with torch.enable_grad():
-                terms = [layer(positive_inputs, *prepared[for_positive_inputs])]
-                if negative_inputs is not None:
-                    terms.append(layer(negative_inputs, *prepared[for_negative_inputs]))
+            terms = _signed_terms(layer, split, prepared, for_positive_inputs, for_negative_inputs)
             share = weight * _scaled(relevance, _total(terms), layer, self._stabilise, sign)
             outputs += terms
             scaled += [share] * len(terms)
@@ -523,9 +534,10 @@ class ZBox(Rule):
         with torch.enable_grad():
             low_term, high_term = layer(lows, *prepared["positive"]), layer(highs, *prepared["negative"])
         scaled = _scaled(relevance, own.detach() - low_term.detach() - high_term.detach(), layer, self._stabilise)
-        from_inputs = input_times_gradient(own_root, inputs, scaled)
-        from_lows = input_times_gradient(low_term, lows, scaled)
-        from_highs = input_times_gradient(high_term, highs, scaled)
+        # one pass of autograd for the three terms (each reaches only its own leaves)
+        shares = input_times_gradient([own_root, low_term, high_term], [*inputs, *lows, *highs], [scaled] * 3)
+        count = len(inputs)
+        from_inputs, from_lows, from_highs = shares[:count], shares[count:2 * count], shares[2 * count:]
         return tuple(
             None if value is None else value - low - high
             for value, low, high in zip(from_inputs, from_lows, from_highs, strict=True)
