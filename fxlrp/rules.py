@@ -84,34 +84,34 @@ def input_times_gradient(
 
     ``output`` (a tensor or its :func:`~fxlrp.relevance.rule_function.gradient_root`) and
     ``scaled_relevance`` may be sequences (one ``s`` per term of a formula); the gradients of all
-    terms are summed by autograd in one call.
+    terms are summed by autograd in one call. ``scaled_relevance`` must be the caller's own fresh
+    tensors (as :func:`_scaled` makes them): the products may be written into them.
     """
     carrying = [value for value in inputs if carries_relevance(value)]
     # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
     gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())
-    scaled = [scaled_relevance] if isinstance(scaled_relevance, Tensor) else list(scaled_relevance)
-    owned = _exclusively_owned(gradients, scaled)
     products = iter(
-        gradient.mul_(value) if own else value * gradient
-        for value, gradient, own in zip(carrying, gradients, owned, strict=True)
+        gradient.mul_(value) if in_place else value * gradient
+        for value, gradient, in_place in zip(carrying, gradients, _writable(gradients), strict=True)
     )
     return tuple(next(products) if carries_relevance(value) else None for value in inputs)
 
 
-def _exclusively_owned(gradients: Sequence[Tensor], others: Sequence[Tensor]) -> list[bool]:
-    """Which gradients may be overwritten: fresh tensors that share memory with no other
-    gradient and no relevance passed in (an addition hands its incoming relevance to both
-    inputs as one tensor). Multiplying those in place saves an input-sized allocation per layer."""
+def _writable(gradients: Sequence[Tensor]) -> list[bool]:
+    """Which gradients may take their product in place, in order: fresh tensors (not views, not
+    recorded) whose memory no later gradient reads. An addition's VJP hands one tensor (the
+    scaled relevance) to both inputs; the last of them overwrites it after the others have read
+    it. Each product made in place saves an input-sized allocation (and its page faults) per
+    layer."""
     def storage(tensor: Tensor) -> int:
         return tensor.untyped_storage().data_ptr()
 
-    counts: dict[int, int] = {}
-    for tensor in [*gradients, *others]:
-        counts[storage(tensor)] = counts.get(storage(tensor), 0) + 1
+    last_reader = {storage(gradient): index for index, gradient in enumerate(gradients)}
     recording = torch.is_grad_enabled()  # a double backward would need the gradient unchanged
     return [
-        not recording and not gradient.requires_grad and not gradient._is_view() and counts[storage(gradient)] == 1
-        for gradient in gradients
+        not recording and not gradient.requires_grad and not gradient._is_view()
+        and last_reader[storage(gradient)] == index
+        for index, gradient in enumerate(gradients)
     ]
 
 
@@ -229,7 +229,7 @@ def _original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
 
 def _scaled(
     relevance: Tensor, output: Tensor, layer: AffineLayer, stabilise: Callable[[Tensor], Tensor],
-    sign: float | None = None,
+    sign: float | None = None, owned: bool = False,
 ) -> Tensor:
     """``R / stabilise(z)``; relevance of a zero denominator is dropped.
 
@@ -239,11 +239,17 @@ def _scaled(
     construction, as for the positive (negative) contributions of z+ and alpha-beta; the
     stabiliser is then ``z + epsilon`` (``z - epsilon``) in one pass. That is zennit's value for
     ``z != 0``; an output of exactly 0 has only zero contributions, which get 0 either way.
+    ``owned``: ``output`` is the rule's own term, computed in backward and read by nothing else
+    (affine operations do not keep their output for their VJP): the stabiliser and the quotient
+    are written into it, and backward allocates no buffer for them.
     """
     epsilon = stabilise.keywords.get("epsilon", 0.0) if isinstance(stabilise, partial) else 0.0
     if epsilon < torch.finfo(output.dtype).tiny:  # no epsilon, a callable, or flushed to 0 in this dtype
         return divide_dropping_zeros(relevance, stabilise(output), layer.warn_lost_relevance)
-    denominator = stabilise(output) if sign is None else output + sign * epsilon
+    if sign is None:
+        denominator = stabilise(output)
+    else:
+        denominator = output.add_(sign * epsilon) if owned else output + sign * epsilon
     if denominator.shape != relevance.shape or denominator.dtype != relevance.dtype or denominator.requires_grad:
         return relevance / denominator
     # The denominator is a fresh tensor: the quotient overwrites it, so that backward's peak holds
@@ -338,7 +344,7 @@ class ZPlus(Rule):
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         inputs, prepared, has_negative = state
         terms = _signed_terms(layer, _split_inputs(inputs, has_negative), prepared, "positive", "negative")
-        scaled = _scaled(relevance, _total(terms), layer, self._stabilise, sign=1.0)
+        scaled = _scaled(relevance, _total(terms), layer, self._stabilise, sign=1.0, owned=True)
         return input_times_gradient(terms, inputs, [scaled] * len(terms))
 
 
@@ -393,7 +399,7 @@ class _TwoHalves(Rule):
             if weight is None:
                 continue
             terms = _signed_terms(layer, split, prepared, for_positive_inputs, for_negative_inputs)
-            share = weight * _scaled(relevance, _total(terms), layer, self._stabilise, sign)
+            share = _scaled(relevance, _total(terms), layer, self._stabilise, sign, owned=True).mul_(weight)
             outputs += terms
             scaled += [share] * len(terms)
         if not outputs:  # every output is 0: all relevance is dropped

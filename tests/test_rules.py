@@ -156,6 +156,11 @@ class Residual(nn.Module):
         return a + b
 
 
+class Doubled(nn.Module):
+    def forward(self, a: Tensor) -> Tensor:
+        return a + a
+
+
 @pytest.mark.parametrize("stabilizer", [1e-6, 0.3])
 def test_norm_on_sums_and_average_pooling(stabilizer: float) -> None:
     torch.manual_seed(0)
@@ -165,6 +170,12 @@ def test_norm_on_sums_and_average_pooling(stabilizer: float) -> None:
     actual = explained_relevance(explain, [a, b], relevance)
     expected = epsilon_reference(lambda u, v: u + v, [a, b], relevance, epsilon=stabilizer)
     assert max(relative_error(x, y) for x, y in zip(actual, expected, strict=True)) < 1e-12
+
+    # a + a: both summands' gradients are one tensor, which the second product overwrites
+    explain = fxlrp.convert(Doubled(), Composite(operation_rules={"add": Norm(stabilizer)}))
+    (actual,) = explained_relevance(explain, [a], relevance)
+    (expected,) = epsilon_reference(lambda u: u + u, [a], relevance, epsilon=stabilizer)
+    assert relative_error(actual, expected) < 1e-12
 
     pool = nn.AdaptiveAvgPool2d((3, 2))
     explain = fxlrp.convert(pool, Composite(operation_rules={"avg_pool": Norm(stabilizer)}))
