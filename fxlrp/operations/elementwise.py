@@ -80,7 +80,7 @@ register(
         Kind.PASS,
         functions=(F.leaky_relu, torch._C._nn.leaky_relu),
         modules=(nn.LeakyReLU,),
-        relevance=passes((0,)),
+        relevance=passes((0,), recomputable=True),
         module_function=module_as_function,
         description="leaky ReLU: identity rule, R_in = R_out (its native backward would scale "
         "relevance by the negative slope; for y = a x the z-rule gives x a / y R = R)",
@@ -102,7 +102,7 @@ register(
         ),
         methods=("tanh",),
         modules=SMOOTH_ACTIVATION_MODULES,
-        relevance=passes((0,)),
+        relevance=passes((0,), recomputable=True),
         module_function=module_as_function,
         description="smooth activations: identity rule, R_in = R_out",
     )

@@ -40,12 +40,13 @@ def weighted(
     return call.affine(call.layer(layer_function, weight, bias, has_parameters=True), input)
 
 
-def passes(receivers: tuple[int, ...] | None) -> Callable[..., Tensor]:
+def passes(receivers: tuple[int, ...] | None, recomputable: bool = False) -> Callable[..., Tensor]:
     """Identity rule: relevance goes unchanged to ``receivers`` (equal shares when several
-    carry relevance; all relevance-carrying arguments when None)."""
+    carry relevance; all relevance-carrying arguments when None). ``recomputable``: the operation
+    is a pure elementwise map, whose output a following rule may recompute instead of keeping it."""
 
     def relevance(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any):
-        return apply_pass(bind(function, kwargs), receivers, *args)
+        return apply_pass(bind(function, kwargs), receivers, *args, recomputable=recomputable)
 
     return relevance
 

@@ -20,10 +20,18 @@ class PassFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, function: Callable[..., Tensor], shares: tuple[float, ...], *inputs: Any):
+    def forward(ctx, function: Callable[..., Tensor], shares: tuple[float, ...], recomputable: bool, *inputs: Any):
         ctx.shares = shares
         ctx.shapes = tuple(value.shape if isinstance(value, Tensor) else None for value in inputs)
-        return function(*inputs)
+        output = function(*inputs)
+        # How a relevance rule that reads this output may recompute it from the input instead of
+        # keeping it (see rule_function.recomputation_of); only identities of the input are kept.
+        single = len(inputs) == 1 and isinstance(inputs[0], Tensor)
+        # (an activation that worked in place has no input left to recompute from)
+        fresh = single and isinstance(output, Tensor) and output.data_ptr() != inputs[0].data_ptr()
+        ctx.recompute_with = function if recomputable and fresh else None
+        ctx.source_identity = _identity(inputs[0]) if ctx.recompute_with is not None else None
+        return output
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
@@ -31,17 +39,24 @@ class PassFunction(torch.autograd.Function):
             None if share == 0.0 else (relevance * share if share != 1.0 else relevance).sum_to_size(shape)
             for share, shape in zip(ctx.shares, ctx.shapes, strict=True)
         )
-        return (None, None, *input_relevance)
+        return (None, None, None, *input_relevance)
+
+
+def _identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
+    return tensor.data_ptr(), tensor.shape, tensor.stride()
 
 
 def apply_pass(
-    function: Callable[..., Tensor], receivers: tuple[int, ...] | None, *inputs: Any
+    function: Callable[..., Tensor], receivers: tuple[int, ...] | None, *inputs: Any, recomputable: bool = False
 ) -> Tensor:
     """Run ``function(*inputs)``; relevance goes in equal shares to the ``receivers`` among the
-    relevance-carrying inputs (all of them when ``receivers`` is None)."""
+    relevance-carrying inputs (all of them when ``receivers`` is None).
+
+    ``recomputable``: ``function`` is a pure elementwise map (an activation), so that a rule
+    reading the output may keep the input in its place and recompute the output in backward."""
     positions = range(len(inputs)) if receivers is None else receivers
     carrying = [i for i in positions if carries_relevance(inputs[i])]
     if not torch.is_grad_enabled() or not carrying:
         return function(*inputs)
     shares = tuple(1.0 / len(carrying) if i in carrying else 0.0 for i in range(len(inputs)))
-    return PassFunction.apply(function, shares, *inputs)
+    return PassFunction.apply(function, shares, recomputable, *inputs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
@@ -110,6 +110,7 @@ class RuleFunction(torch.autograd.Function):
         # change of the output is an error instead of a silently modified denominator.
         ctx.kept_output = (output, output._version) if _holds(state, output) else None
         ctx.reusable = _reusable.get()
+        ctx.recomputed = () if ctx.reusable else _release_recomputable(inputs, leaves)
         return output.detach()
 
     @staticmethod
@@ -127,6 +128,7 @@ class RuleFunction(torch.autograd.Function):
                 "relevance rule would divide by changed values; do not modify the explainer's "
                 "intermediate outputs in place between forward and backward"
             )
+        _restore_recomputed(ctx.recomputed)
         if ctx.reusable:
             token = _reused.set(True)
             try:
@@ -142,6 +144,54 @@ class RuleFunction(torch.autograd.Function):
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
         )
         return (None, None, None, *routed)
+
+
+def recomputation_of(value: Tensor) -> tuple[Callable[[Tensor], Tensor], Tensor] | None:
+    """``(function, source)`` with ``value == function(source)`` where ``value`` is the output of a
+    pure elementwise activation (GELU, SiLU, ...; see ``apply_pass(recomputable=True)``) whose
+    input ``source`` is kept anyway, as the output of the rule that computed it; else None.
+
+    A rule reading ``value`` may then keep nothing of its own for it and recompute it in backward:
+    in an MLP ``fc2(gelu(fc1(x)))`` the epsilon rule of ``fc1`` keeps its output for its
+    denominator, and ``fc2`` would otherwise keep the activation beside it (one hidden-sized tensor
+    per block of a transformer).
+    """
+    node = value.grad_fn
+    function = getattr(node, "recompute_with", None)
+    if function is None:
+        return None
+    producer, _ = node.next_functions[0]
+    if not isinstance(producer, RuleFunction._backward_cls) or producer.kept_output is None:
+        return None
+    source = producer.kept_output[0]
+    if (source.data_ptr(), source.shape, source.stride()) != node.source_identity:
+        return None  # the rule keeps another tensor (an activation's output handed over)
+    return function, source
+
+
+def _release_recomputable(inputs: Sequence[Any], leaves: Sequence[Any]) -> tuple[Any, ...]:
+    """Detach recomputable inputs' values from the rule's leaves (the leaves stay the roots of
+    the rule's inner graph, with no memory); :func:`_restore_recomputed` brings them back."""
+    released = []
+    for value, leaf in zip(inputs, leaves, strict=True):
+        recipe = recomputation_of(value) if carries_relevance(value) else None
+        if recipe is not None:
+            function, source = recipe
+            released.append((leaf, function, source, source._version))
+            leaf.data = leaf.new_empty(0)
+    return tuple(released)
+
+
+def _restore_recomputed(released: Sequence[Any]) -> None:
+    for leaf, function, source, version in released:
+        if source._version != version:
+            raise RuntimeError(
+                "fxlrp: the input of an activation was modified in place after the forward pass, so "
+                "the activation's output cannot be recomputed for relevance; do not modify the "
+                "explainer's intermediate outputs in place between forward and backward"
+            )
+        with torch.no_grad():
+            leaf.data = function(source)
 
 
 def hand_over_activation(output: Tensor, activated: Tensor) -> None:

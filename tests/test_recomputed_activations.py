@@ -1,0 +1,138 @@
+"""A layer whose input is a smooth activation (GELU, SiLU, ...) of another layer's output keeps
+nothing of its own for that input: the other layer's rule keeps the activation's input anyway,
+and the activation is recomputed from it in backward.
+
+The results must be those of the rules written out layer by layer, the recomputation must not
+happen where the source is not kept (or was changed in place), and the layer must really hold no
+copy of the activation between forward and backward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import epsilon_reference, explained_relevance, onehot_relevance, relative_error
+from test_activation_hand_over import _rule_nodes
+from torch import Tensor, nn
+
+import fxlrp
+from fxlrp.relevance.rule_function import reusable_graph
+
+ACTIVATIONS = {
+    "gelu": nn.GELU(),
+    "gelu_tanh": nn.GELU(approximate="tanh"),
+    "silu": nn.SiLU(),
+    "silu_in_place": nn.SiLU(inplace=True),
+    "tanh_function": torch.tanh,
+    "softplus_function": F.softplus,
+}
+
+
+class MLP(nn.Module):
+    def __init__(self, activation) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 16), nn.Linear(16, 3)
+        self.activation = activation
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.second(self.activation(self.first(x)))
+
+
+def _layer_by_layer(model: MLP, x: Tensor, epsilon: float) -> Tensor:
+    """Epsilon on both layers, the identity rule on the activation, written out."""
+    with torch.no_grad():
+        hidden = model.first(x)
+        activated = model.activation(hidden.clone())
+        output = model.second(activated)
+    (relevance_activated,) = epsilon_reference(model.second, [activated], onehot_relevance(output), epsilon=epsilon)
+    (expected,) = epsilon_reference(model.first, [x], relevance_activated, epsilon=epsilon)
+    return expected
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_layer_by_layer_reference(name: str) -> None:
+    torch.manual_seed(0)
+    model = MLP(ACTIVATIONS[name]).double()
+    x = 3 * torch.randn(5, 6, dtype=torch.float64)
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.1))
+    (actual,) = explained_relevance(explain, [x], onehot_relevance)
+    assert relative_error(actual, _layer_by_layer(model, x, 0.1)) < 1e-12
+
+
+def test_the_layer_keeps_no_copy_of_the_activation() -> None:
+    torch.manual_seed(0)
+    model = MLP(nn.GELU())
+    explain = fxlrp.convert(model)
+    x = torch.randn(4, 6, requires_grad=True)
+    output = explain(x)
+    kept_inputs = [node.state[0][0] for node in _rule_nodes(output)]
+    # the first layer keeps x (4 x 6); the second keeps an empty leaf in place of gelu (4 x 16)
+    assert sorted(tensor.numel() for tensor in kept_inputs) == [0, 24]
+    (relevance,) = torch.autograd.grad(output, x, onehot_relevance(output))
+    with torch.no_grad():
+        expected = _layer_by_layer(model.double(), x.detach().double(), 1e-6)
+    assert relative_error(relevance.double(), expected) < 1e-5
+
+
+class SourceNotKept(nn.Module):
+    """The activation reads a rescaled output (the identity rule, which keeps nothing): no rule
+    keeps the activation's input, so the second layer keeps the activation itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 16), nn.Linear(16, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = self.first(x)
+        return self.second(F.gelu(hidden * 2.0))
+
+
+def test_no_recomputation_from_a_source_the_rules_do_not_keep() -> None:
+    torch.manual_seed(2)
+    model = SourceNotKept().double()
+    x = torch.randn(5, 6, dtype=torch.float64)
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.1))
+    (actual,) = explained_relevance(explain, [x], onehot_relevance)
+    with torch.no_grad():
+        hidden = model.first(x)
+        activated = F.gelu(hidden * 2.0)
+        output = model.second(activated)
+    (relevance_activated,) = epsilon_reference(model.second, [activated], onehot_relevance(output), epsilon=0.1)
+    (expected,) = epsilon_reference(model.first, [x], relevance_activated, epsilon=0.1)
+    assert relative_error(actual, expected) < 1e-12
+    output = explain(x.clone().requires_grad_())
+    assert all(node.state[0][0].numel() > 0 for node in _rule_nodes(output))
+
+
+def test_in_place_change_of_the_source_is_an_error() -> None:
+    model = MLP(nn.GELU())
+    explain = fxlrp.convert(model)
+    x = torch.randn(4, 6, requires_grad=True)
+    output, recorded = explain.run_recording(["first"], x)
+    with torch.no_grad():
+        recorded["first"].add_(1.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        torch.autograd.grad(output, x, onehot_relevance(output))
+
+
+def test_reused_graph_keeps_the_activation_and_gives_the_same_relevance() -> None:
+    torch.manual_seed(3)
+    model = MLP(nn.SiLU()).double()
+    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.1))
+    with reusable_graph():
+        output = explain(x)
+    assert all(node.state[0][0].numel() > 0 for node in _rule_nodes(output))
+    for target in range(3):
+        seed = torch.zeros_like(output)
+        seed[:, target] = output[:, target].detach()
+        (reused,) = torch.autograd.grad(output, x, seed, retain_graph=True)
+        (fresh,) = explained_relevance(explain, [x.detach()], lambda out, t=target: _column(out, t))
+        assert torch.equal(reused, fresh)
+
+
+def _column(output: Tensor, target: int) -> Tensor:
+    seed = torch.zeros_like(output)
+    seed[:, target] = output[:, target]
+    return seed
