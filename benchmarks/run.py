@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"{model}: memory of {name}", flush=True)
                     memory = memory_in_subprocess(model, name, arguments.quick, arguments.threads)
                     result.memory, result.first_call_memory = memory.get("peak_mb"), memory.get("first_mb")
+                    result.allocated = memory.get("allocated_mb")
                     if "error" in memory:
                         result.status = f"memory probe failed: {memory['error']}"
         all_results[model] = results
