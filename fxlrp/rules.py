@@ -370,8 +370,12 @@ class _TwoHalves(Rule):
         """The "more" and "less" transforms of the parameters."""
         raise NotImplementedError
 
-    def half_weights(self, output: Tensor) -> tuple[float | Tensor | None, float | Tensor | None]:
-        """Weights of the first and second half given the layer's output; None skips a half."""
+    reads_output = False
+    """Whether :meth:`half_weights` reads the layer's output, which is then kept for backward."""
+
+    def half_weights(self, output: Tensor | None) -> tuple[float | Tensor | None, float | Tensor | None]:
+        """Weights of the first and second half given the layer's output (None unless
+        :attr:`reads_output`); None skips a half."""
         raise NotImplementedError
 
     def prepare(self, layer: AffineLayer) -> ParameterVariants:
@@ -385,12 +389,19 @@ class _TwoHalves(Rule):
         })
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        # The halves' terms are computed in backward, where they are used (as in ZPlus).
+        # The halves' terms are computed in backward, where they are used (as in ZPlus). So are
+        # weights that read the output: behind a ReLU, the kept output is the rectified one the
+        # next layer keeps anyway (rectify_in_place), and the half of negative outputs, which
+        # receive no relevance there, is skipped.
         output = _original_output(layer, inputs)
-        return output, (inputs, prepared, _has_negative_inputs(inputs), self.half_weights(output))
+        kept = output if self.reads_output else None
+        return output, (inputs, prepared, _has_negative_inputs(inputs), kept)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        inputs, prepared, has_negative, weights = state
+        inputs, prepared, has_negative, output = state
+        del state
+        weights = self.half_weights(output)
+        del output
         split = _split_inputs(inputs, has_negative)
         outputs, scaled = [], []
         for weight, sign, for_positive_inputs, for_negative_inputs in zip(
@@ -437,7 +448,7 @@ class AlphaBeta(_TwoHalves):
     def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
         return _positive_part, _negative_part
 
-    def half_weights(self, output: Tensor) -> tuple[float, float | None]:
+    def half_weights(self, output: Tensor | None) -> tuple[float, float | None]:
         return self.alpha, (-self.beta if self.beta != 0 else None)
 
 
@@ -468,7 +479,9 @@ class Gamma(_TwoHalves):
 
         return raised, lowered
 
-    def half_weights(self, output: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    reads_output = True
+
+    def half_weights(self, output: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         # An output sign that never occurs receives no relevance: its half is not computed.
         positive, negative = output > 0, output < 0
         return (positive if bool(positive.any()) else None, negative if bool(negative.any()) else None)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from conftest import (
     LRP0,
+    dense_jacobians,
     epsilon_reference,
     explained_relevance,
     gradient_times_input,
@@ -61,6 +62,37 @@ def test_layer_by_layer_reference_with_large_epsilon(name: str) -> None:
     z_leaf = z.clone().requires_grad_()
     (relevance_z,) = torch.autograd.grad(model.activation(z_leaf), z_leaf, relevance_a)
     (expected,) = epsilon_reference(model.first, [x], relevance_z, epsilon=0.1)
+    assert relative_error(actual, expected) < 1e-12
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_gamma_behind_an_activation_equals_its_dense_formula(name: str) -> None:
+    """The gamma rule reads the signs of its output in backward from the kept (rectified or
+    handed-over) output; behind a ReLU it skips the half of negative outputs."""
+    from test_rules import gamma_dense
+
+    torch.manual_seed(4)
+    model = TwoLayers(ACTIVATIONS[name]).double()
+    x = 8 * torch.randn(5, 6, dtype=torch.float64)
+    composite = fxlrp.composites.Composite(layer_rule=fxlrp.rules.Gamma(0.25))
+    (actual,) = explained_relevance(fxlrp.convert(model, composite), [x], onehot_relevance)
+
+    with torch.no_grad():
+        z = model.first(x)
+        a = model.activation(z)
+        output = model.second(a)
+
+    def gamma_reference(layer: nn.Linear, value: Tensor, relevance: Tensor) -> Tensor:
+        (jacobian,) = dense_jacobians(layer, [value])  # the whole batch, flattened
+        with torch.no_grad():
+            bias = layer(torch.zeros_like(value)).reshape(-1)
+        flat = gamma_dense(jacobian, bias, value.reshape(-1), relevance.reshape(-1), gamma=0.25)
+        return flat.reshape(value.shape)
+
+    relevance_a = gamma_reference(model.second, a, onehot_relevance(output))
+    z_leaf = z.clone().requires_grad_()
+    (relevance_z,) = torch.autograd.grad(model.activation(z_leaf), z_leaf, relevance_a)
+    expected = gamma_reference(model.first, x, relevance_z)
     assert relative_error(actual, expected) < 1e-12
 
 
