@@ -151,13 +151,19 @@ def test_the_rule_keeps_the_activation_instead_of_its_own_output() -> None:
     assert recorded["first"].data_ptr() not in kept
 
 
-def test_in_place_change_of_a_kept_output_is_an_error() -> None:
-    model = nn.Sequential(nn.Linear(6, 8), nn.Linear(8, 3))
+@pytest.mark.parametrize(
+    "model, node",
+    [(nn.Sequential(nn.Linear(6, 8), nn.Linear(8, 3)), "_0"),
+     # the kept output is also the source a GELU is recomputed from (checked first, in backward)
+     (TwoLayers(nn.GELU()), "first")],
+    ids=["denominator", "recomputed_activation"],
+)
+def test_in_place_change_of_a_kept_output_is_an_error(model: nn.Module, node: str) -> None:
     explain = fxlrp.convert(model)
     x = torch.randn(4, 6, requires_grad=True)
-    output, recorded = explain.run_recording(["_0"], x)
+    output, recorded = explain.run_recording([node], x)
     with torch.no_grad():
-        recorded["_0"].mul_(2.0)
+        recorded[node].mul_(2.0)
     with pytest.raises(RuntimeError, match="modified in place"):
         torch.autograd.grad(output, x, torch.ones_like(output))
 
