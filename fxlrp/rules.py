@@ -410,7 +410,9 @@ class _TwoHalves(Rule):
             if weight is None:
                 continue
             terms = _signed_terms(layer, split, prepared, for_positive_inputs, for_negative_inputs)
-            share = _scaled(relevance, _total(terms), layer, self._stabilise, sign, owned=True).mul_(weight)
+            share = _scaled(relevance, _total(terms), layer, self._stabilise, sign, owned=True)
+            if not (isinstance(weight, float) and weight == 1.0):
+                share.mul_(weight)
             outputs += terms
             scaled += [share] * len(terms)
         if not outputs:  # every output is 0: all relevance is dropped

@@ -117,3 +117,14 @@ def _column(output: Tensor, target: int) -> Tensor:
     seed = torch.zeros_like(output)
     seed[:, target] = output[:, target]
     return seed
+
+
+def test_an_activation_module_is_recomputed_without_firing_its_hooks_again() -> None:
+    model = MLP(nn.GELU())
+    calls = []
+    model.activation.register_forward_hook(lambda module, args, output: calls.append(output.shape))
+    explain = fxlrp.convert(model)
+    x = torch.randn(4, 6, requires_grad=True)
+    output = explain(x)
+    torch.autograd.grad(output, x, onehot_relevance(output))
+    assert calls == [torch.Size([4, 16])]

@@ -29,7 +29,9 @@ class PassFunction(torch.autograd.Function):
         single = len(inputs) == 1 and isinstance(inputs[0], Tensor)
         # (an activation that worked in place has no input left to recompute from)
         fresh = single and isinstance(output, Tensor) and output.data_ptr() != inputs[0].data_ptr()
-        ctx.recompute_with = function if recomputable and fresh else None
+        # A module is recomputed by its forward: its hooks (the user's) fire once per forward pass.
+        own_forward = function.forward if isinstance(function, torch.nn.Module) else function
+        ctx.recompute_with = own_forward if recomputable and fresh else None
         ctx.source_identity = _identity(inputs[0]) if ctx.recompute_with is not None else None
         return output
 
