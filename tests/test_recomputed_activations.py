@@ -128,3 +128,15 @@ def test_an_activation_module_is_recomputed_without_firing_its_hooks_again() -> 
     output = explain(x)
     torch.autograd.grad(output, x, onehot_relevance(output))
     assert calls == [torch.Size([4, 16])]
+
+
+def test_a_recomputation_of_another_layout_is_an_error() -> None:
+    """As if backward ran under a mode (autocast) that gives the activation another dtype."""
+    from fxlrp.relevance.rule_function import _restore_recomputed
+
+    leaf, source = torch.empty(0, requires_grad=True), torch.randn(4, 16)
+    layout = (torch.Size([4, 16]), (16, 1), torch.float32)
+    _restore_recomputed([(leaf, layout, torch.tanh, source, source._version)])
+    assert torch.equal(leaf.detach(), torch.tanh(source))
+    with pytest.raises(RuntimeError, match="another layout"):
+        _restore_recomputed([(leaf, layout, lambda value: value.double(), source, source._version)])

@@ -177,13 +177,14 @@ def _release_recomputable(inputs: Sequence[Any], leaves: Sequence[Any]) -> tuple
         recipe = recomputation_of(value) if carries_relevance(value) else None
         if recipe is not None:
             function, source = recipe
-            released.append((leaf, function, source, source._version))
+            layout = (leaf.shape, leaf.stride(), leaf.dtype)
+            released.append((leaf, layout, function, source, source._version))
             leaf.data = leaf.new_empty(0)
     return tuple(released)
 
 
 def _restore_recomputed(released: Sequence[Any]) -> None:
-    for leaf, function, source, version in released:
+    for leaf, layout, function, source, version in released:
         if source._version != version:
             raise RuntimeError(
                 "fxlrp: the input of an activation was modified in place after the forward pass, so "
@@ -191,7 +192,14 @@ def _restore_recomputed(released: Sequence[Any]) -> None:
                 "explainer's intermediate outputs in place between forward and backward"
             )
         with torch.no_grad():
-            leaf.data = function(source)
+            values = function(source)
+        if (values.shape, values.stride(), values.dtype) != layout:
+            raise RuntimeError(
+                f"fxlrp: recomputing {function!r} in backward gave a tensor of another layout than in "
+                "forward (was the forward run under autocast or another mode the backward is not?); "
+                "run the explainer's forward and backward under the same modes"
+            )
+        leaf.data = values
 
 
 def hand_over_activation(output: Tensor, activated: Tensor) -> None:
