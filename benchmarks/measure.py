@@ -32,8 +32,10 @@ class Result:
     times: list[float] = field(default_factory=list)
     status: str = "ok"
     """``ok``, or why the configuration did not run (``unsupported: ...``, ``n/a: ...``)."""
+    allocated: float | None = None
+    """Peak of the memory torch allocated during a call and still held, in MB (third call)."""
     memory: float | None = None
-    """Peak memory of a call above the resident size before it, in MB (second call)."""
+    """Peak resident memory of a call above the resident size before it, in MB (second call)."""
     first_call_memory: float | None = None
     """The same for the first call, which also builds what a conversion caches."""
 
