@@ -209,8 +209,6 @@ class Rewriter:
         )
 
 
-
-
 def _resolve(model: nn.Module, target: str) -> Any:
     value: Any = model
     for part in target.split("."):

@@ -8,7 +8,8 @@ The composite's rule (by default the z-rule) is applied to that affine map as a 
 .. math::
     R_{x_i} = x_i \\sum_k \\frac{\\partial y_k / \\partial x_i |_{\\sigma \\text{ const}}}{y_k} R_k
 
-which, with ``beta = 0`` and LRP-0, conserves relevance. Forward values are the native kernel's.
+which, with ``beta = 0`` and LRP-0, conserves relevance. Forward values are the native kernel's;
+the linearised map is computed in backward only.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import passes
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.straight_through import with_value_of
+from fxlrp.relevance.straight_through import decomposed_in_backward
 
 
 def scaled_and_shifted(
@@ -45,10 +46,13 @@ def normalisation(
     weight: Tensor | None,
     bias: Tensor | None,
 ) -> Tensor:
-    """Values of ``exact(x, w, b)``, relevance by the node's rule on ``linearised(x, w, b)``."""
+    """Values of ``exact(x, w, b)``, relevance by the node's rule on ``linearised(x, w, b)``.
+
+    Forward runs only the native kernel; the linearised map, which the rule's vector-Jacobian
+    product goes through, is computed in backward (as for attention)."""
 
     def layer_function(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
-        return with_value_of(exact(x.detach(), w, b), linearised(x, w, b))
+        return decomposed_in_backward(exact, linearised, x, w, b)
 
     return call.affine(call.layer(layer_function, weight, bias, has_parameters=True), input)
 

@@ -122,12 +122,9 @@ class RuleFunction(torch.autograd.Function):
                 "for each further explanation, or run that forward inside "
                 "fxlrp.relevance.rule_function.reusable_graph() and pass retain_graph=True"
             )
-        if ctx.kept_output is not None and ctx.kept_output[0]._version != ctx.kept_output[1]:
-            raise RuntimeError(
-                "fxlrp: the output of a layer was modified in place after the forward pass, so its "
-                "relevance rule would divide by changed values; do not modify the explainer's "
-                "intermediate outputs in place between forward and backward"
-            )
+        if ctx.kept_output is not None:
+            _check_unchanged(*ctx.kept_output, "the output of a layer",
+                             "its relevance rule would divide by changed values")
         _restore_recomputed(ctx.recomputed)
         if ctx.reusable:
             token = _reused.set(True)
@@ -144,6 +141,15 @@ class RuleFunction(torch.autograd.Function):
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
         )
         return (None, None, None, *routed)
+
+
+def _check_unchanged(tensor: Tensor, version: int, what: str, consequence: str) -> None:
+    """An error where a tensor kept from forward was modified in place before backward."""
+    if tensor._version != version:
+        raise RuntimeError(
+            f"fxlrp: {what} was modified in place after the forward pass, so {consequence}; do not "
+            "modify the explainer's intermediate outputs in place between forward and backward"
+        )
 
 
 def recomputation_of(value: Tensor) -> tuple[Callable[[Tensor], Tensor], Tensor] | None:
@@ -185,12 +191,8 @@ def _release_recomputable(inputs: Sequence[Any], leaves: Sequence[Any]) -> tuple
 
 def _restore_recomputed(released: Sequence[Any]) -> None:
     for leaf, layout, function, source, version in released:
-        if source._version != version:
-            raise RuntimeError(
-                "fxlrp: the input of an activation was modified in place after the forward pass, so "
-                "the activation's output cannot be recomputed for relevance; do not modify the "
-                "explainer's intermediate outputs in place between forward and backward"
-            )
+        _check_unchanged(source, version, "the input of an activation",
+                         "the activation's output cannot be recomputed for relevance")
         with torch.no_grad():
             values = function(source)
         if (values.shape, values.stride(), values.dtype) != layout:

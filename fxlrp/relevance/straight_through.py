@@ -11,20 +11,12 @@ from torch import Tensor
 from fxlrp.relevance.rule_function import carries_relevance
 
 
-def with_value_of(exact: Tensor, path: Tensor) -> Tensor:
-    """A tensor with the values of ``exact`` whose backward is that of ``path``.
-
-    Used where fxlrp explains an operation through a decomposition that is mathematically the
-    same but not bit-identical (LayerNorm's fused statistics): the model's outputs stay exactly
-    the model's, relevance flows through ``path`` unchanged (``exact + (path - path)`` adds an
-    exact zero, whose derivative is the identity).
-    """
-    return exact.detach() + (path - path.detach())
-
-
 class DecomposedInBackward(torch.autograd.Function):
     """Forward: the original kernel's outputs. Backward: relevance through a decomposition of
     the same operation, which is computed there.
+
+    The decomposition is mathematically the same operation but not bit-identical (fused attention
+    kernels, LayerNorm's fused statistics): the model's outputs stay exactly the model's.
 
     Computing the decomposition in backward rather than beside the kernel in forward is the same
     work, but its intermediates (attention's ``length x length`` scores and weights, one set per
