@@ -12,6 +12,7 @@ nodes of the enclosing module would be.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from torch import Tensor
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.roles import ATTENTION, GATE
 from fxlrp.rules import Epsilon, Rule
+
+DEFAULT_PRODUCT_EPSILON = 1e-6
 
 PRODUCT_OPERATIONS = ("mul", "matmul", "einsum", "attention", "multihead_attention", "window_attention")
 """Canonical operations whose relevance-carrying factors are shared by a :class:`Product` rule."""
@@ -51,9 +54,19 @@ class Product(Epsilon):
     relevance-carrying factor (a product with a parameter) it is the epsilon rule.
     """
 
-    def __init__(self, epsilon: float = 1e-6, constants: Sequence[str] = (GATE,)) -> None:
-        super().__init__(epsilon)
+    def __init__(self, epsilon: float | None = 1e-6, constants: Sequence[str] = (GATE,)) -> None:
+        # None: the epsilon of the composite's layer rule, filled in by the composite
+        # (:meth:`following`); until then the default.
+        super().__init__(DEFAULT_PRODUCT_EPSILON if epsilon is None else epsilon)
+        self.epsilon = epsilon
         self.constants = tuple(constants)
+
+    def following(self, layer_rule: Rule) -> Product:
+        """This rule with the epsilon of ``layer_rule`` if it was made with ``epsilon=None``."""
+        if self.epsilon is not None:
+            return self
+        epsilon = layer_rule.epsilon if isinstance(layer_rule, Epsilon) else DEFAULT_PRODUCT_EPSILON
+        return type(self)(epsilon, self.constants)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
         shares = super().backward(layer, state, relevance)
@@ -73,12 +86,23 @@ def product_rule(rule: Rule | None) -> Product:
         return rule
     if isinstance(rule, Epsilon):
         return Product(rule.epsilon)
+    if rule is not None:
+        warnings.warn(
+            f"fxlrp: {rule!r} was chosen for a product of two relevance-carrying tensors (an attention or "
+            "gating product), where it has no meaning; the uniform product rule Product() is used there "
+            "instead. Give such products a rule of their own with operation_rules={'matmul': Product(...), "
+            "'mul': ..., 'einsum': ...} to silence this.",
+            stacklevel=2,
+        )
     return Product()
 
 
-def cp_lrp(epsilon: float = 1e-6) -> dict[str, Rule]:
+def cp_lrp(epsilon: float | None = None) -> dict[str, Rule]:
     """``operation_rules`` for CP-LRP: attention weights are constants, values take the relevance.
 
+    ``epsilon`` of the products' epsilon rule; None (the default) takes the epsilon of the
+    composite's layer rule (``Composite(Epsilon(0.0), operation_rules=cp_lrp())`` is CP-LRP with
+    LRP-0 on the products too, as LXT's CP-LRP is), or 1e-6 if that rule is not an epsilon rule.
     Covers transformer attention (softmax weights times values) and graph attention (the softmax
     over each node's edges in GAT, GATv2, TransformerConv). ``Composite(layer_rule,
     operation_rules=cp_lrp())``; combine with other operation rules by ``{**cp_lrp(), "add": ...}``.

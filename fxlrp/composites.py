@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from fxlrp.attention_rules import Product
 from fxlrp.rules import (
     AlphaBeta,
     Epsilon,
@@ -85,6 +86,7 @@ class Composite:
         self.type_rules = list(type_rules.items() if isinstance(type_rules, Mapping) else type_rules or [])
         self.operation_rules = dict(operation_rules or {})
         self.first_layer_operations = None if first_layer_operations is None else frozenset(first_layer_operations)
+        self._resolved_products: dict[int, tuple[Product, Product]] = {}
 
     def counts_as_first_layer(self, operation: str, weighted: bool) -> bool:
         """Whether a node of this canonical operation can be the first layer."""
@@ -93,6 +95,16 @@ class Composite:
         return operation in self.first_layer_operations
 
     def rule_for(self, site: Site) -> Rule | None:
+        rule = self._chosen_rule(site)
+        if isinstance(rule, Product) and rule.epsilon is None:
+            # a product rule that follows the layer rule's epsilon (fxlrp.attention_rules.cp_lrp())
+            resolved = self._resolved_products.get(id(rule))
+            if resolved is None or resolved[0] is not rule:
+                resolved = self._resolved_products[id(rule)] = (rule, rule.following(self.layer_rule))
+            return resolved[1]
+        return rule
+
+    def _chosen_rule(self, site: Site) -> Rule | None:
         by_module = site.weighted or site.is_module_call
         if by_module and site.module_name is not None:
             for pattern, rule in self.name_rules.items():

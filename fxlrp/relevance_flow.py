@@ -25,9 +25,9 @@ def find_operation(node: fx.Node, modules: dict[str, nn.Module]) -> Operation | 
     return None
 
 
-RELEVANCE_FREE_OPERATIONS = {"constant"}
+RELEVANCE_FREE_OPERATIONS = {"constant", "step"}
 """Operations whose outputs carry no relevance whatever their inputs (shapes, indices,
-comparisons, tensor creation)."""
+comparisons, tensor creation, piecewise-constant maps such as sign and floor)."""
 SHAPE_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"}
 
 

@@ -8,6 +8,7 @@ unchanged. Products are in ``products.py``, sigmoid-like gates in ``gating.py``.
 
 from __future__ import annotations
 
+import builtins
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -56,9 +57,10 @@ register(
     Operation(
         "clip",
         Kind.NATIVE,
-        functions=(F.relu6, F.hardtanh, F.threshold, torch.threshold, torch.clamp, torch.clip),
-        methods=("clamp", "clip", "clamp_min", "clamp_max"),
-        modules=(nn.ReLU6, nn.Hardtanh, nn.Threshold),
+        functions=(F.relu6, F.hardtanh, F.threshold, torch.threshold, torch.clamp, torch.clip, F.hardshrink,
+                   torch.hardshrink),
+        methods=("clamp", "clip", "clamp_min", "clamp_max", "hardshrink"),
+        modules=(nn.ReLU6, nn.Hardtanh, nn.Threshold, nn.Hardshrink),
         relevance=clipping,
         module_function=module_as_function,
         description="activations that clip (output = input or a constant): native backward passes "
@@ -84,6 +86,18 @@ register(
         module_function=module_as_function,
         description="leaky ReLU: identity rule, R_in = R_out (its native backward would scale "
         "relevance by the negative slope; for y = a x the z-rule gives x a / y R = R)",
+    )
+)
+
+register(
+    Operation(
+        "abs",
+        Kind.PASS,
+        functions=(torch.abs, torch.absolute, operator.abs, builtins.abs),
+        methods=("abs", "absolute", "__abs__"),
+        relevance=passes((0,), recomputable=True),
+        description="absolute value, piecewise linear: identity rule, R_in = R_out (for y = sign(x) x "
+        "the z-rule gives x sign(x) / |x| R = R, which is also gradient x input)",
     )
 )
 

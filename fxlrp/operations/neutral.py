@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import builtins
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,7 @@ from torch import fx, nn
 
 from fxlrp.operations.helpers import identity
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.roles import keep_role
 
 VIEW_METHODS = (
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose",
@@ -42,6 +45,15 @@ VIEW_FUNCTIONS = (
 VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
                 nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
                 nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReplicationPad1d, nn.ReplicationPad2d)
+
+
+def moves_values(call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The native operation; a role of its input (attention weights, a gate) passes to its output,
+    so that a cast or a reshape between a softmax and the product it feeds keeps the product's
+    rule (CP-LRP treats the weights as constants whatever their dtype or layout)."""
+    return keep_role(args[0] if args else None, function(*args, **kwargs))
+
+
 register(
     Operation(
         "view",
@@ -49,6 +61,7 @@ register(
         functions=VIEW_FUNCTIONS,
         methods=VIEW_METHODS,
         modules=VIEW_MODULES,
+        relevance=moves_values,
         description="views, copies, indexing, gathering, concatenation, padding",
     )
 )
@@ -95,7 +108,7 @@ register(
             torch.full_like, torch.empty_like, torch.rand, torch.randn, torch.rand_like,
             torch.randn_like, torch.randint, torch.argmax, torch.argmin, torch.argsort,
             torch.bincount, torch.unique, torch.eq, torch.ne, torch.lt, torch.le, torch.gt,
-            torch.ge, torch.isnan, torch.isinf, torch.isfinite, torch.sign, torch.numel,
+            torch.ge, torch.isnan, torch.isinf, torch.isfinite, torch.numel,
             torch.logical_and, torch.logical_or, torch.logical_not,
             operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
             operator.floordiv, operator.mod, operator.and_, operator.or_, operator.invert,
@@ -105,12 +118,36 @@ register(
         methods=(
             "size", "dim", "numel", "ndimension", "nelement", "new_zeros", "new_ones", "new_full",
             "new_empty", "new_tensor", "argmax", "argmin", "argsort", "eq", "ne", "lt", "le", "gt",
-            "ge", "bool", "long", "int", "byte", "short", "sign", "isnan", "isinf", "isfinite",
+            "ge", "bool", "long", "int", "byte", "short", "isnan", "isinf", "isfinite",
             "nonzero", "bincount", "unique", "item", "tolist", "any", "all",
             "get_device", "is_floating_point", "is_contiguous", "__eq__", "__ne__", "__lt__",
             "__le__", "__gt__", "__ge__", "__floordiv__", "__mod__", "__and__", "__or__",
             "__invert__", "__len__", "fill_", "zero_", "requires_grad_",
         ),
         description="shapes, indices, comparisons, tensor creation: carry no relevance",
+    )
+)
+
+
+def held_constant(call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run the operation outside autograd: its output is a constant of the explanation. Its
+    derivative is 0 almost everywhere, so neither gradient x input nor any LRP rule sends
+    relevance into it, and a product with it is a gate on the other factor (``sign(h) * h``)."""
+    with torch.no_grad():
+        return function(*args, **kwargs)
+
+
+register(
+    Operation(
+        "step",
+        Kind.NATIVE,
+        functions=(
+            torch.sign, torch.sgn, torch.signbit, torch.heaviside, torch.round, torch.floor, torch.ceil,
+            torch.trunc, torch.fix,
+        ),
+        methods=("sign", "sgn", "signbit", "heaviside", "round", "floor", "ceil", "trunc", "fix"),
+        relevance=held_constant,
+        description="piecewise-constant maps (sign, heaviside, round, floor, ceil, trunc): derivative 0 "
+        "almost everywhere, so the output carries no relevance and a product with it is a gate",
     )
 )

@@ -4,8 +4,10 @@ A product of two relevance-carrying tensors is explained differently depending o
 factors are: in ``x * sigmoid(s)`` (squeeze-excitation) the gate rescales the signal ``x``; in
 ``softmax(q k^T) @ v`` CP-LRP treats the attention weights as constants. The operations that make
 gates and attention weights (sigmoid, hardsigmoid, softmax) mark their outputs, and the product
-rules read the mark. Views of a marked tensor are not marked: the mark names the exact tensor the
-operation returned, which is what squeeze-excitation and attention multiply with.
+rules read the mark. Operations that only move or re-type the values (views, reshapes, permutes,
+slices, dtype casts, ``contiguous``, dropout at inference) hand the mark on, so that
+``softmax(w, dtype=torch.float32).to(q.dtype)`` - Hugging Face's eager attention - is still
+attention weights when it meets the values.
 """
 
 from __future__ import annotations
@@ -31,3 +33,11 @@ def mark(tensor: Tensor, role: str) -> Tensor:
 def role_of(value: Any) -> str | None:
     """The role recorded on ``value`` by :func:`mark`, or None."""
     return getattr(value, _ATTRIBUTE, None) if isinstance(value, Tensor) else None
+
+
+def keep_role(source: Any, result: Any) -> Any:
+    """Give ``result`` the role of ``source`` (for operations that only move or re-type values)."""
+    role = role_of(source)
+    if role is not None and isinstance(result, Tensor) and role_of(result) is None:
+        mark(result, role)
+    return result
