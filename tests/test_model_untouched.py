@@ -4,6 +4,7 @@ explained correctly (LRP-0 == gradient x input)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import LRP0, explained_relevance, gradient_times_input, onehot_relevance, relative_error
@@ -121,3 +122,116 @@ def test_constant_made_in_forward_is_not_stored_on_the_model() -> None:
     assert sorted(vars(model)) == before
     x = torch.randn(2, 3)
     torch.testing.assert_close(explain(x), model(x))
+
+
+def proxies_in(value: object, seen: set[int] | None = None) -> list[str]:
+    """Where ``value`` holds a torch.fx Proxy: nested dicts, lists, tuples and sets, and the
+    attributes of modules (repr paths)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, torch.fx.Proxy):
+        return ["(proxy)"]
+    if isinstance(value, nn.Module):
+        items = vars(value).items()
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple, set)):
+        items = enumerate(value)
+    else:
+        return []
+    return [f"{key!s}.{path}" for key, item in items for path in proxies_in(item, seen)]
+
+
+def state_of_attributes(model: nn.Module) -> dict[str, dict[str, object]]:
+    """Every module's attribute names, and the identities of what its dicts, lists and sets hold."""
+    def contents(value: object) -> object:
+        if isinstance(value, dict):
+            return {key: id(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [id(item) for item in value]
+        if isinstance(value, set):
+            return {id(item) for item in value}
+        return id(value)
+
+    return {name: {key: contents(value) for key, value in vars(module).items()}
+            for name, module in model.named_modules()}
+
+
+class CachingBlock(nn.Module):
+    """Writes into itself in forward, as LeViT's attention-bias cache and counters do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+        self.cache: dict[str, torch.Tensor] = {}
+        self.calls = 0
+
+    def forward(self, x):
+        key = str(x.device)  # while capturing, the text of a symbolic value
+        if key not in self.cache:
+            self.cache[key] = self.layer.weight * 2.0
+        self.calls += 1
+        return F.linear(x, self.cache[key], self.layer.bias)
+
+
+class Caching(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = CachingBlock()
+        self.head = nn.Linear(4, 2)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x):
+        self.seen.append(x)
+        self.last_hidden = torch.relu(self.block(x))  # an attribute the forward creates
+        return self.head(self.last_hidden)
+
+
+class FailsAfterWriting(Caching):
+    def forward(self, x):
+        self.seen.append(x)
+        self.block.cache["written"] = x
+        if x.sum() > 0:  # data-dependent: capture fails here
+            return x
+        return -x
+
+
+def test_state_written_in_forward_is_restored_after_capture() -> None:
+    torch.manual_seed(0)
+    model = Caching().double().eval()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    reference = Caching().double().eval()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        expected = reference(x)
+    before = state_of_attributes(model)
+
+    explains = [fxlrp.convert(model, LRP0), fxlrp.convert(model, LRP0)]  # the second capture sees a clean model
+    assert state_of_attributes(model) == before
+    assert model.block.cache == {} and model.seen == [] and model.block.calls == 0
+    assert not hasattr(model, "last_hidden")
+    assert proxies_in(model) == []
+    for explain in explains:
+        with torch.no_grad():
+            assert relative_error(explain(x), expected) < 1e-14
+    expected_relevance = gradient_times_input(reference, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    actual = explained_relevance(explains[1], [x], lambda out: onehot_relevance(out, 1))
+    assert relative_error(actual[0], expected_relevance[0]) < 1e-10
+
+    with torch.no_grad():  # the model itself still runs, and fills its cache with real values
+        assert torch.equal(model(x), expected)
+    filled = state_of_attributes(model)
+    fxlrp.convert(model)
+    assert state_of_attributes(model) == filled
+    assert list(model.block.cache) == ["cpu"] and model.block.calls == 1 and len(model.seen) == 1
+
+
+def test_state_written_in_forward_is_restored_when_capture_fails() -> None:
+    model = FailsAfterWriting().double()
+    before = state_of_attributes(model)
+    with pytest.raises(fxlrp.CaptureError):
+        fxlrp.convert(model)
+    assert state_of_attributes(model) == before
+    assert model.seen == [] and model.block.cache == {}
