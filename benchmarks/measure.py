@@ -168,3 +168,16 @@ def memory_in_subprocess(model: str, name: str, quick: bool, threads: int | None
     if completed.returncode != 0 or not lines:
         return {"error": (completed.stderr.strip().splitlines() or ["no output"])[-1][:160]}
     return json.loads(lines[-1])
+
+
+IMPORT_PROBE = "import time, torch; start = time.perf_counter(); import fxlrp; print(time.perf_counter() - start)"
+
+
+def import_seconds(repeats: int) -> float:
+    """Median seconds of ``import fxlrp`` after ``import torch``, each in a fresh process."""
+    times = [
+        float(subprocess.run([sys.executable, "-c", IMPORT_PROBE], check=True, capture_output=True, text=True,
+                             cwd=ROOT).stdout.strip().splitlines()[-1])
+        for _ in range(max(repeats, 1))
+    ]
+    return statistics.median(times)

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.configurations import CONFIGURATIONS, FLOOR  # noqa: E402
 from benchmarks.measure import (  # noqa: E402
+    import_seconds,
     memory_in_subprocess,
     probe_memory,
     release_freed_memory,
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     command = "make bench" if argv is None and len(sys.argv) == 1 else "python benchmarks/run.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     descriptions = {model: "quick: " + QUICK_DESCRIPTION for model in models} if arguments.quick else DESCRIPTIONS
-    text = document(all_results, descriptions, arguments.repeats, arguments.quick, command.strip())
+    import_time = import_seconds(arguments.repeats)
+    text = document(all_results, descriptions, arguments.repeats, arguments.quick, command.strip(), import_time)
     print(text)
     if not (arguments.quick or arguments.no_write):
         for path in write(text, summary(all_results, command.strip())):

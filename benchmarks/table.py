@@ -106,7 +106,7 @@ def target_checks(all_results: Mapping[str, Mapping[str, Result]]) -> list[str]:
 
 
 def document(all_results: Mapping[str, Mapping[str, Result]], descriptions: Mapping[str, str],
-             repeats: int, quick: bool, command: str) -> str:
+             repeats: int, quick: bool, command: str, import_time: float | None = None) -> str:
     lines = [
         f"Machine: {machine()}.",
         "",
@@ -126,6 +126,10 @@ def document(all_results: Mapping[str, Mapping[str, Result]], descriptions: Mapp
     for model, results in all_results.items():
         lines += [f"### {model} ({descriptions.get(model, '')})", "", *model_table(results), ""]
     checks = target_checks(all_results)
+    if import_time is not None:
+        lines += [f"`import fxlrp` after `import torch`: {import_time:.3f} s (median of {repeats} fresh "
+                  "processes).", ""]
+        checks.append(_check("import fxlrp after torch (s)", import_time, 0.2))
     if checks:
         lines += ["Targets:", "", *checks, ""]
     return "\n".join(lines)

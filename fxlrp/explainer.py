@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
 
 from fxlrp.relevance.rule_function import outputs_recorded
+from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
 from fxlrp.report import Report
 
 
@@ -114,8 +115,11 @@ def attribute(
     """Relevance of each input in one call.
 
     ``inputs``: a tensor or a sequence of inputs. Each floating-point tensor gets its relevance;
-    other inputs (integer indices such as a GNN's senders/receivers, settings) are passed as they
-    are and get ``None``.
+    token ids that the model looks up in an embedding (``nn.Embedding``, ``F.embedding``,
+    ``nn.EmbeddingBag``) get the relevance of each token: the relevance reaching the lookup's
+    output summed over the embedding dimension, of the ids' shape (``nodes=[...]`` with the
+    embedding node gives it per dimension). Other inputs (integer indices such as a GNN's
+    senders/receivers, settings) are passed as they are and get ``None``.
     ``target``: see :func:`output_relevance`.
     ``output``: picks the explained tensor from the model's output (e.g.
     ``lambda graphs: graphs.global_features``); by default the output itself.
@@ -130,7 +134,7 @@ def attribute(
     explained_leaves = [leaf for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute(..., nodes=...) needs the explainer returned by fxlrp.convert")
-    with torch.enable_grad():
+    with torch.enable_grad(), sources_collected() as sources:
         if nodes is None:
             result, recorded = explain(*leaves), {}
         else:
@@ -141,21 +145,49 @@ def attribute(
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
             )
         intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
+        looked_up = [_looked_up(leaf, sources) for leaf in leaves]
         wanted = explained_leaves + [value for value in intermediate if value is not None]
+        wanted += [source.embedding for found in looked_up for source in found]
+        if not wanted:
+            raise ValueError(
+                "none of the inputs can receive relevance: give the floating-point input to explain (an "
+                "image, node features, inputs_embeds) or token ids the model looks up in an embedding"
+            )
         relevance = iter(torch.autograd.grad(
             explained, wanted, output_relevance(explained, target), allow_unused=True
         ))
     input_relevance = tuple(
         _zero_if_none(next(relevance), leaf) if _is_explained_leaf(leaf) else None for leaf in leaves
     )
-    input_result = input_relevance[0] if single else input_relevance
-    if nodes is None:
-        return input_result
     node_relevance = {
         name: torch.zeros_like(value) if carrier is None else _zero_if_none(next(relevance), value)
         for (name, value), carrier in zip(recorded.items(), intermediate, strict=True)
     }
+    input_relevance = tuple(
+        _token_relevance(leaf, found, relevance) if found else given
+        for leaf, found, given in zip(leaves, looked_up, input_relevance, strict=True)
+    )
+    input_result = input_relevance[0] if single else input_relevance
+    if nodes is None:
+        return input_result
     return input_result, node_relevance
+
+
+def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:
+    """The embedding lookups made with the token ids ``value`` (none for other inputs)."""
+    if not isinstance(value, Tensor) or value.is_floating_point() or value.is_complex():
+        return []
+    return [source for source in sources if same_values(source.indices, value)]
+
+
+def _token_relevance(ids: Tensor, found: list[RelevanceSource], relevance: Iterator[Tensor | None]) -> Tensor:
+    """Relevance per token: what reached each lookup, summed over the embedding dimension."""
+    total = torch.zeros(ids.shape, dtype=found[0].embedding.dtype, device=found[0].embedding.device)
+    for _ in found:
+        share = next(relevance)
+        if share is not None:
+            total += share.reshape(ids.numel(), -1).sum(dim=1).reshape(ids.shape)
+    return total
 
 
 def _leaf_if_explained(value: Any) -> Any:

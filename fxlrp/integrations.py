@@ -1,21 +1,40 @@
-"""Integrations with libraries (PyG, ...) load themselves when the library is in use.
+"""Integrations with libraries (torchvision, PyG, ...) load themselves when the library is in use.
 
 The core never imports an integration or its library on its own: ``import fxlrp`` works without
-them. When a model is converted and a library named here has already been imported (the model
-uses it), its integration is imported and registers its operations in the one registry.
+them and stays fast (torchvision alone takes over a second to import). When a model is converted
+and a library named here has already been imported (the model uses it), its integration is
+imported and registers its operations in the one registry. An integration that fails to load (a
+library version it does not support) is reported once as a warning; models that do not use that
+library are explained as before.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
-INTEGRATIONS = {"torch_geometric": "fxlrp.pyg"}
+INTEGRATIONS = {
+    "torchvision": "fxlrp.operations.torchvision_ops",
+    "torch_geometric": "fxlrp.pyg",
+}
 """Library (top-level module name) -> fxlrp integration module."""
+
+_attempted: set[str] = set()
 
 
 def load_integrations() -> None:
     """Import the integration of every library in :data:`INTEGRATIONS` that is already imported."""
     for library, integration in INTEGRATIONS.items():
-        if library in sys.modules:
+        if library not in sys.modules or integration in _attempted:
+            continue
+        _attempted.add(integration)
+        try:
             importlib.import_module(integration)
+        except Exception as error:  # an unsupported library version must not break other models
+            version = getattr(sys.modules[library], "__version__", "?")
+            warnings.warn(
+                f"fxlrp: its support for {library} {version} could not be loaded ({type(error).__name__}: {error}); "
+                f"models using {library}'s own layers or functions may be refused. Other models are not affected.",
+                stacklevel=3,
+            )

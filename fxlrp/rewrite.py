@@ -185,6 +185,14 @@ class Rewriter:
         node.replace_all_uses_with(replacement)
         self.graph.erase_node(node)
 
+    def _describe_call(self, node: fx.Node) -> str:
+        """What a user recognises: a module's path and its type (``up (torch.nn.Upsample)``)."""
+        if node.op != "call_module":
+            return describe_target(node)
+        module_type = type(self.modules[node.target])
+        home = "torch.nn" if module_type.__module__.startswith("torch.nn.modules.") else module_type.__module__
+        return f"{node.target} ({home}.{module_type.__qualname__})"
+
     def _report(self, node: fx.Node, operation: str, handling: str, rule: Any = None) -> None:
         self.reports.append(NodeReport(
             node.name, describe_target(node), operation, handling,
@@ -192,7 +200,7 @@ class Rewriter:
 
     def _unsupported(self, nodes: list[fx.Node]) -> None:
         listing = "\n".join(
-            f"  - {node.name}: {describe_target(node)}" + (f"  at {source_line(node)}" if source_line(node) else "")
+            f"  - {node.name}: {self._describe_call(node)}" + (f"  at {source_line(node)}" if source_line(node) else "")
             for node in nodes
         )
         if self.strict:

@@ -102,3 +102,9 @@ def test_unknown_node_name_lists_the_known_ones() -> None:
     explain = fxlrp.convert(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     with pytest.raises(ValueError, match="no node named 'conv9'.*report"):
         fxlrp.attribute(explain, torch.randn(1, 2), 0, nodes=["conv9"])
+
+
+def test_an_unsupported_module_is_named_by_its_path_and_its_type() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LocalResponseNorm(2))
+    with pytest.raises(fxlrp.UnsupportedOperationError, match=r"1 \(torch\.nn\.LocalResponseNorm\)"):
+        fxlrp.convert(model)

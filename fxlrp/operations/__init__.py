@@ -1,9 +1,13 @@
-"""Registry entries, one file per family of operations. Importing this package registers them."""
+"""Registry entries, one file per family of operations. Importing this package registers them.
+
+``torchvision_ops`` is registered when torchvision is in use (see :mod:`fxlrp.integrations`).
+"""
 
 from fxlrp.operations import (  # noqa: F401
     attention,
     checks,
     elementwise,
+    embeddings,
     gating,
     graph,
     layers,
@@ -12,5 +16,4 @@ from fxlrp.operations import (  # noqa: F401
     products,
     scatter,
     sums,
-    torchvision_ops,
 )

@@ -39,7 +39,7 @@ VIEW_FUNCTIONS = (
     torch.vstack, torch.dstack, torch.repeat_interleave, torch.tile, torch.where,
     torch.masked_fill, torch.tril, torch.triu, torch.diagonal, torch.scatter, torch.detach,
     torch.broadcast_to, torch.atleast_1d, torch.atleast_2d, torch.atleast_3d,
-    F.pad, F.embedding, F.one_hot, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
+    F.pad, F.one_hot, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
     operator.getitem, operator.setitem, builtins.getattr,
 )
 VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,

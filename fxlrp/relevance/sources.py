@@ -1,0 +1,63 @@
+"""Where relevance ends inside a model: the outputs of embedding lookups.
+
+A model that takes token ids has no input relevance can reach: ids are indices. Its input layer
+is the embedding lookup, whose output (one vector per token) is where LRP's relevance ends, as it
+ends at the pixels of an image. The lookup's output is therefore made a leaf that collects
+relevance in ``.grad``; while :func:`sources_collected` is active each such leaf is recorded with
+the indices it was looked up with, so that :func:`fxlrp.attribute` can hand the relevance back
+per token of the ids the user passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RelevanceSource:
+    """An embedding lookup's output (a leaf) and the indices it was looked up with."""
+
+    indices: Tensor
+    embedding: Tensor
+
+
+_collected: ContextVar[list[RelevanceSource] | None] = ContextVar("fxlrp_relevance_sources", default=None)
+
+
+@contextmanager
+def sources_collected() -> Iterator[list[RelevanceSource]]:
+    """Record the relevance sources made while the block runs, in the order they are made."""
+    sources: list[RelevanceSource] = []
+    token = _collected.set(sources)
+    try:
+        yield sources
+    finally:
+        _collected.reset(token)
+
+
+def relevance_source(indices: Tensor, embedding: Tensor) -> Tensor:
+    """``embedding`` as a leaf that collects the relevance reaching it (when gradients are
+    recorded); recorded with its ``indices`` inside :func:`sources_collected`."""
+    if not torch.is_grad_enabled() or embedding.requires_grad or not embedding.is_floating_point():
+        return embedding
+    leaf = embedding.detach().requires_grad_()
+    sources = _collected.get()
+    if sources is not None:
+        sources.append(RelevanceSource(indices, leaf))
+    return leaf
+
+
+def same_values(indices: Tensor, ids: Tensor) -> bool:
+    """Whether ``indices`` are ``ids`` or a view of them (``ids.view(-1, length)``, ``ids.long()``
+    of long ids): same storage, same number of elements."""
+    return (
+        indices.numel() == ids.numel()
+        and indices.untyped_storage().data_ptr() == ids.untyped_storage().data_ptr()
+        and indices.storage_offset() == ids.storage_offset()
+    )

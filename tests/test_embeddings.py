@@ -1,0 +1,151 @@
+"""Models that take token ids: relevance ends at the embedding lookup's output.
+
+Reference: gradient x input at the lookup's output (the embeddings as leaves), which LRP-0 equals
+for a piecewise-linear network (float64); per token it is summed over the embedding dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import LRP0, onehot_relevance, relative_error
+from torch import nn
+
+import fxlrp
+
+TOLERANCE = 1e-12
+VOCABULARY, WIDTH, LENGTH = 11, 6, 5
+
+
+class TokenModel(nn.Module):
+    """``embed(ids)`` -> per-token layer, ReLU -> sum over tokens -> classifier."""
+
+    def __init__(self, embed: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.embed_with = embed
+        self.tokens = nn.Embedding(VOCABULARY, WIDTH, padding_idx=0)
+        self.table = nn.Parameter(torch.randn(VOCABULARY, WIDTH))
+        self.positions = nn.Embedding(LENGTH, WIDTH)
+        self.hidden, self.head = nn.Linear(WIDTH, 8), nn.Linear(8, 3)
+
+    def embed(self, ids):
+        return self.embed_with(self, ids)
+
+    def rest(self, embedded):
+        return self.head(torch.relu(self.hidden(embedded)).sum(dim=1))
+
+    def forward(self, ids):
+        return self.rest(self.embed(ids))
+
+
+SPELLINGS = {
+    "nn.Embedding": lambda self, ids: self.tokens(ids),
+    "F.embedding": lambda self, ids: F.embedding(ids, self.table),
+    "torch.embedding": lambda self, ids: torch.embedding(self.table, ids),
+    "viewed ids": lambda self, ids: self.tokens(ids.view(-1, ids.shape[-1])),
+}
+
+
+def ids_batch() -> torch.Tensor:
+    return torch.randint(0, VOCABULARY, (3, LENGTH), generator=torch.Generator().manual_seed(2))
+
+
+def gradient_times_embedding(model: TokenModel, ids: torch.Tensor, target: int) -> torch.Tensor:
+    embedded = model.embed(ids).detach().requires_grad_()
+    output = model.rest(embedded)
+    relevance = onehot_relevance(output, target)
+    [gradient] = torch.autograd.grad(output, [embedded], relevance / output.detach())
+    return embedded.detach() * gradient
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
+def test_token_relevance_is_gradient_times_input_at_the_embedding(spelling: str) -> None:
+    torch.manual_seed(0)
+    model = TokenModel(SPELLINGS[spelling]).double().eval()
+    ids = ids_batch()
+    expected = gradient_times_embedding(model, ids, target=1)
+    explain = fxlrp.convert(model, LRP0)
+    with torch.no_grad():
+        assert torch.equal(explain(ids), model(ids))
+    relevance = fxlrp.attribute(explain, ids, target=1)
+    assert relevance.shape == ids.shape
+    assert relative_error(relevance, expected.sum(dim=-1)) < TOLERANCE
+
+    # Per token and embedding dimension: the lookup node's relevance (strict=False too).
+    [lookup] = [row.name for row in explain.report().rows if row.operation == "embedding"]
+    for converted in (explain, fxlrp.convert(model, LRP0, strict=False)):
+        _, nodes = fxlrp.attribute(converted, ids, target=1, nodes=[lookup])
+        assert relative_error(nodes[lookup], expected) < TOLERANCE
+
+
+def test_position_embeddings_take_their_share_like_a_bias() -> None:
+    def tokens_and_positions(self, ids):
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.tokens(ids) + self.positions(positions)
+
+    torch.manual_seed(1)
+    model = TokenModel(tokens_and_positions).double().eval()
+    ids = ids_batch()
+    # Reference: the token embeddings are the input, the position embeddings a constant term.
+    tokens = model.tokens(ids).detach().requires_grad_()
+    output = model.rest(tokens + model.positions.weight[: ids.shape[1]])
+    [gradient] = torch.autograd.grad(output, [tokens], onehot_relevance(output, 2) / output.detach())
+    relevance = fxlrp.attribute(fxlrp.convert(model, LRP0), ids, target=2)
+    assert relative_error(relevance, (tokens * gradient).detach().sum(dim=-1)) < TOLERANCE
+
+
+class BagModel(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.bags = nn.EmbeddingBag(VOCABULARY, WIDTH, mode=mode, padding_idx=0)
+        self.hidden, self.head = nn.Linear(WIDTH, 8), nn.Linear(8, 3)
+
+    def forward(self, ids, offsets, weights=None):
+        return self.head(torch.relu(self.hidden(self.bags(ids, offsets, per_sample_weights=weights))))
+
+
+def bag_by_hand(tokens: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, mode: str, weights) -> torch.Tensor:
+    """EmbeddingBag written out bag by bag (the padding id 0 is left out)."""
+    ends = [*offsets[1:].tolist(), ids.numel()]
+    rows = []
+    for start, end in zip(offsets.tolist(), ends, strict=True):
+        members = [i for i in range(start, end) if ids[i] != 0]
+        if not members:
+            rows.append(torch.zeros(WIDTH, dtype=tokens.dtype))
+            continue
+        picked = tokens[members] * (weights[members, None] if weights is not None else 1.0)
+        rows.append({"sum": picked.sum(0), "mean": picked.mean(0), "max": picked.amax(0)}[mode])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_relevance_per_token(mode: str) -> None:
+    torch.manual_seed(3)
+    model = BagModel(mode).double().eval()
+    ids = torch.tensor([3, 0, 7, 2, 9, 4, 4, 1, 10, 6])
+    offsets = torch.tensor([0, 3, 4, 8])
+    weights = torch.rand(10, dtype=torch.float64) + 0.5 if mode == "sum" else None
+    tokens = model.bags.weight[ids].detach().requires_grad_()
+    output = model.head(torch.relu(model.hidden(bag_by_hand(tokens, ids, offsets, mode, weights))))
+    with torch.no_grad():
+        assert relative_error(model(ids, offsets, weights), output) < 1e-13
+    [gradient] = torch.autograd.grad(output, [tokens], onehot_relevance(output, 0) / output.detach())
+    expected = (tokens * gradient).detach().sum(dim=-1)
+
+    explain = fxlrp.convert(model, LRP0)
+    relevance, _, _ = fxlrp.attribute(explain, (ids, offsets, weights), target=0)
+    assert relevance.shape == ids.shape
+    assert relative_error(relevance, expected) < TOLERANCE
+    assert relevance[1] == 0  # the padding id takes no part
+
+
+def test_inputs_that_cannot_receive_relevance_are_named() -> None:
+    class Counter(nn.Module):
+        def forward(self, ids):
+            return (ids * 2).to(torch.float64)
+
+    with pytest.raises(ValueError, match="none of the inputs can receive relevance"):
+        fxlrp.attribute(fxlrp.convert(Counter(), strict=False), torch.tensor([[1, 2]]))
