@@ -16,7 +16,9 @@ model is in training mode or not: explanations use inference semantics throughou
 BatchNorm module called several times is folded only when every call pairs the same two modules;
 BatchNorm that cannot be folded stays an affine layer of its own (zennit's composites give it
 the Pass rule). ``Linear -> BatchNorm1d`` is folded assuming 2-D activations ``(batch, features)``,
-the shape in which BatchNorm1d normalises a dense layer's outputs.
+the shape in which BatchNorm1d normalises a dense layer's outputs. BatchNorm without running
+statistics (``track_running_stats=False``) normalises by the batch's statistics, which is no fixed
+affine map: it is never folded and is explained as a normalisation (``fxlrp/operations/layers.py``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import weighted
+from fxlrp.operations.normalization import normalisation, scaled_and_shifted
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.rule_function import carries_relevance
 
@@ -112,12 +113,26 @@ def batch_norm(
     momentum: float = 0.1,
     eps: float = 1e-5,
 ) -> Tensor:
-    """BatchNorm with running statistics, an affine map ``x * scale + shift`` per channel."""
+    r"""BatchNorm. With running statistics, the per-channel affine map ``x * scale + shift``,
+    ``scale = gamma / sqrt(running_var + eps)``, ``shift = beta - running_mean * scale``
+    (inference semantics, whatever ``training`` says).
+
+    Without them (``track_running_stats=False``, or ``F.batch_norm(x, None, None, training=True)``)
+    it normalises by the statistics of the batch, per channel ``c`` over the batch and positions:
+    ``y = (x - mean_c(x)) / sigma_c * gamma_c + beta_c``, ``sigma_c = sqrt(var_c(x) + eps)``. It is
+    explained like LayerNorm: ``sigma`` is held constant (identity rule), which leaves an affine
+    map of ``x`` (centring, scale, shift) for the node's rule:
+
+    .. math::
+        R_{x_i} = x_i \sum_k \frac{\partial y_k / \partial x_i |_{\sigma \text{ const}}}{z_k} R_k
+
+    (``z_k`` the rule's stabilised ``y_k``). Forward runs the native kernel only. Batch statistics
+    mix the samples of a batch, so a sample's relevance depends on the others explained with it.
+    """
     if running_mean is None or running_var is None:
-        raise ValueError(
-            "fxlrp explains BatchNorm with its running statistics, but this BatchNorm has none "
-            "(track_running_stats=False); LRP needs a fixed affine map here."
-        )
+        return _batch_statistics_norm(call, function, input, running_mean, running_var, weight, bias,
+                                      training, momentum, eps)
+
     def scale_and_shift() -> tuple[Tensor, Tensor]:
         # Explanations are of the model at inference: statistics are never updated.
         scale = torch.rsqrt(running_var + eps)
@@ -135,12 +150,34 @@ def batch_norm(
     return call.affine(call.layer(affine_per_channel, scale, shift, has_parameters=True), input)
 
 
+def _batch_statistics_norm(
+    call: RelevanceCall, function: Any, input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+    weight: Tensor | None, bias: Tensor | None, training: bool, momentum: float, eps: float,
+) -> Tensor:
+    """BatchNorm by the batch's statistics: the native kernel, relevance through the map with
+    each channel's ``sigma`` constant (see :func:`batch_norm`)."""
+    channel_shape = (1, -1) + (1,) * (input.dim() - 2)
+    dimensions = (0, *range(2, input.dim()))  # all but the channels
+
+    def exact(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        return function(x, running_mean, running_var, w, b, training, momentum, eps)
+
+    def linearised(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        inverse_sigma = torch.rsqrt(x.detach().var(dimensions, unbiased=False, keepdim=True) + eps)
+        centred = (x - x.mean(dimensions, keepdim=True)) * inverse_sigma
+        return scaled_and_shifted(centred, w, b, channel_shape)
+
+    return normalisation(call, exact, linearised, input, weight, bias)
+
+
 def batch_norm_module(module: nn.modules.batchnorm._BatchNorm, parameters: dict[str, Any]):
     return F.batch_norm, {
         "running_mean": parameters.get("running_mean"),
         "running_var": parameters.get("running_var"),
         "weight": parameters.get("weight"),
         "bias": parameters.get("bias"),
+        # A module without running statistics normalises by the batch's, in eval mode too.
+        "training": module.running_mean is None or module.running_var is None,
         "eps": module.eps,
     }
 
@@ -154,7 +191,8 @@ register(
         relevance=batch_norm,
         module_function=batch_norm_module,
         weighted=True,
-        description="BatchNorm with running statistics: per-channel affine map",
+        description="BatchNorm: with running statistics a per-channel affine map; without, by the batch's "
+        "statistics with sigma constant (identity rule), centring, scale and shift as one affine map",
     )
 )
 
