@@ -25,9 +25,10 @@ def find_operation(node: fx.Node, modules: dict[str, nn.Module]) -> Operation | 
     return None
 
 
-RELEVANCE_FREE_OPERATIONS = {"constant", "step"}
+RELEVANCE_FREE_OPERATIONS = {"constant", "step", "statistic"}
 """Operations whose outputs carry no relevance whatever their inputs (shapes, indices,
-comparisons, tensor creation, piecewise-constant maps such as sign and floor)."""
+comparisons, tensor creation, piecewise-constant maps such as sign and floor, statistics held
+constant such as norms and standard deviations)."""
 SHAPE_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"}
 
 

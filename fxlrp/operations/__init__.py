@@ -4,6 +4,7 @@
 """
 
 from fxlrp.operations import (  # noqa: F401
+    affine_maps,
     attention,
     checks,
     elementwise,
@@ -13,7 +14,11 @@ from fxlrp.operations import (  # noqa: F401
     layers,
     neutral,
     normalization,
+    patches,
+    powers,
     products,
+    resampling,
     scatter,
+    statistics,
     sums,
 )
