@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -86,8 +87,8 @@ class Rewriter:
 
     def run(self) -> fx.GraphModule:
         unsupported: list[fx.Node] = []
-        first_layer = self._first_weighted_node()
         carrying = nodes_that_may_carry_relevance(self.graph, self.modules)
+        first_layer = self._first_weighted_node(carrying)
         for node in list(self.graph.nodes):
             if node.op in ("placeholder", "output"):
                 role = "input" if node.op == "placeholder" else "output"
@@ -111,6 +112,10 @@ class Rewriter:
                 continue
             if operation.relevance is None:
                 self._keep_native(node, operation)
+            elif node not in carrying and self._native_equals_explained(node, operation):
+                # A parameter transform (weight standardisation's F.batch_norm on the weights):
+                # no relevance reaches it, so it runs as the model runs it.
+                self._keep_native(node, operation, handling="no relevance")
             else:
                 self._substitute(node, operation, node is first_layer)
         if unsupported:
@@ -118,12 +123,29 @@ class Rewriter:
         self.graph.lint()
         return fx.GraphModule(self.root, self.graph, class_name=f"Explained{type(self.model).__name__}")
 
-    def _first_weighted_node(self) -> fx.Node | None:
+    def _first_weighted_node(self, carrying: set[fx.Node]) -> fx.Node | None:
         for node in self.graph.nodes:
+            if node not in carrying:  # a layer that relevance reaches, not a parameter transform
+                continue
             operation = find_operation(node, self.modules)
             if operation is not None and self.composite.counts_as_first_layer(operation.name, operation.weighted):
                 return node
         return None
+
+    def _native_equals_explained(self, node: fx.Node, operation: Operation) -> bool:
+        """Whether the native call computes the values the operation's relevance function would.
+
+        Rules and the identity rule compute the original operation; the exceptions are
+        explanation-time semantics: operations that are the identity then (dropout, Kind.NATIVE
+        with a relevance function), modules in training mode, and a call in training form handed
+        running statistics, which it would update (BatchNorm is explained with them)."""
+        if operation.kind is Kind.NATIVE:
+            return False
+        if node.op == "call_module":
+            return not any(module.training for module in self.modules[node.target].modules())
+        arguments = _arguments_by_name(node)
+        return not (arguments.get("training") is True
+                    and any(arguments.get(name) is not None for name in ("running_mean", "running_var")))
 
     def _own_attribute(self, node: fx.Node) -> None:
         value = self.constants[node.target] if node.target in self.constants else _resolve(self.model, node.target)
@@ -215,6 +237,14 @@ class Rewriter:
             f"rule (strict=False):\n{listing}",
             stacklevel=3,
         )
+
+
+def _arguments_by_name(node: fx.Node) -> dict[str, Any]:
+    """The call's arguments by parameter name, where the target's signature is known."""
+    try:
+        return dict(inspect.signature(node.target).bind(*node.args, **node.kwargs).arguments)
+    except (TypeError, ValueError):  # builtins without a signature, methods (a name)
+        return dict(node.kwargs)
 
 
 def _resolve(model: nn.Module, target: str) -> Any:
