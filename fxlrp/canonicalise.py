@@ -22,6 +22,7 @@ OUT_OF_PLACE_OPERATORS = {
     operator.imul: operator.mul,
     operator.itruediv: operator.truediv,
     operator.imatmul: operator.matmul,
+    operator.ipow: operator.pow,
 }
 # In-place methods without an out-of-place twin, or that only set flags, stay as they are.
 KEEP_IN_PLACE = {"requires_grad_", "share_memory_", "fill_", "zero_", "copy_", "set_"}
