@@ -1,5 +1,6 @@
-"""The models and inputs the benchmark explains: torchvision CNNs, a vision transformer and a
-GCN written with plain torch + torch_scatter. Random weights (no downloads), eval mode,
+"""The models and inputs the benchmark explains: torchvision CNNs, a vision transformer, a GCN
+written with plain torch + torch_scatter, and Hugging Face's ViT, which only the eager capture
+path takes. Random weights (no downloads), eval mode,
 parameters frozen."""
 
 from __future__ import annotations
@@ -85,6 +86,27 @@ def _torchvision(name: str, batch: int, size: int) -> Workload:
     )
 
 
+class Logits(nn.Module):
+    """A Hugging Face classifier's logits (its output is a ModelOutput)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+def _hugging_face_vit(batch: int, size: int, layers: int = 12, hidden: int = 768) -> Workload:
+    """Hugging Face's ViT-Base (random weights): torch.fx cannot trace it, fxlrp runs it eagerly."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=size, patch_size=16, num_hidden_layers=layers, hidden_size=hidden,
+                       num_attention_heads=hidden // 64, intermediate_size=4 * hidden, num_labels=1000,
+                       attn_implementation="sdpa")
+    return Workload("hf_vit_base", Logits(ViTForImageClassification(config)), (torch.randn(batch, 3, size, size),))
+
+
 def _gcn(nodes: int, edges: int, features: int = 64, hidden: int = 64, classes: int = 8) -> Workload:
     edge_index = torch.randint(0, nodes, (2, edges))
     x = torch.randn(nodes, features)
@@ -100,6 +122,7 @@ FULL: dict[str, Callable[[], Workload]] = {
     "densenet121": lambda: _torchvision("densenet121", 4, 224),
     "vit_b_16": lambda: _torchvision("vit_b_16", 2, 224),
     "gcn": lambda: _gcn(100_000, 1_000_000),
+    "hf_vit_base": lambda: _hugging_face_vit(2, 224),
 }
 QUICK: dict[str, Callable[[], Workload]] = {
     "resnet50": lambda: _torchvision("resnet50", 1, 64),
@@ -107,6 +130,7 @@ QUICK: dict[str, Callable[[], Workload]] = {
     "densenet121": lambda: _torchvision("densenet121", 1, 64),
     "vit_b_16": lambda: _torchvision("vit_b_16", 1, 32),
     "gcn": lambda: _gcn(2_000, 20_000),
+    "hf_vit_base": lambda: _hugging_face_vit(1, 32, layers=2, hidden=128),
 }
 QUICK_DESCRIPTION = "batch 1 at 64x64 (ViT 32x32), GCN with 2k nodes and 20k edges"
 DESCRIPTIONS = {
@@ -115,6 +139,7 @@ DESCRIPTIONS = {
     "densenet121": "batch 4, 3x224x224",
     "vit_b_16": "batch 2, 3x224x224",
     "gcn": "100k nodes, 1M edges, 64 -> 64 -> 8 features",
+    "hf_vit_base": "Hugging Face ViTForImageClassification, ViT-Base config, batch 2, 3x224x224; run eagerly",
 }
 
 

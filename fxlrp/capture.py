@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import linecache
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -64,11 +66,28 @@ class RelevanceTracer(fx.Tracer):
         self,
         is_explained_module: Callable[[nn.Module], bool],
         leaf_functions: Iterable[Callable[..., Any]] = (),
+        eager_modules: Iterable[str] = (),
     ) -> None:
         super().__init__()
         self.record_stack_traces = False  # create_node records the one frame fxlrp reports
         self.is_explained_module = is_explained_module
         self.leaf_functions = tuple(leaf_functions)
+        self.eager_modules = frozenset(eager_modules)
+        self.tracing: list[str] = []
+        self.failing_module: str | None = None
+        """Qualified name of the innermost module whose forward was being traced when tracing
+        failed ("" for the root's own code); None if the failure was outside every module."""
+
+    def call_module(self, module: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        self.tracing.append(self.path_of_module(module))
+        try:
+            return super().call_module(module, forward, args, kwargs)
+        except Exception:
+            if self.failing_module is None:
+                self.failing_module = self.tracing[-1]
+            raise
+        finally:
+            self.tracing.pop()
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -79,11 +98,17 @@ class RelevanceTracer(fx.Tracer):
         return node
 
     def is_leaf_module(self, module: nn.Module, module_qualified_name: str) -> bool:
-        return self.is_explained_module(module) or super().is_leaf_module(module, module_qualified_name)
+        return (module_qualified_name in self.eager_modules or self.is_explained_module(module)
+                or super().is_leaf_module(module, module_qualified_name))
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
-        with leaf_function_calls(self, self.leaf_functions):
-            return super().trace(root, concrete_args)
+        try:
+            with leaf_function_calls(self, self.leaf_functions):
+                return super().trace(root, concrete_args)
+        except Exception:
+            if self.failing_module is None:
+                self.failing_module = ""  # the root's own forward
+            raise
 
 
 def user_source_line(error: BaseException) -> str | None:
@@ -95,34 +120,98 @@ def user_source_line(error: BaseException) -> str | None:
     return None
 
 
+CAPTURE_PATHS = ("auto", "fx", "eager")
+"""``fx``: torch.fx symbolic tracing only; ``eager``: the whole model run eagerly; ``auto``: torch.fx,
+with each module it cannot trace run eagerly (see :mod:`fxlrp.eager`)."""
+
+EXTRA_KEYWORDS = "fxlrp_extra_keywords"
+"""Keyword under which the graph of a model run eagerly as a whole hands on its ``**kwargs``."""
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A captured model: its graph, the constants the trace made (tensors created in ``forward``,
+    e.g. ``torch.ones(3)``, named by get_attr nodes) and the modules to run eagerly, each with the
+    reason torch.fx gave (``""`` is the whole model)."""
+
+    graph: fx.Graph
+    constants: dict[str, Any] = field(default_factory=dict)
+    eager_modules: dict[str, str] = field(default_factory=dict)
+
+
 def capture(
     model: nn.Module,
     is_explained_module: Callable[[nn.Module], bool],
     leaf_functions: Iterable[Callable[..., Any]] = (),
     concrete_args: dict[str, Any] | None = None,
-) -> tuple[fx.Graph, dict[str, Any]]:
-    """Trace ``model``'s forward into a graph, or raise :class:`CaptureError` saying why not.
+    path: str = "auto",
+) -> Capture:
+    """Trace ``model``'s forward into a graph by the capture ``path`` (:data:`CAPTURE_PATHS`).
 
-    Returns the graph and the constants the trace created (tensors made in ``forward``, e.g.
-    ``torch.ones(3)``, which get_attr nodes name). Integrations of libraries in use are loaded
-    first; functions of operations registered as ``leaf`` are recorded as single calls like
-    ``leaf_functions``.
+    With ``"auto"``, where torch.fx fails the innermost module it was tracing becomes a node run
+    eagerly and the model is traced again (the whole model, if its own forward fails); with
+    ``"fx"`` a failure is a :class:`CaptureError` saying why and what to do. Integrations of
+    libraries in use are loaded first; functions of operations registered as ``leaf`` are
+    recorded as single calls like ``leaf_functions``. The model is left as it was.
     """
+    if path not in CAPTURE_PATHS:
+        raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURE_PATHS))}, not {path!r}")
     load_integrations()
-    tracer = RelevanceTracer(is_explained_module, (*leaf_functions, *REGISTRY.leaf_functions()))
+    if path == "eager":
+        return Capture(whole_model_graph(model), eager_modules={"": "capture='eager' was asked for"})
+    leaves = (*leaf_functions, *REGISTRY.leaf_functions())
     concrete_args = {**_library_concrete_args(model), **(concrete_args or {})} or None
-    state = ModuleState(model)
-    try:
-        graph = tracer.trace(model, concrete_args)
-    except Exception as error:  # every tracing failure becomes one readable error
-        raise CaptureError(_explain_capture_failure(model, error)) from error
-    finally:
-        # torch.fx stores such constants on the traced root, i.e. the user's model: take them back,
+    eager: dict[str, str] = {}
+    while True:
+        tracer = RelevanceTracer(is_explained_module, leaves, eager)
+        state = ModuleState(model)
+        try:
+            graph = tracer.trace(model, concrete_args)
+        except Exception as error:  # every tracing failure becomes one readable error, or an eager part
+            state.restore()
+            if path == "fx":
+                raise CaptureError(_explain_capture_failure(model, error)) from error
+            failing, reason = tracer.failing_module or "", _first_line(error)
+            if failing == "" or failing in eager:
+                return Capture(whole_model_graph(model), eager_modules={"": reason})
+            eager[failing] = reason
+            continue
+        # torch.fx stores constants on the traced root, i.e. the user's model: take them back,
         # with everything else the traced forward wrote into the model's modules.
         added = state.restore()
-    named = {node.target for node in graph.nodes if node.op == "get_attr"}
-    constants = {name: value for name, value in added.items() if name in named}
-    return graph, constants
+        named = {node.target for node in graph.nodes if node.op == "get_attr"}
+        return Capture(graph, {name: value for name, value in added.items() if name in named}, eager)
+
+
+def whole_model_graph(model: nn.Module) -> fx.Graph:
+    """A graph with one node calling the model itself (the module ``""``), whose placeholders are
+    the parameters of the model's ``forward``, defaults included."""
+    graph = fx.Graph()
+    positional: list[fx.Node] = []
+    keywords: dict[str, Any] = {}
+    for name, parameter in inspect.signature(model.forward).parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            raise CaptureError(
+                f"fxlrp could not capture {type(model).__name__}: torch.fx cannot trace it and its forward takes "
+                f"*{name}, which fxlrp cannot hand on when it runs the model eagerly. Wrap the model in a module "
+                "whose forward names its arguments."
+            )
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            keywords[EXTRA_KEYWORDS] = graph.placeholder("**" + name)
+            continue
+        default = inspect.Signature.empty if parameter.default is inspect.Parameter.empty else parameter.default
+        node = graph.placeholder(name, default_value=default)
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            positional.append(node)
+        else:
+            keywords[name] = node
+    graph.output(graph.create_node("call_module", "", tuple(positional), keywords, name="model"))
+    return graph
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
 
 
 _CONTAINERS = (dict, list, set)
@@ -197,8 +286,10 @@ def _explain_capture_failure(model: nn.Module, error: Exception) -> str:
             "What you can do:",
             "  - make the branch depend on a setting of the model instead of on its input;",
             "  - fix the value with convert(model, concrete_args={'argument': value});",
-            "  - compute that value outside the model and pass it in as an input.",
+            "  - compute that value outside the model and pass it in as an input;",
+            "  - or convert with capture='auto' (the default), which runs such a module eagerly.",
         ]
     else:
-        lines.append("The failure happened while recording the forward pass; the line above is where.")
+        lines.append("The failure happened while recording the forward pass; the line above is where. "
+                     "convert(..., capture='auto') (the default) runs such a module eagerly instead.")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from fxlrp.attention_rules import Product
+from fxlrp.registry import Kind, Operation
 from fxlrp.rules import (
     AlphaBeta,
     Epsilon,
@@ -87,6 +88,7 @@ class Composite:
         self.operation_rules = dict(operation_rules or {})
         self.first_layer_operations = None if first_layer_operations is None else frozenset(first_layer_operations)
         self._resolved_products: dict[int, tuple[Product, Product]] = {}
+        self._defaults: dict[str, Rule] = {}
 
     def counts_as_first_layer(self, operation: str, weighted: bool) -> bool:
         """Whether a node of this canonical operation can be the first layer."""
@@ -94,7 +96,27 @@ class Composite:
             return weighted
         return operation in self.first_layer_operations
 
+    def resolve(self, site: Site, operation: Operation) -> Rule | None:
+        """The rule of one call of ``operation`` at ``site``: the one place a rule is chosen, for
+        the captured graph and for code run eagerly alike.
+
+        None for operations that are not affine (their handling is fixed: identity, native);
+        otherwise :meth:`rule_for` the site, else the operation's own default (the z-rule for
+        sums), else :attr:`layer_rule`.
+        """
+        if operation.kind is not Kind.AFFINE:
+            return None
+        rule = self.rule_for(site)
+        if rule is not None:
+            return rule
+        if operation.default_rule is None:
+            return self.layer_rule
+        if operation.name not in self._defaults:  # one instance per operation: calls share its caches
+            self._defaults[operation.name] = operation.default_rule()
+        return self._defaults[operation.name]
+
     def rule_for(self, site: Site) -> Rule | None:
+        """The composite's own choice for ``site`` (see the class docstring), or None."""
         rule = self._chosen_rule(site)
         if isinstance(rule, Product) and rule.epsilon is None:
             # a product rule that follows the layer rule's epsilon (fxlrp.attention_rules.cp_lrp())

@@ -8,7 +8,7 @@ from torch import nn
 
 import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.canonicalise import canonicalise_in_place
-from fxlrp.capture import capture
+from fxlrp.capture import capture as capture_model
 from fxlrp.composites import Composite, as_composite
 from fxlrp.explainer import Explainer
 from fxlrp.fold_batchnorm import fold_batch_norms
@@ -31,6 +31,7 @@ def convert(
     concrete_args: dict[str, Any] | None = None,
     warn_lost_relevance: bool = False,
     fold_batch_norm: bool = True,
+    capture: str = "auto",
 ) -> Explainer:
     """Return a module that computes ``model``'s outputs and propagates relevance in backward.
 
@@ -46,6 +47,12 @@ def convert(
     tensors), so that rules treat its shift as part of that layer's bias, as LRP composites and
     zennit's canonizers do. With False, BatchNorm is a layer of its own with its own rule.
     LRP-0 gives gradient x input either way.
+    ``capture``: ``"auto"`` (torch.fx symbolic tracing; each module it cannot trace - Python
+    control flow on tensor values, Hugging Face models - is run eagerly, with the same rules, its
+    branches taken per input), ``"fx"`` (tracing only: a model it cannot trace is a
+    :class:`~fxlrp.CaptureError`) or ``"eager"`` (the whole model run eagerly). ``explain.report()``
+    says which parts run eagerly. Operations without a rule inside them are named when the
+    explainer first runs them.
 
     The model is only read: its parameters are shared (detached), never modified or given
     gradients. Explanations use inference semantics (BatchNorm running statistics, no dropout).
@@ -53,10 +60,12 @@ def convert(
     if not isinstance(model, nn.Module):
         raise TypeError(f"fxlrp.convert expects an nn.Module, got {type(model).__name__}")
     composite = as_composite(composite)
-    graph, constants = capture(model, _is_explained_module, all_scatter_functions(), concrete_args)
+    captured = capture_model(model, _is_explained_module, all_scatter_functions(), concrete_args, capture)
+    graph = captured.graph
     in_place_modules = canonicalise_in_place(graph, dict(model.named_modules()))
     modules = fold_batch_norms(graph, dict(model.named_modules())) if fold_batch_norm else None
     rewriter = Rewriter(model, graph, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
-                        in_place_modules=in_place_modules, modules=modules, constants=constants)
+                        in_place_modules=in_place_modules, modules=modules, constants=captured.constants,
+                        eager_modules=captured.eager_modules)
     graph_module = rewriter.run()
-    return Explainer(graph_module, Report(type(model).__name__, rewriter.reports))
+    return Explainer(graph_module, Report(type(model).__name__, rewriter.reports, captured.eager_modules))

@@ -21,7 +21,9 @@ its gradient is used, with a warning).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -29,36 +31,26 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import functional_call
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
 import fxlrp
 from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import out_of_place_method
+from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import intercepted_calls
 from fxlrp.nodes import detached_state
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.rules import Rule
+from fxlrp.source import function_name
 
 AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
                          "__itruediv__": "__truediv__"}
 _LIBRARY_FILES = (torch.__file__.rsplit("/", 1)[0], fxlrp.__file__.rsplit("/", 1)[0])
-
-
-def _tensors(value: Any) -> list[Tensor]:
-    """Tensors inside nested tuples, lists and dicts (a plain walk: this runs for every torch call)."""
-    found, pending = [], [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, Tensor):
-            found.append(item)
-        elif isinstance(item, (tuple, list)):
-            pending.extend(item)
-        elif isinstance(item, dict):
-            pending.extend(item.values())
-    return found
 
 
 def _carries(value: Any) -> bool:
@@ -101,17 +93,55 @@ def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[L
     return LayerRunner(module), {}
 
 
+class ModuleContext:
+    """Which of the model's modules is running, so that the composite's name and type rules
+    reach the operations inside code that runs eagerly, as they reach a captured graph's nodes.
+
+    Module calls are followed by forward hooks registered for the time of one run and acting only
+    for the modules in ``names`` on the thread that made them; the model itself gets no hook."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+        self.stack: list[nn.Module] = []
+
+    @contextmanager
+    def followed(self) -> Iterator[None]:
+        thread = threading.get_ident()
+
+        def enter(module: nn.Module, args: Any) -> None:
+            if id(module) in self.names and threading.get_ident() == thread:
+                self.stack.append(module)
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            if self.stack and self.stack[-1] is module and threading.get_ident() == thread:
+                self.stack.pop()
+
+        handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, always_call=True)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.stack.clear()
+
+    def innermost(self) -> nn.Module | None:
+        return self.stack[-1] if self.stack else None
+
+
 class Interpretation:
     """Rules and bookkeeping for one run of library code under :class:`RelevanceMode`."""
 
-    def __init__(self, call: RelevanceCall) -> None:
+    def __init__(self, call: RelevanceCall, context: ModuleContext | None = None) -> None:
         self.call = call
+        self.context = context
+        self.unsupported_calls: dict[tuple[str, str], None] = {}
+        # A library call outside a conversion has no site: its own rule goes to layers.
+        self.composite = call.composite or Composite(call.rule if isinstance(call.rule, Rule) else None)
+        self.site = call.site or Site("library call", "", False, None, None, False)
         self.active = True
-        self._calls: dict[tuple[str, int], tuple[Any, RelevanceCall]] = {}
-        # Ids of tensors computed from the output of a weighted operation (kept alive while
-        # the run lasts): only a weighted operation that reads none of them is a first layer.
-        self._after_layer: set[int] = set()
-        self._kept: list[Tensor] = []
+        # The first operation the composite counts as a first layer is the first layer, as in the
+        # captured graph (the first such node in execution order).
+        self.first_layer_pending = self.site.is_first_layer
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -121,62 +151,69 @@ class Interpretation:
         finally:
             self.active = active
 
-    def rule_for(self, operation: Operation, inputs: Any) -> Any:
-        site, composite = self.call.site, self.call.composite
+    def rule_for(self, operation: Operation) -> Any:
+        """The composite's rule for this call of ``operation``, with the site of the module that
+        runs it (see :meth:`fxlrp.composites.Composite.resolve`)."""
         if operation.kind is not Kind.AFFINE:
             return None
-        if site is None or composite is None:
-            return self.call.rule if operation.weighted else (operation.default_rule or (lambda: None))()
-        counts = getattr(composite, "counts_as_first_layer", lambda name, weighted: weighted)
-        first = (site.is_first_layer and counts(operation.name, operation.weighted)
-                 and not any(id(tensor) in self._after_layer for tensor in _tensors(inputs)))
+        site, composite = self.site, self.composite
+        first = self.first_layer_pending and composite.counts_as_first_layer(operation.name, operation.weighted)
+        if first:
+            self.first_layer_pending = False
+        module = self.context.innermost() if self.context is not None else None
+        if module is None:
+            module_name, module_type, is_module_call = site.module_name, site.module_type, False
+        else:
+            # the operation a registered module (nn.Conv2d, nn.AvgPool2d) performs is that module's call
+            module_name, module_type = self.context.names[id(module)], type(module)
+            is_module_call = REGISTRY.for_module(module) is operation
         inner = dataclasses.replace(site, node_name=f"{site.node_name}.{operation.name}", operation=operation.name,
-                                    weighted=operation.weighted, is_first_layer=first, is_module_call=False)
-        rule = composite.rule_for(inner)
-        if rule is None:
-            rule = operation.default_rule() if operation.default_rule else composite.layer_rule
-        return rule
+                                    weighted=operation.weighted, module_name=module_name, module_type=module_type,
+                                    is_first_layer=first, is_module_call=is_module_call)
+        return composite.resolve(inner, operation)
 
-    def call_for(self, operation: Operation, inputs: Any) -> RelevanceCall:
-        rule = self.rule_for(operation, inputs)
-        key = (operation.name, id(rule))
-        if key not in self._calls:
+    def call_for(self, operation: Operation) -> RelevanceCall:
+        """The :class:`RelevanceCall` of this call: one per module, operation and rule, kept by the
+        enclosing call across runs, so that parameter transforms (z+'s ``w+``) are made once."""
+        rule = self.rule_for(operation)
+        module = self.context.innermost() if self.context is not None else None
+        key = (id(module), operation.name, id(rule))
+        entry = self.call.inner_calls.get(key)
+        if entry is None or entry[0] is not rule or entry[1] is not module:
             call = RelevanceCall(rule, self.call.warn_lost_relevance, site=self.call.site,
                                  composite=self.call.composite, strict=self.call.strict)
-            self._calls[key] = (rule, call)
-        return self._calls[key][1]
-
-    def track(self, operation: Operation | None, inputs: Any, result: Any) -> None:
-        if self.call.site is None or not self.call.site.is_first_layer:
-            return
-        downstream = (operation is not None and operation.weighted) or any(
-            id(tensor) in self._after_layer for tensor in _tensors(inputs))
-        if downstream:
-            for tensor in _tensors(result):
-                self._after_layer.add(id(tensor))
-                self._kept.append(tensor)
+            entry = self.call.inner_calls[key] = (rule, module, call)
+        return entry[2]
 
     def run(self, operation: Operation, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``operation``'s relevance function on this call, or the native call without one."""
         if operation.relevance is None:
-            result = function(*args, **kwargs)
-        else:
-            result = operation.relevance(self.call_for(operation, (args, kwargs)), function, *args, **kwargs)
-        self.track(operation, (args, kwargs), result)
-        return result
+            return function(*args, **kwargs)
+        return operation.relevance(self.call_for(operation), function, *args, **kwargs)
 
     def unsupported(self, name: str, result: Any) -> Any:
+        """An operation without a rule on a relevance-carrying tensor: its gradient is used; with
+        ``strict`` it is recorded, and :meth:`raise_unsupported` names every such call at the end
+        of the run."""
         where = _caller()
         if self.call.strict:
-            raise UnsupportedOperationError(
-                f"fxlrp has no LRP rule for {name} on a relevance-carrying tensor inside "
-                f"{self.call.site.module_name if self.call.site else 'a library call'}\n  at {where}\n"
-                "Register a rule for it (see docs/extending.md), or pass strict=False to let relevance "
-                "follow its gradient."
-            )
+            self.unsupported_calls[(name, where)] = None
+            return result
         warnings.warn(f"fxlrp: relevance follows the gradient through {name} (no LRP rule) at {where}",
                       stacklevel=2)
         return result
+
+    def raise_unsupported(self) -> None:
+        if not self.unsupported_calls:
+            return
+        inside = self.call.site.module_name if self.call.site and self.call.site.module_name else "the model"
+        listing = "\n".join(f"  - {name}  at {where}" for name, where in self.unsupported_calls)
+        raise UnsupportedOperationError(
+            f"fxlrp has no LRP rule for {len(self.unsupported_calls)} operation(s) on relevance-carrying "
+            f"tensors inside {inside} (run eagerly):\n{listing}\n"
+            "Register a rule for them (see docs/extending.md), or pass strict=False to let relevance "
+            "follow their gradient."
+        )
 
 
 def _lookup(function: Any) -> tuple[Operation | None, Any, str | None]:
@@ -208,15 +245,15 @@ class RelevanceMode(TorchFunctionMode):
         kwargs = kwargs or {}
         interpretation = self.interpretation
         if not interpretation.active or not _carries((args, kwargs)):
-            result = function(*args, **kwargs)
-            if interpretation.active:
-                interpretation.track(None, (args, kwargs), result)
-            return result
+            source = REGISTRY.for_function(function) if interpretation.active else None
+            if source is not None and source.source:  # an embedding lookup: relevance starts here
+                return interpretation.run(source, function, args, kwargs)
+            return function(*args, **kwargs)
         operation, runnable, in_place = _lookup(function)
         if operation is None:
             result = function(*args, **kwargs)
             if _carries(result):
-                return interpretation.unsupported(getattr(function, "__qualname__", repr(function)), result)
+                return interpretation.unsupported(function_name(function), result)
             return result
         if in_place is None:
             return interpretation.run(operation, runnable, args, kwargs)
@@ -259,7 +296,24 @@ def interpret(call: RelevanceCall, function: Callable[..., Any], *args: Any, **k
     operation on relevance-carrying tensors explained by its registry entry."""
     if not torch.is_grad_enabled() or not _carries((args, kwargs)):
         return function(*args, **kwargs)
-    interpretation = Interpretation(call)
-    with intercepted_calls(intercepted_functions(), _leaf_function_handler(interpretation)):
-        with RelevanceMode(interpretation):
-            return function(*args, **kwargs)
+    return run_interpreted(call, function, *args, **kwargs)
+
+
+def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``function`` under :class:`RelevanceMode`; for a :class:`LayerRunner` the composite's
+    name and type rules follow the module calls inside it. With ``call.strict``, operations
+    without a rule are named together once the run is over."""
+    context = None
+    if isinstance(function, LayerRunner):
+        prefix = call.site.module_name + "." if call.site is not None and call.site.module_name else ""
+        context = ModuleContext({id(module): (prefix + name).rstrip(".")
+                                 for name, module in function.module.named_modules()})
+    interpretation = Interpretation(call, context)
+    with contextlib.ExitStack() as stack:
+        if context is not None:
+            stack.enter_context(context.followed())
+        stack.enter_context(intercepted_calls(intercepted_functions(), _leaf_function_handler(interpretation)))
+        stack.enter_context(RelevanceMode(interpretation))
+        result = function(*args, **kwargs)
+    interpretation.raise_unsupported()
+    return result

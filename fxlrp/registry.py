@@ -59,6 +59,10 @@ class Operation:
     leaf: bool = False
     """Whether capture records calls of ``functions`` as single nodes instead of tracing into them
     (library functions with Python control flow on tensor values)."""
+    source: bool = False
+    """Whether relevance starts at its output although its arguments carry none (an embedding
+    lookup of token ids, the input layer of a language model): code run eagerly routes its calls
+    to ``relevance`` even then."""
 
 
 class Registry:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from fxlrp.rewrite import NodeReport
 
-EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance"}
+EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance", "eager"}
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,18 @@ class Report:
 
     model_name: str
     rows: Sequence[NodeReport]
+    eager_modules: Mapping[str, str] = field(default_factory=dict)
+    """Modules torch.fx could not trace, run eagerly (``""``: the whole model), with its reason."""
+
+    @property
+    def capture(self) -> str:
+        """Which capture path took which part of the model."""
+        if not self.eager_modules:
+            return "captured by torch.fx"
+        if "" in self.eager_modules:
+            return f"run eagerly as a whole ({self.eager_modules['']})"
+        parts = "; ".join(f"{name} ({reason})" for name, reason in self.eager_modules.items())
+        return f"captured by torch.fx, except {len(self.eager_modules)} module(s) run eagerly: {parts}"
 
     @property
     def coverage(self) -> float:
@@ -39,6 +51,7 @@ class Report:
         lines.insert(1, "-" * len(lines[0]))
         counts = ", ".join(f"{count} {handling}" for handling, count in sorted(self.counts.items()))
         lines.append(f"{self.model_name}: {len(self.rows)} nodes ({counts}); coverage {self.coverage:.2%}")
+        lines.append(self.capture)
         return "\n".join(lines)
 
 

@@ -12,12 +12,13 @@ from torch import fx, nn
 
 from fxlrp.call import RelevanceCall
 from fxlrp.composites import Composite, Site
+from fxlrp.eager import EAGER
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place
 from fxlrp.operations.helpers import method
 from fxlrp.registry import Kind, Operation
 from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance
-from fxlrp.source import source_line
+from fxlrp.source import function_name, source_line
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ def describe_target(node: fx.Node) -> str:
     if node.op == "call_method":
         return f".{node.target}()"
     if node.op == "call_function":
-        return getattr(node.target, "__qualname__", None) or getattr(node.target, "__name__", str(node.target))
-    return str(node.target)
+        return function_name(node.target)
+    return str(node.target) or "(the whole model)"
 
 
 def is_container_method(node: fx.Node) -> bool:
@@ -71,9 +72,11 @@ class Rewriter:
 
     def __init__(self, model: nn.Module, graph: fx.Graph, composite: Composite, *, strict: bool,
                  warn_lost_relevance: bool, in_place_modules: set[str],
-                 modules: dict[str, nn.Module] | None = None, constants: dict[str, Any] | None = None) -> None:
+                 modules: dict[str, nn.Module] | None = None, constants: dict[str, Any] | None = None,
+                 eager_modules: dict[str, str] | None = None) -> None:
         self.model = model
         self.constants = constants or {}
+        self.eager_modules = eager_modules or {}
         self.graph = graph
         self.composite = composite
         self.strict = strict
@@ -97,7 +100,7 @@ class Rewriter:
             if node.op == "get_attr":
                 self._own_attribute(node)
                 continue
-            operation = find_operation(node, self.modules)
+            operation = self._operation_of(node)
             if operation is None:
                 if node.op == "call_function" and node.target is getattr or is_container_method(node):
                     self._report(node, "container", "container")
@@ -123,11 +126,18 @@ class Rewriter:
         self.graph.lint()
         return fx.GraphModule(self.root, self.graph, class_name=f"Explained{type(self.model).__name__}")
 
+    def _operation_of(self, node: fx.Node) -> Operation | None:
+        if node.op == "call_module" and node.target in self.eager_modules:
+            return EAGER
+        return find_operation(node, self.modules)
+
     def _first_weighted_node(self, carrying: set[fx.Node]) -> fx.Node | None:
         for node in self.graph.nodes:
             if node not in carrying:  # a layer that relevance reaches, not a parameter transform
                 continue
-            operation = find_operation(node, self.modules)
+            operation = self._operation_of(node)
+            if operation is EAGER:  # the first layer may be inside: it is found as the part runs
+                return node
             if operation is not None and self.composite.counts_as_first_layer(operation.name, operation.weighted):
                 return node
         return None
@@ -166,13 +176,9 @@ class Rewriter:
 
     def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool) -> None:
         module_name, module_type = enclosing_module(node, self.modules)
-        rule = None
         site = Site(node.name, operation.name, operation.weighted, module_name, module_type,
                     is_first_layer, is_module_call=node.op == "call_module")
-        if operation.kind is Kind.AFFINE:
-            rule = self.composite.rule_for(site)
-            if rule is None:
-                rule = operation.default_rule() if operation.default_rule else self.composite.layer_rule
+        rule = self.composite.resolve(site, operation)
         call = RelevanceCall(rule, self.warn_lost_relevance, site=site, composite=self.composite,
                              strict=self.strict, sole_consumer=self._sole_consumer_of_rule_output(node))
         if node.op == "call_module":
@@ -184,6 +190,9 @@ class Rewriter:
         else:
             function, keywords = node.target, {}
         self._install(node, RelevanceNode(operation, call, function, keywords))
+        if operation is EAGER:
+            self._report(node, operation.name, "eager", "chosen per operation as it runs")
+            return
         handling = "rule" if operation.kind is Kind.AFFINE else (
             "identity" if operation.kind is Kind.PASS else "native")
         self._report(node, operation.name, handling, rule)
@@ -218,7 +227,7 @@ class Rewriter:
     def _report(self, node: fx.Node, operation: str, handling: str, rule: Any = None) -> None:
         self.reports.append(NodeReport(
             node.name, describe_target(node), operation, handling,
-            "" if rule is None else repr(rule), source_line(node)))
+            "" if rule is None else rule if isinstance(rule, str) else repr(rule), source_line(node)))
 
     def _unsupported(self, nodes: list[fx.Node]) -> None:
         listing = "\n".join(

@@ -23,3 +23,22 @@ def source_line(node: fx.Node) -> str:
         return ""
     frame = frames[-1]
     return f"{frame['file']}:{frame['line']}: {frame['code'].strip()}"
+
+
+def function_name(function: object) -> str:
+    """How the user writes ``function``: ``torch.exp``, ``Tensor.exp``, ``F.gelu``'s
+    ``torch.nn.functional.gelu``, ``operator.add``; not torch's internal class names."""
+    name = getattr(function, "__name__", None)
+    qualified = getattr(function, "__qualname__", None) or name
+    if name is None:
+        return repr(function)
+    if qualified.startswith("_VariableFunctionsClass.") or getattr(torch, name, None) is function:
+        return f"torch.{name}"
+    if getattr(torch.Tensor, name, None) is function or qualified.startswith("TensorBase."):
+        return f"Tensor.{name}"
+    if getattr(torch.nn.functional, name, None) is function:
+        return f"torch.nn.functional.{name}"
+    module = getattr(function, "__module__", None)
+    if module == "_operator":
+        return f"operator.{name}"
+    return f"{module}.{qualified}" if module and module != "builtins" else qualified

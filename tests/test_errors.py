@@ -63,11 +63,11 @@ def test_non_strict_warns_and_follows_the_gradient() -> None:
 
 def test_data_dependent_control_flow_raises_capture_error_with_line_and_advice() -> None:
     with pytest.raises(fxlrp.CaptureError) as error:
-        fxlrp.convert(DataDependent())
+        fxlrp.convert(DataDependent(), capture="fx")
     message = str(error.value)
     assert "DataDependent" in message
     assert "test_errors.py" in message and "if hidden.sum() > 0:" in message
-    assert "concrete_args" in message and "What you can do" in message
+    assert "concrete_args" in message and "What you can do" in message and "capture='auto'" in message
     assert isinstance(error.value, fxlrp.FxlrpError)
 
 

@@ -462,8 +462,8 @@ def test_report_names_rule_of_each_operation() -> None:
     rows = {row.target: row for row in fxlrp.convert(model, Epsilon(0.5)).report().rows}
     assert rows["layer"].operation == "linear" and "0.5" in rows["layer"].rule
     assert "epsilon=0.0" in rows[".sum()"].rule
-    assert rows["relu"].handling == "native"
-    assert rows["mul"].operation.startswith("mul")
+    assert rows["torch.nn.functional.relu"].handling == "native"
+    assert rows["operator.mul"].operation.startswith("mul")
 
 
 def test_operators_are_recorded_by_identity() -> None:

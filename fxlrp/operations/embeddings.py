@@ -52,6 +52,7 @@ register(
         modules=(nn.Embedding,),
         relevance=lookup,
         module_function=embedding_module,
+        source=True,
         description="embedding lookup: the input layer of token ids; relevance ends at its output",
     )
 )
@@ -140,6 +141,7 @@ register(
         modules=(nn.EmbeddingBag,),
         relevance=embedding_bag,
         module_function=embedding_bag_module,
+        source=True,
         default_rule=proportional,
         description="embedding bag: token lookups (relevance sources) summed or averaged per bag (z-rule), "
         "or their maximum (winner takes all)",

@@ -1,0 +1,45 @@
+"""The second capture path: parts of a model torch.fx cannot trace are explained by running them.
+
+torch.fx records a forward by running it on symbolic values, so Python that looks at a tensor's
+value (``if x.sum() > 0``, Hugging Face's mask construction, ``int(index.max())``) cannot be
+recorded. Capture then makes the innermost module whose tracing failed a single node of the
+graph (the whole model if its own ``forward`` fails) and traces the rest again; at explanation
+time such a node runs its module's real code on real tensors under
+:class:`~fxlrp.interpret.RelevanceMode`, which sends every torch operation on relevance-carrying
+tensors to the relevance function the registry holds for it. So:
+
+- the same registry and the same rules as the graph (no second set of operations);
+- branches are taken per input, as the model takes them;
+- the composite's name, type and first-layer rules follow the module calls inside
+  (:class:`~fxlrp.interpret.ModuleContext`);
+- ``strict=True`` names every operation without a rule with its source line, when the explainer
+  first runs (a part run eagerly is only seen when it runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fxlrp.call import RelevanceCall
+from fxlrp.capture import EXTRA_KEYWORDS
+from fxlrp.interpret import LayerRunner, layer_runner, run_interpreted
+from fxlrp.registry import Kind, Operation, register
+
+
+def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: Any) -> Any:
+    """Relevance function of a part run eagerly: its module's forward under the relevance mode,
+    whether or not its inputs carry relevance (token ids do not; their embedding starts it)."""
+    kwargs = {**kwargs, **(kwargs.pop(EXTRA_KEYWORDS, None) or {})}
+    return run_interpreted(call, runner, *args, **kwargs)
+
+
+EAGER = register(
+    Operation(
+        "eager",
+        Kind.NATIVE,
+        relevance=run_eagerly,
+        module_function=layer_runner,
+        description="a module torch.fx cannot trace, run eagerly: each torch operation inside gets the "
+        "rule the registry and the composite give it, decided as it runs",
+    )
+)

@@ -1,0 +1,185 @@
+"""The second capture path: modules torch.fx cannot trace run eagerly, with the same rules.
+
+References: gradient x input for LRP-0 (float64), and the same network written so that torch.fx
+can trace it, explained through the graph with the same composite (name, type and first-layer
+rules included): the eager path must give the graph path's relevance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import LRP0, gradient_times_input, onehot_relevance, relative_error
+from torch import nn
+
+import fxlrp
+from fxlrp.composites import Composite, EpsilonGammaBox, EpsilonPlusFlat
+from fxlrp.rules import Epsilon, ZPlus
+
+
+class Branchy(nn.Module):
+    """A branch on the input's value: torch.fx cannot record it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.positive, self.negative = nn.Linear(4, 6), nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x):
+        hidden = torch.relu(self.first(x))
+        if x.sum() > 0:
+            return self.positive(hidden)
+        return self.negative(hidden) * 2 - hidden.sum(dim=1, keepdim=True)
+
+
+class Wrapped(nn.Module):
+    """Traceable layers around a part that is not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.inner, self.head = nn.Linear(4, 4), Branchy(), nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.inner(torch.relu(self.stem(x))) + 0.5))
+
+
+@pytest.mark.parametrize("model_type", [Branchy, Wrapped])
+def test_a_branch_on_the_input_is_taken_per_input(model_type: type[nn.Module]) -> None:
+    torch.manual_seed(0)
+    model = model_type().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    taken = set()
+    for sign in (1.0, -1.0):
+        x = sign * torch.rand(3, 4, dtype=torch.float64) + sign * 0.1
+        taken.add(bool(x.sum() > 0))
+        with torch.no_grad():
+            assert torch.equal(explain(x), model(x))
+        relevance = fxlrp.attribute(explain, x, target=1)
+        [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+        assert relative_error(relevance, expected) < 1e-12
+    assert taken == {True, False}
+
+
+def test_report_says_which_part_runs_eagerly() -> None:
+    report = fxlrp.convert(Wrapped()).report()
+    handling = {row.name: row.handling for row in report.rows}
+    assert handling["inner"] == "eager" and handling["stem"] == "rule" and handling["head"] == "rule"
+    assert report.capture.startswith("captured by torch.fx, except 1 module(s) run eagerly: inner")
+    assert "control flow" in report.capture
+    whole = fxlrp.convert(Branchy()).report()
+    assert whole.capture.startswith("run eagerly as a whole")
+
+
+class Network(nn.Module):
+    """Conv -> ReLU -> conv -> ReLU -> avg pool -> linear; ``branch`` adds a data-dependent
+    branch that picks the same computation either way, so that torch.fx cannot trace it but the
+    values are those of the traceable twin."""
+
+    def __init__(self, branch: bool) -> None:
+        super().__init__()
+        self.branch = branch
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 5, 3), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(5, 3)
+
+    def forward(self, x):
+        features = self.features(x)
+        if self.branch and bool(features.amax() < -1e9):  # never taken, but only known at run time
+            features = features * 0
+        return self.classifier(torch.flatten(self.pool(features), 1) + features.mean())
+
+
+COMPOSITES = {
+    "EpsilonPlusFlat": lambda: EpsilonPlusFlat(),
+    "EpsilonGammaBox": lambda: EpsilonGammaBox(-1.0, 1.0),
+    "name and type rules": lambda: Composite(
+        Epsilon(0.25), name_rules={"features.2": ZPlus()}, type_rules={nn.Linear: Epsilon(0.5)},
+        operation_rules={"mean": Epsilon(0.1)}),
+}
+
+
+@pytest.mark.parametrize("composite", list(COMPOSITES))
+@pytest.mark.parametrize("path", ["auto", "eager"])
+def test_rules_inside_an_eager_part_are_those_of_the_graph(composite: str, path: str) -> None:
+    torch.manual_seed(1)
+    traceable, branchy = Network(branch=False).double().eval(), Network(branch=True).double().eval()
+    branchy.load_state_dict(traceable.state_dict())
+    x = torch.rand(2, 3, 7, 7, dtype=torch.float64) * 2 - 1
+    expected = fxlrp.attribute(fxlrp.convert(traceable, COMPOSITES[composite]()), x, target=2)
+    explain = fxlrp.convert(branchy, COMPOSITES[composite](), capture=path)
+    assert "eager" in explain.report().capture
+    assert relative_error(fxlrp.attribute(explain, x, target=2), expected) < 1e-12
+
+
+def test_capture_fx_refuses_what_it_cannot_trace_and_eager_takes_everything() -> None:
+    with pytest.raises(fxlrp.CaptureError, match="control flow"):
+        fxlrp.convert(Branchy(), capture="fx")
+    with pytest.raises(ValueError, match="capture must be one of"):
+        fxlrp.convert(Branchy(), capture="dynamo")
+    torch.manual_seed(2)
+    model = Network(branch=False).double().eval()
+    x = torch.rand(2, 3, 7, 7, dtype=torch.float64)
+    graph = fxlrp.attribute(fxlrp.convert(model, LRP0), x, target=0)
+    eager = fxlrp.convert(model, LRP0, capture="eager")
+    assert eager.report().capture.startswith("run eagerly as a whole")
+    assert relative_error(fxlrp.attribute(eager, x, target=0), graph) < 1e-12
+
+
+class Unexplainable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x):
+        hidden = self.layer(x)
+        if hidden.sum() > -1e9:  # always taken, but torch.fx cannot know
+            hidden = torch.exp(hidden)  # no LRP rule
+        return torch.logsumexp(hidden, dim=1)  # no LRP rule either
+
+
+def test_strict_names_every_operation_without_a_rule_with_its_line() -> None:
+    explain = fxlrp.convert(Unexplainable())
+    x = torch.ones(2, 4)
+    with pytest.raises(fxlrp.UnsupportedOperationError) as error:
+        fxlrp.attribute(explain, x, target=None)
+    message = str(error.value)
+    assert "2 operation(s)" in message
+    assert "torch.exp " in message and "torch.logsumexp " in message
+    assert "test_eager_capture.py" in message and "torch.exp(hidden)" in message
+    with pytest.warns(UserWarning, match="follows the gradient"):
+        fxlrp.attribute(fxlrp.convert(Unexplainable(), strict=False), x, target=None)
+
+
+class CountingTokens(nn.Module):
+    """Token ids, a forward that counts its calls and caches, and a branch on the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(9, 4)
+        self.layer = nn.Linear(4, 3)
+        self.calls = 0
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def forward(self, ids):
+        self.calls += 1
+        embedded = self.tokens(ids)
+        if int(ids.max()) > 4:
+            embedded = F.relu(embedded)
+        self.cache["last"] = embedded
+        return self.layer(embedded).sum(dim=1)
+
+
+def test_token_ids_through_an_eager_model_and_the_model_is_untouched() -> None:
+    torch.manual_seed(3)
+    model = CountingTokens().double().eval()
+    ids = torch.tensor([[1, 7, 3], [2, 2, 8]])
+    state = {name: value.clone() for name, value in model.state_dict().items()}
+    explain = fxlrp.convert(model, LRP0)
+    relevance = fxlrp.attribute(explain, ids, target=0)
+    assert model.calls == 1 and set(model.cache) == {"last"}  # the explanation ran the model's forward once
+    embedded = model.tokens(ids).detach().requires_grad_()
+    output = model.layer(F.relu(embedded)).sum(dim=1)
+    [gradient] = torch.autograd.grad(output, [embedded], onehot_relevance(output, 0) / output.detach())
+    assert relative_error(relevance, (embedded * gradient).detach().sum(dim=-1)) < 1e-12
+    assert all(torch.equal(model.state_dict()[name], value) for name, value in state.items())
+    assert all(parameter.grad is None for parameter in model.parameters())
