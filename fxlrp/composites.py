@@ -14,8 +14,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fxlrp.attention_rules import Product
+from fxlrp.attention_rules import PRODUCT_OPERATIONS, Product, SoftmaxRule
 from fxlrp.registry import Kind, Operation
+from fxlrp.relevance.roles import ACTIVATION, ATTENTION, GATE
 from fxlrp.rules import (
     AlphaBeta,
     Epsilon,
@@ -263,6 +264,56 @@ class EpsilonGammaBox(_EpsilonAndConvolutionComposite):
 
     def first_layer_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
         return ZBox(self.low, self.high, stabilizer, zero_params)
+
+
+class AttnLRP(Composite):
+    r"""AttnLRP (Achtibat et al., ICML 2024) with LXT's definitions, for transformers.
+
+    - layers with weights (linear projections, the LM head): :class:`~fxlrp.rules.Epsilon`;
+    - softmax: :class:`~fxlrp.attention_rules.SoftmaxRule`, ``R_x = x (R - s \sum R)``;
+    - products of relevance-carrying tensors (``q k^T``, attention weights times values, the
+      gating product ``act(x W_g) * (x W_u)`` of SwiGLU/GeGLU): the uniform rule, each factor
+      ``R / 2`` (:class:`~fxlrp.attention_rules.Product`); a sigmoid gate (squeeze-excitation)
+      stays a gate;
+    - LayerNorm and RMSNorm: the identity rule on ``sigma`` (the z-rule on the affine map that
+      remains); smooth activations: the identity rule; sums and residual additions: the z-rule.
+
+    ``epsilon=0.0`` is LXT's efficient mode, whose Gradient x Input framework has no
+    stabiliser. Usable on any transformer fxlrp converts: Hugging Face's, torchvision's ViT and
+    Swin. ``overrides``: ``name_rules``, ``type_rules``, ``operation_rules`` taking precedence.
+    """
+
+    def __init__(self, epsilon: Stabiliser = 1e-6, **overrides: Any) -> None:
+        self.epsilon = epsilon
+        operations: dict[str, Rule] = {name: self.product_rule(epsilon) for name in PRODUCT_OPERATIONS}
+        operations["softmax"] = SoftmaxRule()
+        operations.update(self.attention_rules())
+        operations.update(overrides.pop("operation_rules", None) or {})
+        super().__init__(Epsilon(epsilon), operation_rules=operations, **overrides)
+
+    def product_rule(self, epsilon: Stabiliser) -> Product:
+        return Product(epsilon)
+
+    def attention_rules(self) -> dict[str, Rule]:
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(epsilon={self.epsilon!r})"
+
+
+class CPLRP(AttnLRP):
+    r"""CP-LRP (Ali et al., ICML 2022) with LXT's definitions: :class:`AttnLRP`, except that
+    attention weights and the gating factor of SwiGLU/GeGLU are constants, so the values (and the
+    gated signal ``x W_u``) take all of the product's relevance and none enters the softmax or the
+    gate. Graph attention (GAT's softmax over edges) is a constant too."""
+
+    def product_rule(self, epsilon: Stabiliser) -> Product:
+        return Product(epsilon, constants=(GATE, ATTENTION, ACTIVATION))
+
+    def attention_rules(self) -> dict[str, Rule]:
+        from fxlrp.operations.graph import GRAPH_SOFTMAX, AttentionAsConstant  # the operation's own rule class
+
+        return {GRAPH_SOFTMAX: AttentionAsConstant()}
 
 
 def default_composite() -> Composite:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import module_as_function, passes
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.roles import ACTIVATION
 from fxlrp.relevance.rule_function import hand_over_activation, rectify_in_place
 
 
@@ -116,7 +117,7 @@ register(
         ),
         methods=("tanh",),
         modules=SMOOTH_ACTIVATION_MODULES,
-        relevance=passes((0,), recomputable=True),
+        relevance=passes((0,), recomputable=True, role=ACTIVATION),
         module_function=module_as_function,
         description="smooth activations: identity rule, R_in = R_out",
     )

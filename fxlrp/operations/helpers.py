@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from fxlrp.call import RelevanceCall
 from fxlrp.relevance import apply_pass
+from fxlrp.relevance.roles import mark
 
 
 def bind(function: Callable[..., Tensor], kwargs: dict[str, Any]) -> Callable[..., Tensor]:
@@ -40,13 +41,17 @@ def weighted(
     return call.affine(call.layer(layer_function, weight, bias, has_parameters=True), input)
 
 
-def passes(receivers: tuple[int, ...] | None, recomputable: bool = False) -> Callable[..., Tensor]:
+def passes(
+    receivers: tuple[int, ...] | None, recomputable: bool = False, role: str | None = None
+) -> Callable[..., Tensor]:
     """Identity rule: relevance goes unchanged to ``receivers`` (equal shares when several
     carry relevance; all relevance-carrying arguments when None). ``recomputable``: the operation
-    is a pure elementwise map, whose output a following rule may recompute instead of keeping it."""
+    is a pure elementwise map, whose output a following rule may recompute instead of keeping it.
+    ``role``: marks the output (see :mod:`fxlrp.relevance.roles`) for the products it enters."""
 
     def relevance(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any):
-        return apply_pass(bind(function, kwargs), receivers, *args, recomputable=recomputable)
+        output = apply_pass(bind(function, kwargs), receivers, *args, recomputable=recomputable)
+        return output if role is None else mark(output, role)
 
     return relevance
 

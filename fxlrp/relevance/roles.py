@@ -20,6 +20,9 @@ GATE = "gate"
 """Output of a sigmoid-like squashing function, in [0, 1], that multiplies a signal."""
 ATTENTION = "attention"
 """Output of a softmax: attention weights."""
+ACTIVATION = "activation"
+"""Output of a smooth activation (GELU, SiLU, ...): in ``act(x W_gate) * (x W_up)`` (SwiGLU,
+GeGLU) the gating factor; CP-LRP treats it as a constant, AttnLRP shares uniformly."""
 
 _ATTRIBUTE = "_fxlrp_role"
 
