@@ -87,12 +87,16 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
     """The relevance to start from: the output times a one-hot mask of ``target``.
 
     ``target`` may be a class index, a tensor of one index per sample, None (each sample's
-    highest output) or a tensor of the output's shape (taken as the relevance itself).
+    highest output), a pair ``(a, b)`` of class indices (a contrast: ``R = out_a e_a - out_b e_b``,
+    the relevance of logit ``a`` minus logit ``b``, e.g. two candidate next tokens) or a tensor of
+    the output's shape (taken as the relevance itself).
     """
     if isinstance(target, Tensor) and target.shape == output.shape and target.is_floating_point():
         return target
     if output.dim() == 0:
         return output.detach().clone()
+    if isinstance(target, tuple) and len(target) == 2:
+        return output_relevance(output, target[0]) - output_relevance(output, target[1])
     if target is None:
         target = output.detach().argmax(dim=-1)
     mask = torch.zeros_like(output)
@@ -122,7 +126,9 @@ def attribute(
     senders/receivers, settings) are passed as they are and get ``None``.
     ``target``: see :func:`output_relevance`.
     ``output``: picks the explained tensor from the model's output (e.g.
-    ``lambda graphs: graphs.global_features``); by default the output itself.
+    ``lambda graphs: graphs.global_features``); by default the output itself, or for a model
+    output with ``logits`` (Hugging Face) the logits, of the last position where they are given
+    per position (a causal LM: the next token; pass ``output=`` for another position).
     ``nodes``: names of intermediate nodes (rows of ``explain.report()``, e.g. ``"layer1_0_relu"``
     or a GNN's per-edge message node) whose output relevance is wanted too; then the result is
     ``(input_relevance, {name: relevance of that node's output})``. A node's relevance is
@@ -139,7 +145,7 @@ def attribute(
             result, recorded = explain(*leaves), {}
         else:
             result, recorded = explain.run_recording(list(nodes), *leaves)
-        explained = output(result) if output is not None else result
+        explained = output(result) if output is not None else _logits(result)
         if not isinstance(explained, Tensor):
             raise TypeError(
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
@@ -171,6 +177,16 @@ def attribute(
     if nodes is None:
         return input_result
     return input_result, node_relevance
+
+
+def _logits(result: Any) -> Any:
+    """The tensor to explain when no ``output=`` is given: the output itself; a model output with
+    ``logits`` (Hugging Face's), its logits - of the last position if they are per position
+    ``[batch, length, vocabulary]``, which is a causal language model's next-token prediction."""
+    logits = getattr(result, "logits", None) if not isinstance(result, Tensor) else None
+    if not isinstance(logits, Tensor):
+        return result
+    return logits[:, -1] if logits.dim() == 3 else logits
 
 
 def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:

@@ -149,3 +149,40 @@ def test_inputs_that_cannot_receive_relevance_are_named() -> None:
 
     with pytest.raises(ValueError, match="none of the inputs can receive relevance"):
         fxlrp.attribute(fxlrp.convert(Counter(), strict=False), torch.tensor([[1, 2]]))
+
+
+def test_a_contrastive_target_is_the_difference_of_two_explanations() -> None:
+    torch.manual_seed(4)
+    model = TokenModel(SPELLINGS["nn.Embedding"]).double().eval()
+    ids = ids_batch()
+    explain = fxlrp.convert(model, LRP0)
+    contrast = fxlrp.attribute(explain, ids, target=(2, 0))
+    expected = gradient_times_embedding(model, ids, 2) - gradient_times_embedding(model, ids, 0)
+    assert relative_error(contrast, expected.sum(dim=-1)) < TOLERANCE
+
+
+class Output:
+    """A model output with logits per position, as Hugging Face's causal LMs return it."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+class CausalModel(TokenModel):
+    def forward(self, ids):
+        return Output(self.head(torch.relu(self.hidden(self.embed(ids)))))
+
+
+def test_a_causal_lm_output_explains_the_next_token_at_the_last_position() -> None:
+    torch.manual_seed(5)
+    model = CausalModel(SPELLINGS["nn.Embedding"]).double().eval()
+    ids = ids_batch()
+    explain = fxlrp.convert(model, LRP0, capture="eager")
+    relevance = fxlrp.attribute(explain, ids)  # target None: the predicted token at the last position
+    embedded = model.embed(ids).detach().requires_grad_()
+    last = model.head(torch.relu(model.hidden(embedded)))[:, -1]
+    seed = onehot_relevance(last, 0) * 0
+    seed.scatter_(1, last.argmax(1, keepdim=True), last.gather(1, last.argmax(1, keepdim=True)))
+    [gradient] = torch.autograd.grad(last, [embedded], seed / last.detach())
+    assert relative_error(relevance, (embedded * gradient).detach().sum(-1)) < TOLERANCE
+    assert relevance[:, :-1].abs().max() == 0  # this toy model mixes no positions
