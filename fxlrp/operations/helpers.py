@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from fxlrp.call import RelevanceCall
@@ -74,3 +75,12 @@ def method(name: str) -> Callable[..., Any]:
 
     call_method.__name__ = name
     return call_method
+
+
+def held_constant(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run the operation outside autograd: its output is a constant of the explanation and
+    receives no relevance. For maps whose derivative is 0 almost everywhere (sign, floor: a
+    product with them is a gate on the other factor) and for statistics a normalisation divides
+    by (held constant as LayerNorm's sigma is)."""
+    with torch.no_grad():
+        return function(*args, **kwargs)

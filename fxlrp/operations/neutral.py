@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxlrp.operations.helpers import identity
+from fxlrp.operations.helpers import held_constant, identity
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.roles import keep_role
 
@@ -127,14 +127,6 @@ register(
         description="shapes, indices, comparisons, tensor creation: carry no relevance",
     )
 )
-
-
-def held_constant(call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run the operation outside autograd: its output is a constant of the explanation. Its
-    derivative is 0 almost everywhere, so neither gradient x input nor any LRP rule sends
-    relevance into it, and a product with it is a gate on the other factor (``sign(h) * h``)."""
-    with torch.no_grad():
-        return function(*args, **kwargs)
 
 
 register(

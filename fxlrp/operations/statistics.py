@@ -31,15 +31,9 @@ import torch
 from torch import Tensor
 
 from fxlrp.call import RelevanceCall
-from fxlrp.operations.helpers import affine
+from fxlrp.operations.helpers import affine, held_constant
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
-
-
-def held_constant(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """The statistic computed outside autograd: a constant of the explanation, ``R = 0`` for it."""
-    with torch.no_grad():
-        return function(*args, **kwargs)
 
 
 def spread_and_mean(
