@@ -26,19 +26,6 @@ _LIBRARY_DIRECTORIES = tuple(
 _GENERATED_BY_FXLRP = "<fxlrp "  # code objects fxlrp compiles (fxlrp/leaf_functions.py)
 
 
-LIBRARY_CONCRETE_ARGS: dict[type, dict[str, Any]] = {}
-"""Arguments of library model classes that only steer Python control flow and that capture fixes
-to their usual value (integrations fill this, e.g. PyG's BasicGNN sampling arguments = None).
-Applies to the converted model's own class and its subclasses; the user's ``concrete_args`` win."""
-
-
-def _library_concrete_args(model: nn.Module) -> dict[str, Any]:
-    fixed: dict[str, Any] = {}
-    for base in reversed(type(model).__mro__):
-        fixed.update(LIBRARY_CONCRETE_ARGS.get(base, {}))
-    return fixed
-
-
 def innermost_user_frame() -> str:
     """The innermost caller outside torch and fxlrp, in traceback format, as long as it runs
     inside a ``forward`` (as torch.fx's own stack traces require); '' otherwise.
@@ -160,7 +147,7 @@ def capture(
     if path == "eager":
         return Capture(whole_model_graph(model), eager_modules={"": "capture='eager' was asked for"})
     leaves = (*leaf_functions, *REGISTRY.leaf_functions())
-    concrete_args = {**_library_concrete_args(model), **(concrete_args or {})} or None
+    concrete_args = {**REGISTRY.fixed_arguments(model), **(concrete_args or {})} or None
     eager: dict[str, str] = {}
     while True:
         tracer = RelevanceTracer(is_explained_module, leaves, eager)

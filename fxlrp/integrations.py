@@ -23,6 +23,13 @@ INTEGRATIONS = {
 _attempted: set[str] = set()
 
 
+def register_integration(library: str, integration: str) -> None:
+    """Load the module ``integration`` (which registers operations with
+    :func:`fxlrp.registry.register`, ``REGISTRY.extend`` or ``REGISTRY.fix_arguments``) whenever
+    a model is converted while ``library`` is imported. This is the whole plug-in interface."""
+    INTEGRATIONS[library] = integration
+
+
 def load_integrations() -> None:
     """Import the integration of every library in :data:`INTEGRATIONS` that is already imported."""
     for library, integration in INTEGRATIONS.items():

@@ -59,6 +59,10 @@ class Operation:
     leaf: bool = False
     """Whether capture records calls of ``functions`` as single nodes instead of tracing into them
     (library functions with Python control flow on tensor values)."""
+    index_arguments: tuple[int, ...] = ()
+    """Positions of the arguments of ``functions`` that are indices (``scatter(src, index)``: 1):
+    they select values but carry no relevance of their own (see :mod:`fxlrp.relevance_flow`).
+    Keyword arguments named ``index``, ``indptr``, ``batch``, ... are indices whatever the entry."""
     source: bool = False
     """Whether relevance starts at its output although its arguments carry none (an embedding
     lookup of token ids, the input layer of a language model): code run eagerly routes its calls
@@ -75,6 +79,7 @@ class Registry:
         self._by_method: dict[str, Operation] = {}
         self._by_module: dict[type, Operation] = {}
         self._by_base_module: dict[type, Operation] = {}
+        self._concrete_args: dict[type, dict[str, Any]] = {}
 
     def register(self, operation: Operation) -> Operation:
         if operation.name in self.operations:
@@ -121,6 +126,19 @@ class Registry:
             if base in self._by_base_module:
                 return self._by_base_module[base]
         return None
+
+    def fix_arguments(self, model_type: type[nn.Module], values: dict[str, Any]) -> None:
+        """Arguments of a library's model class that only steer Python control flow, which capture
+        fixes to these values (PyG's BasicGNN: the sampling arguments = None). They apply to the
+        class and its subclasses; a user's ``concrete_args`` win."""
+        self._concrete_args.setdefault(model_type, {}).update(values)
+
+    def fixed_arguments(self, model: nn.Module) -> dict[str, Any]:
+        """The arguments :meth:`fix_arguments` fixed for ``model``'s class and its bases."""
+        fixed: dict[str, Any] = {}
+        for base in reversed(type(model).__mro__):
+            fixed.update(self._concrete_args.get(base, {}))
+        return fixed
 
     def leaf_functions(self) -> tuple[Callable[..., Any], ...]:
         """Functions of operations marked ``leaf``: capture records their calls as single nodes."""

@@ -51,7 +51,7 @@ def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module
         reads_shape = node.op == "call_function" and node.target is getattr and len(node.args) > 1
         if reads_shape and node.args[1] in SHAPE_ATTRIBUTES:
             continue
-        if any(source in carrying for source in value_arguments(node)):
+        if any(source in carrying for source in value_arguments(node, operation)):
             carrying.add(node)
     return carrying
 
@@ -62,18 +62,20 @@ _INDEX_POSITION_BY_NAME = {
     "scatter_reduce": 2, "index_fill": 2, "index_copy": 2, "take_along_dim": 1, "index_put": 1,
     "repeat_interleave": 1,
 }
-_INDEX_KEYWORDS = {"index", "indices", "indptr", "repeats", "dim_size", "batch", "ptr"}
-_GRAPH_LIBRARIES = ("torch_scatter", "torch_geometric")
+_INDEX_KEYWORDS = {"index", "indices", "indptr", "repeats", "dim_size", "batch", "ptr", "num_nodes", "size"}
 
 
-def value_arguments(node: fx.Node) -> list[fx.Node]:
-    """The input nodes of ``node`` that contribute values (not indices) to its output."""
+def value_arguments(node: fx.Node, operation: Operation | None = None) -> list[fx.Node]:
+    """The input nodes of ``node`` that contribute values (not indices) to its output: the
+    registry entry's ``index_arguments`` (library functions declare theirs) or, for torch's own
+    functions and methods, the index positions of their signatures."""
     target = node.target
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    position = _INDEX_POSITION_BY_NAME.get(name)
-    if callable(target) and getattr(target, "__module__", "").startswith(_GRAPH_LIBRARIES):
-        position = 1  # torch_scatter / PyG: (src, index, ...)
-    arguments = [value for index, value in enumerate(node.args) if index != position]
+    if operation is not None and operation.index_arguments and node.op == "call_function":
+        positions = set(operation.index_arguments)
+    else:
+        positions = {_INDEX_POSITION_BY_NAME.get(name)}
+    arguments = [value for index, value in enumerate(node.args) if index not in positions]
     arguments += [value for key, value in node.kwargs.items() if key not in _INDEX_KEYWORDS]
     found: list[fx.Node] = []
     fx.node.map_arg((arguments,), found.append)

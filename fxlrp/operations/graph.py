@@ -61,6 +61,7 @@ register(
         GRAPH_SOFTMAX,
         Kind.AFFINE,
         functions=scatter_functions(("scatter_softmax",)),
+        index_arguments=(1,),
         relevance=group_softmax,
         default_rule=proportional,
         description="softmax over groups of edges (attention): AttnLRP's rule R(a) = a (R - s sum R); "

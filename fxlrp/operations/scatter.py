@@ -58,6 +58,7 @@ register(
         "scatter_sum",
         Kind.AFFINE,
         functions=scatter_functions(SUM_FUNCTIONS + MEAN_FUNCTIONS),
+        index_arguments=(1,),
         relevance=affine,
         default_rule=proportional,
         description="torch_scatter sum/mean aggregation",
@@ -67,7 +68,7 @@ register(
     Operation(
         "scatter_reduce",
         Kind.AFFINE,
-        functions=scatter_functions(REDUCE_FUNCTIONS) + (torch.scatter_reduce,),
+        functions=(torch.scatter_reduce,),
         methods=("scatter_reduce",),
         relevance=reduce_by_argument,
         default_rule=proportional,
@@ -76,9 +77,22 @@ register(
 )
 register(
     Operation(
+        "scatter",
+        Kind.AFFINE,
+        functions=scatter_functions(REDUCE_FUNCTIONS),
+        index_arguments=(1,),
+        relevance=reduce_by_argument,
+        default_rule=proportional,
+        description="torch_scatter scatter/segment with a reduce argument: sum/mean proportional, "
+        "max/min winner-take-all",
+    )
+)
+register(
+    Operation(
         "scatter_max",
         Kind.NATIVE,
         functions=scatter_functions(MAX_FUNCTIONS + INDEX_FUNCTIONS),
+        index_arguments=(1,),
         description="torch_scatter max/min (winner-take-all) and gathers",
     )
 )

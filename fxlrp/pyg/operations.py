@@ -13,7 +13,6 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.utils import scatter, softmax
 
 from fxlrp.call import RelevanceCall
-from fxlrp.capture import LIBRARY_CONCRETE_ARGS
 from fxlrp.interpret import LayerRunner, interpret, layer_runner
 from fxlrp.operations.graph import GRAPH_SOFTMAX
 from fxlrp.operations.scatter import reduce_by_argument
@@ -47,6 +46,7 @@ register(
         "pyg_scatter",
         Kind.AFFINE,
         functions=(scatter,),
+        index_arguments=(1,),
         relevance=reduce_by_argument,
         default_rule=proportional,
         leaf=True,
@@ -58,6 +58,7 @@ register(
         "global_pool",
         Kind.AFFINE,
         functions=(global_add_pool, global_mean_pool, global_max_pool),
+        index_arguments=(1,),
         relevance=interpret,
         default_rule=proportional,
         leaf=True,
@@ -69,7 +70,10 @@ REGISTRY.extend(GRAPH_SOFTMAX, functions=(softmax,))
 # PyG replaces torch.index_select with a Python wrapper (for its HashTensor) that checks the
 # dimension against input.dim(): recorded as one call, it runs natively (gradient = gather-add,
 # which routes relevance like the original).
-_pyg_index_select = getattr(importlib.import_module("torch_geometric.hash_tensor"), "_new_index_select", None)
+try:  # torch_geometric >= 2.7
+    _pyg_index_select = getattr(importlib.import_module("torch_geometric.hash_tensor"), "_new_index_select", None)
+except ImportError:
+    _pyg_index_select = None
 if _pyg_index_select is not None:
     register(
         Operation(
@@ -83,4 +87,4 @@ if _pyg_index_select is not None:
 
 # BasicGNN (GCN, GIN, GraphSAGE, GAT, ...) trims sampled mini-batches when these are given;
 # fixed to None, its forward is a plain stack of layers.
-LIBRARY_CONCRETE_ARGS[BasicGNN] = {"num_sampled_nodes_per_hop": None, "num_sampled_edges_per_hop": None}
+REGISTRY.fix_arguments(BasicGNN, {"num_sampled_nodes_per_hop": None, "num_sampled_edges_per_hop": None})
