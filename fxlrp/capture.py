@@ -7,6 +7,7 @@ import inspect
 import linecache
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -61,11 +62,16 @@ class RelevanceTracer(fx.Tracer):
         self.leaf_functions = tuple(leaf_functions)
         self.eager_modules = frozenset(eager_modules)
         self.tracing: list[str] = []
+        self.thread = threading.get_ident()
         self.failing_module: str | None = None
         """Qualified name of the innermost module whose forward was being traced when tracing
         failed ("" for the root's own code); None if the failure was outside every module."""
 
     def call_module(self, module: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if threading.get_ident() != self.thread:
+            # torch.fx routes every module call of the process through the tracer while it traces;
+            # a module another thread runs meanwhile runs as it is.
+            return forward(*args, **kwargs)
         self.tracing.append(self.path_of_module(module))
         try:
             return super().call_module(module, forward, args, kwargs)

@@ -4,8 +4,10 @@ torch.fx's own ``wrap``/``autowrap_functions`` only patch the global names of th
 module, so ``torch_scatter.scatter_add(...)``, a function stored in a dict or on a module
 attribute would still be traced into (and fail on the library's shape-dependent branches). Here
 the function object itself is patched while a context is active: its code is swapped for a
-trampoline that hands the call to the innermost active handler. However the model reaches the
-function, the call is caught.
+trampoline that hands the call to the innermost handler active on the calling thread. However
+the model reaches the function, the call is caught; a call from another thread runs the
+function's own code (tests/test_threads.py runs captures, explanations and plain library calls
+on two threads at once).
 
 Two users: capture records such calls as single graph nodes when an argument is a Proxy
 (:func:`leaf_function_calls`); integrations that interpret library code at explanation time
@@ -15,6 +17,7 @@ route them to relevance functions (:func:`intercepted_calls`). Contexts nest.
 from __future__ import annotations
 
 import functools
+import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -28,14 +31,20 @@ Handler = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any], Callabl
 """``handler(function, args, kwargs, original)``: ``original`` runs the function's own code."""
 
 # Per patched function (by id): the function, its saved code/defaults, its original code as a
-# callable, and the stack of active handlers (innermost last).
-_PATCHED: dict[int, tuple[types.FunctionType, tuple[Any, Any, Any], Callable[..., Any], list[Handler]]] = {}
+# callable, and per thread the stack of active handlers (innermost last). Handlers act only on
+# the thread that installed them: a call from any other thread runs the original code, so
+# capturing or explaining on one thread never changes what the library does on another.
+_PATCHED: dict[int, tuple[types.FunctionType, tuple[Any, Any, Any], Callable[..., Any], dict[int, list[Handler]]]] = {}
 _NAMESPACES: dict[int, tuple[dict[str, Any], int]] = {}
+_LOCK = threading.Lock()
 
 
 def _dispatch(key: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     function, _, original, handlers = _PATCHED[key]
-    return handlers[-1](function, args, kwargs, original)
+    mine = handlers.get(threading.get_ident())
+    if not mine:
+        return original(*args, **kwargs)
+    return mine[-1](function, args, kwargs, original)
 
 
 def _trampoline_code(function: types.FunctionType, key: int) -> types.CodeType:
@@ -53,15 +62,21 @@ def _compiled_trampoline(name: str, qualified_name: str, key: int) -> types.Code
 
 
 def _patch(function: types.FunctionType, handler: Handler) -> None:
+    with _LOCK:
+        _patch_locked(function, handler, threading.get_ident())
+
+
+def _patch_locked(function: types.FunctionType, handler: Handler, thread: int) -> None:
     key = id(function)
     if key in _PATCHED:
-        _PATCHED[key][3].append(handler)
+        _PATCHED[key][3].setdefault(thread, []).append(handler)
         return
     original = types.FunctionType(
         function.__code__, function.__globals__, function.__name__, function.__defaults__, function.__closure__
     )
     original.__kwdefaults__ = function.__kwdefaults__
-    _PATCHED[key] = (function, (function.__code__, function.__defaults__, function.__kwdefaults__), original, [handler])
+    saved = (function.__code__, function.__defaults__, function.__kwdefaults__)
+    _PATCHED[key] = (function, saved, original, {thread: [handler]})
     namespace_key = id(function.__globals__)
     namespace, users = _NAMESPACES.get(namespace_key, (function.__globals__, 0))
     namespace[DISPATCH_NAME] = _dispatch
@@ -72,9 +87,16 @@ def _patch(function: types.FunctionType, handler: Handler) -> None:
 
 
 def _unpatch(function: types.FunctionType) -> None:
+    with _LOCK:
+        _unpatch_locked(function, threading.get_ident())
+
+
+def _unpatch_locked(function: types.FunctionType, thread: int) -> None:
     key = id(function)
     _, (code, defaults, kwdefaults), _, handlers = _PATCHED[key]
-    handlers.pop()
+    handlers[thread].pop()
+    if not handlers[thread]:
+        del handlers[thread]
     if handlers:
         return
     del _PATCHED[key]

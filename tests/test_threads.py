@@ -1,0 +1,92 @@
+"""Capture swaps the code of library functions (torch_scatter's, PyG's) while it records them;
+other threads must see the libraries unchanged. Two threads at once: one converts and explains a
+torch_scatter model over and over, the other calls torch_scatter natively with gradients and
+explains a PyG model (whose layers run with library functions intercepted); every result must
+equal the one computed alone."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch_scatter
+from conftest import LRP0, relative_error
+from torch import nn
+from torch_geometric.nn import GATConv, GCNConv
+
+import fxlrp
+
+ROUNDS = 30
+
+
+class MessagePassing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.message = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+        self.readout = nn.Linear(11, 2)
+
+    def forward(self, x, senders, receivers):
+        messages = self.message(torch.cat([x[senders], x[receivers]], dim=1))
+        incoming = torch_scatter.scatter_add(messages, receivers, dim=0, dim_size=x.shape[0])
+        return self.readout(torch.cat([x, incoming], dim=1))
+
+
+class PyGModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = GCNConv(3, 6), GATConv(6, 2, heads=1)
+
+    def forward(self, x, edge_index):
+        return self.second(torch.relu(self.first(x, edge_index)), edge_index)
+
+
+def native_gradient(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    leaf = x.clone().requires_grad_()
+    (torch_scatter.scatter_add(leaf * leaf, index, dim=0, dim_size=4) ** 2).sum().backward()
+    return leaf.grad
+
+
+def test_capture_on_one_thread_leaves_library_calls_on_another_unchanged() -> None:
+    torch.manual_seed(0)
+    model = MessagePassing().double().eval()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    senders, receivers = torch.tensor([0, 1, 2, 3, 4, 0]), torch.tensor([1, 2, 3, 4, 0, 2])
+    values, index = torch.randn(7, 2, dtype=torch.float64), torch.tensor([0, 1, 1, 3, 2, 0, 3])
+    expected_relevance = fxlrp.attribute(fxlrp.convert(model, LRP0), (x, senders, receivers), target=1)[0]
+    expected_gradient = native_gradient(values, index)
+    pyg_model = PyGModel().double().eval()
+    edge_index = torch.stack([senders, receivers])
+    pyg_explain = fxlrp.convert(pyg_model, LRP0)
+    expected_pyg = fxlrp.attribute(pyg_explain, (x, edge_index), target=0)[0]
+    start, failures = threading.Barrier(2), []
+
+    def explaining() -> None:
+        start.wait()
+        for _ in range(ROUNDS):
+            try:
+                relevance = fxlrp.attribute(fxlrp.convert(model, LRP0), (x, senders, receivers), target=1)[0]
+            except Exception as error:  # a recorded call handed to the other thread's handler
+                failures.append(f"capture failed: {type(error).__name__}: {error}")
+                continue
+            if relative_error(relevance, expected_relevance) > 1e-12:
+                failures.append("relevance changed")
+
+    def calling_natively() -> None:
+        start.wait()
+        for _ in range(ROUNDS * 2):
+            if not torch.equal(native_gradient(values, index), expected_gradient):
+                failures.append("native gradient changed")
+            try:
+                relevance = fxlrp.attribute(pyg_explain, (x, edge_index), target=0)[0]
+            except Exception as error:  # a call routed to the other thread's handler
+                failures.append(f"PyG explanation failed: {type(error).__name__}: {error}")
+                continue
+            if relative_error(relevance, expected_pyg) > 1e-12:
+                failures.append("relevance of the PyG explainer changed")
+
+    threads = [threading.Thread(target=explaining), threading.Thread(target=calling_natively)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [], failures[:3]
