@@ -4,46 +4,18 @@ from __future__ import annotations
 
 import copy
 import inspect
-import linecache
-import os
-import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx, nn
 
 from fxlrp.errors import CaptureError
 from fxlrp.integrations import load_integrations
 from fxlrp.leaf_functions import leaf_function_calls
 from fxlrp.registry import REGISTRY
-
-_LIBRARY_DIRECTORIES = tuple(
-    os.path.dirname(module.__file__) + os.sep for module in (torch, __import__("fxlrp"))
-)
-_GENERATED_BY_FXLRP = "<fxlrp "  # code objects fxlrp compiles (fxlrp/leaf_functions.py)
-
-
-def innermost_user_frame() -> str:
-    """The innermost caller outside torch and fxlrp, in traceback format, as long as it runs
-    inside a ``forward`` (as torch.fx's own stack traces require); '' otherwise.
-
-    It is all :func:`fxlrp.source.source_line` reads. torch.fx's ``record_stack_traces`` would
-    format the whole stack of every node and, the first time, import torch.export (~2 s)."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith((*_LIBRARY_DIRECTORIES, _GENERATED_BY_FXLRP)):
-        frame = frame.f_back
-    user = frame
-    while frame is not None and frame.f_code.co_name != "forward":
-        frame = frame.f_back
-    if user is None or frame is None:
-        return ""
-    code = user.f_code
-    line = linecache.getline(code.co_filename, user.f_lineno).strip()
-    return f'File "{code.co_filename}", line {user.f_lineno}, in {code.co_name}\n    {line}'
+from fxlrp.source import error_line, innermost_user_frame
 
 
 class RelevanceTracer(fx.Tracer):
@@ -102,15 +74,6 @@ class RelevanceTracer(fx.Tracer):
             if self.failing_module is None:
                 self.failing_module = ""  # the root's own forward
             raise
-
-
-def user_source_line(error: BaseException) -> str | None:
-    """``file:line: code`` of the innermost frame of the error that is in the user's code."""
-    frames = traceback.extract_tb(error.__traceback__)
-    for frame in reversed(frames):
-        if not frame.filename.startswith(_LIBRARY_DIRECTORIES) and not frame.filename.startswith("<"):
-            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
-    return None
 
 
 CAPTURE_PATHS = ("auto", "fx", "eager")
@@ -267,7 +230,7 @@ def _same_contents(container: dict | list | set, contents: dict | list | set) ->
 
 
 def _explain_capture_failure(model: nn.Module, error: Exception) -> str:
-    where = user_source_line(error)
+    where = error_line(error)
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     lines = [f"fxlrp could not capture {type(model).__name__} with torch.fx: {text}"]
     if where:

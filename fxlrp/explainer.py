@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from fxlrp.nodes import original_node_name
 from fxlrp.relevance.rule_function import outputs_recorded
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
 from fxlrp.report import Report
@@ -51,8 +52,9 @@ class Explainer(nn.Module):
         by_name: dict[str, fx.Node] = {}
         for node in self.graph_module.graph.nodes:
             by_name.setdefault(node.name, node)
-            if node.op == "call_module" and node.target.startswith(REWRITTEN_PREFIX):
-                by_name[node.target[len(REWRITTEN_PREFIX):]] = node
+            original = original_node_name(node.target) if node.op == "call_module" else None
+            if original is not None:
+                by_name[original] = node
         known = {row.name for row in self._report.rows}
         missing = [name for name in names if name not in known or name not in by_name]
         if missing:
@@ -62,10 +64,6 @@ class Explainer(nn.Module):
                 f"those of explain.report() (e.g. {listing}, ...)"
             )
         return {name: by_name[name] for name in names}
-
-
-REWRITTEN_PREFIX = "fxlrp_"
-"""Rewritten nodes call the explainer's module ``fxlrp_<original node name>``."""
 
 
 class _Recorder(fx.Interpreter):

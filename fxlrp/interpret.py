@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +35,6 @@ from torch.func import functional_call
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
-import fxlrp
 from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import out_of_place_method
 from fxlrp.composites import Composite, Site
@@ -46,11 +44,10 @@ from fxlrp.nodes import detached_state
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.rules import Rule
-from fxlrp.source import function_name
+from fxlrp.source import calling_line, function_name
 
 AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
                          "__itruediv__": "__truediv__"}
-_LIBRARY_FILES = (torch.__file__.rsplit("/", 1)[0], fxlrp.__file__.rsplit("/", 1)[0])
 
 
 def _carries(value: Any) -> bool:
@@ -67,14 +64,6 @@ def _carries(value: Any) -> bool:
         elif isinstance(item, dict):
             pending.extend(item.values())
     return False
-
-
-def _caller() -> str:
-    """``file:line`` of the innermost frame outside torch and fxlrp (the library or user code)."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if not frame.filename.startswith(_LIBRARY_FILES):
-            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
-    return "?"
 
 
 class LayerRunner:
@@ -195,7 +184,7 @@ class Interpretation:
         """An operation without a rule on a relevance-carrying tensor: its gradient is used; with
         ``strict`` it is recorded, and :meth:`raise_unsupported` names every such call at the end
         of the run."""
-        where = _caller()
+        where = calling_line()
         if self.call.strict:
             self.unsupported_calls[(name, where)] = None
             return result
@@ -266,7 +255,7 @@ class RelevanceMode(TorchFunctionMode):
             return result  # ``a += b`` rebinds ``a`` to the result
         if carries_relevance(target):
             raise UnsupportedOperationError(
-                f"fxlrp: in-place {name} on a relevance-carrying tensor at {_caller()}: relevance "
+                f"fxlrp: in-place {name} on a relevance-carrying tensor at {calling_line()}: relevance "
                 "functions keep their inputs for backward, so the tensor cannot be overwritten. Use the "
                 "out-of-place form."
             )

@@ -11,6 +11,18 @@ from torch.func import functional_call
 from fxlrp.call import RelevanceCall
 from fxlrp.registry import Operation
 
+REWRITTEN_PREFIX = "fxlrp_"
+"""A rewritten node calls the explainer's module ``fxlrp_<original node name>``."""
+
+
+def rewritten_module_name(node_name: str) -> str:
+    return REWRITTEN_PREFIX + node_name
+
+
+def original_node_name(module_name: str) -> str | None:
+    """The node name a rewritten module stands for; None for other modules."""
+    return module_name[len(REWRITTEN_PREFIX):] if module_name.startswith(REWRITTEN_PREFIX) else None
+
 
 def detached_state(module: nn.Module) -> dict[str, Any]:
     """The module's parameters and buffers, detached: shared storage, never given gradients."""

@@ -6,7 +6,23 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fxlrp.rewrite import NodeReport
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One row of :meth:`Explainer.report`."""
+
+    name: str
+    target: str
+    operation: str
+    handling: str
+    """``rule`` (a rule of the composite), ``identity``, ``native`` (relevance-neutral or routed by
+    the native backward), ``container`` (attribute access or a method of a non-tensor input),
+    ``input``/``output``/``constant``, ``no relevance`` (an operation without a rule on values
+    that no input reaches, e.g. a degree normalisation from ``edge_index``) or ``gradient`` (no
+    rule: strict=False fallback)."""
+    rule: str
+    source: str
+
 
 EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance", "eager"}
 

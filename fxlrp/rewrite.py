@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,28 +13,12 @@ from fxlrp.call import RelevanceCall
 from fxlrp.composites import Composite, Site
 from fxlrp.eager import EAGER
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place
+from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place, rewritten_module_name
 from fxlrp.operations.helpers import method
 from fxlrp.registry import Kind, Operation
 from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance
+from fxlrp.report import NodeReport
 from fxlrp.source import function_name, source_line
-
-
-@dataclass(frozen=True)
-class NodeReport:
-    """One row of :meth:`Explainer.report`."""
-
-    name: str
-    target: str
-    operation: str
-    handling: str
-    """``rule`` (a rule of the composite), ``identity``, ``native`` (relevance-neutral or routed by
-    the native backward), ``container`` (attribute access or a method of a non-tensor input),
-    ``input``/``output``/``constant``, ``no relevance`` (an operation without a rule on values
-    that no input reaches, e.g. a degree normalisation from ``edge_index``) or ``gradient`` (no
-    rule: strict=False fallback)."""
-    rule: str
-    source: str
 
 
 def describe_target(node: fx.Node) -> str:
@@ -208,7 +191,7 @@ class Rewriter:
         return isinstance(module, RelevanceNode) and module.operation.kind is Kind.AFFINE
 
     def _install(self, node: fx.Node, module: nn.Module) -> None:
-        name = f"fxlrp_{node.name}"
+        name = rewritten_module_name(node.name)
         self.root.add_module(name, module)
         with self.graph.inserting_before(node):
             replacement = self.graph.call_module(name, node.args, node.kwargs)

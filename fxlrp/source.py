@@ -2,23 +2,72 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
+import sys
+import traceback
 
 import torch
 from torch import fx
 
-_LIBRARY_DIRECTORIES = (
+LIBRARY_DIRECTORIES = (
     os.path.dirname(torch.__file__) + os.sep,
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
 )
+"""torch's and fxlrp's own files: frames there are never the user's."""
+GENERATED_BY_FXLRP = "<fxlrp "
+"""File name prefix of code objects fxlrp compiles (fxlrp/leaf_functions.py)."""
+
+
+def is_library_file(filename: str) -> bool:
+    return filename.startswith((*LIBRARY_DIRECTORIES, GENERATED_BY_FXLRP))
+
+
+def _formatted(filename: str, line_number: int | None, code: str | None) -> str:
+    return f"{filename}:{line_number}: {(code or '').strip()}"
+
+
+def innermost_user_frame() -> str:
+    """The innermost caller outside torch and fxlrp, in traceback format, as long as it runs
+    inside a ``forward`` (as torch.fx's own stack traces require); '' otherwise. Recorded on each
+    captured node; :func:`source_line` reads it. (torch.fx's ``record_stack_traces`` would format
+    the whole stack of every node and, the first time, import torch.export: ~2 s.)"""
+    frame = sys._getframe(1)
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    user = frame
+    while frame is not None and frame.f_code.co_name != "forward":
+        frame = frame.f_back
+    if user is None or frame is None:
+        return ""
+    code = user.f_code
+    line = linecache.getline(code.co_filename, user.f_lineno).strip()
+    return f'File "{code.co_filename}", line {user.f_lineno}, in {code.co_name}\n    {line}'
+
+
+def calling_line() -> str:
+    """``file:line: code`` of the innermost frame of the current stack outside torch and fxlrp
+    (the user's or a library's code that called the running operation); '?' if none."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not is_library_file(frame.filename):
+            return _formatted(frame.filename, frame.lineno, frame.line)
+    return "?"
+
+
+def error_line(error: BaseException) -> str | None:
+    """``file:line: code`` of the innermost frame of ``error``'s traceback in the user's code."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        if not is_library_file(frame.filename) and not frame.filename.startswith("<"):
+            return _formatted(frame.filename, frame.lineno, frame.line)
+    return None
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n\s*(?P<code>[^\n]*)')
 
 
 def source_line(node: fx.Node) -> str:
     """``file:line: code`` of the innermost user frame that created ``node``; '' if unknown."""
     frames = [match for match in _FRAME.finditer(node.stack_trace or "")
-              if not match["file"].startswith(_LIBRARY_DIRECTORIES)]
+              if not is_library_file(match["file"])]
     if not frames:
         return ""
     frame = frames[-1]
