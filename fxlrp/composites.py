@@ -14,17 +14,20 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fxlrp.attention_rules import PRODUCT_OPERATIONS, Product, SoftmaxRule
+from fxlrp.attention_rules import GRAPH_SOFTMAX, PRODUCT_OPERATIONS
 from fxlrp.registry import Kind, Operation
 from fxlrp.relevance.roles import ACTIVATION, ATTENTION, GATE
 from fxlrp.rules import (
     AlphaBeta,
+    AttentionAsConstant,
     Epsilon,
     Flat,
     Gamma,
     Norm,
     Pass,
+    Product,
     Rule,
+    SoftmaxRule,
     Stabiliser,
     ZBox,
     ZeroParams,
@@ -311,8 +314,6 @@ class CPLRP(AttnLRP):
         return Product(epsilon, constants=(GATE, ATTENTION, ACTIVATION))
 
     def attention_rules(self) -> dict[str, Rule]:
-        from fxlrp.operations.graph import GRAPH_SOFTMAX, AttentionAsConstant  # the operation's own rule class
-
         return {GRAPH_SOFTMAX: AttentionAsConstant()}
 
 

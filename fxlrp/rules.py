@@ -29,6 +29,7 @@ from torch import Tensor
 from torch.autograd.graph import GradientEdge
 
 from fxlrp.relevance.layer import AffineLayer
+from fxlrp.relevance.roles import GATE
 from fxlrp.relevance.rule_function import carries_relevance, gradient_root, graph_reused
 from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
 
@@ -43,6 +44,8 @@ Root = Tensor | GradientEdge
 the output's values alive)."""
 
 PARAMETER_NAMES = ("weight", "bias")
+DEFAULT_PRODUCT_EPSILON = 1e-6
+"""The epsilon of :class:`Product` where none is given or followed."""
 
 
 class Rule:
@@ -639,3 +642,88 @@ class Pass(Rule):
         return tuple(
             None if shape is None else (relevance / receiving).sum_to_size(shape) for shape in state
         )
+
+
+class Product(Epsilon):
+    r"""Uniform epsilon rule for a product of ``N`` relevance-carrying factors (AttnLRP).
+
+    The product is linear in each factor when the others are held fixed; each receiving factor
+    gets the epsilon rule's share of that linear map, divided by the number ``N`` of receivers:
+
+    .. math::
+        R_{a_i} = \frac{1}{N} \sum_k \frac{a_i \, \partial z_k / \partial a_i}{z_k + \epsilon \cdot
+        (\operatorname{sign}(z_k) + [z_k = 0])} R_k
+
+    For ``z = a @ b`` that is ``R_a = a * ((R / z) @ b^T) / 2``. An elementwise product ``a * b``
+    has one term per output, so its shares are exactly ``R / N`` (no stabiliser is needed).
+    Factors whose role is listed in ``constants`` (see :mod:`fxlrp.relevance.roles`) are treated
+    as constants and get no relevance:
+
+    - ``constants=("gate",)`` (the default): in ``x * sigmoid(s)`` the signal ``x`` gets all
+      relevance, the gate none (squeeze-excitation); attention products split uniformly (AttnLRP);
+    - ``constants=("gate", "attention")``: CP-LRP, attention weights are constants and the values
+      take all relevance (see :func:`cp_lrp`);
+    - ``constants=()``: the uniform split everywhere, gates included.
+
+    If every relevance-carrying factor is a constant by role, they share uniformly. With a single
+    relevance-carrying factor (a product with a parameter) it is the epsilon rule.
+    """
+
+    def __init__(self, epsilon: float | None = 1e-6, constants: Sequence[str] = (GATE,)) -> None:
+        # None: the epsilon of the composite's layer rule, filled in by the composite
+        # (:meth:`following`); until then the default.
+        super().__init__(DEFAULT_PRODUCT_EPSILON if epsilon is None else epsilon)
+        self.epsilon = epsilon
+        self.constants = tuple(constants)
+
+    def following(self, layer_rule: Rule) -> Product:
+        """This rule with the epsilon of ``layer_rule`` if it was made with ``epsilon=None``."""
+        if self.epsilon is not None:
+            return self
+        epsilon = layer_rule.epsilon if isinstance(layer_rule, Epsilon) else DEFAULT_PRODUCT_EPSILON
+        return type(self)(epsilon, self.constants)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        shares = super().backward(layer, state, relevance)
+        receivers = sum(share is not None for share in shares)
+        return tuple(None if share is None else share / receivers for share in shares)
+
+
+class SoftmaxRule(Epsilon):
+    r"""AttnLRP's softmax rule: the softmax linearised at its input.
+
+    .. math::
+        R_{x_i} = x_i \left(R_i - s_i \sum_j R_j\right), \qquad s = \operatorname{softmax}(x)
+
+    which is ``x * J_s^T (R / s)``: the epsilon rule (with ``epsilon = 0``) applied to the softmax
+    as if it were linear. It does not conserve relevance (the softmax has no zero point).
+    Inputs of ``-inf`` (masked positions) get no relevance.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        inputs = state[0]
+        shares = super().backward(layer, state, relevance)
+        return tuple(
+            share if share is None else torch.where(torch.isfinite(value), share, torch.zeros_like(share))
+            for share, value in zip(shares, inputs, strict=True)
+        )
+
+    def __repr__(self) -> str:
+        return "SoftmaxRule()"
+
+
+class AttentionAsConstant(Rule):
+    """CP-LRP for attention: the softmax's output is a constant, ``R(logits) = 0`` and products
+    with the coefficients pass their relevance to the other factor unchanged."""
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        return layer.forward(inputs).detach(), None
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        raise RuntimeError("fxlrp: attention treated as a constant receives no relevance")
+
+    def __repr__(self) -> str:
+        return "AttentionAsConstant()"

@@ -9,7 +9,7 @@ from pyg_networks import Stack, random_graph
 from torch_geometric.nn.models import GAT
 
 import fxlrp
-from fxlrp.pyg import cp_lrp, graph_relevance
+from fxlrp.pyg import graph_relevance, with_cp_lrp
 
 ATTENTION = ["gat", "gatv2", "transformer"]
 
@@ -20,7 +20,7 @@ def test_outputs_and_relevance(layer, attention_as_constant):
     torch.manual_seed(0)
     x, edge_index = random_graph(13, 40)
     model = Stack(layer).double().eval()
-    composite = cp_lrp() if attention_as_constant else None
+    composite = with_cp_lrp() if attention_as_constant else None
     explain = fxlrp.convert(model, composite)
     torch.testing.assert_close(explain(x, edge_index), model(x, edge_index), rtol=0, atol=0)
     relevance = graph_relevance(explain, x, edge_index, index=torch.arange(13))
@@ -33,7 +33,7 @@ def test_conservation_bias_free_with_attention_as_constants(layer):
     torch.manual_seed(1)
     x, edge_index = random_graph(12, 36)
     model = Stack(layer, bias=False).double().eval()
-    explain = fxlrp.convert(model, cp_lrp(fxlrp.rules.Epsilon(0.0)))
+    explain = fxlrp.convert(model, with_cp_lrp(fxlrp.rules.Epsilon(0.0)))
     relevance = graph_relevance(explain, x, edge_index, index=torch.arange(12))
     explained = relevance.output.max(dim=-1).values.sum()
     torch.testing.assert_close(relevance.node.sum(), explained, rtol=1e-10, atol=1e-10)
@@ -45,7 +45,7 @@ def test_default_attention_rule_differs_from_constant_attention():
     x, edge_index = random_graph(12, 36)
     model = Stack("gat", bias=False).double().eval()
     default = graph_relevance(fxlrp.convert(model, fxlrp.rules.Epsilon(0.0)), x, edge_index)
-    constant = graph_relevance(fxlrp.convert(model, cp_lrp(fxlrp.rules.Epsilon(0.0))), x, edge_index)
+    constant = graph_relevance(fxlrp.convert(model, with_cp_lrp(fxlrp.rules.Epsilon(0.0))), x, edge_index)
     assert not torch.allclose(default.node, constant.node)
 
 

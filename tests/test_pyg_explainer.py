@@ -13,7 +13,7 @@ from pyg_networks import Stack, random_graph
 from torch_geometric.explain import Explainer, Explanation
 from torch_geometric.explain.metric import characterization_score, fidelity, unfaithfulness
 
-from fxlrp.pyg import LRPExplainer, cp_lrp
+from fxlrp.pyg import LRPExplainer, with_cp_lrp
 
 TESTS = os.path.dirname(__file__)
 
@@ -58,7 +58,7 @@ def test_graph_level_phenomenon_and_regression():
     torch.testing.assert_close(explanation.node_mask.sum(), model(x, edge_index, batch)[1, 0],
                                rtol=1e-3, atol=1e-4)
     regression = Stack("gat", classes=1, pool="add").eval()
-    explainer = make_explainer(regression, "graph", mode="regression", composite=cp_lrp())
+    explainer = make_explainer(regression, "graph", mode="regression", composite=with_cp_lrp())
     explanation = explainer(x, edge_index, batch=batch)
     assert explanation.node_mask.shape == (12, 5) and torch.isfinite(explanation.edge_mask).all()
     assert explanation.node_mask.abs().sum() > 0

@@ -10,7 +10,7 @@ from torch import nn
 from torch_geometric.explain import Explainer
 
 import fxlrp
-from fxlrp.pyg import LRPExplainer, cp_lrp
+from fxlrp.pyg import LRPExplainer, with_cp_lrp
 from fxlrp.pyg.forward_reuse import forward_key
 from fxlrp.relevance.rule_function import reusable_graph
 from fxlrp.rules import AlphaBeta, Epsilon, Gamma, ZPlus
@@ -33,7 +33,7 @@ def assert_identical(explanation, reference) -> None:
     ("gcn", None),
     ("gin", fxlrp.composites.EpsilonAlpha2Beta1()),
     ("sage_max", ZPlus()),
-    ("gat", cp_lrp(Gamma(0.25))),
+    ("gat", with_cp_lrp(Gamma(0.25))),
 ])
 def test_reused_forward_equals_fresh_explanations(layer, composite):
     torch.manual_seed(0)

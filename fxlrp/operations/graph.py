@@ -11,7 +11,7 @@ node: ``s_e = exp(a_e) / sum_{e' -> i} exp(a_e')``. Two ways to explain it:
   propagation"): the attention coefficients are constants. The softmax output carries no relevance,
   so a product ``alpha * x_j`` passes all of its relevance to the values ``x_j`` and no relevance
   enters the logits. Select it with the rule :class:`AttentionAsConstant` for the operation
-  ``"graph_softmax"`` (``fxlrp.pyg.cp_lrp(composite)`` does that).
+  ``"graph_softmax"`` (``fxlrp.pyg.with_cp_lrp(composite)`` does that).
 
 Library spellings: torch_scatter's ``scatter_softmax`` here; integrations add theirs (PyG's
 ``torch_geometric.utils.softmax``) with ``REGISTRY.extend("graph_softmax", ...)``.
@@ -19,34 +19,17 @@ Library spellings: torch_scatter's ``scatter_softmax`` here; integrations add th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
 
+from fxlrp.attention_rules import GRAPH_SOFTMAX
 from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import bind
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.layer import AffineLayer
-from fxlrp.rules import Rule
+from fxlrp.rules import AttentionAsConstant
 from fxlrp.scatter_library import scatter_functions
-
-GRAPH_SOFTMAX = "graph_softmax"
-
-
-class AttentionAsConstant(Rule):
-    """CP-LRP for attention: the softmax's output is a constant, ``R(logits) = 0`` and products
-    with the coefficients pass their relevance to the other factor unchanged."""
-
-    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        return layer.forward(inputs).detach(), None
-
-    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        raise RuntimeError("fxlrp: attention treated as a constant receives no relevance")
-
-    def __repr__(self) -> str:
-        return "AttentionAsConstant()"
 
 
 def group_softmax(call: RelevanceCall, function: Any, src: Tensor, *args: Any, **kwargs: Any) -> Tensor:

@@ -2,12 +2,12 @@
 
 Imported automatically by :func:`fxlrp.convert` when ``torch_geometric`` is in use; import it
 yourself for :class:`LRPExplainer` (PyG's Explainer API), :func:`graph_relevance` (node and edge
-relevance in one call) and :func:`cp_lrp` (attention coefficients as constants).
+relevance in one call) and :func:`with_cp_lrp` (attention coefficients as constants).
 """
 
 from fxlrp.pyg import operations  # noqa: F401  (registers PyG's layers and functions)
-from fxlrp.pyg.attention import cp_lrp
+from fxlrp.pyg.attention import with_cp_lrp
 from fxlrp.pyg.explainer import LRPExplainer
 from fxlrp.pyg.relevance import GraphRelevance, graph_relevance
 
-__all__ = ["LRPExplainer", "GraphRelevance", "graph_relevance", "cp_lrp"]
+__all__ = ["LRPExplainer", "GraphRelevance", "graph_relevance", "with_cp_lrp"]

@@ -9,7 +9,7 @@ from fxlrp.composites import Composite, as_composite
 from fxlrp.rules import Rule
 
 
-def cp_lrp(composite: Composite | Rule | None = None) -> Composite:
+def with_cp_lrp(composite: Composite | Rule | None = None) -> Composite:
     """``composite`` with attention coefficients treated as constants (CP-LRP, Ali et al. 2022).
 
     No relevance enters the attention logits; a message ``alpha_ij * x_j`` passes all of its

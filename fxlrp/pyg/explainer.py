@@ -41,7 +41,7 @@ class LRPExplainer(ExplainerAlgorithm):
     edge's messages summed over all message-passing layers (see :mod:`fxlrp.pyg.relevance`).
 
     ``composite``: as for :func:`fxlrp.convert` (a rule, a composite, None for the default;
-    :func:`fxlrp.pyg.cp_lrp` for attention as constants). ``strict``: as for ``convert``.
+    :func:`fxlrp.pyg.with_cp_lrp` for attention as constants). ``strict``: as for ``convert``.
     The converted model is kept and made again for another model, composite or ``strict``, or
     when a parameter or buffer of the model was replaced by another tensor (the conversion holds
     the tensors themselves; changes in place reach it).

@@ -12,9 +12,9 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.utils import scatter, softmax
 
+from fxlrp.attention_rules import GRAPH_SOFTMAX
 from fxlrp.call import RelevanceCall
 from fxlrp.interpret import LayerRunner, interpret, layer_runner
-from fxlrp.operations.graph import GRAPH_SOFTMAX
 from fxlrp.operations.scatter import reduce_by_argument
 from fxlrp.operations.sums import proportional
 from fxlrp.pyg.messages import messages_of
