@@ -17,6 +17,7 @@ from fxlrp.operations import (  # noqa: F401
     patches,
     powers,
     products,
+    recurrent,
     resampling,
     scatter,
     statistics,
