@@ -25,9 +25,6 @@ class AffineLayer:
     bias: Tensor | None = None
     has_parameters: bool = False
     warn_lost_relevance: bool = False
-    output_sign: float | None = None
-    """``+1.0`` once the output a rule keeps is known to be ``>= 0`` (rectified in place by the
-    ReLU that consumes it), which lets the stabiliser skip its sign test."""
 
     def __call__(
         self, inputs: Sequence[Any], weight: Tensor | None = None, bias: Tensor | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -29,26 +29,27 @@ def gradient_root(output: Tensor) -> GradientEdge:
     return get_gradient_edge(output)
 
 
-def _holds(state: Any, tensor: Tensor) -> bool:
-    """Whether ``tensor`` itself is among the (nested tuple/list/dict) values of ``state``."""
-    if state is tensor:
-        return True
-    if type(state) in (tuple, list):  # not namedtuples such as GradientEdge
-        return any(_holds(value, tensor) for value in state)
-    if isinstance(state, dict):
-        return any(_holds(value, tensor) for value in state.values())
-    return False
+@dataclass
+class KeptOutput:
+    """A layer's output kept from forward for a rule that reads its values in backward (the
+    epsilon rule's denominator, the gamma rule's output signs). The engine owns it, not the rule:
 
+    - a ReLU (or another clipping activation) that is the output's only consumer may replace
+      ``values`` by its own output (:func:`hand_over_activation`) or rectify them in place
+      (:func:`rectify_in_place`, after which ``sign`` is ``+1.0``: the values are ``>= 0``); the
+      two are equal wherever relevance arrives, and the next layer keeps the activation anyway;
+    - ``version`` makes a later in-place change of the values an error instead of a silently
+      changed denominator;
+    - the rule takes the values in backward (:meth:`take`), so that their memory is free once read.
+    """
 
-def _replaced(state: Any, old: Tensor, new: Tensor) -> Any:
-    """``state`` with the tensor ``old`` itself replaced by ``new`` wherever it occurs."""
-    if state is old:
-        return new
-    if type(state) in (tuple, list):  # not namedtuples such as GradientEdge
-        return type(state)(_replaced(value, old, new) for value in state)
-    if isinstance(state, dict):
-        return {key: _replaced(value, old, new) for key, value in state.items()}
-    return state
+    values: Tensor | None
+    version: int
+    sign: float | None = None
+
+    def take(self) -> Tensor:
+        values, self.values = self.values, None
+        return values
 
 
 _reusable: ContextVar[bool] = ContextVar("fxlrp_reusable_graph", default=False)
@@ -81,10 +82,10 @@ _USED_UP = object()
 """A rule state after a backward pass that freed it."""
 
 
-def _taken_state(ctx: Any) -> Any:
-    """The rule's state, after which the Function holds none of it (nor the kept output)."""
-    state, ctx.state, ctx.kept_output = ctx.state, _USED_UP, None
-    return state
+def _taken(ctx: Any) -> tuple[Any, KeptOutput | None]:
+    """The rule's state and kept output, after which the Function holds neither."""
+    state, kept, ctx.state, ctx.kept = ctx.state, ctx.kept, _USED_UP, None
+    return state, kept
 
 
 class RuleFunction(torch.autograd.Function):
@@ -105,10 +106,7 @@ class RuleFunction(torch.autograd.Function):
             output, state = rule.forward(layer, leaves, prepared)
         ctx.layer, ctx.rule, ctx.state = layer, rule, state
         ctx.carrying = tuple(carries_relevance(value) for value in inputs)
-        # A rule whose backward reads the output values (the epsilon rule's denominator) keeps
-        # the output in its state. Its version is checked in backward, so that a later in-place
-        # change of the output is an error instead of a silently modified denominator.
-        ctx.kept_output = (output, output._version) if _holds(state, output) else None
+        ctx.kept = KeptOutput(output, output._version) if rule.keeps_output(prepared) else None
         ctx.reusable = _reusable.get()
         ctx.recomputed = () if ctx.reusable else _release_recomputable(inputs, leaves)
         return output.detach()
@@ -122,20 +120,23 @@ class RuleFunction(torch.autograd.Function):
                 "for each further explanation, or run that forward inside "
                 "fxlrp.relevance.rule_function.reusable_graph() and pass retain_graph=True"
             )
-        if ctx.kept_output is not None:
-            _check_unchanged(*ctx.kept_output, "the output of a layer",
+        if ctx.kept is not None:
+            _check_unchanged(ctx.kept.values, ctx.kept.version, "the output of a layer",
                              "its relevance rule would divide by changed values")
         _restore_recomputed(ctx.recomputed)
         if ctx.reusable:
             token = _reused.set(True)
+            kept = None if ctx.kept is None else replace(ctx.kept)  # the rule takes from a copy
             try:
-                input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance)
+                input_relevance = ctx.rule.backward(ctx.layer, ctx.state, relevance, kept)
             finally:
                 _reused.reset(token)
         else:
-            # The state is handed over, not kept here: a rule may drop what it has read (the
-            # epsilon rule frees the kept output before its VJP, lowering backward's peak).
-            input_relevance = ctx.rule.backward(ctx.layer, _taken_state(ctx), relevance)
+            # State and kept output are handed over, not kept here: a rule may drop what it has
+            # read (the epsilon rule frees the kept output before its VJP, lowering backward's peak).
+            state, kept = _taken(ctx)
+            input_relevance = ctx.rule.backward(ctx.layer, state, relevance, kept)
+            del state, kept
         routed = tuple(
             relevance_of_input if carrying else None
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
@@ -167,9 +168,9 @@ def recomputation_of(value: Tensor) -> tuple[Callable[[Tensor], Tensor], Tensor]
     if function is None:
         return None
     producer, _ = node.next_functions[0]
-    if not isinstance(producer, RuleFunction._backward_cls) or producer.kept_output is None:
+    if not isinstance(producer, RuleFunction._backward_cls) or producer.kept is None:
         return None
-    source = producer.kept_output[0]
+    source = producer.kept.values
     if (source.data_ptr(), source.shape, source.stride()) != node.source_identity:
         return None  # the rule keeps another tensor (an activation's output handed over)
     return function, source
@@ -215,13 +216,12 @@ def hand_over_activation(output: Tensor, activated: Tensor) -> None:
     nothing when ``output`` does not come straight from a rule that keeps it.
     """
     node = output.grad_fn
-    if not isinstance(node, RuleFunction._backward_cls) or node.kept_output is None:
+    if not isinstance(node, RuleFunction._backward_cls) or node.kept is None:
         return
-    kept = node.kept_output[0]
+    kept = node.kept.values
     if kept.shape != activated.shape or kept.dtype != activated.dtype:
         return
-    node.state = _replaced(node.state, kept, activated)
-    node.kept_output = (activated, activated._version)
+    node.kept = KeptOutput(activated, activated._version)
 
 
 _outputs_recorded: ContextVar[bool] = ContextVar("fxlrp_outputs_recorded", default=False)
@@ -245,16 +245,14 @@ def rectify_in_place(output: Tensor) -> bool:
     What the model's own ``ReLU(inplace=True)`` does, and as safe here: nothing else reads the
     pre-activation, and a rule that keeps the output sees the activation's values, which is
     :func:`hand_over_activation` without allocating a second tensor. The kept output is then
-    known to be ``>= 0`` (``AffineLayer.output_sign``).
+    known to be ``>= 0`` (``KeptOutput.sign``).
     """
     node = output.grad_fn
     if _outputs_recorded.get() or not isinstance(node, RuleFunction._backward_cls):
         return False
     torch.relu_(output)
-    if node.kept_output is not None:  # the kept tensor shares storage and version counter
-        kept = node.kept_output[0]
-        node.kept_output = (kept, kept._version)
-        node.layer = replace(node.layer, output_sign=1.0)
+    if node.kept is not None:  # the kept tensor shares storage and version counter
+        node.kept = KeptOutput(node.kept.values, node.kept.values._version, sign=1.0)
     return True
 
 

@@ -1,0 +1,19 @@
+"""fxlrp support for tests/extending_plugin, loaded as an integration (docs/extending.md)."""
+
+import extending_plugin
+
+from fxlrp.operations.helpers import affine
+from fxlrp.operations.sums import proportional
+from fxlrp.registry import Kind, Operation, register
+
+register(
+    Operation(
+        "shifted_sum",
+        Kind.AFFINE,
+        functions=(extending_plugin.shifted_sum,),
+        leaf=True,  # a Python function: recorded as one call instead of traced into
+        relevance=affine,
+        default_rule=proportional,
+        description="extending_plugin.shifted_sum: a sum plus a constant (the z-rule)",
+    )
+)
