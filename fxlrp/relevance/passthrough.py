@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.relevance.terms import shared_equally
 
 
 class PassFunction(torch.autograd.Function):
@@ -37,11 +38,7 @@ class PassFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
-        input_relevance = tuple(
-            None if share == 0.0 else (relevance * share if share != 1.0 else relevance).sum_to_size(shape)
-            for share, shape in zip(ctx.shares, ctx.shapes, strict=True)
-        )
-        return (None, None, None, *input_relevance)
+        return (None, None, None, *shared_equally(relevance, ctx.shares, ctx.shapes))
 
 
 def _identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
