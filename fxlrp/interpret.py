@@ -27,7 +27,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -119,6 +119,13 @@ class ModuleContext:
 
 class Interpretation:
     """Rules and bookkeeping for one run of library code under :class:`RelevanceMode`."""
+
+    observer: ClassVar[Callable[[Interpretation, str, bool], None] | None] = None
+    """When set, called for every torch call under :class:`RelevanceMode` whose arguments and
+    result carry relevance, with the interpretation (``.site`` says which node runs), the
+    operation's name and whether the registry has it (``False``: its gradient is used, or strict
+    names it). Code run eagerly has no graph to count, so this is how its coverage is counted
+    (benchmarks/timm_sweep.py); unset, it costs one attribute read per call."""
 
     def __init__(self, call: RelevanceCall, context: ModuleContext | None = None) -> None:
         self.call = call
@@ -239,14 +246,21 @@ class RelevanceMode(TorchFunctionMode):
                 return interpretation.run(source, function, args, kwargs)
             return function(*args, **kwargs)
         operation, runnable, in_place = _lookup(function)
+        observer = Interpretation.observer
         if operation is None:
             result = function(*args, **kwargs)
             if _carries(result):
+                if observer is not None:
+                    observer(interpretation, function_name(function), False)
                 return interpretation.unsupported(function_name(function), result)
             return result
         if in_place is None:
-            return interpretation.run(operation, runnable, args, kwargs)
-        return self._in_place(operation, runnable, in_place, args, kwargs)
+            result = interpretation.run(operation, runnable, args, kwargs)
+        else:
+            result = self._in_place(operation, runnable, in_place, args, kwargs)
+        if observer is not None and _carries(result):
+            observer(interpretation, operation.name, True)
+        return result
 
     def _in_place(self, operation: Operation, runnable: Any, name: str, args: tuple, kwargs: dict) -> Any:
         target = args[0]
