@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import inspect
 import threading
 from collections.abc import Callable, Iterable
@@ -14,6 +13,7 @@ from torch import fx, nn
 from fxlrp.errors import CaptureError
 from fxlrp.integrations import load_integrations
 from fxlrp.leaf_functions import leaf_function_calls
+from fxlrp.module_state import ModuleState
 from fxlrp.registry import REGISTRY
 from fxlrp.source import error_line, innermost_user_frame
 
@@ -168,65 +168,6 @@ def whole_model_graph(model: nn.Module) -> fx.Graph:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
-
-
-_CONTAINERS = (dict, list, set)
-
-
-class ModuleState:
-    """The attributes of every module of ``model`` and the contents of the dicts, lists and sets
-    among them, as they are now; :meth:`restore` puts them back.
-
-    A forward may write into its modules: timm's LeViT caches its attention biases in a dict
-    (``self.attention_bias_cache[device] = ...``), other models count calls or keep the last
-    output. Traced, such writes store symbolic values (fx Proxies) in the user's model, and torch.fx
-    itself stores tensor constants on the root. Containers are restored in place, so that other
-    references to them see their old contents; one level deep (a dict of lists is restored as a
-    dict, its lists as they are)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.modules = list({id(module): module for module in model.modules()}.values())
-        self.attributes = [dict(vars(module)) for module in self.modules]
-        self.contents = {
-            id(value): (value, copy.copy(value))
-            for attributes in self.attributes for value in attributes.values() if isinstance(value, _CONTAINERS)
-        }
-
-    def restore(self) -> dict[str, Any]:
-        """Put every module's attributes back; return the attributes the root gained meanwhile
-        (torch.fx's constants among them)."""
-        added = {name: value for name, value in vars(self.model).items() if name not in self.attributes[0]}
-        for module, before in zip(self.modules, self.attributes, strict=True):
-            now = vars(module)
-            for name in [name for name in now if name not in before]:
-                del now[name]
-            for name, value in before.items():
-                if now.get(name, _MISSING) is not value:
-                    now[name] = value
-        for container, contents in self.contents.values():
-            if _same_contents(container, contents):
-                continue
-            container.clear()
-            if isinstance(container, list):
-                container.extend(contents)
-            else:
-                container.update(contents)
-        return added
-
-
-_MISSING = object()
-
-
-def _same_contents(container: dict | list | set, contents: dict | list | set) -> bool:
-    """Whether ``container`` holds the same objects (by identity) as ``contents``."""
-    if len(container) != len(contents):
-        return False
-    if isinstance(container, dict):
-        return all(key in contents and value is contents[key] for key, value in container.items())
-    if isinstance(container, list):
-        return all(value is old for value, old in zip(container, contents, strict=True))
-    return {id(value) for value in container} == {id(value) for value in contents}
 
 
 def _explain_capture_failure(model: nn.Module, error: Exception) -> str:

@@ -40,6 +40,7 @@ from fxlrp.canonicalise import out_of_place_method
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import intercepted_calls
+from fxlrp.module_state import ModuleState
 from fxlrp.nodes import detached_state
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.rule_function import carries_relevance
@@ -67,14 +68,20 @@ def _carries(value: Any) -> bool:
 
 
 class LayerRunner:
-    """A module's forward with its parameters and buffers detached (shared storage)."""
+    """A module's forward with its parameters and buffers detached (shared storage). What the
+    forward writes into the module's modules (caches, counters, ``nn.LSTM``'s flat weights, which
+    swapping the parameters rebuilds) is taken back afterwards: the user's model stays as it was."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self.state = detached_state(module)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return functional_call(self.module, self.state, args, kwargs)
+        written = ModuleState(self.module)
+        try:
+            return functional_call(self.module, self.state, args, kwargs)
+        finally:
+            written.restore()
 
 
 def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[LayerRunner, dict[str, Any]]:

@@ -176,10 +176,29 @@ def test_token_ids_through_an_eager_model_and_the_model_is_untouched() -> None:
     state = {name: value.clone() for name, value in model.state_dict().items()}
     explain = fxlrp.convert(model, LRP0)
     relevance = fxlrp.attribute(explain, ids, target=0)
-    assert model.calls == 1 and set(model.cache) == {"last"}  # the explanation ran the model's forward once
+    assert model.calls == 0 and model.cache == {}  # what the forward wrote into the model is taken back
     embedded = model.tokens(ids).detach().requires_grad_()
     output = model.layer(F.relu(embedded)).sum(dim=1)
     [gradient] = torch.autograd.grad(output, [embedded], onehot_relevance(output, 0) / output.detach())
     assert relative_error(relevance, (embedded * gradient).detach().sum(dim=-1)) < 1e-12
     assert all(torch.equal(model.state_dict()[name], value) for name, value in state.items())
     assert all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_an_lstm_run_eagerly_keeps_its_own_flat_weights() -> None:
+    """Running a module with swapped (detached) parameters makes nn.LSTM rebuild its list of flat
+    weights; the list must point at the model's own parameters again afterwards."""
+
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(3, 4, batch_first=True)
+
+        def forward(self, x):
+            out, _ = self.lstm(x)
+            return out[:, -1] if out.sum() > -1e9 else out[:, 0]  # torch.fx cannot trace this
+
+    model = Recurrent().double().eval()
+    fxlrp.attribute(fxlrp.convert(model), torch.randn(2, 5, 3, dtype=torch.float64))
+    assert all(weight is parameter for weight, parameter in zip(model.lstm._flat_weights, model.lstm.parameters(),
+                                                                strict=True))
