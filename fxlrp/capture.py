@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,7 +171,25 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
 
 
+def _failed_on_signature(error: BaseException) -> bool:
+    """Whether torch.fx failed before running forward, on its signature (``*args``/``**kwargs``,
+    a decorator's wrapper: torch.fx rebuilds the function's code object for its arguments)."""
+    return any(frame.name == "create_args_for_root" for frame in traceback.extract_tb(error.__traceback__))
+
+
 def _explain_capture_failure(model: nn.Module, error: Exception) -> str:
+    if _failed_on_signature(error):
+        try:
+            signature = str(inspect.signature(model.forward))
+        except (TypeError, ValueError):
+            signature = "(...)"
+        return "\n".join([
+            f"fxlrp could not capture {type(model).__name__} with torch.fx: torch.fx cannot take the arguments of "
+            f"{type(model).__name__}.forward{signature}",
+            "(a forward with *args or **kwargs, or one wrapped by a decorator, as Hugging Face's models are).",
+            "Convert with capture='auto' (the default) or capture='eager', which run the model eagerly, or wrap it",
+            "in a module whose forward names its arguments.",
+        ])
     where = error_line(error)
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     lines = [f"fxlrp could not capture {type(model).__name__} with torch.fx: {text}"]
@@ -187,6 +206,6 @@ def _explain_capture_failure(model: nn.Module, error: Exception) -> str:
             "  - or convert with capture='auto' (the default), which runs such a module eagerly.",
         ]
     else:
-        lines.append("The failure happened while recording the forward pass; the line above is where. "
-                     "convert(..., capture='auto') (the default) runs such a module eagerly instead.")
+        lines.append("The failure happened while recording the forward pass" + ("; the line above is where. " if where
+                     else ". ") + "convert(..., capture='auto') (the default) runs such a module eagerly instead.")
     return "\n".join(lines)

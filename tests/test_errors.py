@@ -108,3 +108,32 @@ def test_an_unsupported_module_is_named_by_its_path_and_its_type() -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LocalResponseNorm(2))
     with pytest.raises(fxlrp.UnsupportedOperationError, match=r"1 \(torch\.nn\.LocalResponseNorm\)"):
         fxlrp.convert(model)
+
+
+def test_a_forward_torch_fx_cannot_take_is_explained_in_the_users_terms() -> None:
+    import functools
+
+    def logged(forward):
+        @functools.wraps(forward)
+        def wrapper(self, *args, **kwargs):
+            return forward(self, *args, **kwargs)
+        return wrapper
+
+    class Decorated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(3, 2)
+
+        @logged
+        def forward(self, x, scale=None, **options):
+            return self.layer(x)
+
+    model = Decorated()
+    with pytest.raises(fxlrp.CaptureError) as error:
+        fxlrp.convert(model, capture="fx")
+    message = str(error.value)
+    assert "Decorated.forward(x, scale=None, **options)" in message and "capture='auto'" in message
+    assert "co_varnames" not in message
+    x = torch.randn(4, 3)
+    with torch.no_grad():  # and the default path takes it
+        assert torch.equal(fxlrp.convert(model)(x), model(x))
