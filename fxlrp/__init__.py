@@ -18,5 +18,16 @@ __all__ = [
     "CaptureError",
     "FxlrpError",
     "UnsupportedOperationError",
+    "read_explanations",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``fxlrp.read_explanations`` (explanations written by ``fxlrp explain --data``), imported on
+    first use so that ``import fxlrp`` stays light."""
+    if name == "read_explanations":
+        from fxlrp.explanations_store import read_explanations
+
+        return read_explanations
+    raise AttributeError(f"module 'fxlrp' has no attribute {name!r}")

@@ -27,6 +27,7 @@ from fxlrp.cli_inputs import (
     stack_inputs,
 )
 from fxlrp.errors import FxlrpError
+from fxlrp.explain_dataset import add_dataset_options, explains_data_set, run_dataset
 
 BAD_INPUT = 2
 CANNOT_EXPLAIN = 1
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--cmap", default="bwr", help="colour map: bwr, cold_and_hot, seismic, ... (default bwr)")
     explain.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs")
     explain.add_argument("images", nargs="+", metavar="IMAGE", help="image files, or .pt/.npy tensors [C, H, W]")
+    add_dataset_options(explain)
 
     report = commands.add_parser("report", help="the node/rule table of a model",
                                  description="Print every node of the model with its operation and rule.")
@@ -133,6 +135,8 @@ def run_explain(args: argparse.Namespace) -> int:
     from fxlrp import image
     from fxlrp.explainer import attribute
 
+    if explains_data_set(args):
+        return run_dataset(args)
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be positive, got {args.batch_size}")
     model = load_model(args.model, args.weights)

@@ -159,10 +159,11 @@ SUMS = ("add", "sub", "sum", "mean", "avg_pool")
 """Parameterless sums; zennit's composites give its ``Sum`` and ``AvgPool`` modules ``Norm``."""
 
 
-class _EpsilonAndConvolutionComposite(Composite):
-    """zennit's shared layer map: ``Norm`` on sums and average pooling, ``Pass`` on BatchNorm that
-    was not folded, ``Epsilon`` on dense layers (and other weighted layers: matmul with a
-    parameter), the subclass's rule on convolutions and, optionally, on the first layer.
+class ZennitComposite(Composite):
+    """zennit's layer map, with the rules as data: ``Norm`` on sums and average pooling, ``Pass``
+    on BatchNorm that was not folded, ``Epsilon`` on dense layers (and other weighted layers:
+    matmul with a parameter), ``convolutions`` on convolutions and, optionally, ``first_layer``
+    on the first of ``first_layer_operations``.
 
     Activations need no entry: smooth ones pass relevance unchanged and piecewise-linear ones
     keep their native backward, which gives zennit's numbers because every rule above weights
@@ -170,14 +171,15 @@ class _EpsilonAndConvolutionComposite(Composite):
     User ``name_rules``, ``type_rules`` and ``operation_rules`` take precedence over the map.
     """
 
-    first_layer_operations_of_composite: tuple[str, ...] | None = None
-
     def __init__(
         self,
         epsilon: Stabiliser = 1e-6,
         stabilizer: Stabiliser = 1e-6,
         zero_params: ZeroParams = None,
         *,
+        convolutions: Rule,
+        first_layer: Rule | None = None,
+        first_layer_operations: Iterable[str] | None = None,
         name_rules: Mapping[str, Rule] | None = None,
         type_rules: Mapping[Any, Rule] | Iterable[tuple[Any, Rule]] | None = None,
         operation_rules: Mapping[str, Rule] | None = None,
@@ -185,69 +187,60 @@ class _EpsilonAndConvolutionComposite(Composite):
         norm = Norm(stabilizer)
         operations: dict[str, Rule] = {name: norm for name in SUMS}
         operations["batch_norm"] = Pass()
-        convolution_rule = self.convolution_rule(stabilizer, zero_params)
-        operations.update({name: convolution_rule for name in CONVOLUTIONS})
+        operations.update({name: convolutions for name in CONVOLUTIONS})
         operations.update(operation_rules or {})
         super().__init__(
-            Epsilon(epsilon, zero_params),
-            name_rules=name_rules,
-            first_layer=self.first_layer_rule(stabilizer, zero_params),
-            type_rules=type_rules,
-            operation_rules=operations,
-            first_layer_operations=self.first_layer_operations_of_composite,
+            Epsilon(epsilon, zero_params), name_rules=name_rules, first_layer=first_layer, type_rules=type_rules,
+            operation_rules=operations, first_layer_operations=first_layer_operations,
         )
 
-    def convolution_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
-        raise NotImplementedError
 
-    def first_layer_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule | None:
-        return None
-
-
-class EpsilonPlus(_EpsilonAndConvolutionComposite):
+class EpsilonPlus(ZennitComposite):
     """zennit's ``EpsilonPlus``: :class:`~fxlrp.rules.ZPlus` on convolutions,
     :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
     pooling."""
 
-    def convolution_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
-        return ZPlus(stabilizer, zero_params)
+    def __init__(self, epsilon: Stabiliser = 1e-6, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None,
+                 **overrides: Any) -> None:
+        super().__init__(epsilon, stabilizer, zero_params, convolutions=ZPlus(stabilizer, zero_params), **overrides)
 
 
-class EpsilonAlpha2Beta1(_EpsilonAndConvolutionComposite):
+class EpsilonPlusFlat(ZennitComposite):
+    """zennit's ``EpsilonPlusFlat``: :class:`EpsilonPlus` with :class:`~fxlrp.rules.Flat` on the
+    first dense or convolutional layer."""
+
+    def __init__(self, epsilon: Stabiliser = 1e-6, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None,
+                 **overrides: Any) -> None:
+        super().__init__(epsilon, stabilizer, zero_params, convolutions=ZPlus(stabilizer, zero_params),
+                         first_layer=Flat(stabilizer, zero_params), first_layer_operations=LINEAR_LAYERS, **overrides)
+
+
+class EpsilonAlpha2Beta1(ZennitComposite):
     """zennit's ``EpsilonAlpha2Beta1``: :class:`~fxlrp.rules.AlphaBeta` (2, 1) on convolutions,
     :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
     pooling."""
 
-    def convolution_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
-        return AlphaBeta(2.0, 1.0, stabilizer, zero_params)
+    def __init__(self, epsilon: Stabiliser = 1e-6, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None,
+                 **overrides: Any) -> None:
+        super().__init__(epsilon, stabilizer, zero_params, convolutions=AlphaBeta(2.0, 1.0, stabilizer, zero_params),
+                         **overrides)
 
 
-class _FlatFirstLayer:
-    """Mixin: :class:`~fxlrp.rules.Flat` on the first dense or convolutional layer."""
-
-    first_layer_operations_of_composite = LINEAR_LAYERS
-
-    def first_layer_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
-        return Flat(stabilizer, zero_params)
-
-
-class EpsilonPlusFlat(_FlatFirstLayer, EpsilonPlus):
-    """zennit's ``EpsilonPlusFlat``: :class:`EpsilonPlus` with :class:`~fxlrp.rules.Flat` on the
-    first dense or convolutional layer."""
-
-
-class EpsilonAlpha2Beta1Flat(_FlatFirstLayer, EpsilonAlpha2Beta1):
+class EpsilonAlpha2Beta1Flat(ZennitComposite):
     """zennit's ``EpsilonAlpha2Beta1Flat``: :class:`EpsilonAlpha2Beta1` with
     :class:`~fxlrp.rules.Flat` on the first dense or convolutional layer."""
 
+    def __init__(self, epsilon: Stabiliser = 1e-6, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None,
+                 **overrides: Any) -> None:
+        super().__init__(epsilon, stabilizer, zero_params, convolutions=AlphaBeta(2.0, 1.0, stabilizer, zero_params),
+                         first_layer=Flat(stabilizer, zero_params), first_layer_operations=LINEAR_LAYERS, **overrides)
 
-class EpsilonGammaBox(_EpsilonAndConvolutionComposite):
+
+class EpsilonGammaBox(ZennitComposite):
     """zennit's ``EpsilonGammaBox``: :class:`~fxlrp.rules.ZBox` (``low``, ``high``) on the first
     convolution, :class:`~fxlrp.rules.Gamma` on the other convolutions,
     :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
     pooling. ``low``/``high`` bound the input (numbers or per-channel tensors ``(1, C, 1, 1)``)."""
-
-    first_layer_operations_of_composite = CONVOLUTIONS
 
     def __init__(
         self,
@@ -260,13 +253,9 @@ class EpsilonGammaBox(_EpsilonAndConvolutionComposite):
         **overrides: Any,
     ) -> None:
         self.low, self.high, self.gamma = low, high, gamma
-        super().__init__(epsilon, stabilizer, zero_params, **overrides)
-
-    def convolution_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
-        return Gamma(self.gamma, stabilizer, zero_params)
-
-    def first_layer_rule(self, stabilizer: Stabiliser, zero_params: ZeroParams) -> Rule:
-        return ZBox(self.low, self.high, stabilizer, zero_params)
+        super().__init__(epsilon, stabilizer, zero_params, convolutions=Gamma(gamma, stabilizer, zero_params),
+                         first_layer=ZBox(low, high, stabilizer, zero_params), first_layer_operations=CONVOLUTIONS,
+                         **overrides)
 
 
 class AttnLRP(Composite):

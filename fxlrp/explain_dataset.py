@@ -1,0 +1,469 @@
+"""``fxlrp explain --data SOURCE --out DIR``: explain a whole data set into resumable shards.
+
+The data (:mod:`fxlrp.datasets`) is read by a ``DataLoader`` (``--workers``) in batches that never
+cross a shard; each process (``torchrun``, :mod:`fxlrp.distributed`) computes its share of the
+shards still missing and writes them atomically (:mod:`fxlrp.explanations_store`); the first
+process writes the index when all are done. A run killed at any moment and started again with
+the same command computes only the missing shards and ends with the files of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Sampler
+
+from fxlrp.cli_inputs import InputError, Preprocessing
+from fxlrp.datasets import NO_LABEL, Item, Source, as_list, open_data
+from fxlrp.distributed import Processes, processes_from_environment
+from fxlrp.explanations_store import PNG, ExplanationWriter, ShardRows, write_atomic
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+STORED = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16, "float64": np.float64}
+"""The dtype relevance is stored in per ``--dtype`` (numpy has no bfloat16: its relevance is
+stored as float32, which holds every bfloat16 value exactly)."""
+
+
+def target_of(text: int | str | None) -> int | str | None:
+    """``--target`` in data-set mode: None (each sample's prediction), a class index, or ``label``
+    (each sample's label from the data set)."""
+    if text is None or isinstance(text, int) or text == "label":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"--target {text!r} is neither a class index nor 'label'") from None
+
+
+def add_dataset_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``fxlrp explain`` for data sets, devices and precision."""
+    group = parser.add_argument_group("data sets", "explain a whole data set into resumable .npy shards "
+                                      "(see docs/datasets.md); also with torchrun --nproc-per-node N -m fxlrp")
+    group.add_argument("--data", metavar="SOURCE",
+                       help="a folder of images (searched recursively; class sub-folders give labels), a .pt/.npy "
+                            "tensor file with samples along the first dimension, or package.module:FACTORY "
+                            "returning a torch.utils.data.Dataset; --out then receives shards and index.json")
+    group.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    group.add_argument("--shard-size", type=int, default=256, help="samples per shard file (default 256)")
+    group.add_argument("--on-error", choices=("stop", "skip"), default="stop",
+                       help="a sample that cannot be read: stop with an error naming it (default), or skip it "
+                            "(named on stderr and listed in index.json, its relevance NaN)")
+    group.add_argument("--png", action="store_true", help="also write heatmap (and overlay) PNGs to DIR/png")
+    group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or mps")
+    group.add_argument("--dtype", default="float32", choices=DTYPES,
+                       help="float32 (default); bfloat16 or float16 run the model under autocast; float64 "
+                            "converts model and inputs")
+
+
+def explains_data_set(args: argparse.Namespace) -> bool:
+    """Whether ``fxlrp explain`` was given a data set: ``--data``, or one folder as its only input
+    (which then becomes ``args.data``). Data-set options given with image files are refused."""
+    images = list(getattr(args, "images", None) or [])
+    if args.data is not None:
+        if images:
+            raise InputError("give either image files or --data, not both")
+        return True
+    if len(images) == 1 and Path(images[0]).is_dir():
+        args.data, args.images = images[0], []
+        return True
+    defaults = {"workers": 0, "shard_size": 256, "on_error": "stop", "png": False, "device": "cpu", "dtype": "float32"}
+    given = [name for name, value in defaults.items() if getattr(args, name, value) != value]
+    if given and images:
+        option = "--" + given[0].replace("_", "-")
+        raise InputError(f"{option} applies to data sets (--data); image files are explained on the CPU in float32")
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# devices and precision
+
+
+def device_of(name: str) -> torch.device:
+    """``--device`` as a torch device, checked to exist on this machine."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise InputError(f"unknown --device {name!r}; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {name}: CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise InputError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"--device {name}: MPS is not available on this machine")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise InputError(f"--device {name}: use cpu, cuda, cuda:N or mps")
+    return device
+
+
+def prepare_model(model: nn.Module, device: torch.device, dtype: str) -> nn.Module:
+    """The model on ``device``, in float64 for ``--dtype float64`` (autocast dtypes keep float32
+    parameters)."""
+    model = model.to(device)
+    return model.double() if dtype == "float64" else model
+
+
+def prepare_inputs(inputs: Tensor, device: torch.device, dtype: str) -> Tensor:
+    return inputs.to(device, torch.float64 if dtype == "float64" else torch.float32)
+
+
+def autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
+    """Autocast to bfloat16 / float16 on ``device``; nothing for float32 and float64."""
+    if dtype not in AUTOCAST:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AUTOCAST[dtype])
+
+
+# ---------------------------------------------------------------------------------------------
+# progress
+
+
+class _PlainProgress:
+    """A progress line on stderr when tqdm is not installed: samples, samples/s, time left."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.start = self.shown = time.monotonic()
+
+    def update(self, count: int) -> None:
+        self.done += count
+        now = time.monotonic()
+        if self.enabled and (now - self.shown >= 1.0 or self.done >= self.total):
+            self.shown = now
+            rate = self.done / max(now - self.start, 1e-9)
+            left = (self.total - self.done) / rate if rate > 0 else float("inf")
+            end = "\n" if self.done >= self.total else ""
+            print(f"\rexplaining: {self.done}/{self.total} samples, {rate:.1f} samples/s, {left:.0f} s left",
+                  end=end, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and 0 < self.done < self.total:
+            print(file=sys.stderr)
+
+
+def progress_bar(total: int, enabled: bool) -> Any:
+    """tqdm's bar (samples/s and time left) if tqdm is installed, else a plain line."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _PlainProgress(total, enabled)
+    return tqdm(total=total, unit="sample", desc="explaining", file=sys.stderr, disable=None if enabled else True,
+                smoothing=0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# batches
+
+
+class ShardBatches(Sampler[list[int]]):
+    """Batches of ``batch_size`` consecutive samples within each shard (the last batch of a shard
+    may be shorter): a batch never spans two shards, and a shard's batches are the same whichever
+    process computes it."""
+
+    def __init__(self, shards: Sequence[range], batch_size: int) -> None:
+        self.shards = list(shards)
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for shard in self.shards:
+            for start in range(shard.start, shard.stop, self.batch_size):
+                yield list(range(start, min(start + self.batch_size, shard.stop)))
+
+    def __len__(self) -> int:
+        return sum(-(-len(shard) // self.batch_size) for shard in self.shards)
+
+
+@dataclass
+class _Shard:
+    """A shard being filled batch by batch."""
+
+    number: int
+    span: range
+    relevance: np.ndarray
+    rows: ShardRows = field(default_factory=ShardRows)
+    inputs: dict[int, Tensor] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows.names) == len(self.span)
+
+
+@dataclass
+class _Run:
+    """What every batch needs."""
+
+    explain: nn.Module
+    source: Source
+    sample_shape: tuple[int, ...]
+    classes: int
+    target: int | str | None
+    device: torch.device
+    dtype: str
+    on_error: str
+    png: bool
+    cmap: str
+    skipped: int = 0
+
+
+def _problem(run: _Run, item: Item) -> str | None:
+    """Why ``item`` cannot be explained, or None."""
+    if item.error is not None:
+        return item.error
+    assert item.values is not None
+    if tuple(item.values.shape) != run.sample_shape:
+        hint = "; pass --size to resize images" if run.source.description.startswith("folder") else ""
+        return f"has shape {tuple(item.values.shape)}, the first sample {run.sample_shape}{hint}"
+    if run.target == "label":
+        if item.label == NO_LABEL:
+            return "has no label (it lies directly in the folder, not in a class sub-folder)"
+        if not 0 <= item.label < run.classes:
+            return f"has label {item.label}, out of range for the model's {run.classes} classes"
+    return None
+
+
+def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Relevance, predictions, targets and explained scores of a batch, in one forward and one
+    backward pass."""
+    from fxlrp.explainer import attribute
+
+    inputs = prepare_inputs(torch.stack([item.values for item in items]), run.device, run.dtype)  # type: ignore[misc]
+    outputs: list[Tensor] = []
+
+    def kept(result: Any) -> Tensor:
+        outputs.append(result)
+        return result
+
+    if run.target == "label":
+        targets: Any = torch.tensor([item.label for item in items], device=run.device)
+    else:
+        targets = run.target
+    with autocast(run.device, run.dtype):
+        relevance = attribute(run.explain, inputs, target=targets, output=kept)
+    logits = outputs[0].detach().float()
+    predictions = logits.argmax(dim=-1)
+    if targets is None:
+        targets = predictions
+    targets = torch.as_tensor(targets, device=logits.device).expand(len(items))
+    scores = logits.gather(1, targets[:, None]).squeeze(1)
+    return relevance.detach(), predictions.cpu(), targets.cpu(), scores.cpu()
+
+
+def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
+    """Explain a batch into its shard; samples that cannot be read are named and skipped, or stop
+    the run (``--on-error``)."""
+    good: list[Item] = []
+    for item in batch:
+        problem = _problem(run, item)
+        if problem is None:
+            good.append(item)
+            continue
+        name = run.source.names[item.index]
+        if run.on_error == "stop":
+            raise InputError(f"sample {item.index} ({name!r}) cannot be explained: {problem}; fix or remove it, "
+                             f"or pass --on-error skip")
+        print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
+        shard.rows.skipped.append({"index": item.index, "name": name, "reason": problem})
+        run.skipped += 1
+    results: dict[int, tuple[Tensor, int, int, float]] = {}
+    if good:
+        relevance, predictions, targets, scores = _explain_batch(run, good)
+        stored = relevance.float().cpu().numpy().astype(shard.relevance.dtype, copy=False) if run.dtype != "float64" \
+            else relevance.cpu().numpy()
+        for row, item in enumerate(good):
+            results[item.index] = (stored[row], int(predictions[row]), int(targets[row]), float(scores[row]))
+            if run.png:
+                shard.inputs[item.index] = item.values  # type: ignore[assignment]
+    for item in batch:
+        rows = shard.rows
+        rows.names.append(run.source.names[item.index])
+        rows.labels.append(item.label)
+        if item.index not in results:
+            shard.relevance[item.index - shard.span.start] = np.nan
+            rows.predictions.append(NO_LABEL)
+            rows.targets.append(NO_LABEL)
+            rows.scores.append(None)
+            rows.relevance_sums.append(None)
+            continue
+        values, prediction, target, score = results[item.index]
+        shard.relevance[item.index - shard.span.start] = values
+        rows.predictions.append(prediction)
+        rows.targets.append(target)
+        rows.scores.append(score)
+        rows.relevance_sums.append(float(np.sum(values, dtype=np.float64)))
+
+
+def _write_pngs(run: _Run, directory: Path, shard: _Shard) -> None:
+    """Heatmap (and, for 1 or 3 channels, overlay) PNGs of a shard's explained samples."""
+    from PIL import Image
+
+    from fxlrp import image
+
+    for index, values in shard.inputs.items():
+        relevance = shard.relevance[index - shard.span.start]
+        flat = relevance.ndim == 2
+        pictures = {"heatmap": image.heatmap(relevance, run.cmap, reduction="none" if flat else "sum")}
+        if not flat and values.shape[0] in (1, 3):
+            pictures["overlay"] = image.overlay(values.double(), relevance, run.cmap)
+        scale = max(1, 128 // max(relevance.shape[-2:]))
+        for kind, rgb in pictures.items():
+            path = directory / PNG / f"{run.source.names[index]}.{kind}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            picture = Image.fromarray(image.enlarge(np.ascontiguousarray(rgb, dtype=np.uint8), scale))
+            write_atomic(path, lambda file, picture=picture: picture.save(file, format="PNG"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the command
+
+
+def run_dataset(args: argparse.Namespace) -> int:
+    """``fxlrp explain --data``: returns the exit code; bad input raises :class:`InputError`."""
+    for option, value, low in (("--batch-size", args.batch_size, 1), ("--shard-size", args.shard_size, 1),
+                               ("--workers", args.workers, 0)):
+        if value < low:
+            raise InputError(f"{option} must be at least {low}, got {value}")
+    if args.out is None:
+        raise InputError("the following arguments are required: --out (the directory for the explanations)")
+    args.target = target_of(args.target)
+    args.composite = args.composite or "epsilon"
+    device = device_of(args.device)
+    processes = processes_from_environment(device.type)
+    try:
+        if processes.joined and device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", processes.local_rank)
+        return _explain_data_set(args, device, processes)
+    finally:
+        processes.close()
+
+
+def _file_hash(path: str | None) -> str | None:
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _first_explainable(source: Source, on_error: str) -> Item:
+    """The first sample that can be read (which fixes the sample shape)."""
+    for index in range(len(source)):
+        item = source[index]
+        if item.error is None:
+            return item
+        if on_error == "stop":
+            raise InputError(f"sample {index} ({source.names[index]!r}) cannot be read: {item.error}; fix or "
+                             f"remove it, or pass --on-error skip")
+    raise InputError(f"no sample of {source.description} can be read")
+
+
+def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: Source,
+              device: torch.device) -> dict[str, Any]:
+    """What the relevance depends on; a restart with other settings is refused."""
+    return {
+        "model": args.model, "weights_sha256": _file_hash(args.weights), "composite": args.composite,
+        "target": args.target,
+        "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
+                          "mean": list(preprocessing.mean), "std": list(preprocessing.std)},
+        "data": source.description, "samples": len(source), "names_sha256": source.fingerprint(),
+        "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
+        "png": args.cmap if args.png else None,
+    }
+
+
+def _explain_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
+    import fxlrp
+    from fxlrp import cli
+    from fxlrp.cli_inputs import composite_by_name, load_model
+
+    torch.manual_seed(0)  # a model without --weights gets the same random weights in every process
+    model = load_model(args.model, args.weights)
+    preprocessing = cli._preprocessing(args, model)
+    composite = composite_by_name(args.composite, preprocessing)
+    if args.png:
+        from fxlrp import image
+
+        try:
+            image.colour_map(args.cmap)
+        except ValueError as error:
+            raise InputError(str(error)) from None
+    source = open_data(args.data, preprocessing)
+    first = _first_explainable(source, args.on_error)
+    assert first.values is not None
+    sample_shape = tuple(first.values.shape)
+    if args.png and len(sample_shape) not in (2, 3):
+        raise InputError(f"--png needs image-shaped samples [channels, height, width]; these are {sample_shape}")
+    explain = fxlrp.convert(prepare_model(model, device, args.dtype), composite)
+    with autocast(device, args.dtype):
+        logits = cli._run_model(explain, prepare_inputs(first.values[None], device, args.dtype),
+                                [source.names[first.index]])
+    classes = logits.shape[1]
+    if isinstance(args.target, int):
+        cli._targets(args.target, logits)
+    elif args.target == "label" and source.classes is None and first.label == NO_LABEL:
+        raise InputError(f"--target label: {source.description} has no labels")
+
+    writer = ExplanationWriter(Path(args.out), _settings(args, preprocessing, source, device), len(source),
+                               args.shard_size)
+    conflict = writer.conflict()
+    if conflict is not None:
+        raise InputError(conflict)
+    missing = writer.missing_shards()  # every process sees the same files: nothing is written yet
+    processes.barrier()
+    if processes.is_main:
+        writer.prepare()
+    processes.barrier()
+
+    run = _Run(explain, source, sample_shape, classes, args.target, device, args.dtype, args.on_error, args.png,
+               args.cmap)
+    mine = processes.share(missing)
+    spans = [writer.ranges[shard] for shard in mine]
+    loader = DataLoader(source, batch_sampler=ShardBatches(spans, args.batch_size), num_workers=args.workers,
+                        collate_fn=as_list)
+    stored = STORED[args.dtype]
+    progress = progress_bar(sum(len(span) for span in spans), processes.is_main)
+    shards = iter(zip(mine, spans, strict=True))
+    shard: _Shard | None = None
+    start = time.monotonic()
+    try:
+        for batch in loader:
+            if shard is None:
+                number, span = next(shards)
+                shard = _Shard(number, span, np.zeros((len(span), *sample_shape), dtype=stored))
+            _fill(run, shard, batch)
+            if shard.full:
+                if args.png:
+                    _write_pngs(run, writer.directory, shard)
+                writer.write_shard(shard.number, shard.relevance, shard.rows)
+                shard = None
+            progress.update(len(batch))
+    finally:
+        progress.close()
+    if processes.world_size > 1:
+        seconds = time.monotonic() - start
+        count = sum(len(span) for span in spans)
+        print(f"fxlrp: process {processes.rank} of {processes.world_size}: {len(mine)} shard(s), {count} samples "
+              f"in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f} samples/s)", file=sys.stderr)
+    processes.barrier()
+    if processes.is_main:
+        index = writer.write_index(sample_shape, source.classes)
+        skipped = len(index["skipped"])
+        resumed = len(writer.ranges) - len(missing)
+        note = f"; {resumed} of {len(writer.ranges)} shards were already complete" if resumed else ""
+        skips = f" ({skipped} skipped: listed in index.json)" if skipped else ""
+        print(f"explained {len(source) - skipped} of {len(source)} samples{skips} into {writer.directory}: "
+              f"{len(writer.ranges)} shard(s) of relevance [{len(source)}, {', '.join(map(str, sample_shape))}] "
+              f"{np.dtype(stored).name}{note}; read them with fxlrp.read_explanations")
+    return 0

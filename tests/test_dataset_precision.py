@@ -1,0 +1,91 @@
+"""``fxlrp explain --data`` on other devices and in other precisions: bfloat16 and float16 under
+autocast on the CPU against float32; CUDA and MPS where present (skipped, with the reason, where not)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fxlrp
+from fxlrp import cli
+from fxlrp.toys.digits import DigitsCNN, load_digits_split, train_classifier
+
+MODEL = "fxlrp.toys.digits:DigitsCNN"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A DigitsCNN trained for 3 epochs and 64 test digits with their labels as a .pt file."""
+    folder = tmp_path_factory.mktemp("precision")
+    torch.manual_seed(0)
+    data = load_digits_split()
+    model = train_classifier(DigitsCNN(), data.train_images, data.train_labels, epochs=3)
+    torch.save(model.state_dict(), folder / "weights.pt")
+    torch.save((data.test_images[:64], data.test_labels[:64]), folder / "digits.pt")
+    return {"folder": folder, "weights": folder / "weights.pt", "data": folder / "digits.pt"}
+
+
+def explain(trained: dict[str, Path], out: str, *options: str) -> fxlrp.explanations_store.Explanations:
+    arguments = ["explain", "--model", MODEL, "--weights", str(trained["weights"]), "--data", str(trained["data"]),
+                 "--out", str(trained["folder"] / out), "--target", "label", "--batch-size", "16", *options]
+    assert cli.main(arguments) == 0
+    return fxlrp.read_explanations(trained["folder"] / out)
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(a.astype(np.float64).ravel(), b.astype(np.float64).ravel())[0, 1])
+
+
+@pytest.mark.parametrize("composite", ["epsilon", "epsilon_plus_flat"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_autocast_on_the_cpu_gives_finite_relevance_close_to_float32(trained: dict[str, Path], dtype: str,
+                                                                     composite: str) -> None:
+    reference = explain(trained, f"float32_{composite}", "--composite", composite)
+    lower = explain(trained, f"{dtype}_{composite}", "--composite", composite, "--dtype", dtype)
+    assert lower.relevance.dtype == (np.float16 if dtype == "float16" else np.float32)
+    assert np.isfinite(lower.relevance).all()
+    assert correlation(lower.relevance, reference.relevance) > (0.9 if dtype == "bfloat16" else 0.999)
+    per_sample = [correlation(a, b) for a, b in zip(lower.relevance, reference.relevance, strict=True)]
+    assert np.median(per_sample) > 0.9
+    assert (lower.targets == reference.targets).all()
+
+
+def test_float64_equals_attribute_in_float64(trained: dict[str, Path]) -> None:
+    explanations = explain(trained, "float64", "--dtype", "float64")
+    model = DigitsCNN()
+    model.load_state_dict(torch.load(trained["weights"], weights_only=True))
+    inputs, labels = torch.load(trained["data"], weights_only=True)
+    expected = fxlrp.attribute(fxlrp.convert(model.double().eval(), fxlrp.rules.Epsilon(1e-6)), inputs.double(),
+                               target=labels)
+    assert np.abs(explanations.relevance - expected.numpy()).max() < 1e-12 * np.abs(expected.numpy()).max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_gives_the_relevance_of_the_cpu(trained: dict[str, Path], dtype: str) -> None:
+    reference = explain(trained, f"cpu_{dtype}", "--dtype", dtype)
+    on_gpu = explain(trained, f"cuda_{dtype}", "--dtype", dtype, "--device", "cuda")
+    assert np.isfinite(on_gpu.relevance).all()
+    assert correlation(on_gpu.relevance, reference.relevance) > (0.999 if dtype == "float32" else 0.9)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
+def test_the_library_explains_models_and_inputs_on_cuda() -> None:
+    torch.manual_seed(0)
+    model = DigitsCNN().double().eval()
+    inputs = torch.rand(4, 1, 8, 8, dtype=torch.float64)
+    expected = fxlrp.attribute(fxlrp.convert(model, fxlrp.composites.EpsilonPlusFlat()), inputs, target=3)
+    relevance = fxlrp.attribute(fxlrp.convert(model.cuda(), fxlrp.composites.EpsilonPlusFlat()), inputs.cuda(),
+                                target=3)
+    assert relevance.is_cuda
+    assert (relevance.cpu() - expected).abs().max() < 1e-10 * expected.abs().max()
+
+
+@pytest.mark.skipif(not torch.backends.mps.is_available(), reason="MPS is not available on this machine")
+def test_mps_gives_the_relevance_of_the_cpu(trained: dict[str, Path]) -> None:
+    reference = explain(trained, "cpu_mps_reference")
+    on_mps = explain(trained, "mps", "--device", "mps")
+    assert correlation(on_mps.relevance, reference.relevance) > 0.999
