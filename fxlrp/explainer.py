@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
 
 from fxlrp.nodes import original_node_name
-from fxlrp.relevance.rule_function import outputs_recorded
+from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
 from fxlrp.report import Report
 
@@ -113,6 +114,7 @@ def attribute(
     *,
     output: Callable[[Any], Tensor] | None = None,
     nodes: Sequence[str] | None = None,
+    repeat: int = 0,
 ) -> Tensor | tuple[Tensor | None, ...] | tuple[Tensor | tuple[Tensor | None, ...], dict[str, Tensor]]:
     """Relevance of each input in one call.
 
@@ -122,7 +124,16 @@ def attribute(
     output summed over the embedding dimension, of the ids' shape (``nodes=[...]`` with the
     embedding node gives it per dimension). Other inputs (integer indices such as a GNN's
     senders/receivers, settings) are passed as they are and get ``None``.
-    ``target``: see :func:`output_relevance`.
+    ``target``: see :func:`output_relevance`. A list ``[t1, ..., tk]`` of such targets explains
+    each: every relevance then has a leading dimension of ``k`` (``[k, *input.shape]``), equal to
+    ``k`` separate calls. One forward pass serves all ``k`` (its graph kept under
+    :func:`~fxlrp.relevance.rule_function.reusable_graph`), with one backward pass per target:
+    right for any model, a graph network's nodes included. ``repeat=n`` (n >= 1) instead explains
+    the inputs repeated along their first dimension, up to ``n`` copies per forward and backward
+    pass, copy ``i`` for target ``t_i``: for models whose first dimension is the batch (CNNs,
+    transformers; not a graph network's nodes), with class indices as targets; every tensor input
+    whose first dimension is the batch size is repeated. (``torch.autograd.grad(...,
+    is_grads_batched=True)`` cannot serve: its vmap fails in fxlrp's relevance Functions.)
     ``output``: picks the explained tensor from the model's output (e.g.
     ``lambda graphs: graphs.global_features``); by default the output itself, or for a model
     output with ``logits`` (Hugging Face) the logits, of the last position where they are given
@@ -133,12 +144,17 @@ def attribute(
     what reaches its output in the backward pass, summed over its consumers.
     Relevance is returned with the shapes of the inputs (and of the nodes' outputs).
     """
+    many = isinstance(target, list)
+    if many and not target:
+        raise ValueError("target=[] names no target; give at least one")
+    if many and repeat > 0:
+        return _attribute_repeated(explain, inputs, target, output=output, nodes=nodes, repeat=repeat)
     single = isinstance(inputs, Tensor)
     leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
     explained_leaves = [leaf for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute(..., nodes=...) needs the explainer returned by fxlrp.convert")
-    with torch.enable_grad(), sources_collected() as sources:
+    with torch.enable_grad(), sources_collected() as sources, reusable_graph() if many else nullcontext():
         if nodes is None:
             result, recorded = explain(*leaves), {}
         else:
@@ -157,9 +173,24 @@ def attribute(
                 "none of the inputs can receive relevance: give the floating-point input to explain (an "
                 "image, node features, inputs_embeds) or token ids the model looks up in an embedding"
             )
-        relevance = iter(torch.autograd.grad(
-            explained, wanted, output_relevance(explained, target), allow_unused=True
-        ))
+        starts = [output_relevance(explained, one) for one in (target if many else [target])]
+        found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
+                 for start in starts]
+    results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
+               for grads in found]
+    return _merged(results, torch.stack) if many else results[0]
+
+
+def _assembled(
+    relevance: Iterator[Tensor | None],
+    leaves: list[Any],
+    looked_up: list[list[RelevanceSource]],
+    recorded: dict[str, Any],
+    intermediate: list[Tensor | None],
+    single: bool,
+    inputs_only: bool,
+) -> Any:
+    """:func:`attribute`'s result from the gradients of one backward pass."""
     input_relevance = tuple(
         _zero_if_none(next(relevance), leaf) if _is_explained_leaf(leaf) else None for leaf in leaves
     )
@@ -172,9 +203,52 @@ def attribute(
         for leaf, found, given in zip(leaves, looked_up, input_relevance, strict=True)
     )
     input_result = input_relevance[0] if single else input_relevance
-    if nodes is None:
+    if inputs_only:
         return input_result
     return input_result, node_relevance
+
+
+def _merged(results: list[Any], merge: Callable[[list[Tensor]], Tensor]) -> Any:
+    """Results of the same structure (tensors, None, tuples, dicts) merged tensor by tensor."""
+    first = results[0]
+    if isinstance(first, Tensor):
+        return merge(results)
+    if isinstance(first, tuple):
+        return tuple(_merged([result[i] for result in results], merge) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {key: _merged([result[key] for result in results], merge) for key in first}
+    return first  # None: an input without relevance
+
+
+def _per_copy(target: Any, batch: int) -> Tensor:
+    """One class index per sample of a copy: an index for all, or one per sample."""
+    index = torch.as_tensor(target)
+    if index.is_floating_point() or index.dim() > 1 or (index.dim() == 1 and len(index) != batch):
+        raise ValueError(f"attribute(..., repeat=...) takes class indices as targets (an index, or one per sample "
+                         f"of the batch of {batch}); got {target!r}; leave repeat=0 for other targets")
+    return index.long().expand(batch)
+
+
+def _attribute_repeated(explain: nn.Module, inputs: Tensor | Sequence[Any], targets: list[Any], *,
+                        output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int) -> Any:
+    """:func:`attribute` for ``k`` targets by explaining up to ``repeat`` copies of the inputs,
+    stacked along their first dimension, per pass; results ``[k, batch, ...]``."""
+    single = isinstance(inputs, Tensor)
+    values = (inputs,) if single else tuple(inputs)
+    batch = next((value.shape[0] for value in values if isinstance(value, Tensor) and value.dim() > 0), None)
+    if batch is None:
+        raise ValueError("attribute(..., repeat=...) needs a tensor input whose first dimension is the batch")
+    chunks = []
+    for start in range(0, len(targets), repeat):
+        chunk = targets[start:start + repeat]
+        copies = [value.repeat(len(chunk), *[1] * (value.dim() - 1))
+                  if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch else value
+                  for value in values]
+        combined = torch.cat([_per_copy(target, batch) for target in chunk])
+        result = attribute(explain, copies[0] if single else copies, combined, output=output, nodes=nodes)
+        copied = len(chunk)
+        chunks.append(_merged([result], lambda tensors: tensors[0].reshape(copied, -1, *tensors[0].shape[1:])))
+    return _merged(chunks, torch.cat)
 
 
 def _logits(result: Any) -> Any:
