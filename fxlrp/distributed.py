@@ -14,6 +14,7 @@ on the number of processes.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,10 +50,15 @@ class Processes:
             return
         import torch.distributed as dist
 
-        if self.backend == "nccl":
-            dist.barrier(device_ids=[self.local_rank])
-        else:
-            dist.barrier()
+        try:
+            if self.backend == "nccl":
+                dist.barrier(device_ids=[self.local_rank])
+            else:
+                dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer that ended (its own error says why) breaks the barrier
+            print(f"fxlrp: process {self.rank} of {self.world_size} stops: another process failed (its message is "
+                  f"above)", file=sys.stderr)
+            raise SystemExit(1) from None
 
     def close(self) -> None:
         """Leave the process group."""

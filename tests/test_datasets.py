@@ -7,6 +7,7 @@ same inputs; a run killed with SIGKILL and restarted ends with the files of an u
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -263,3 +264,16 @@ def test_two_processes_with_torchrun_write_the_files_of_one(tmp_path: Path, file
     assert explanations.relevance.shape == (18, 1, 8, 8) and [shard["start"] for shard in
                                                               explanations.index["shards"]] == [0, 4, 8, 12, 16]
     assert (explanations.targets == np.arange(18) % 10).all()
+
+
+def test_progress_without_tqdm_is_a_plain_line(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from fxlrp.explain_dataset import progress_bar
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now fails
+    progress = progress_bar(10, enabled=True)
+    for _ in range(5):
+        progress.update(2)
+    progress.close()
+    line = capsys.readouterr().err.strip().split("\r")[-1]
+    assert re.fullmatch(r"explaining: 10/10 samples, [0-9.]+ samples/s, 0 s left", line), line
