@@ -48,7 +48,8 @@ from fxlrp.rules import Rule
 from fxlrp.source import calling_line, function_name
 
 AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
-                         "__itruediv__": "__truediv__"}
+                         "__itruediv__": "__truediv__", "__idiv__": "__truediv__"}
+"""Augmented assignments rebind their name to the result (``a /= b`` reaches torch as ``__idiv__``)."""
 
 
 def _carries(value: Any) -> bool:

@@ -202,3 +202,37 @@ def test_an_lstm_run_eagerly_keeps_its_own_flat_weights() -> None:
     fxlrp.attribute(fxlrp.convert(model), torch.randn(2, 5, 3, dtype=torch.float64))
     assert all(weight is parameter for weight, parameter in zip(model.lstm._flat_weights, model.lstm.parameters(),
                                                                 strict=True))
+
+
+class AugmentedInEagerCode(nn.Module):
+    """Hiera tiles with ``x.tile`` in code torch.fx cannot trace; ConViT's ``attn /= attn.sum(-1)``
+    writes into a tensor that operations before it keep for backward (an error, never a silently
+    changed value)."""
+
+    def __init__(self, in_place_division: bool = False) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+        self.in_place_division = in_place_division
+
+    def forward(self, x):
+        hidden = torch.relu(self.layer(x)) + 0.1
+        if hidden.sum() > -1e9:  # torch.fx cannot trace this
+            if self.in_place_division:
+                hidden /= hidden.sum(dim=-1, keepdim=True).detach()
+            hidden = hidden * 2.0 + 1.0
+        return hidden.tile((1, 2)).sum(dim=1, keepdim=True) + hidden
+
+
+def test_tile_in_eager_code_equals_gradient_times_input() -> None:
+    torch.manual_seed(4)
+    model = AugmentedInEagerCode().double().eval()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0)
+    [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 2))
+    assert relative_error(fxlrp.attribute(explain, x, target=2), expected) < 1e-12
+
+
+def test_writing_into_a_relevance_carrying_tensor_in_eager_code_is_a_clear_error() -> None:
+    explain = fxlrp.convert(AugmentedInEagerCode(in_place_division=True).double().eval(), LRP0)
+    with pytest.raises(fxlrp.UnsupportedOperationError, match=r"in-place div_ .* hidden /= hidden.sum"):
+        fxlrp.attribute(explain, torch.randn(3, 4, dtype=torch.float64))

@@ -24,7 +24,7 @@ from fxlrp.relevance.roles import keep_role
 VIEW_METHODS = (
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose",
     "t", "squeeze", "unsqueeze", "contiguous", "clone", "expand", "expand_as", "repeat",
-    "repeat_interleave", "movedim", "moveaxis", "swapaxes", "swapdims", "narrow", "select",
+    "repeat_interleave", "tile", "movedim", "moveaxis", "swapaxes", "swapdims", "narrow", "select",
     "index_select", "gather", "take_along_dim", "masked_select", "chunk", "split", "tensor_split",
     "unbind", "flip", "roll", "unfold", "to", "type", "type_as", "float", "double", "half",
     "bfloat16", "cpu", "cuda", "detach", "masked_fill", "where", "tril", "triu", "diagonal",
