@@ -127,3 +127,109 @@ def save_graph_relevance(path: str | Path, edge_index: ArrayLike, node_relevance
     figure.savefig(path, dpi=110, bbox_inches="tight")
     pyplot.close(figure)
     return path
+
+
+def draw_walks(
+    edge_index: ArrayLike,
+    walks: ArrayLike,
+    relevance: ArrayLike,
+    *,
+    nodes: int | None = None,
+    positions: Mapping[int, Sequence[float]] | None = None,
+    labels: Mapping[int, str] | None = None,
+    highlight: Sequence[int] = (),
+    title: str | None = None,
+    cmap: str = "bwr",
+    axis: Any = None,
+    seed: int = 0,
+) -> Any:
+    """Draw relevant walks on the graph (from :func:`fxlrp.pyg.relevant_walks`) and return the figure.
+
+    ``walks``: ``[W, L + 1]`` node ids, input layer first; ``relevance``: ``[W]``. Each walk is a
+    curved path through its nodes, an arrow on its last hop (towards the explained node), in the
+    colour of its relevance on a symmetric diverging scale (red positive, blue negative by
+    default), as wide as ``|relevance|`` is large; a step that stays at a node (self-loop, root
+    term) is a small loop beside it. Walks sharing hops bend apart; the most relevant are drawn
+    on top. ``nodes``: the number of nodes (default: the largest id in ``edge_index`` and
+    ``walks``, plus one); the other options as for :func:`draw_graph_relevance`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import networkx
+    from matplotlib import patches, pyplot
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    edges = _edge_list(edge_index)
+    paths = np.asarray(as_numpy(walks), dtype=np.int64)
+    values = as_numpy(relevance).reshape(-1)
+    if paths.ndim != 2 or paths.shape[0] != values.shape[0]:
+        raise ValueError(f"walks must have shape [W, L + 1] with one relevance each, got {paths.shape} and "
+                         f"{values.shape[0]} relevances")
+    largest = max([max(edge) for edge in edges] + [int(paths.max()) if paths.size else -1])
+    count = nodes if nodes is not None else largest + 1
+    graph = networkx.DiGraph()
+    graph.add_nodes_from(range(count))
+    graph.add_edges_from(edges)
+    positions = dict(positions) if positions is not None else networkx.spring_layout(graph, seed=seed)
+    colours = colour_map(cmap)
+    if axis is None:
+        figure, axis = pyplot.subplots(figsize=(7, 5.5))
+    else:
+        figure = axis.figure
+    on_walks = set(paths.reshape(-1).tolist())
+    networkx.draw_networkx_edges(graph, positions, edgelist=edges, ax=axis, edge_color="lightgrey", width=0.8,
+                                 arrows=False)
+    norm = Normalize(-_symmetric_limit(values), _symmetric_limit(values))
+    points = np.asarray([positions[node] for node in graph.nodes], dtype=float)
+    centroid = points.mean(axis=0)
+    span = float(np.ptp(points, axis=0).max()) or 1.0
+    hops_drawn: dict[tuple[int, int], int] = {}
+    for order in np.argsort(np.abs(values), kind="stable"):  # the most relevant last, on top
+        colour = colours(norm(values[order]))
+        width = 0.8 + 3.2 * abs(values[order]) / norm.vmax
+        path = paths[order].tolist()
+        for hop, (start, end) in enumerate(zip(path, path[1:], strict=False)):
+            seen = hops_drawn.get((start, end), 0)
+            hops_drawn[(start, end)] = seen + 1
+            if start == end:  # a loop beside the node, on the side away from the graph's centre
+                where = np.asarray(positions[start], dtype=float)
+                outward = where - centroid
+                outward = outward / np.linalg.norm(outward) if np.linalg.norm(outward) > 0 else np.array([0.0, 1.0])
+                radius = span * (0.018 + 0.008 * seen)
+                axis.add_patch(patches.Circle(tuple(where + outward * (span * 0.02 + radius)), radius, fill=False,
+                                              edgecolor=colour, linewidth=width, zorder=3))
+                continue
+            axis.add_patch(patches.FancyArrowPatch(
+                tuple(positions[start]), tuple(positions[end]), connectionstyle=f"arc3,rad={0.15 + 0.12 * seen}",
+                arrowstyle="-|>" if hop == len(path) - 2 else "-", mutation_scale=10 + 2 * width, color=colour,
+                linewidth=width, shrinkA=7, shrinkB=7, zorder=3))
+    drawn = networkx.draw_networkx_nodes(
+        graph, positions, ax=axis, node_size=[160 if node in on_walks else 60 for node in graph.nodes],
+        node_color=["white" if node in on_walks else "whitesmoke" for node in graph.nodes],
+        edgecolors=["black" if node in set(highlight) else "grey" for node in graph.nodes],
+        linewidths=[2.5 if node in set(highlight) else 0.8 for node in graph.nodes])
+    drawn.set_zorder(4)
+    for text in networkx.draw_networkx_labels(graph, positions, labels=dict(labels) if labels else None, ax=axis,
+                                              font_size=7).values():
+        text.set_zorder(5)
+    figure.colorbar(ScalarMappable(norm, colours), ax=axis, fraction=0.04, pad=0.02, aspect=30,
+                    label="walk relevance")
+    if title:
+        axis.set_title(title, fontsize=10)
+    axis.set_axis_off()
+    return figure
+
+
+def save_walks(path: str | Path, edge_index: ArrayLike, walks: ArrayLike, relevance: ArrayLike,
+               **options: Any) -> Path:
+    """:func:`draw_walks` written to a PNG file; returns the path."""
+    from matplotlib import pyplot
+
+    figure = draw_walks(edge_index, walks, relevance, **options)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    pyplot.close(figure)
+    return path

@@ -9,5 +9,6 @@ from fxlrp.pyg import operations  # noqa: F401  (registers PyG's layers and func
 from fxlrp.pyg.attention import with_cp_lrp
 from fxlrp.pyg.explainer import LRPExplainer
 from fxlrp.pyg.relevance import GraphRelevance, graph_relevance
+from fxlrp.pyg.walks import relevant_walks, subgraph_relevance, walk_steps  # noqa: F401  (GNN-LRP walks)
 
 __all__ = ["LRPExplainer", "GraphRelevance", "graph_relevance", "with_cp_lrp"]

@@ -1,0 +1,595 @@
+r"""Relevant walks (GNN-LRP, Schnake et al., TPAMI 2022) and subgraph relevance (sGNN-LRP, Xiong
+et al., ICML 2022) for any message-passing model fxlrp explains.
+
+**Node states.** A model with ``L`` message-passing steps computes node states
+``H_0 = x, H_1, ..., H_L`` (tensors with one row per node) and its output from ``H_L``. Step
+``t`` computes row ``k`` of ``H_t`` from the rows of ``H_{t-1}`` at ``k`` and at its neighbours
+(the messages along the edges into ``k``, the root or self-loop term). For PyG models ``H_t`` is
+the output of the ``t``-th message-passing layer; for torch_scatter models it is the tensor whose
+rows the next step's messages gather (``h[senders]``), and ``H_L`` the input of the pooling after
+the last step or, for node-level outputs, the output itself (see :func:`walk_steps`).
+
+**LRP is linear in the output relevance.** Given the forward pass, every rule fxlrp applies
+(LRP-0, epsilon, gamma, z+, alpha-beta, flat, z^B, the proportional and winner-take-all rules of
+aggregations, AttnLRP's softmax and product rules, CP-LRP) computes the input relevance as a
+linear function of the output relevance, e.g. epsilon: ``R_in = x * J^T (R_out / (z + eps
+sign z))`` with ``x``, ``J`` and ``z`` fixed by the forward pass. So the backward pass of step
+``t`` is a linear map ``B_t`` from relevance at ``H_t`` to relevance at ``H_{t-1}``
+(``torch.autograd.grad(H_t, H_{t-1}, R)`` through the rewritten graph), and the output's is a
+linear map ``B_out`` from the output relevance ``r`` (the explained logit at ``index``, zero
+elsewhere, as in :func:`fxlrp.attribute`) to ``H_L``.
+
+**Walk relevance.** Let ``P_j`` keep row ``j`` of a node-indexed tensor and zero the others, and
+``1^T`` sum a row over its features. The relevance of the walk ``w = (j_0, j_1, ..., j_L)``
+(input-layer node first, ``j_L`` a node of ``H_L``: the explained node for node-level outputs)
+is GNN-LRP's: LRP with relevance allowed only through node ``j_t`` at step ``t``,
+
+    R(w) = 1^T P_{j_0} B_1 P_{j_1} B_2 ... P_{j_{L-1}} B_L P_{j_L} B_out r.
+
+Written with the node blocks ``A^t_{ik}`` of ``B_t`` (the ``F_{t-1} x F_t`` matrix taking the
+relevance of row ``k`` of ``H_t`` to row ``i`` of ``H_{t-1}``; zero unless ``i = k`` or an edge
+``i -> k`` is used by step ``t``) and ``b = P_{j_L} B_out r``, it is a chain of matrix products
+``R(w) = 1^T A^1_{j_0 j_1} A^2_{j_1 j_2} ... A^L_{j_{L-1} j_L} b_{j_L}``.
+
+**Exact decomposition.** ``sum_j P_j = I`` and every map is linear, so summing ``R(w)`` over
+``j_1, ..., j_L`` removes the masks: for every node ``j``
+
+    sum over walks with j_0 = j of R(w) = 1^T P_j B_1 B_2 ... B_L B_out r = R(j),
+
+the node relevance of ``j`` from one ordinary explanation (``fxlrp.attribute``,
+:func:`fxlrp.pyg.graph_relevance`) under the same composite. This holds when relevance reaches
+``H_{t-1}`` only through step ``t`` (no skip connection around a step, no jumping knowledge);
+:func:`relevant_walks` checks it on every call (the chain ``B_1 ... B_L B_out r`` must equal the
+model's own backward pass) and raises ``ValueError`` otherwise.
+
+**Computation.** The walks are found from the output backward, suffix by suffix: a suffix
+``(j_t, ..., j_L)`` carries its relevance vector ``v = P_{j_t} B_{t+1} ... P_{j_L} B_out r``
+(one row of ``H_t``); one backward pass through step ``t`` alone (``autograd.grad`` of ``H_t``
+with respect to ``H_{t-1}``, the forward kept with
+:func:`~fxlrp.relevance.rule_function.reusable_graph`) gives ``B_t v``, whose non-zero rows ``i``
+are the suffixes ``(i, j_t, ..., j_L)`` one step longer. A row that is zero has only walks of
+relevance zero (linearity), so ``top_k=None`` returns every walk with non-zero relevance.
+
+Suffixes share a pass where that is exact: ``B_t`` sends the relevance of row ``k`` only to the
+rows of its *neighbourhood* ``D_t(k)`` (``k`` and the senders of the messages ``k`` receives in
+step ``t``: read from the edges a PyG layer actually sent messages along, self-loops included,
+or from the indices a scatter model's step gathers and aggregates with). For suffixes at nodes
+with pairwise disjoint neighbourhoods, ``B_t`` of the sum of their seeds, restricted to
+``D_t(k)``, is ``B_t`` of the seed at ``k`` (linearity, disjoint supports), so one pass serves
+them all (greedy first-fit grouping; relevance on a row outside every neighbourhood of a group is
+an error, never silently attributed). Suffixes at one node, or at nodes sharing a neighbour, get
+separate passes. Enumeration is exponential in depth, as every enumeration of walks is (about
+``(d + 1)^L`` walks per explained node for mean degree ``d``).
+
+**Top-k.** Walk relevance is a bilinear form of a chain of signed ``F x F`` matrices, not a
+product of scalars, so the max-product (Viterbi) dynamic programme that gives exact top-k paths
+for scalar weights does not apply: two suffixes ending at the same node cannot be merged, and
+the best completion of a suffix depends on its whole vector ``v``. Exact top-k over node-level
+walks in polynomial time is not known; with ``2 x 2`` rotation blocks (angle ``pi a_t / S`` or
+``0`` at the two nodes of layer ``t``) the largest walk relevance is ``1`` exactly when the
+numbers ``a_t`` have a subset summing to ``S / 2`` (PARTITION). Xiong et al. (Relevant Walk
+Search, ICML 2023) likewise find top-K walks exactly only at the neuron level (scalar factors)
+and approximately at the node level. ``top_k=k`` therefore runs a **beam search**: at each step
+only the ``beam`` suffixes with the largest (``largest=False``: smallest) relevance ``1^T v``
+are extended. ``1^T v`` is the sum of the relevances of all walks the suffix leads to (exactly,
+for bias-free conservative rules; otherwise up to what biases absorb), so the beam keeps the
+suffixes that carry the most relevance of the sign asked for. Cost: at most ``L * beam``
+step-backward passes, each linear in the number of edges: polynomial in graph size and depth.
+Every returned relevance is the exact ``R(w)`` of its walk; the search is exact (equal to the
+top ``k`` of the full enumeration) whenever no step had more than ``beam`` suffixes, which holds
+on small graphs and receptive fields with the default ``beam`` (256); beyond that it is an
+approximation (a walk whose suffix carries little total relevance, its completions cancelling,
+can be missed).
+
+**Subgraph relevance** (sGNN-LRP). The relevance of a node set ``S`` is the sum over walks that
+stay inside ``S``; with ``P_S = sum_{j in S} P_j`` it is
+
+    R(S) = 1^T P_S B_1 P_S B_2 ... P_S B_L P_S B_out r,
+
+``L`` step-backward passes, linear in depth (:func:`subgraph_relevance`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+
+import fxlrp
+from fxlrp.composites import Composite
+from fxlrp.explainer import Explainer
+from fxlrp.nodes import REWRITTEN_PREFIX
+from fxlrp.pyg.messages import Messages, recording_messages
+from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
+from fxlrp.rules import Rule
+
+AGGREGATIONS = frozenset({"scatter_sum", "scatter", "scatter_max", "scatter_reduce", "index_add", "pyg_scatter"})
+"""Canonical operations that aggregate rows by an index (a message aggregation or a pooling)."""
+
+_GATHER_TARGETS = {"operator.getitem": 1, ".index_select()": 2, "torch.index_select": 2}
+"""How a gather of rows is reported, and the position of its index argument."""
+
+OUTPUT = "output"
+"""The state name standing for the model's output (a node-level model's last state)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One message-passing step: the node state it computes and where its edges are read."""
+
+    state: str
+    """Name of the ``explain.report()`` row whose output is ``H_t`` (``"output"``: the output)."""
+    layer: str | None = None
+    """PyG: the layer's module path; the edges of its recorded messages are the step's edges."""
+    aggregation: str | None = None
+    """Scatter models: the aggregation node; its index and the gathers' indices give the edges."""
+    gathers: tuple[tuple[str, int], ...] = ()
+    """Scatter models: the step's gathers, each with the position of its index argument."""
+
+
+def walk_steps(explain: Explainer) -> list[str]:
+    """The node states ``H_1, ..., H_L`` of a converted model, as names of ``explain.report()`` rows.
+
+    PyG models: the outputs of the message-passing layers, in the order they run. Models
+    without PyG layers (torch_scatter, PyG's ``scatter``): a step is an aggregation whose
+    messages gather rows of a node tensor along the edges (``h[senders]``,
+    ``h.index_select(0, receivers)``) that no earlier aggregation gathered; ``H_t`` for
+    ``t < L`` is the tensor step ``t + 1`` gathers from, and ``H_L`` the input of an aggregation
+    after the last step (a pooling) or else ``"output"``, the model's output (node-level). Give
+    ``steps=`` to the functions here where this does not describe the model.
+    """
+    return [step.state for step in _detect_steps(explain)]
+
+
+def _detect_steps(explain: Explainer) -> list[Step]:
+    report = explain.report()
+    layers = [row for row in report.rows if row.operation == "message_passing"]
+    if layers:
+        return [Step(row.name, layer=row.target) for row in layers]
+    rows = {row.name: row for row in report.rows}
+    graph = explain.graph_module.graph
+    nodes = {_report_name(node): node for node in graph.nodes}
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    if not placeholders:
+        raise ValueError("the explained model has no inputs")
+    carrying = _descendants(placeholders[0])
+    ancestors: dict[fx.Node, set[fx.Node]] = {}
+
+    def above(node: fx.Node) -> set[fx.Node]:
+        if node not in ancestors:
+            found: set[fx.Node] = set()
+            for parent in node.all_input_nodes:
+                found |= {parent} | above(parent)
+            ancestors[node] = found
+        return ancestors[node]
+
+    gathers: dict[fx.Node, tuple[fx.Node, int]] = {}  # gather -> (the node tensor it reads, index position)
+    for name, row in rows.items():
+        position = _GATHER_TARGETS.get(row.target)
+        node = nodes.get(name)
+        if position is None or node is None or len(node.args) <= position:
+            continue
+        source, index = node.args[0], node.args[position]
+        if isinstance(source, fx.Node) and source in carrying and isinstance(index, fx.Node) \
+                and index not in carrying:
+            gathers[node] = (source, position)
+    aggregations = [node for name, node in nodes.items()
+                    if name in rows and rows[name].operation in AGGREGATIONS and node in carrying]
+    found_steps: list[tuple[fx.Node, set[fx.Node]]] = []
+    after_last: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+    for node in aggregations:
+        new = {gather for gather in gathers if gather in above(node)} - seen
+        if new:
+            found_steps.append((node, new))
+            seen |= new
+            after_last = []
+        elif found_steps:
+            after_last.append(node)
+    if not found_steps:
+        raise ValueError("found no message-passing step in the model (no PyG layer, no aggregation of "
+                         "gathered rows); name the node states with steps=[...] (rows of explain.report())")
+    states = []
+    for step, (_, new) in enumerate(found_steps[1:], start=2):
+        read = {gathers[gather][0] for gather in new}
+        if len(read) != 1:
+            names = ", ".join(sorted(_report_name(node) for node in read))
+            raise ValueError(f"message-passing step {step} gathers rows of several tensors ({names}); name the "
+                             "node states with steps=[...] (rows of explain.report())")
+        states.append(_report_name(next(iter(read))))
+    pooled = after_last[0].args[0] if after_last else None
+    states.append(_report_name(pooled) if isinstance(pooled, fx.Node) else OUTPUT)
+    return [
+        Step(state, aggregation=_report_name(aggregation),
+             gathers=tuple(sorted((_report_name(gather), gathers[gather][1]) for gather in new)))
+        for state, (aggregation, new) in zip(states, found_steps, strict=True)
+    ]
+
+
+def _report_name(node: fx.Node) -> str:
+    if node.op == "call_module" and str(node.target).startswith(REWRITTEN_PREFIX):
+        return str(node.target)[len(REWRITTEN_PREFIX):]
+    return node.name
+
+
+def _descendants(node: fx.Node) -> set[fx.Node]:
+    found, stack = {node}, [node]
+    while stack:
+        for user in stack.pop().users:
+            if user not in found:
+                found.add(user)
+                stack.append(user)
+    return found
+
+
+class Neighbourhoods:
+    """For one step, the rows of ``H_{t-1}`` each row ``k`` of ``H_t`` is computed from: ``k``
+    and the senders of the messages ``k`` receives (a superset of where ``B_t`` can send the
+    relevance of row ``k``)."""
+
+    def __init__(self, senders: Tensor, receivers: Tensor, nodes: int) -> None:
+        loops = torch.arange(nodes, device=senders.device)
+        senders, receivers = torch.cat([senders, loops]), torch.cat([receivers, loops])
+        order = torch.argsort(receivers, stable=True)
+        self.senders = senders[order].tolist()
+        self.starts = torch.cat([receivers.new_zeros(1), torch.bincount(receivers, minlength=nodes).cumsum(0)]).tolist()
+        self._sets: dict[int, frozenset[int]] = {}
+
+    def of(self, node: int) -> frozenset[int]:
+        rows = self._sets.get(node)
+        if rows is None:
+            rows = self._sets[node] = frozenset(self.senders[self.starts[node]:self.starts[node + 1]])
+        return rows
+
+
+@dataclass
+class WalkGraph:
+    """One forward pass of a converted model, kept for any number of step-backward passes.
+
+    ``states``: ``[H_0, ..., H_L]``, ``H_0`` the input leaf ``x``; ``start``: the output
+    relevance ``r``; ``last``: the relevance at ``H_L`` (``B_out r``); ``neighbourhoods``: per step
+    ``t = 1..L`` (index ``t - 1``) the rows each node's relevance can reach, where the step's
+    edges are known (then suffixes at nodes with disjoint neighbourhoods share one pass).
+    """
+
+    output: Tensor
+    states: list[Tensor]
+    start: Tensor
+    last: Tensor
+    neighbourhoods: list[Neighbourhoods | None] = field(default_factory=list)
+    passes: int = 0
+    """Step-backward passes run so far."""
+
+    @property
+    def depth(self) -> int:
+        return len(self.states) - 1
+
+    def step(self, t: int, relevance: Tensor) -> Tensor:
+        """``B_t``: relevance at ``H_t`` (``[N, ...]``) to relevance at ``H_{t-1}``."""
+        self.passes += 1
+        with torch.enable_grad():
+            (found,) = torch.autograd.grad(self.states[t], self.states[t - 1], relevance, retain_graph=True,
+                                           allow_unused=True)
+        return torch.zeros_like(self.states[t - 1]) if found is None else found
+
+
+def walk_graph(
+    model: nn.Module,
+    x: Tensor,
+    edge_index: Tensor,
+    *,
+    index: Any,
+    target: Any = None,
+    composite: Composite | Rule | None = None,
+    steps: Sequence[str] | None = None,
+    check: bool = True,
+    **forward_kwargs: Any,
+) -> WalkGraph:
+    """Run ``model(x, edge_index, **forward_kwargs)`` explained (``model`` as it is if it is an
+    :class:`~fxlrp.Explainer`, else ``fxlrp.convert(model, composite)``), keeping the node states
+    ``steps`` (default :func:`walk_steps`) and the relevance at the last one.
+
+    ``check``: verify that the step-by-step backward ``B_1 ... B_L B_out r`` equals the model's
+    own relevance of ``x`` (no relevance bypasses a step); ``ValueError`` otherwise.
+    """
+    if isinstance(model, Explainer):
+        if composite is not None:
+            raise ValueError("model is already converted: give composite= to fxlrp.convert instead")
+        explain = model
+    else:
+        explain = fxlrp.convert(model, composite)
+    described = _detect_steps(explain) if steps is None else [Step(name) for name in steps]
+    if not described:
+        raise ValueError("no message-passing steps: steps must name at least one node state")
+    leaf = x.detach().requires_grad_()
+    recorded: dict[str, Any] = {}
+    handles = []
+    try:
+        for step in described:
+            if step.state != OUTPUT:
+                recorder = _output_recorder(recorded, step.state)
+                handles.append(_module(explain, step.state).register_forward_hook(recorder))
+            indexed = [(step.aggregation, 1, True)] if step.aggregation else []
+            for name, position, aggregation in indexed + [(name, position, False) for name, position in step.gathers]:
+                recorder = _index_recorder(recorded, name, position, aggregation)
+                handles.append(_module(explain, name).register_forward_pre_hook(recorder, with_kwargs=True))
+        with torch.enable_grad(), outputs_recorded(), reusable_graph(), recording_messages() as records:
+            output = explain(leaf, edge_index, **forward_kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not isinstance(output, Tensor):
+        raise TypeError(f"the model returns {type(output).__name__}; relevant walks explain a tensor output")
+    states: list[Tensor] = [leaf]
+    for step in described:
+        value = output if step.state == OUTPUT else recorded.get(step.state)
+        if not isinstance(value, Tensor) or not value.requires_grad:
+            raise ValueError(f"node state {step.state!r} is not a tensor that carries relevance from x")
+        if value.dim() == 0 or value.size(0) != x.size(0):
+            raise ValueError(f"node state {step.state!r} has shape {tuple(value.shape)}: a node state has one row "
+                             f"per node ({x.size(0)})")
+        states.append(value)
+    start = _output_relevance(output, index, target)
+    last = start if states[-1] is output else _gradient(output, states[-1], start)
+    neighbourhoods = [_neighbourhoods(step, records, recorded, x.size(0)) for step in described]
+    graph = WalkGraph(output.detach(), states, start, last, neighbourhoods)
+    if check:
+        _check_decomposition(graph, output)
+    return graph
+
+
+def _module(explain: Explainer, name: str) -> nn.Module:
+    try:
+        return explain.graph_module.get_submodule(REWRITTEN_PREFIX + name)
+    except AttributeError:
+        known = ", ".join(row.name for row in explain.report().rows[:12])
+        raise ValueError(f"no node {name!r} to record in the explained model; steps are names of rows of "
+                         f"explain.report() (e.g. {known}, ...)") from None
+
+
+def _output_recorder(recorded: dict[str, Any], name: str) -> Any:
+    def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+        recorded[name] = output
+
+    return hook
+
+
+def _index_recorder(recorded: dict[str, Any], name: str, position: int, aggregation: bool) -> Any:
+    """Records the index a gather (``x[index]``: position 1, ``x.index_select(0, index)``: 2) or an
+    aggregation along dimension 0 (``scatter(src, index, dim=0)``: 1) is called with."""
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        source = args[0] if args else None
+        index = args[position] if len(args) > position else kwargs.get("index")
+        if aggregation:  # torch_scatter's functions default to dim=-1, PyG's scatter to dim=0
+            library = getattr(getattr(module, "function", None), "__module__", None) or ""
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", 0 if library.startswith("torch_geometric") else -1)
+        elif position == 2:  # index_select(x, dim, index)
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        else:  # x[index]
+            dim = 0
+        if isinstance(source, Tensor) and isinstance(index, Tensor) and index.dim() == 1 and isinstance(dim, int) \
+                and dim in (0, -source.dim()):
+            recorded[name] = index
+
+    return hook
+
+
+def _neighbourhoods(step: Step, records: list[Messages], recorded: dict[str, Any], nodes: int) -> Neighbourhoods | None:
+    """The step's edges as :class:`Neighbourhoods`; None where they are not known exactly."""
+    if step.layer is not None:
+        mine = [record for record in records if record.layer == step.layer]
+        if len(mine) != 1:
+            return None  # a layer run twice, or one that propagates several times
+        sent = mine[0].edge_index
+        senders, receivers = (sent[0], sent[1]) if mine[0].source_to_target else (sent[1], sent[0])
+        return Neighbourhoods(senders, receivers, nodes)
+    if step.aggregation is None:
+        return None
+    receivers = recorded.get(step.aggregation)
+    gathered = [recorded.get(name) for name, _ in step.gathers]
+    if not isinstance(receivers, Tensor) or not gathered or any(
+            not isinstance(index, Tensor) or index.shape != receivers.shape for index in gathered):
+        return None
+    return Neighbourhoods(torch.cat(gathered), receivers.repeat(len(gathered)), nodes)
+
+
+def _gradient(output: Tensor, wanted: Tensor, relevance: Tensor) -> Tensor:
+    with torch.enable_grad():
+        (found,) = torch.autograd.grad(output, wanted, relevance, retain_graph=True, allow_unused=True)
+    return torch.zeros_like(wanted) if found is None else found
+
+
+def _output_relevance(output: Tensor, index: Any, target: Any) -> Tensor:
+    """``r``: the explained output itself at row ``index`` (class ``target``; None: the largest)."""
+    if isinstance(target, Tensor) and target.is_floating_point() and target.shape == output.shape:
+        return target.detach()
+    values = output.detach()
+    start = torch.zeros_like(values)
+    if values.dim() == 1:
+        start[index] = values[index]
+        return start
+    row = values[index]
+    if row.dim() != 1:
+        raise ValueError(f"index {index!r} picks {tuple(row.shape)} outputs; it must pick one row of logits")
+    chosen = int(row.argmax()) if target is None else int(target)
+    start[index, chosen] = values[index, chosen]
+    return start
+
+
+def _check_decomposition(graph: WalkGraph, output: Tensor) -> None:
+    """The chain of step backwards must give the model's own input relevance."""
+    full = _gradient(output, graph.states[0], graph.start)
+    chained = graph.last
+    for t in range(graph.depth, 0, -1):
+        chained = graph.step(t, chained)
+    scale = full.abs().max().item()
+    difference = (chained - full).abs().max().item()
+    if difference > 1e4 * torch.finfo(full.dtype).eps * max(scale, torch.finfo(full.dtype).tiny):
+        raise ValueError(
+            "relevance reaches the input around the message-passing steps (a skip connection or jumping "
+            "knowledge across a step, or node states that are not the steps' outputs): walks do not decompose "
+            f"the explanation (largest difference {difference:.3g} at relevance scale {scale:.3g}); name the "
+            "node states with steps=[...]"
+        )
+
+
+def _nonzero_rows(relevance: Tensor) -> Tensor:
+    return relevance.reshape(relevance.size(0), -1).ne(0).any(dim=1).nonzero().view(-1)
+
+
+def _batches(nodes: list[int], neighbourhoods: Neighbourhoods | None) -> list[list[int]]:
+    """Suffix positions grouped so that the suffixes of a group end at nodes whose
+    neighbourhoods are disjoint (first fit); one group per suffix without known edges."""
+    if neighbourhoods is None:
+        return [[position] for position in range(len(nodes))]
+    groups: list[tuple[set[int], list[int]]] = []
+    for position, node in enumerate(nodes):
+        rows = neighbourhoods.of(node)
+        for used, members in groups:
+            if used.isdisjoint(rows):
+                used |= rows
+                members.append(position)
+                break
+        else:
+            groups.append((set(rows), [position]))
+    return [members for _, members in groups]
+
+
+def _extend(graph: WalkGraph, t: int, suffixes: Tensor, vectors: Tensor) -> tuple[Tensor, Tensor]:
+    """Every suffix ``(j_t, ..., j_L)`` one step longer: ``(i, j_t, ..., j_L)`` with the rows
+    ``i`` of ``B_t v`` that are not zero, and those rows."""
+    nodes = suffixes[:, 0].tolist()
+    neighbourhoods = graph.neighbourhoods[t - 1]
+    longer, carried = [], []
+    seed = torch.zeros_like(graph.states[t])
+    for group in _batches(nodes, neighbourhoods):
+        for position in group:
+            seed[nodes[position]] = vectors[position]
+        below = graph.step(t, seed)
+        for position in group:
+            seed[nodes[position]] = 0
+        found = _nonzero_rows(below)
+        if len(group) == 1:
+            owners = [found]
+        else:
+            rows = found.tolist()
+            owner_of = {row: position for position in group for row in neighbourhoods.of(nodes[position])}
+            if any(row not in owner_of for row in rows):
+                raise RuntimeError(
+                    f"relevance of message-passing step {t} reached rows outside the neighbourhoods its edges give; "
+                    "the step mixes nodes in another way: name its node states with steps=[...]")
+            owners = [found[[owner_of[row] == position for row in rows]] if rows else found for position in group]
+        for position, mine in zip(group, owners, strict=True):
+            longer.append(torch.cat([mine.view(-1, 1), suffixes[position].expand(mine.numel(), -1)], dim=1))
+            carried.append(below[mine])
+    if not longer:
+        return suffixes.new_zeros(0, suffixes.size(1) + 1), graph.states[t - 1].new_zeros(
+            0, *graph.states[t - 1].shape[1:])
+    return torch.cat(longer), torch.cat(carried).detach()
+
+
+def _search(graph: WalkGraph, beam: int | None, largest: bool) -> tuple[Tensor, Tensor]:
+    """Walks ``[W, L + 1]`` (input node first) and their relevance ``[W]``; every suffix extended
+    if ``beam`` is None, else the ``beam`` suffixes of largest (smallest) relevance at each step."""
+    rows = _nonzero_rows(graph.last)
+    suffixes, vectors = rows.view(-1, 1), graph.last[rows].detach()
+    for t in range(graph.depth, 0, -1):
+        if beam is not None and suffixes.size(0) > beam:
+            totals = vectors.reshape(vectors.size(0), -1).sum(dim=1)
+            kept = torch.topk(totals, beam, largest=largest).indices
+            suffixes, vectors = suffixes[kept], vectors[kept]
+        suffixes, vectors = _extend(graph, t, suffixes, vectors)
+    relevance = vectors.reshape(vectors.size(0), -1).sum(dim=1)
+    nonzero = relevance != 0
+    return suffixes[nonzero], relevance[nonzero]
+
+
+DEFAULT_BEAM = 256
+"""Suffixes a top-k search extends per step, at least (``max(DEFAULT_BEAM, 16 k)``)."""
+
+
+def relevant_walks(
+    model: nn.Module,
+    x: Tensor,
+    edge_index: Tensor,
+    *,
+    index: Any,
+    target: Any = None,
+    composite: Composite | Rule | None = None,
+    top_k: int | None = None,
+    largest: bool = True,
+    steps: Sequence[str] | None = None,
+    beam: int | None = None,
+    **forward_kwargs: Any,
+) -> tuple[Tensor, Tensor]:
+    r"""The relevant walks of ``model(x, edge_index, **forward_kwargs)`` for output row ``index``.
+
+    ``index``: the explained node (node-level outputs ``[N, C]`` or ``[N]``) or graph (graph-level
+    outputs ``[G, C]``); ``target``: its class (None: the largest logit); the output relevance is
+    that logit, zero elsewhere, as in :func:`fxlrp.attribute` (a float tensor of the output's
+    shape is taken as the output relevance itself). ``composite``: as for :func:`fxlrp.convert`
+    (``model`` may also be an already converted :class:`~fxlrp.Explainer`).
+
+    Returns ``(walks, relevance)``: ``walks`` ``[W, L + 1]`` node ids from the input layer to the
+    last node state (``walks[:, 0]`` the input node ``j_0``, ``walks[:, -1]`` the explained node
+    for node-level outputs), ``relevance`` ``[W]`` the GNN-LRP relevance
+    :math:`R(w) = 1^T P_{j_0} B_1 P_{j_1} \cdots B_L P_{j_L} B_{out} r` (see this module), sorted
+    from largest to smallest (``largest=False``: smallest first).
+
+    ``top_k=None``: every walk with non-zero relevance (exact; their number grows exponentially
+    with depth); for each input node they sum to its node relevance.
+    ``top_k=k``: the ``k`` walks of largest (smallest) relevance found by a beam search that
+    extends at most ``beam`` suffixes per step (default ``max(256, 16 k)``): at most
+    ``L * beam`` step-backward passes, exact when no step has more suffixes than ``beam``, else an
+    approximation (see the module docstring). ``steps``: names of the node states
+    ``H_1, ..., H_L`` (rows of ``explain.report()``; ``"output"`` for the output itself), by
+    default :func:`walk_steps`.
+    """
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be a positive number of walks or None, got {top_k}")
+    width = None if top_k is None else (beam if beam is not None else max(DEFAULT_BEAM, 16 * top_k))
+    if width is not None and width < top_k:
+        raise ValueError(f"beam ({width}) must be at least top_k ({top_k})")
+    graph = walk_graph(model, x, edge_index, index=index, target=target, composite=composite, steps=steps,
+                       **forward_kwargs)
+    walks, relevance = _search(graph, width, largest)
+    order = torch.argsort(relevance, descending=largest, stable=True)
+    if top_k is not None:
+        order = order[:top_k]
+    return walks[order], relevance[order]
+
+
+def subgraph_relevance(
+    model: nn.Module,
+    x: Tensor,
+    edge_index: Tensor,
+    nodes: Tensor | Sequence[int],
+    *,
+    index: Any,
+    target: Any = None,
+    composite: Composite | Rule | None = None,
+    steps: Sequence[str] | None = None,
+    **forward_kwargs: Any,
+) -> Tensor:
+    r"""sGNN-LRP: the relevance of the node set ``nodes``, the sum of the relevance of every walk
+    whose nodes all lie in it, :math:`R(S) = 1^T P_S B_1 P_S \cdots B_L P_S B_{out} r`.
+
+    One forward and ``L`` step-backward passes (linear in depth). Arguments as for
+    :func:`relevant_walks`; returns a scalar tensor.
+    """
+    graph = walk_graph(model, x, edge_index, index=index, target=target, composite=composite, steps=steps,
+                       check=False, **forward_kwargs)
+    inside = torch.zeros(x.size(0), dtype=torch.bool, device=x.device)
+    inside[torch.as_tensor(nodes, dtype=torch.long, device=x.device)] = True
+
+    def masked(relevance: Tensor) -> Tensor:
+        return relevance * inside.view(-1, *([1] * (relevance.dim() - 1))).to(relevance.dtype)
+
+    relevance = masked(graph.last)
+    for t in range(graph.depth, 0, -1):
+        relevance = masked(graph.step(t, relevance))
+    return relevance.sum().detach()
