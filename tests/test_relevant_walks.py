@@ -314,8 +314,11 @@ def test_a_skip_connection_around_a_step_is_refused() -> None:
             return self.head(self.second(h, edge_index).relu() + self.project(x))
 
     x, edge_index = undirected_graph(6, 0.5, seed=9)
+    model = Skip().double().eval()
     with pytest.raises(ValueError, match="around the message-passing steps"):
-        relevant_walks(Skip().double().eval(), x, edge_index, index=0)
+        relevant_walks(model, x, edge_index, index=0)
+    with pytest.raises(ValueError, match="around the message-passing steps"):
+        subgraph_relevance(model, x, edge_index, [0, 1], index=0)
 
 
 def test_steps_are_found_and_can_be_given() -> None:

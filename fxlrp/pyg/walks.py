@@ -578,11 +578,12 @@ def subgraph_relevance(
     r"""sGNN-LRP: the relevance of the node set ``nodes``, the sum of the relevance of every walk
     whose nodes all lie in it, :math:`R(S) = 1^T P_S B_1 P_S \cdots B_L P_S B_{out} r`.
 
-    One forward and ``L`` step-backward passes (linear in depth). Arguments as for
-    :func:`relevant_walks`; returns a scalar tensor.
+    One forward and ``L`` step-backward passes (linear in depth; as many again for the check that
+    the steps decompose the explanation). Arguments as for :func:`relevant_walks`; returns a
+    scalar tensor.
     """
     graph = walk_graph(model, x, edge_index, index=index, target=target, composite=composite, steps=steps,
-                       check=False, **forward_kwargs)
+                       **forward_kwargs)
     inside = torch.zeros(x.size(0), dtype=torch.bool, device=x.device)
     inside[torch.as_tensor(nodes, dtype=torch.long, device=x.device)] = True
 
