@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench setup clean
+.PHONY: demo test test-lxt lint bench setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,11 +24,30 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# A second environment for the parity tests against LXT (tests_lxt/): LXT 2.1 patches
+# transformers' model code and needs transformers 4.x (the main environment has 5.x). Only what
+# `import lxt.efficient` needs: torchvision (its ViT patches), zennit without its dependencies
+# (LXT warns without it); not bitsandbytes, open_clip_torch, accelerate, matplotlib, tabulate.
+LXT_VENV := .venv-lxt
+LXT_BIN := $(LXT_VENV)/bin
+LXT_STAMP := $(LXT_VENV)/.installed
+
+$(LXT_STAMP): pyproject.toml
+	test -x $(LXT_BIN)/python || $(PYTHON) -m venv $(LXT_VENV)
+	$(LXT_BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(LXT_BIN)/pip install --quiet "transformers==4.54.1" pytest
+	$(LXT_BIN)/pip install --quiet --no-deps lxt==2.1 zennit==0.5.1
+	$(LXT_BIN)/pip install --quiet -e .
+	touch $(LXT_STAMP)
+
+test-lxt: $(LXT_STAMP)
+	$(LXT_BIN)/python -m pytest -q tests_lxt
+
 lint: $(STAMP)
-	$(BIN)/ruff check fxlrp tests examples benchmarks
+	$(BIN)/ruff check fxlrp tests tests_lxt examples benchmarks
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) $(LXT_VENV) out

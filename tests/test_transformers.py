@@ -1,0 +1,582 @@
+"""Hugging Face transformers models (transformers 5) explained with AttnLRP(epsilon=0).
+
+For each of 16 architectures, a tiny configuration with random weights (nothing from a hub):
+conversion (strict where fxlrp has a rule for every operation), the explainer's outputs equal to
+the model's, finite relevance, and the relevance equal to an independent reference: LXT's
+Gradient x Input formulation of AttnLRP, built here without fxlrp. The model runs under a
+``TorchFunctionMode`` of this file that changes the backward pass the way LXT's efficient mode
+does (see tests/test_transformer_composites.py), on plain autograd:
+
+- a product of two input-dependent tensors (``q k^T``, attention times values, ``a * b``)
+  divides its gradient by 2: each factor receives half (the uniform rule);
+- an activation (``F.gelu``, ``F.silu``, ``tanh``, a power by a constant, transformers'
+  activation modules as a whole) scales its gradient by ``act(x) / x``: the identity rule;
+- LayerNorm, GroupNorm, RMSNorm, norms, ``sqrt``, ``rsqrt``, variances and the denominator of a
+  quotient are constants (detached): the identity rule on ``sigma``;
+- ``F.scaled_dot_product_attention`` is written out: ``softmax(q k^T * scale + mask) v``;
+- everything else - linear layers, convolutions, sums, the softmax - keeps its gradient
+  (epsilon 0 on an affine map is gradient x input).
+
+Relevance is the input times its gradient, seeded with 1 at the target logit: fxlrp's with
+``R_out = logit``. Token ids get the relevance of their embedding lookups summed over the
+embedding dimension. Where fxlrp has no rule for an operation (Mamba's ``exp``, SigLIP's
+attention-pooling head, Qwen3-MoE's default grouped matmul) the test names the operation from the
+strict error, converts with ``strict=False`` (relevance follows the gradient there) and the
+reference lets relevance follow that operation's gradient too.
+
+Models run in float64 and compare at 1e-10. The RMSNorm of Llama, Qwen and Gemma 3 upcasts to
+float32 whatever the model's dtype, and so does Qwen3-MoE's router softmax (the two formulations
+would then agree to float32's rounding only): for the comparison they compute in float64, the
+same formulas without the upcast, in the model both explanations run. Mamba's selective scan
+computes in float32 (``.float()``) and the grouped matrix product of Qwen3-MoE's default experts
+exists in float32 only: those two run in float32. Mamba compares at 1e-5; the grouped product,
+where the formulation that follows the gradient divides by the inputs, is checked for its
+outputs and finite relevance only (Qwen3-MoE with batched experts is compared in float64).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import relative_error
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+import fxlrp
+import fxlrp.transformers  # noqa: F401  (transformers' activation modules get the identity rule)
+from fxlrp.composites import AttnLRP
+
+transformers = pytest.importorskip("transformers")
+from transformers import activations  # noqa: E402
+
+# -- the reference: LXT's modified gradient, on plain autograd --------------------------------------
+
+
+class DivideGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, value: Tensor, factor: float) -> Tensor:
+        ctx.factor = factor
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, gradient: Tensor):
+        return gradient / ctx.factor, None
+
+
+class IdentityRule(torch.autograd.Function):
+    """``output`` (computed from ``x``) whose backward scales by ``output / x``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, output: Tensor) -> Tensor:
+        ratio = torch.where(x == 0, torch.zeros_like(x), output / torch.where(x == 0, torch.ones_like(x), x))
+        ctx.save_for_backward(ratio)
+        return output.clone()
+
+    @staticmethod
+    def backward(ctx, gradient: Tensor):
+        (ratio,) = ctx.saved_tensors
+        return gradient * ratio, None
+
+
+class FollowsGradient(torch.autograd.Function):
+    """``call(*inputs)`` through which relevance follows the gradient (``R_in = J^T R_out``, what
+    fxlrp does with ``strict=False`` for an operation without a rule), in gradient x input terms:
+    the gradient reaching each input is ``J^T (output * gradient) / input``."""
+
+    @staticmethod
+    def forward(ctx, call: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
+        with torch.enable_grad():
+            leaves = [value.detach().requires_grad_() for value in inputs]
+            output = call(*leaves)
+        ctx.graph = (leaves, output)
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, gradient: Tensor):
+        leaves, output = ctx.graph
+        relevance = torch.autograd.grad(output, leaves, output.detach() * gradient, allow_unused=True)
+        return (None, *(None if share is None else torch.where(leaf == 0, torch.zeros_like(share), share / leaf)
+                        for share, leaf in zip(relevance, leaves, strict=True)))
+
+
+def _follows_gradient(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    positions = [position for position, value in enumerate(args) if _input_dependent(value)]
+
+    def call(*inputs: Tensor) -> Tensor:
+        values = list(args)
+        for position, value in zip(positions, inputs, strict=True):
+            values[position] = value
+        output = function(*values, **kwargs)
+        return output[0] if isinstance(output, tuple) else output
+
+    result = FollowsGradient.apply(call, *(args[position] for position in positions))
+    if isinstance(function(*args, **kwargs), tuple):  # (attention output, weights): the weights unexplained
+        with torch.no_grad():
+            return (result, *function(*args, **kwargs)[1:])
+    return result
+
+
+def _input_dependent(value: Any) -> bool:
+    return isinstance(value, Tensor) and value.requires_grad
+
+
+def _product(function: Callable[..., Tensor], factors: list[Any], args: tuple, kwargs: dict) -> Tensor:
+    output = function(*args, **kwargs)
+    count = sum(_input_dependent(factor) for factor in factors)
+    return DivideGradient.apply(output, float(count)) if count >= 2 else output
+
+
+def _activation(function: Callable[..., Tensor], args: tuple, kwargs: dict) -> Tensor:
+    x = args[0]
+    output = function(*args, **kwargs)
+    return IdentityRule.apply(x, output.detach()) if _input_dependent(x) else output
+
+
+def _constant(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    with torch.no_grad():
+        return function(*args, **kwargs)
+
+
+def _quotient(function: Callable[..., Tensor], args: tuple, kwargs: dict) -> Tensor:
+    numerator, denominator, *rest = args
+    if isinstance(denominator, Tensor):
+        denominator = denominator.detach()
+    return function(numerator, denominator, *rest, **kwargs)
+
+
+def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    dimensions = tuple(range(-len(normalized_shape), 0))
+    mean = input.mean(dimensions, keepdim=True)
+    sigma = torch.sqrt(input.var(dimensions, unbiased=False, keepdim=True) + eps).detach()
+    output = (input - mean) / sigma
+    output = output * weight if weight is not None else output
+    return output + bias if bias is not None else output
+
+
+def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    grouped = input.reshape(input.shape[0], num_groups, -1)
+    sigma = torch.sqrt(grouped.var(-1, unbiased=False, keepdim=True) + eps).detach()
+    output = ((grouped - grouped.mean(-1, keepdim=True)) / sigma).reshape(input.shape)
+    channels = (1, -1) + (1,) * (input.dim() - 2)
+    output = output * weight.view(channels) if weight is not None else output
+    return output + bias.view(channels) if bias is not None else output
+
+
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    dimensions = tuple(range(-len(normalized_shape), 0))
+    eps = torch.finfo(input.dtype).eps if eps is None else eps
+    output = input * torch.rsqrt(input.pow(2).mean(dimensions, keepdim=True) + eps).detach()
+    return output * weight if weight is not None else output
+
+
+def _normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    return input / input.norm(p, dim, keepdim=True).clamp_min(eps).detach()
+
+
+def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if enable_gqa:
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = _product(torch.matmul, [query, key], (query, key.transpose(-2, -1)), {}) * scale
+    if is_causal:
+        length, source = scores.shape[-2:]
+        attn_mask = torch.ones(length, source, dtype=torch.bool, device=scores.device).tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    return _product(torch.matmul, [weights, value], (weights, value), {})
+
+
+def _einsum(equation, *operands):
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    return _product(torch.einsum, list(operands), (equation, *operands), {})
+
+
+ACTIVATIONS = (F.gelu, F.silu, F.tanh, torch.tanh, Tensor.tanh, F.elu, F.softplus, F.mish)
+POWERS = (torch.pow, Tensor.pow, Tensor.__pow__, torch.square, Tensor.square)
+PRODUCTS = (torch.mul, Tensor.mul, Tensor.__mul__, Tensor.__rmul__, torch.matmul, Tensor.matmul,
+            Tensor.__matmul__, torch.bmm, Tensor.bmm, torch.mm, Tensor.mm)
+CONSTANTS = (torch.sqrt, Tensor.sqrt, torch.rsqrt, Tensor.rsqrt, torch.var, Tensor.var, torch.std, Tensor.std,
+             torch.norm, Tensor.norm, torch.linalg.vector_norm)
+QUOTIENTS = (torch.div, Tensor.div, Tensor.__truediv__, Tensor.div_, Tensor.__itruediv__)
+DECOMPOSED = {F.layer_norm: _layer_norm, F.group_norm: _group_norm, F.rms_norm: _rms_norm, F.normalize: _normalize,
+              F.scaled_dot_product_attention: _attention, torch.einsum: _einsum}
+ACTIVATION_MODULES = tuple(getattr(activations, name) for name in (
+    "NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation", "QuickGELUActivation", "GELUActivation",
+    "GELUTanh", "MishActivation") if hasattr(activations, name))
+
+
+class GradientTimesInput(TorchFunctionMode):
+    """LXT's modified backward for the torch calls of a forward pass; embedding lookups of the
+    explained token ids become leaves. ``gradient_only``: functions that keep their gradient
+    (where fxlrp, converting with ``strict=False``, lets relevance follow it)."""
+
+    def __init__(self, ids: list[Tensor], gradient_only: tuple[Callable[..., Any], ...] = ()) -> None:
+        super().__init__()
+        self.ids, self.gradient_only = ids, gradient_only
+        self.lookups: list[tuple[Tensor, Tensor]] = []
+        self.inside_activation = 0
+        self.unknown: set[str] = set()
+
+    def __torch_function__(self, function, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.inside_activation:
+            return function(*args, **kwargs)
+        if function in self.gradient_only and any(_input_dependent(value) for value in args):
+            return _follows_gradient(function, args, kwargs)
+        if function is F.embedding:
+            return self._lookup(function, args, kwargs)
+        if not any(_input_dependent(value) for value in (*args, *kwargs.values(),
+                                                         *(args[1] if function is torch.einsum and len(args) == 2
+                                                           and isinstance(args[1], (list, tuple)) else ()))):
+            return function(*args, **kwargs)
+        if function in DECOMPOSED:
+            return DECOMPOSED[function](*args, **kwargs)
+        if function in ACTIVATIONS:
+            return _activation(function, args, kwargs)
+        if function in POWERS and not any(_input_dependent(value) for value in args[1:]):
+            return _activation(function, args, kwargs)
+        if function in PRODUCTS:
+            return _product(function, list(args[:2]), args, kwargs)
+        if function in CONSTANTS:
+            return _constant(function, args, kwargs)
+        if function in QUOTIENTS:
+            return _quotient(function, args, kwargs)
+        if function in (torch.exp, Tensor.exp, torch.sigmoid, Tensor.sigmoid, F.sigmoid, torch.log, Tensor.log):
+            self.unknown.add(getattr(function, "__name__", str(function)))
+        return function(*args, **kwargs)
+
+    def _lookup(self, function, args, kwargs):
+        output = function(*args, **kwargs)
+        indices = args[0] if not args[0].is_floating_point() else args[1]
+        if any(indices.untyped_storage().data_ptr() == ids.untyped_storage().data_ptr()
+               and indices.numel() == ids.numel() for ids in self.ids):
+            output = output.detach().requires_grad_()
+            self.lookups.append((indices, output))
+        return output
+
+    def activation_hooks(self) -> list[Any]:
+        """transformers' activation modules take the identity rule as a whole."""
+
+        def enter(module, args):
+            if isinstance(module, ACTIVATION_MODULES):
+                self.inside_activation += 1
+
+        def leave(module, args, output):
+            if not isinstance(module, ACTIVATION_MODULES):
+                return None
+            self.inside_activation -= 1
+            if self.inside_activation == 0 and _input_dependent(args[0]):
+                return IdentityRule.apply(args[0], output.detach())
+            return None
+
+        return [nn.modules.module.register_module_forward_pre_hook(enter),
+                nn.modules.module.register_module_forward_hook(leave)]
+
+
+def reference_relevance(model: nn.Module, inputs: tuple[Any, ...], pick: Callable[[Any], Tensor], target: int,
+                        gradient_only: tuple[Callable[..., Any], ...] = ()) -> list[Tensor | None]:
+    """LXT's Gradient x Input for each input (per token for ids; None for None)."""
+    leaves = [value.detach().clone().requires_grad_() if isinstance(value, Tensor) and value.is_floating_point()
+              else value for value in inputs]
+    ids = [value for value in leaves if isinstance(value, Tensor) and not value.is_floating_point()]
+    saved = [parameter.requires_grad for parameter in model.parameters()]
+    model.requires_grad_(False)
+    mode = GradientTimesInput(ids, gradient_only)
+    hooks = mode.activation_hooks()
+    try:
+        with mode:
+            output = pick(model(*leaves))
+        seed = torch.zeros_like(output)
+        seed[..., target] = 1.0
+        explained = [leaf for leaf in leaves if _input_dependent(leaf)] + [leaf for _, leaf in mode.lookups]
+        gradients = iter(torch.autograd.grad(output, explained, seed, allow_unused=True))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for parameter, flag in zip(model.parameters(), saved, strict=True):
+            parameter.requires_grad_(flag)
+    assert not mode.unknown, f"the reference has no rule for {mode.unknown}"
+    relevance: list[Tensor | None] = [
+        (leaf * _or_zero(next(gradients), leaf)).detach() if _input_dependent(leaf) else None for leaf in leaves]
+    lookups = [(indices, leaf * _or_zero(next(gradients), leaf)) for indices, leaf in mode.lookups]
+    for position, value in enumerate(leaves):
+        if isinstance(value, Tensor) and not value.is_floating_point():
+            found = [share for indices, share in lookups
+                     if indices.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()]
+            relevance[position] = sum(share.reshape(*value.shape, -1).sum(-1) for share in found).detach()
+    return relevance
+
+
+def _or_zero(gradient: Tensor | None, like: Tensor) -> Tensor:
+    return torch.zeros_like(like) if gradient is None else gradient
+
+
+# -- the models ------------------------------------------------------------------------------------
+
+VOCABULARY = 100
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+DECODER = dict(vocab_size=VOCABULARY, **SMALL, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _ids(batch: int = 2, length: int = 7, seed: int = 0) -> Tensor:
+    return torch.randint(3, VOCABULARY, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _floats(*shape: int, seed: int = 1) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _next_token(output: Any) -> Tensor:
+    return output.logits[:, -1]
+
+
+def _logits(output: Any) -> Tensor:
+    return output.logits
+
+
+def _qwen3_moe(experts: str | None) -> nn.Module:
+    config = transformers.Qwen3MoeConfig(**DECODER, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=16)
+    if experts is not None:
+        config._experts_implementation = experts
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def _clip() -> nn.Module:
+    config = transformers.CLIPConfig(
+        text_config=dict(vocab_size=VOCABULARY, **SMALL, max_position_embeddings=16),
+        vision_config=dict(image_size=16, patch_size=8, **SMALL), projection_dim=16)
+    return transformers.CLIPModel(config)
+
+
+def _whisper() -> nn.Module:
+    config = transformers.WhisperConfig(
+        vocab_size=VOCABULARY, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=10, max_target_positions=16, decoder_start_token_id=1, pad_token_id=0)
+    return transformers.WhisperForConditionalGeneration(config)
+
+
+def _wav2vec2() -> nn.Module:
+    config = transformers.Wav2Vec2Config(
+        vocab_size=VOCABULARY, **SMALL, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+        num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, num_labels=3, classifier_proj_size=16)
+    return transformers.Wav2Vec2ForSequenceClassification(config)
+
+
+def _norm_in_input_dtype(self, hidden_states: Tensor) -> Tensor:
+    """Llama's, Qwen's and Mamba's RMSNorm without its float32 upcast."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _gemma3_norm_in_input_dtype(self, x: Tensor) -> Tensor:
+    return self._norm(x) * (1.0 + self.weight)
+
+
+def _router_in_input_dtype(self, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Qwen3-MoE's top-k router with its softmax in the input's dtype (it takes it in float32)."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_logits = F.linear(hidden_states, self.weight)
+    router_top_value, router_indices = torch.topk(torch.softmax(router_logits, dim=-1), self.top_k, dim=-1)
+    if self.norm_topk_prob:
+        router_top_value = router_top_value / router_top_value.sum(dim=-1, keepdim=True)
+    return router_logits, router_top_value, router_indices
+
+
+def _in_float64(module: str, norm: str, forward: Callable[..., Any] = _norm_in_input_dtype,
+                ) -> Callable[[], list[tuple[type, Callable[..., Any]]]]:
+    """The RMSNorm class of ``modeling_<module>`` and its forward without the upcast."""
+    def patches() -> list[tuple[type, Callable[..., Any]]]:
+        modeling = __import__(f"transformers.models.{module}.modeling_{module}", fromlist=[norm])
+        found = [(getattr(modeling, norm), forward)]
+        if hasattr(modeling, "Qwen3MoeTopKRouter"):
+            found.append((modeling.Qwen3MoeTopKRouter, _router_in_input_dtype))
+        return found
+
+    return patches
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[], nn.Module]
+    inputs: Callable[[], tuple[Any, ...]]
+    pick: Callable[[Any], Tensor]
+    float64_forwards: Callable[[], list[tuple[type, Callable[..., Any]]]] | None = None
+    """Classes that compute in float32 whatever the model's dtype (RMSNorm; Qwen3-MoE's router
+    softmax) and their forward without the upcast, used for the comparison."""
+    dtype: torch.dtype = torch.float64
+    missing: tuple[str, ...] = ()
+    """Operations fxlrp has no rule for (named by the strict error): converted with strict=False."""
+    gradient_only: tuple[Callable[..., Any], ...] = ()
+    """What the reference lets relevance follow the gradient through, as fxlrp does there."""
+    outputs_round: bool = False
+    """The explainer's outputs differ from the model's by rounding (nn.MultiheadAttention run by
+    fxlrp with ``strict=False``: 3e-16 relative): compared at 1e-14."""
+    compared: bool = True
+    """Whether the relevance is compared with the reference (not where only float32 runs and the
+    gradient-following formulation divides by the inputs)."""
+
+
+CASES = {
+    "BertForSequenceClassification": Case(
+        lambda: transformers.BertForSequenceClassification(
+            transformers.BertConfig(vocab_size=VOCABULARY, **SMALL, num_labels=3)),
+        lambda: (_ids(),), _logits),
+    "RobertaForQuestionAnswering": Case(
+        lambda: transformers.RobertaForQuestionAnswering(
+            transformers.RobertaConfig(vocab_size=VOCABULARY, **SMALL, pad_token_id=1)),
+        lambda: (_ids(),), lambda output: output.start_logits),
+    "DistilBertForSequenceClassification": Case(
+        lambda: transformers.DistilBertForSequenceClassification(transformers.DistilBertConfig(
+            vocab_size=VOCABULARY, dim=32, n_layers=2, n_heads=4, hidden_dim=64, num_labels=3)),
+        lambda: (_ids(),), _logits),
+    "GPT2LMHeadModel": Case(
+        lambda: transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(vocab_size=VOCABULARY, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+        lambda: (_ids(),), _next_token),
+    "LlamaForCausalLM": Case(
+        lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODER, attention_bias=True)),
+        lambda: (_ids(),), _next_token, float64_forwards=_in_float64("llama", "LlamaRMSNorm")),
+    "Qwen2ForCausalLM": Case(
+        lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**DECODER)),
+        lambda: (_ids(),), _next_token, float64_forwards=_in_float64("qwen2", "Qwen2RMSNorm")),
+    "Qwen3ForCausalLM": Case(
+        lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**DECODER, head_dim=8)),
+        lambda: (_ids(),), _next_token, float64_forwards=_in_float64("qwen3", "Qwen3RMSNorm")),
+    "Qwen3MoeForCausalLM": Case(  # experts by batched matrix products
+        lambda: _qwen3_moe("batched_mm"), lambda: (_ids(),), _next_token,
+        float64_forwards=_in_float64("qwen3_moe", "Qwen3MoeRMSNorm")),
+    "Qwen3MoeForCausalLM-grouped_mm": Case(  # the default experts: a grouped matrix product (float32 only)
+        lambda: _qwen3_moe(None), lambda: (_ids(),), _next_token, dtype=torch.float32,
+        missing=("torch._grouped_mm",), compared=False),
+    "Gemma3ForCausalLM": Case(
+        lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+            **DECODER, head_dim=8, query_pre_attn_scalar=8, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"])),
+        lambda: (_ids(),), _next_token,
+        float64_forwards=_in_float64("gemma3", "Gemma3RMSNorm", _gemma3_norm_in_input_dtype)),
+    "T5ForConditionalGeneration": Case(  # one decoder step: the decoder's ids so far, its next token
+        lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+            vocab_size=VOCABULARY, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)),
+        lambda: (_ids(), None, _ids(length=3, seed=2)), _next_token),
+    "ViTForImageClassification": Case(
+        lambda: transformers.ViTForImageClassification(
+            transformers.ViTConfig(image_size=16, patch_size=8, **SMALL, num_labels=3)),
+        lambda: (_floats(2, 3, 16, 16),), _logits),
+    "CLIPModel": Case(  # the image-text score: text ids and pixels both explained
+        _clip, lambda: (_ids(), _floats(2, 3, 16, 16)), lambda output: output.logits_per_image),
+    "SiglipVisionModel": Case(  # without the attention-pooling head: its last hidden state's first token
+        lambda: transformers.SiglipVisionModel(
+            transformers.SiglipVisionConfig(image_size=16, patch_size=8, **SMALL, vision_use_head=False)),
+        lambda: (_floats(2, 3, 16, 16),), lambda output: output.last_hidden_state[:, 0]),
+    "SiglipVisionModel-head": Case(
+        lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(image_size=16, patch_size=8, **SMALL)),
+        lambda: (_floats(2, 3, 16, 16),), lambda output: output.pooler_output,
+        missing=("torch.nn.functional.multi_head_attention_forward",),
+        gradient_only=(F.multi_head_attention_forward,), outputs_round=True),
+    "WhisperForConditionalGeneration": Case(  # one decoder step
+        _whisper, lambda: (_floats(2, 8, 20), None, _ids(length=3, seed=2)), _next_token),
+    "Wav2Vec2ForSequenceClassification": Case(_wav2vec2, lambda: (_floats(2, 400),), _logits),
+    "MambaForCausalLM": Case(  # its selective scan computes in float32 (.float()) whatever the dtype
+        lambda: transformers.MambaForCausalLM(transformers.MambaConfig(
+            vocab_size=VOCABULARY, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+            use_cache=False)),
+        lambda: (_ids(),), _next_token, dtype=torch.float32, missing=("torch.exp",), gradient_only=(torch.exp,)),
+}
+
+
+def _randomised(model: nn.Module) -> nn.Module:
+    """Noise on every parameter: norms start at 1 and biases at 0 otherwise."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point():
+                parameter.add_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.1)
+    return model
+
+
+def _model(case: Case) -> tuple[nn.Module, tuple[Any, ...]]:
+    torch.manual_seed(0)
+    model = _randomised(case.build().to(case.dtype).eval())
+    inputs = tuple(value.to(case.dtype) if isinstance(value, Tensor) and value.is_floating_point() else value
+                   for value in case.inputs())
+    return model, inputs
+
+
+@pytest.fixture
+def in_float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[Case], None]:
+    def apply(case: Case) -> None:
+        for module_type, forward in case.float64_forwards() if case.float64_forwards is not None else ():
+            monkeypatch.setattr(module_type, "forward", forward)
+
+    return apply
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attnlrp_equals_lxts_gradient_times_input(name: str, in_float64) -> None:
+    case = CASES[name]
+    in_float64(case)
+    model, inputs = _model(case)
+    explain = fxlrp.convert(model, AttnLRP(epsilon=0.0), strict=not case.missing)
+    for grad in (False, True):  # T5's attention takes other kernels with and without gradients
+        with torch.set_grad_enabled(grad):
+            explained, expected = case.pick(explain(*inputs)).detach(), case.pick(model(*inputs)).detach()
+        if case.outputs_round:
+            assert relative_error(explained, expected) <= 1e-14
+        else:
+            assert torch.equal(explained, expected)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        relevance = fxlrp.attribute(explain, inputs, target=1, output=case.pick)
+    followed = {str(warning.message) for warning in caught if "follows the gradient" in str(warning.message)}
+    assert all(any(operation in message for operation in case.missing) for message in followed)
+    assert len(followed) >= len(case.missing)
+    for ours, value in zip(relevance, inputs, strict=True):
+        assert (ours is None) == (value is None)
+        assert value is None or (ours.shape == value.shape and torch.isfinite(ours).all() and ours.abs().max() > 0)
+    if not case.compared:
+        return
+    expected = reference_relevance(model, inputs, case.pick, target=1, gradient_only=case.gradient_only)
+    tolerance = 1e-5 if case.dtype == torch.float32 else 1e-10
+    for ours, theirs in zip(relevance, expected, strict=True):
+        assert (ours is None) == (theirs is None)
+        if ours is not None:
+            assert relative_error(ours, theirs) <= tolerance, (name, relative_error(ours, theirs))
+
+
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.missing])
+def test_strict_conversion_names_the_operations_without_a_rule(name: str) -> None:
+    """These models need rules fxlrp does not have yet; strict conversion says which."""
+    case = CASES[name]
+    model, inputs = _model(case)
+    explain = fxlrp.convert(model, AttnLRP(epsilon=0.0))
+    with pytest.raises(fxlrp.UnsupportedOperationError) as error:
+        fxlrp.attribute(explain, inputs, target=1, output=case.pick)
+    message = str(error.value)
+    assert f"{len(case.missing)} operation(s)" in message
+    assert all(f"- {operation} " in message for operation in case.missing)
+
+
+def test_the_reference_tells_attnlrp_from_gradient_times_input() -> None:
+    """The reference's modifications matter here: plain gradient x input differs from it."""
+    case = CASES["GPT2LMHeadModel"]
+    model, inputs = _model(case)
+    expected = reference_relevance(model, inputs, case.pick, target=1)
+    embeddings = model.get_input_embeddings()(inputs[0]).detach().requires_grad_()
+    output = case.pick(model(inputs_embeds=embeddings))
+    [gradient] = torch.autograd.grad(output[:, 1].sum(), [embeddings])
+    plain = (gradient * embeddings).sum(-1)
+    assert relative_error(plain, expected[0]) > 1e-2
