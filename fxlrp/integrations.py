@@ -1,4 +1,4 @@
-"""Integrations with libraries (torchvision, PyG, ...) load themselves when the library is in use.
+"""Integrations with libraries (torchvision, PyG, Hugging Face transformers) load themselves when the library is in use.
 
 The core never imports an integration or its library on its own: ``import fxlrp`` works without
 them and stays fast (torchvision alone takes over a second to import). When a model is converted
@@ -17,6 +17,7 @@ import warnings
 INTEGRATIONS = {
     "torchvision": "fxlrp.operations.torchvision_ops",
     "torch_geometric": "fxlrp.pyg",
+    "transformers": "fxlrp.transformers",
 }
 """Library (top-level module name) -> fxlrp integration module."""
 

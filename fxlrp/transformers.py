@@ -13,9 +13,9 @@ code run eagerly (every Hugging Face model) hands the call of their ``forward`` 
 whole. Their output is marked as an activation, so CP-LRP treats it as the constant gating factor
 where it gates a product (GeGLU), as it does for ``F.gelu``.
 
-Importing this module registers them; ``import fxlrp`` does not import it (the core never
-imports transformers): ``import fxlrp.transformers`` before converting a model that uses one of
-these activations.
+Importing this module registers them. ``fxlrp.convert`` imports it whenever transformers is
+imported (:mod:`fxlrp.integrations`); ``import fxlrp`` alone does not (the core never imports
+transformers).
 """
 
 from __future__ import annotations

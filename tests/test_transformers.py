@@ -49,7 +49,6 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 import fxlrp
-import fxlrp.transformers  # noqa: F401  (transformers' activation modules get the identity rule)
 from fxlrp.composites import AttnLRP
 
 transformers = pytest.importorskip("transformers")
