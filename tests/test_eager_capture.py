@@ -236,3 +236,33 @@ def test_writing_into_a_relevance_carrying_tensor_in_eager_code_is_a_clear_error
     explain = fxlrp.convert(AugmentedInEagerCode(in_place_division=True).double().eval(), LRP0)
     with pytest.raises(fxlrp.UnsupportedOperationError, match=r"in-place div_ .* hidden /= hidden.sum"):
         fxlrp.attribute(explain, torch.randn(3, 4, dtype=torch.float64))
+
+
+class EagerMultiheadAttention(nn.Module):
+    """nn.MultiheadAttention inside code torch.fx cannot trace reaches torch as
+    F.multi_head_attention_forward (SigLIP's pooling head)."""
+
+    def __init__(self, batch_first: bool, branch: bool = True) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        self.head = nn.Linear(8, 3)
+        self.branch = branch
+
+    def forward(self, x):
+        if self.branch and x.sum() > -1e9:  # torch.fx cannot trace this
+            x = x * 1.0
+        return self.head(self.attention(x, x, x)[0]).sum(dim=1)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_run_eagerly_equals_the_graphs(batch_first: bool) -> None:
+    torch.manual_seed(5)
+    eager_model = EagerMultiheadAttention(batch_first).double().eval()
+    traced_model = EagerMultiheadAttention(batch_first, branch=False).double().eval()
+    traced_model.load_state_dict(eager_model.state_dict())
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    eager, traced = fxlrp.convert(eager_model), fxlrp.convert(traced_model)
+    assert eager.report().capture.startswith("run eagerly") and "eager" not in traced.report().capture
+    with torch.no_grad():  # (the model itself may take torch's fused inference path: rounding)
+        assert relative_error(eager(x), eager_model(x)) < 1e-14
+    assert relative_error(fxlrp.attribute(eager, x, target=1), fxlrp.attribute(traced, x, target=1)) < 1e-12

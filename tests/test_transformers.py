@@ -483,9 +483,10 @@ CASES = {
         lambda: (_floats(2, 3, 16, 16),), lambda output: output.last_hidden_state[:, 0]),
     "SiglipVisionModel-head": Case(
         lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(image_size=16, patch_size=8, **SMALL)),
-        lambda: (_floats(2, 3, 16, 16),), lambda output: output.pooler_output,
-        missing=("torch.nn.functional.multi_head_attention_forward",),
-        gradient_only=(F.multi_head_attention_forward,), outputs_round=True),
+        # its head is nn.MultiheadAttention run eagerly (F.multi_head_attention_forward), explained by
+        # the module's decomposition (tests/test_eager_capture.py: equal to the graph's); the reference
+        # here has no such decomposition, so outputs and finite relevance are what is checked
+        lambda: (_floats(2, 3, 16, 16),), lambda output: output.pooler_output, outputs_round=True, compared=False),
     "WhisperForConditionalGeneration": Case(  # one decoder step
         _whisper, lambda: (_floats(2, 8, 20), None, _ids(length=3, seed=2)), _next_token),
     "Wav2Vec2ForSequenceClassification": Case(_wav2vec2, lambda: (_floats(2, 400),), _logits),

@@ -14,6 +14,7 @@ import copy
 import math
 from collections.abc import Callable
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -106,7 +107,8 @@ def _heads(projected: Tensor, heads: int) -> Tensor:
 
 
 def decomposed_multi_head_attention(
-    module: nn.MultiheadAttention, parameters: dict[str, Tensor], query: Tensor, key: Tensor, value: Tensor,
+    module: nn.MultiheadAttention | SimpleNamespace, parameters: dict[str, Tensor], query: Tensor, key: Tensor,
+    value: Tensor,
     key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
     average_attn_weights: bool = True, is_causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
@@ -158,6 +160,53 @@ def decomposed_multi_head_attention(
         return output, None
     attention = attention.mean(1) if average_attn_weights else attention
     return output, attention.squeeze(0) if unbatched else attention
+
+
+def decomposed_multi_head_attention_forward(
+    query: Tensor, key: Tensor, value: Tensor, embed_dim_to_check: int, num_heads: int,
+    in_proj_weight: Tensor | None, in_proj_bias: Tensor | None, bias_k: Tensor | None, bias_v: Tensor | None,
+    add_zero_attn: bool, dropout_p: float, out_proj_weight: Tensor, out_proj_bias: Tensor | None,
+    training: bool = True, key_padding_mask: Tensor | None = None, need_weights: bool = True,
+    attn_mask: Tensor | None = None, use_separate_proj_weight: bool = False, q_proj_weight: Tensor | None = None,
+    k_proj_weight: Tensor | None = None, v_proj_weight: Tensor | None = None, static_k: Tensor | None = None,
+    static_v: Tensor | None = None, average_attn_weights: bool = True, is_causal: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` calls, in code run
+    eagerly) in plain torch, through the module's decomposition: inputs ``[length, batch, embed]``."""
+    if bias_k is not None or add_zero_attn or static_k is not None or static_v is not None:
+        raise NotImplementedError(
+            "fxlrp explains multi-head attention without add_bias_kv, add_zero_attn and static keys/values; "
+            "build the module without them to explain it."
+        )
+    # what the decomposition reads of a module (no module is built: its initialisation would run here)
+    shape = SimpleNamespace(bias_k=None, add_zero_attn=False, batch_first=False, num_heads=num_heads,
+                            _qkv_same_embed_dim=not use_separate_proj_weight)
+    parameters = {"in_proj_weight": in_proj_weight, "in_proj_bias": in_proj_bias, "q_proj_weight": q_proj_weight,
+                  "k_proj_weight": k_proj_weight, "v_proj_weight": v_proj_weight,
+                  "out_proj.weight": out_proj_weight, "out_proj.bias": out_proj_bias}
+    return decomposed_multi_head_attention(shape, parameters, query, key, value, key_padding_mask, need_weights,
+                                           attn_mask, average_attn_weights, is_causal)
+
+
+def multi_head_attention_forward(call: RelevanceCall, function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``F.multi_head_attention_forward``: its own values; relevance through its decomposition."""
+    if not torch.is_grad_enabled() or not any(carries_relevance(value) for value in args[:3]):
+        return function(*args, **kwargs)
+    exact = partial(function, **{**kwargs, "training": False})
+    path = partial(interpret, call, decomposed_multi_head_attention_forward, **kwargs)
+    return decomposed_in_backward(exact, path, *args)
+
+
+register(
+    Operation(
+        "multihead_attention_forward",
+        Kind.AFFINE,
+        functions=(F.multi_head_attention_forward,),
+        relevance=multi_head_attention_forward,
+        weighted=True,
+        description="F.multi_head_attention_forward (nn.MultiheadAttention in code run eagerly): its decomposition",
+    )
+)
 
 
 def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
