@@ -232,11 +232,16 @@ def _check(model: Any, x: Any, expected: Any, strict: bool, record: dict[str, An
         counter = OperationCounter()
         leaf = x.clone().requires_grad_()
         record[prefix + "phase"] = "explainer's first run"
-        with counter.counting(), torch.enable_grad():
-            output = explain(leaf)  # an eager part's strict check happens here, on its first run
-        record[prefix + "eager_operations"] = counter.total
-        record[prefix + "eager_covered"] = counter.total - sum(counter.without_rule.values())
-        record[prefix + "eager_without_rule"] = sorted(counter.without_rule)
+        record[prefix + "eager_complete"] = False
+        try:
+            with counter.counting(), torch.enable_grad():
+                output = explain(leaf)  # an eager part's strict check happens here, on its first run
+            record[prefix + "eager_complete"] = True
+        finally:
+            # what ran before an error counts too (marked partial): where the sweep stopped
+            record[prefix + "eager_operations"] = counter.total
+            record[prefix + "eager_covered"] = counter.total - sum(counter.without_rule.values())
+            record[prefix + "eager_without_rule"] = sorted(counter.without_rule)
         scale = expected.abs().max().item()
         difference = (output.detach() - expected).abs().max().item()
         record[prefix + "output_error"] = difference / scale if scale > 0 else difference
@@ -251,6 +256,15 @@ def _check(model: Any, x: Any, expected: Any, strict: bool, record: dict[str, An
     record[prefix + "relevance_sum"] = relevance.sum().item() / top if top else None
 
 
+def _commit() -> str:
+    """The checkout's commit, so a document written over a long sweep says which code ran."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def run_model(name: str, threads: int) -> dict[str, Any]:
     """Everything the sweep records about one model (the worker process's job)."""
     import timm
@@ -260,7 +274,7 @@ def run_model(name: str, threads: int) -> dict[str, Any]:
 
     torch.set_num_threads(threads)
     # the machine is shared: the load says how far timings are from an idle machine's
-    record: dict[str, Any] = {"model": name, "threads": threads, "load": os.getloadavg()[0]}
+    record: dict[str, Any] = {"model": name, "threads": threads, "load": os.getloadavg()[0], "commit": _commit()}
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -281,6 +295,7 @@ def run_model(name: str, threads: int) -> dict[str, Any]:
         start = time.perf_counter()
         expected = model(x)
         record["forward_s"] = time.perf_counter() - start
+    record["output_max"] = expected.abs().max().item()
     try:
         _check(model, x, expected, True, record)
     except fxlrp.UnsupportedOperationError as error:
@@ -298,7 +313,9 @@ def run_model(name: str, threads: int) -> dict[str, Any]:
         elif not record["relevance_finite"]:
             record["status"], record["detail"] = "non-finite relevance", ""
         elif not record["relevance_nonzero"]:
-            record["status"], record["detail"] = "zero relevance", ""
+            record["status"] = "zero relevance"
+            record["detail"] = (f"max|out| = {record['output_max']:.1e}: with random weights the signal fades, "
+                                "and an epsilon rule's stabiliser (1e-6) takes it all")
         else:
             record["status"] = "ok"
         return record
@@ -387,7 +404,9 @@ def _seconds(value: float | None) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "/").replace("\n", " ")
+    """Table-safe, with paths shortened to the package (``timm/models/convit.py``)."""
+    text = re.sub(r"\S*site-packages/", "", text.replace(ROOT + os.sep, ""))
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _note(record: dict[str, Any]) -> str:
@@ -401,7 +420,10 @@ def _note(record: dict[str, Any]) -> str:
         finite = "finite" if record.get("lenient_relevance_finite") else "NOT finite"
         note += (f"; strict=False: output error {record['lenient_output_error']:.1e}, relevance {finite}")
     elif status == "unsupported" and "lenient_error" in record:
-        note += f"; strict=False: {record['lenient_error']}"
+        lenient = record["lenient_error"]
+        if lenient.split(" (")[0] in record.get("detail", "") or "in-place" in lenient:
+            lenient = "the same error"  # an in-place operation is an error with strict=False as well
+        note += f"; strict=False: {lenient}"
     return note
 
 
@@ -416,8 +438,11 @@ def family_table(results: dict[str, dict[str, Any]]) -> list[str]:
         size = record.get("input_size")
         measured = measured_coverage(record)
         cover = f"{measured[0]}/{measured[1]} ({measured[0] / measured[1]:.1%})" if measured and measured[1] else ""
-        if measured and record["status"] == "unsupported":
+        lenient = "lenient_" if record["status"] == "unsupported" else ""
+        if measured and lenient:
             cover += " (strict=False)"
+        if measured and not record.get(lenient + "eager_complete", True):
+            cover += " (partial: the run stopped)"
         parameters = record.get("parameters")
         error = record.get("output_error")
         total = record.get("relevance_sum")
@@ -428,7 +453,7 @@ def family_table(results: dict[str, dict[str, Any]]) -> list[str]:
             f"{'' if not size else 'x'.join(str(value) for value in size[1:])} | {record['status']} | "
             f"{_cell(capture)} | {_seconds(record.get('convert_s'))} | {_seconds(record.get('forward_s'))} | "
             f"{_seconds(record.get('explain_s'))} | {cover} | {'' if error is None else f'{error:.1e}'} | "
-            f"{'' if total is None else f'{total:.3f}'} | {_cell(_note(record))} |"
+            f"{'' if total is None else f'{total:.3g}'} | {_cell(_note(record))} |"
         )
     return lines
 
@@ -471,8 +496,21 @@ def summary(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def failures(results: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per family that did not pass, for a reader looking for what to fix."""
+    lines = []
+    for family, record in sorted(results.items()):
+        if record["status"] not in ("ok", "skipped"):
+            lines.append(f"- **{family}** (`{record.get('model', '')}`): {record['status']}: {_cell(_note(record))}")
+    return lines or ["Every family that ran passed."]
+
+
 def document(results: dict[str, dict[str, Any]], threads: int, command: str) -> str:
     wall = sum(record.get("wall_s", 0.0) for record in results.values())
+    commits = sorted({record["commit"] for record in results.values() if record.get("commit")})
+    loads = [record["load"] for record in results.values() if "load" in record]
+    load = f"; load average (1 min) at each model's start {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    code = f"fxlrp at commit(s) {', '.join(commits)} plus the working tree of that time" if commits else ""
     lines = [
         "# timm coverage",
         "",
@@ -484,8 +522,10 @@ def document(results: dict[str, dict[str, Any]], threads: int, command: str) -> 
         "each in its own process; families whose smallest model has more than 150M parameters are "
         "skipped.",
         "",
-        f"Machine: {machine(threads)}. Date: {datetime.date.today().isoformat()}; the models' processes "
-        f"took {wall / 60:.0f} min in all. Rerun: `{command}`.",
+        f"Machine: {machine(threads)}{load}. Date: {datetime.date.today().isoformat()}; the models' "
+        f"processes took {wall / 60:.0f} min in all, one at a time, on a machine shared with other work; "
+        f"{code}. Rerun: `{command}` (it skips the families cached in out/timm_sweep/results.json; "
+        "`--redo` runs them again).",
         "",
         "## Summary",
         "",
@@ -494,8 +534,11 @@ def document(results: dict[str, dict[str, Any]], threads: int, command: str) -> 
         "Status: *ok* = strict conversion, outputs equal (max|diff| / max|out| <= 1e-4: BatchNorm folding "
         "rounds) and finite relevance; *unsupported* = `fxlrp.UnsupportedOperationError`, the operations "
         "it names in the note (then the model is converted with `strict=False` for its coverage, outputs "
-        "and relevance); *capture error* = `fxlrp.CaptureError`; *error* = anything else, with its "
-        "first line and where it was raised.",
+        "and relevance); *capture error* = `fxlrp.CaptureError`; *wrong outputs*, *non-finite relevance*, "
+        "*zero relevance*: the checks that failed; *error* = anything else, with its first line, the "
+        "step (convert, the explainer's first run, attribute) and the innermost line outside torch. "
+        "Weights a family initialises to all zeros (MLP-Mixer's head, LeViT's attention biases, NFNet's "
+        "last gains) are drawn at random as well, so that no output and no branch is 0.",
         "",
         "Columns: *capture*: `fx` (the whole model as a graph), `partly eager (n)` (n modules torch.fx "
         "could not trace run eagerly), `whole eager`. *convert*: `fxlrp.convert`. *forward*: the model's "
@@ -504,7 +547,14 @@ def document(results: dict[str, dict[str, Any]], threads: int, command: str) -> 
         "(covered unless their handling is `gradient`), an eager part counts the torch operations it "
         "runs on relevance-carrying tensors (covered if the registry has the operation). *output "
         "error*: max|explainer - model| / max|model|. *ΣR / R_out*: the input relevance's sum over "
-        "the explained logit (conservation; biases and epsilon take their share).",
+        "the explained logit (conservation; biases and epsilon take their share). With random weights a "
+        "deep model's output may hardly depend on its input (gradient x input then sums to a tiny "
+        "fraction of the logit as well), so sums far below 1 are expected; a magnitude above 1 means "
+        "relevance was amplified somewhere (e.g. the z-rule on a sum of terms of opposite sign).",
+        "",
+        "## Not passing",
+        "",
+        *failures(results),
         "",
         "## Families",
         "",
@@ -576,8 +626,9 @@ def main(argv: list[str] | None = None) -> None:
     with ThreadPoolExecutor(max_workers=max(1, arguments.jobs)) as pool:
         list(pool.map(one, pending))
 
-    command = "python benchmarks/timm_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = document(results, arguments.threads, command.strip())
+    # the document covers the whole cache, whatever this run selected
+    command = "python benchmarks/timm_sweep.py" + (f" --threads {arguments.threads}" if arguments.threads != 1 else "")
+    text = document(results, arguments.threads, command)
     if not arguments.no_write:
         with open(DOCUMENT, "w") as out:
             out.write(text)
