@@ -36,7 +36,7 @@ def out_of_place_method(name: str) -> str | None:
     return twin if callable(getattr(torch.Tensor, twin, None)) else None
 
 
-def _takes_inplace_flag(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def without_inplace_flag(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """The call's keyword arguments with ``inplace=False`` if it asked for ``inplace=True``."""
     try:
         bound = inspect.signature(function).bind(*args, **kwargs)
@@ -62,7 +62,7 @@ def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set
             node.target = out_of_place_method(node.target)
             mutated = node.args[0]
         elif node.op == "call_function" and callable(node.target):
-            arguments = _takes_inplace_flag(node.target, node.args, node.kwargs)
+            arguments = without_inplace_flag(node.target, node.args, node.kwargs)
             if arguments is not None:
                 node.args, node.kwargs = (), arguments
                 mutated = next(iter(arguments.values()))

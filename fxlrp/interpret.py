@@ -36,7 +36,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 
 from fxlrp.call import RelevanceCall
-from fxlrp.canonicalise import out_of_place_method
+from fxlrp.canonicalise import out_of_place_method, without_inplace_flag
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import intercepted_calls
@@ -263,6 +263,11 @@ class RelevanceMode(TorchFunctionMode):
                 return interpretation.unsupported(function_name(function), result)
             return result
         if in_place is None:
+            # ``F.relu(x, inplace=True)`` (an activation module built with inplace=True) would
+            # overwrite a tensor a rule keeps: it runs out of place, as capture makes it in a graph.
+            arguments = without_inplace_flag(runnable, args, kwargs)
+            if arguments is not None:
+                args, kwargs = (), arguments
             result = interpretation.run(operation, runnable, args, kwargs)
         else:
             result = self._in_place(operation, runnable, in_place, args, kwargs)

@@ -266,3 +266,30 @@ def test_multihead_attention_run_eagerly_equals_the_graphs(batch_first: bool) ->
     with torch.no_grad():  # (the model itself may take torch's fused inference path: rounding)
         assert relative_error(eager(x), eager_model(x)) < 1e-14
     assert relative_error(fxlrp.attribute(eager, x, target=1), fxlrp.attribute(traced, x, target=1)) < 1e-12
+
+
+class InPlaceActivations(nn.Module):
+    """timm's MobileViT and VGG: activation modules built with inplace=True, in code run eagerly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.act = nn.ReLU(inplace=True)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        hidden = self.act(self.conv(x))
+        hidden = F.relu(hidden * 2.0 - 0.1, inplace=True) if hidden.sum() > -1e9 else hidden
+        return self.head(hidden.mean(dim=(2, 3)))
+
+
+def test_in_place_activations_in_eager_code_equal_gradient_times_input() -> None:
+    torch.manual_seed(6)
+    model = InPlaceActivations().double().eval()
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0)
+    assert explain.report().capture.startswith("run eagerly")
+    with torch.no_grad():
+        assert torch.equal(explain(x), model(x))
+    [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
