@@ -144,6 +144,8 @@ def _composite_factories() -> dict[str, Callable[[Preprocessing], Any]]:
         "epsilon_alpha2_beta1": lambda _: composites.EpsilonAlpha2Beta1(),
         "epsilon_alpha2_beta1_flat": lambda _: composites.EpsilonAlpha2Beta1Flat(),
         "epsilon_gamma_box": lambda preprocessing: composites.EpsilonGammaBox(*preprocessing.input_bounds()),
+        "attnlrp": lambda _: composites.AttnLRP(),
+        "cplrp": lambda _: composites.CPLRP(),
     }
 
 
