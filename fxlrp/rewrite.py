@@ -20,6 +20,9 @@ from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance
 from fxlrp.report import NodeReport
 from fxlrp.source import function_name, source_line
 
+OUTPUT_FREE_SUMS = frozenset({"add", "sub", "sum", "mean", "avg_pool"})
+"""Parameterless affine operations whose vector-Jacobian product does not read their output."""
+
 
 def describe_target(node: fx.Node) -> str:
     if node.op == "call_method":
@@ -188,7 +191,12 @@ class Rewriter:
         if not isinstance(producer, fx.Node) or len(producer.users) != 1 or producer.op != "call_module":
             return False
         module = getattr(self.root, producer.target, None)
-        return isinstance(module, RelevanceNode) and module.operation.kind is Kind.AFFINE
+        if not isinstance(module, RelevanceNode) or module.operation.kind is not Kind.AFFINE:
+            return False
+        # Rectified in place, the output must be one its own backward does not read: layers and
+        # sums (a scatter_reduce's backward reads its result, a softmax's its output).
+        return module.operation.weighted or module.operation.name in OUTPUT_FREE_SUMS
+
 
     def _install(self, node: fx.Node, module: nn.Module) -> None:
         name = rewritten_module_name(node.name)

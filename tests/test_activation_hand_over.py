@@ -204,3 +204,17 @@ def test_a_second_backward_says_what_to_do() -> None:
         (fresh,) = explained_relevance(explain, [x], lambda out, target=target: onehot_relevance(out, target))
         assert torch.equal(reused, fresh)
     assert torch.equal(reused, first)
+
+
+def test_a_relu_leaves_an_output_its_own_backward_reads_alone() -> None:
+    """Found by the property search (tests/test_properties.py): scatter_reduce's backward reads its
+    result, so a ReLU after it must not rectify that result in place."""
+
+    class ScatterReduceReLU(nn.Module):
+        def forward(self, x):
+            index = torch.zeros_like(x, dtype=torch.long)
+            return torch.relu(x.new_zeros(1, 1).scatter_reduce(0, index, x, "sum"))
+
+    x = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    relevance = fxlrp.attribute(fxlrp.convert(ScatterReduceReLU(), fxlrp.rules.Epsilon(0.0)), x, 0)
+    assert torch.equal(relevance, x)  # LRP-0 = gradient x input
