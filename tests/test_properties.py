@@ -25,8 +25,10 @@ examples: ``FXLRP_PROPERTY_EXAMPLES=5000 .venv/bin/python -m pytest -q tests/tes
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -151,11 +153,29 @@ class GradientReference(fx.Interpreter):
         return False
 
 
+@contextlib.contextmanager
+def _torchs_own_index_select():
+    """torch_geometric (imported by other tests) replaces torch.index_select with a Python wrapper
+    that branches on its input's dimensions, which plain torch.fx cannot trace: the reference is
+    traced with torch's own function."""
+    patched = sys.modules.get("torch_geometric.hash_tensor")
+    original = getattr(patched, "_old_index_select", None)
+    if original is None or torch.index_select is original:
+        yield
+        return
+    replacement, torch.index_select = torch.index_select, original
+    try:
+        yield
+    finally:
+        torch.index_select = replacement
+
+
 def gradient_times_activation(model: RandomModel, inputs: tuple[Tensor, ...], target: int):
     """``a * d(sum out[..., target])/da`` for the input (per token for ids) and every node."""
     model.requires_grad_(False)
     tracer = fx.Tracer(autowrap_modules=(math, torch_scatter))  # torch_scatter's functions as leaves
-    graph_module = fx.GraphModule(model, tracer.trace(model))
+    with _torchs_own_index_select():
+        graph_module = fx.GraphModule(model, tracer.trace(model))
     leaves = [value.detach().clone().requires_grad_() if value.is_floating_point() else value for value in inputs]
     reference = GradientReference(graph_module)
     output = reference.run(*leaves)
@@ -187,8 +207,10 @@ def test_lrp0_is_gradient_times_input_at_every_node(example: Example) -> None:
     expected_input, expected_nodes, constants = gradient_times_activation(model, inputs, target)
     [x] = inputs
 
-    # BatchNorm as a layer of its own: every node of the model is a node of the explainer.
-    explain = fxlrp.convert(model, lrp0_composite(example), fold_batch_norm=False)
+    # BatchNorm as a layer of its own: every node of the model is a node of the explainer (both
+    # captured with torch's own index_select, so that the node names agree).
+    with _torchs_own_index_select():
+        explain = fxlrp.convert(model, lrp0_composite(example), fold_batch_norm=False)
     assert relative_error(fxlrp.attribute(explain, x, target), expected_input) < TOLERANCE
     names = {row.name for row in explain.report().rows}
     missing = sorted(set(expected_nodes) - names)
