@@ -13,7 +13,8 @@ spellings, on feature, sequence, image or token-id inputs (float64). The propert
    ends at the embedding lookup (gradient x input there).
 2. Conservation: without biases the input relevance sums to the output relevance under LRP-0,
    z+, alpha-beta (2, 1) and gamma (0.25), up to the relevance a rule drops where its
-   denominator is 0 and the stabiliser's leak, both computed from the weighted layers' inputs.
+   denominator is 0 and the stabiliser's leak, both computed from the weighted layers' inputs
+   (examples whose explained output is rounding noise, a sum cancelled to ~1e-17, are left out).
 3. z+ relevance is non-negative for non-negative inputs and output relevance (ReLU networks).
 4. The explainer's outputs equal the model's (bit-equal; relative 1e-12 with BatchNorm, which the
    explainer computes as its affine map).
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 import torch_scatter
 from conftest import LRP0, relative_error
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from random_models import Example, Family, RandomModel, WeightedCall, examples
 from torch import Tensor, fx, nn
@@ -282,13 +283,20 @@ def test_relevance_is_conserved_without_biases(rule_name: str, example: Example)
     rows = explain.report().rows
     weighted = [row.name for row in rows if row.handling == "rule" and row.operation in WEIGHTED]
     assert len(weighted) == len(calls), f"weighted nodes {weighted}, {len(calls)} weighted calls"
-    _, values = explain.run_recording([row.name for row in rows if row.handling not in ("input", "output")], *inputs)
-    names = [name for name, value in values.items() if isinstance(value, Tensor) and value.is_floating_point()]
+    output, values = explain.run_recording([row.name for row in rows if row.handling not in ("input", "output")],
+                                           *inputs)
+    values = {name: value for name, value in values.items() if isinstance(value, Tensor) and value.is_floating_point()}
+    explained = output.detach()[..., target]
+    # An explained output that a sum cancelled to rounding noise (|h - h'| for equal h, h') is
+    # rounded differently by each forward pass (BatchNorm folded, BLAS kernels), and so is its
+    # relevance: such examples say nothing about conservation.
+    activations = [*inputs, *values.values()]
+    largest = max(value.abs().max().item() for value in activations if value.is_floating_point() and value.numel())
+    assume(explained.abs().max().item() > 1e-10 * largest)
+    output_relevance = explained.sum()
     relevance = fxlrp.attribute(explain, inputs[0], target)
-    recorded, node_relevance = fxlrp.attribute(explain, inputs[0], target, nodes=names)
+    recorded, node_relevance = fxlrp.attribute(explain, inputs[0], target, nodes=list(values))
     assert relative_error(recorded, relevance) < 1e-12
-    with torch.no_grad():
-        output_relevance = model(*inputs)[..., target].sum()
 
     # Relevance a rule drops (denominator 0) and the stabiliser's leak, layer by layer:
     # an output k passes weight * R_k * |d| / (|d| + eps) of each part, not weight * R_k.
