@@ -25,6 +25,7 @@ import argparse
 import copy
 import os
 import platform
+import queue
 import shutil
 import subprocess
 import sys
@@ -146,7 +147,16 @@ def in_processes(method: str, model_name: str, folder: Path, batch: int, threads
                for rank in range(processes)]
     for process in workers:
         process.start()
-    reports = [results.get() for _ in workers]
+    reports = []
+    while len(reports) < len(workers):
+        try:
+            reports.append(results.get(timeout=5))
+        except queue.Empty:
+            dead = [process for process in workers if process.exitcode not in (None, 0)]
+            if dead:  # killed (out of memory, say) before reporting
+                for process in workers:
+                    process.kill()
+                return None, f"a process died (exit code {dead[0].exitcode}; -9: killed, e.g. out of memory)"
     for process in workers:
         process.join()
     errors = [error for _, _, _, error in reports if error]
