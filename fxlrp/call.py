@@ -35,8 +35,8 @@ class RelevanceCall:
         self.strict = strict
         self.sole_consumer = sole_consumer
         self._cache: dict[str, tuple[tuple[Any, ...], Any, tuple[Any, ...]]] = {}
-        self.inner_calls: dict[tuple[int, str, int], tuple[Any, Any, RelevanceCall]] = {}
-        """Calls of the operations inside a part run eagerly, by module, operation and rule."""
+        self.inner_calls: dict[tuple[int, str, bool], tuple[Any, RelevanceCall]] = {}
+        """Calls of the operations inside a part run eagerly, by module, operation and first-layer flag."""
 
     def layer(
         self,

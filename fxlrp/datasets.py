@@ -15,7 +15,6 @@ Part of the command line, not of the core: ``import fxlrp`` does not import this
 from __future__ import annotations
 
 import hashlib
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
-from fxlrp.cli_inputs import TENSOR_SUFFIXES, InputError, Preprocessing, read_input
+from fxlrp.cli_inputs import TENSOR_SUFFIXES, InputError, Preprocessing, imported_object, read_input
 
 NO_LABEL = -1
 """The label of a sample that has none (a file directly in the folder, a tensor file without labels)."""
@@ -203,15 +202,7 @@ class FactoryData(Source):
 
 
 def _factory_data(spec: str) -> FactoryData:
-    module_name, _, attribute = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise InputError(f"cannot import {module_name!r} for data {spec!r}: {error}") from None
-    factory = getattr(module, attribute, None)
-    if factory is None:
-        raise InputError(f"{module_name!r} has no attribute {attribute!r} (data spec {spec!r})")
-    dataset = factory if isinstance(factory, Dataset) else factory()
+    dataset = imported_object(spec, Dataset, "data")
     if isinstance(dataset, IterableDataset) or not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
         raise InputError(f"{spec!r} gives a {type(dataset).__name__}, not a map-style torch.utils.data.Dataset "
                          f"with a length")

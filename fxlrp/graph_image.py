@@ -30,6 +30,35 @@ def _edge_list(edge_index: ArrayLike) -> list[tuple[int, int]]:
     return [(int(sender), int(receiver)) for sender, receiver in index.T]
 
 
+def _graph_on_axis(edges: list[tuple[int, int]], count: int, positions: Mapping[int, Sequence[float]] | None,
+                   seed: int, axis: Any) -> tuple[Any, dict, Any, Any]:
+    """The directed graph of ``count`` nodes, its node positions (a spring layout unless given),
+    and the figure and axis to draw on (a new figure unless ``axis`` is given)."""
+    import networkx
+    from matplotlib import pyplot
+
+    graph = networkx.DiGraph()
+    graph.add_nodes_from(range(count))
+    graph.add_edges_from(edges)
+    positions = dict(positions) if positions is not None else networkx.spring_layout(graph, seed=seed)
+    if axis is None:
+        figure, axis = pyplot.subplots(figsize=(7, 5.5))
+    else:
+        figure = axis.figure
+    return graph, positions, figure, axis
+
+
+def _saved(figure: Any, path: str | Path) -> Path:
+    """``figure`` written to the PNG file ``path`` (its folder made) and closed."""
+    from matplotlib import pyplot
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    pyplot.close(figure)
+    return path
+
+
 def draw_graph_relevance(
     edge_index: ArrayLike,
     node_relevance: ArrayLike,
@@ -58,7 +87,6 @@ def draw_graph_relevance(
 
     matplotlib.use("Agg")
     import networkx
-    from matplotlib import pyplot
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
@@ -71,16 +99,8 @@ def draw_graph_relevance(
         raise ValueError(f"edge_index refers to node {max(max(edge) for edge in edges)}, "
                          f"but node_relevance has {nodes.shape[0]} nodes")
 
-    graph = networkx.DiGraph()
-    graph.add_nodes_from(range(nodes.shape[0]))
-    graph.add_edges_from(edges)
-    positions = dict(positions) if positions is not None else networkx.spring_layout(graph, seed=seed)
+    graph, positions, figure, axis = _graph_on_axis(edges, nodes.shape[0], positions, seed, axis)
     colours = colour_map(cmap)
-
-    if axis is None:
-        figure, axis = pyplot.subplots(figsize=(7, 5.5))
-    else:
-        figure = axis.figure
     node_norm = Normalize(-_symmetric_limit(nodes), _symmetric_limit(nodes))
     sizes = 120 + 600 * np.abs(nodes) / _symmetric_limit(nodes)
     rings = ["black" if node in set(highlight) else "grey" for node in graph.nodes]
@@ -119,14 +139,7 @@ def draw_graph_relevance(
 def save_graph_relevance(path: str | Path, edge_index: ArrayLike, node_relevance: ArrayLike,
                          edge_relevance: ArrayLike | None = None, **options: Any) -> Path:
     """:func:`draw_graph_relevance` written to a PNG file; returns the path."""
-    from matplotlib import pyplot
-
-    figure = draw_graph_relevance(edge_index, node_relevance, edge_relevance, **options)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    pyplot.close(figure)
-    return path
+    return _saved(draw_graph_relevance(edge_index, node_relevance, edge_relevance, **options), path)
 
 
 def draw_walks(
@@ -157,7 +170,7 @@ def draw_walks(
 
     matplotlib.use("Agg")
     import networkx
-    from matplotlib import patches, pyplot
+    from matplotlib import patches
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
@@ -169,15 +182,8 @@ def draw_walks(
                          f"{values.shape[0]} relevances")
     largest = max([max(edge) for edge in edges] + [int(paths.max()) if paths.size else -1])
     count = nodes if nodes is not None else largest + 1
-    graph = networkx.DiGraph()
-    graph.add_nodes_from(range(count))
-    graph.add_edges_from(edges)
-    positions = dict(positions) if positions is not None else networkx.spring_layout(graph, seed=seed)
+    graph, positions, figure, axis = _graph_on_axis(edges, count, positions, seed, axis)
     colours = colour_map(cmap)
-    if axis is None:
-        figure, axis = pyplot.subplots(figsize=(7, 5.5))
-    else:
-        figure = axis.figure
     on_walks = set(paths.reshape(-1).tolist())
     networkx.draw_networkx_edges(graph, positions, edgelist=edges, ax=axis, edge_color="lightgrey", width=0.8,
                                  arrows=False)
@@ -225,11 +231,4 @@ def draw_walks(
 def save_walks(path: str | Path, edge_index: ArrayLike, walks: ArrayLike, relevance: ArrayLike,
                **options: Any) -> Path:
     """:func:`draw_walks` written to a PNG file; returns the path."""
-    from matplotlib import pyplot
-
-    figure = draw_walks(edge_index, walks, relevance, **options)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    pyplot.close(figure)
-    return path
+    return _saved(draw_walks(edge_index, walks, relevance, **options), path)

@@ -48,8 +48,7 @@ from fxlrp.rules import Rule
 from fxlrp.source import calling_line, function_name
 
 AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
-                         "__itruediv__": "__truediv__", "__idiv__": "__truediv__"}
-"""Augmented assignments rebind their name to the result (``a /= b`` reaches torch as ``__idiv__``)."""
+                         "__itruediv__": "__truediv__"}
 
 
 def _carries(value: Any) -> bool:
@@ -76,6 +75,14 @@ class LayerRunner:
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self.state = detached_state(module)
+        self._names: dict[str, dict[int, str]] = {}
+
+    def module_names(self, prefix: str) -> dict[int, str]:
+        """Qualified name (under ``prefix``) of each of the module's modules, by id; made once."""
+        if prefix not in self._names:
+            self._names[prefix] = {id(module): (prefix + name).rstrip(".")
+                                   for name, module in self.module.named_modules()}
+        return self._names[prefix]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         written = ModuleState(self.module)
@@ -155,16 +162,12 @@ class Interpretation:
         finally:
             self.active = active
 
-    def rule_for(self, operation: Operation) -> Any:
-        """The composite's rule for this call of ``operation``, with the site of the module that
-        runs it (see :meth:`fxlrp.composites.Composite.resolve`)."""
+    def rule_for(self, operation: Operation, module: nn.Module | None, first: bool) -> Any:
+        """The composite's rule for ``operation`` run by ``module`` (the innermost running module,
+        or None), as the first layer or not (see :meth:`fxlrp.composites.Composite.resolve`)."""
         if operation.kind is not Kind.AFFINE:
             return None
         site, composite = self.site, self.composite
-        first = self.first_layer_pending and composite.counts_as_first_layer(operation.name, operation.weighted)
-        if first:
-            self.first_layer_pending = False
-        module = self.context.innermost() if self.context is not None else None
         if module is None:
             module_name, module_type, is_module_call = site.module_name, site.module_type, False
         else:
@@ -177,17 +180,21 @@ class Interpretation:
         return composite.resolve(inner, operation)
 
     def call_for(self, operation: Operation) -> RelevanceCall:
-        """The :class:`RelevanceCall` of this call: one per module, operation and rule, kept by the
-        enclosing call across runs, so that parameter transforms (z+'s ``w+``) are made once."""
-        rule = self.rule_for(operation)
+        """The :class:`RelevanceCall` of this call: one per module, operation and first-layer
+        flag, kept by the enclosing call across runs, so that the rule is chosen once (not at every
+        call of a torch function) and parameter transforms (z+'s ``w+``) are made once."""
+        first = self.first_layer_pending and self.composite.counts_as_first_layer(operation.name, operation.weighted)
+        if first:
+            self.first_layer_pending = False
         module = self.context.innermost() if self.context is not None else None
-        key = (id(module), operation.name, id(rule))
+        key = (id(module), operation.name, first)
         entry = self.call.inner_calls.get(key)
-        if entry is None or entry[0] is not rule or entry[1] is not module:
+        if entry is None or entry[0] is not module:
+            rule = self.rule_for(operation, module, first)
             call = RelevanceCall(rule, self.call.warn_lost_relevance, site=self.call.site,
                                  composite=self.call.composite, strict=self.call.strict)
-            entry = self.call.inner_calls[key] = (rule, module, call)
-        return entry[2]
+            entry = self.call.inner_calls[key] = (module, call)
+        return entry[1]
 
     def run(self, operation: Operation, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``operation``'s relevance function on this call, or the native call without one."""
@@ -265,9 +272,11 @@ class RelevanceMode(TorchFunctionMode):
         if in_place is None:
             # ``F.relu(x, inplace=True)`` (an activation module built with inplace=True) would
             # overwrite a tensor a rule keeps: it runs out of place, as capture makes it in a graph.
-            arguments = without_inplace_flag(runnable, args, kwargs)
-            if arguments is not None:
-                args, kwargs = (), arguments
+            # (binding a signature costs; most calls have no flag to clear)
+            if kwargs.get("inplace") is True or any(value is True for value in args[1:]):
+                arguments = without_inplace_flag(runnable, args, kwargs)
+                if arguments is not None:
+                    args, kwargs = (), arguments
             result = interpretation.run(operation, runnable, args, kwargs)
         else:
             result = self._in_place(operation, runnable, in_place, args, kwargs)
@@ -322,8 +331,7 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: An
     context = None
     if isinstance(function, LayerRunner):
         prefix = call.site.module_name + "." if call.site is not None and call.site.module_name else ""
-        context = ModuleContext({id(module): (prefix + name).rstrip(".")
-                                 for name, module in function.module.named_modules()})
+        context = ModuleContext(function.module_names(prefix))
     interpretation = Interpretation(call, context)
     with contextlib.ExitStack() as stack:
         if context is not None:

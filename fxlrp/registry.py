@@ -63,6 +63,10 @@ class Operation:
     """Positions of the arguments of ``functions`` that are indices (``scatter(src, index)``: 1):
     they select values but carry no relevance of their own (see :mod:`fxlrp.relevance_flow`).
     Keyword arguments named ``index``, ``indptr``, ``batch``, ... are indices whatever the entry."""
+    output_free_backward: bool = False
+    """Whether the operation's vector-Jacobian product leaves its output unread (sums, pooling), so
+    that a ReLU that alone consumes it may rectify it in place. Layers with weights (``weighted``)
+    are taken to be so; a scatter_reduce's or softmax's backward reads its output."""
     source: bool = False
     """Whether relevance starts at its output although its arguments carry none (an embedding
     lookup of token ids, the input layer of a language model): code run eagerly routes its calls

@@ -20,9 +20,6 @@ from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance
 from fxlrp.report import NodeReport
 from fxlrp.source import function_name, source_line
 
-OUTPUT_FREE_SUMS = frozenset({"add", "sub", "sum", "mean", "avg_pool"})
-"""Parameterless affine operations whose vector-Jacobian product does not read their output."""
-
 
 def describe_target(node: fx.Node) -> str:
     if node.op == "call_method":
@@ -193,9 +190,8 @@ class Rewriter:
         module = getattr(self.root, producer.target, None)
         if not isinstance(module, RelevanceNode) or module.operation.kind is not Kind.AFFINE:
             return False
-        # Rectified in place, the output must be one its own backward does not read: layers and
-        # sums (a scatter_reduce's backward reads its result, a softmax's its output).
-        return module.operation.weighted or module.operation.name in OUTPUT_FREE_SUMS
+        # Rectified in place, the output must be one its own backward does not read.
+        return module.operation.weighted or module.operation.output_free_backward
 
 
     def _install(self, node: fx.Node, module: nn.Module) -> None:

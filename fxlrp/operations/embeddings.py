@@ -10,6 +10,7 @@ default), and its maximum routes relevance to the winning token as max pooling d
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -70,6 +71,11 @@ def _bags(input: Tensor, offsets: Tensor | None, include_last_offset: bool) -> t
     return input, bag.cumsum(0), count
 
 
+@functools.cache
+def _signature(function: Callable[..., Tensor]) -> inspect.Signature:
+    return inspect.signature(function)
+
+
 def embedding_bag(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
     r"""``F.embedding_bag``: the native kernel's output; relevance through its decomposition
     ``bag_b = \sum_{i \in b} p_i e_{id_i}`` (mode ``"sum"``, divided by the bag's size for ``"mean"``;
@@ -77,7 +83,7 @@ def embedding_bag(call: RelevanceCall, function: Callable[..., Tensor], *args: A
     sources. The sum takes the node's rule: with the z-rule (the default)
     ``R_{i,d} = p_i e_{id_i,d} R_{b,d} / bag_{b,d}``. Mode ``"max"`` routes each dimension's
     relevance to the token that wins it."""
-    bag_call = inspect.signature(function).bind(*args, **kwargs)
+    bag_call = _signature(function).bind(*args, **kwargs)
     bag_call.apply_defaults()
     settings = bag_call.arguments
     input, weight, mode = settings["input"], settings["weight"], settings["mode"]

@@ -104,12 +104,21 @@ def _sum_of(first: Tensor | None, second: Tensor | None) -> Tensor | None:
     return None if first is None or second is None else first + second
 
 
-def lstm_step(weights: Sequence[Tensor | None], projected: bool) -> Step:
-    """One LSTM step ``(x_t, (h, c)) -> (h_t, c_t)``; ``weights``: ``w_ih, w_hh, b_ih, b_hh[, w_hr]``."""
+Joined = tuple[Tensor, Tensor | None]
+"""``([w_ih w_hh], b_ih + b_hh)``: the one linear map over ``[x_t; h_{t-1}]`` of an LSTM or Elman
+step, whose joint denominator is Arras et al.'s."""
+
+
+def joined(weights: Sequence[Tensor | None]) -> Joined:
     w_ih, w_hh, b_ih, b_hh = weights[:4]
+    return torch.cat([w_ih, w_hh], dim=1), _sum_of(b_ih, b_hh)
+
+
+def lstm_step(weights: Sequence[Tensor | None], projected: bool, joint_map: Joined) -> Step:
+    """One LSTM step ``(x_t, (h, c)) -> (h_t, c_t)``; ``weights``: ``w_ih, w_hh, b_ih, b_hh[, w_hr]``,
+    ``joint_map`` their :func:`joined` map."""
     w_hr = weights[4] if projected else None
-    joint = torch.cat([w_ih, w_hh], dim=1)
-    bias = _sum_of(b_ih, b_hh)
+    joint, bias = joint_map
 
     def step(x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         h, c = state
@@ -140,11 +149,9 @@ def gru_step(weights: Sequence[Tensor | None]) -> Step:
     return step
 
 
-def rnn_step(weights: Sequence[Tensor | None], relu: bool) -> Step:
-    """One Elman RNN step ``(x_t, (h,)) -> (act(W [x_t; h] + b),)``; ``weights``: ``w_ih, w_hh, b_ih, b_hh``."""
-    w_ih, w_hh, b_ih, b_hh = weights[:4]
-    joint = torch.cat([w_ih, w_hh], dim=1)
-    bias = _sum_of(b_ih, b_hh)
+def rnn_step(joint_map: Joined, relu: bool) -> Step:
+    """One Elman RNN step ``(x_t, (h,)) -> (act(W [x_t; h] + b),)`` with the :func:`joined` map."""
+    joint, bias = joint_map
     activation = torch.relu if relu else torch.tanh
 
     def step(x: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
@@ -154,12 +161,27 @@ def rnn_step(weights: Sequence[Tensor | None], relu: bool) -> Step:
     return step
 
 
-def _step(mode: str, weights: Sequence[Tensor | None], projected: bool = False) -> Step:
+def _step(mode: str, weights: Sequence[Tensor | None], joint_map: Joined | None, projected: bool = False) -> Step:
     if mode == LSTM:
-        return lstm_step(weights, projected)
+        return lstm_step(weights, projected, joint_map)
     if mode == GRU:
         return gru_step(weights)
-    return rnn_step(weights, relu=mode == RNN_RELU)
+    return rnn_step(joint_map, relu=mode == RNN_RELU)
+
+
+def joined_maps(call: RelevanceCall, mode: str, groups: Sequence[Sequence[Tensor | None]],
+                originals: Sequence[Any]) -> list[Joined | None]:
+    """The :func:`joined` map of each group of weights (None for a GRU, which has none), made once
+    per conversion: the cache is keyed by the module's own parameters ``originals``."""
+    if mode == GRU:
+        return [None] * len(groups)
+    return call.cached(f"recurrent_joined_{len(groups)}", [tensor for tensor in originals if tensor is not None],
+                       lambda: [joined(group) for group in groups])
+
+
+def _projected(mode: str, states: Sequence[Tensor]) -> bool:
+    """Whether an LSTM's hidden state is projected (``proj_size``): h and c differ in size."""
+    return mode == LSTM and states[0].shape[-1] != states[1].shape[-1]
 
 
 def _layer_weights(params: Sequence[Tensor], has_biases: bool, projected: bool) -> list[list[Tensor | None]]:
@@ -176,13 +198,14 @@ def _layer_weights(params: Sequence[Tensor], has_biases: bool, projected: bool) 
 
 
 def decomposed_layers(
-    mode: str, params: Sequence[Tensor], has_biases: bool, num_layers: int, bidirectional: bool,
-    batch_first: bool, input: Tensor, *states: Tensor,
+    mode: str, params: Sequence[Tensor], joint_maps: Sequence[Joined | None], has_biases: bool, num_layers: int,
+    bidirectional: bool, batch_first: bool, input: Tensor, *states: Tensor,
 ) -> tuple[Tensor, ...]:
     """What ``_VF.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` compute (batched input, initial states
-    ``[layers * directions, batch, hidden]``), step by step in plain torch: ``(output, *final states)``."""
+    ``[layers * directions, batch, hidden]``), step by step in plain torch: ``(output, *final states)``;
+    ``joint_maps``: :func:`joined_maps` of the layers' weights."""
     directions = 2 if bidirectional else 1
-    projected = mode == LSTM and states[0].shape[-1] != states[1].shape[-1]
+    projected = _projected(mode, states)
     weights = _layer_weights(params, has_biases, projected)
     sequence = input.transpose(0, 1) if batch_first else input
     finals: list[tuple[Tensor, ...]] = []
@@ -191,7 +214,7 @@ def decomposed_layers(
         outputs = []
         for direction in range(directions):
             index = layer * directions + direction
-            step = _step(mode, weights[index], projected)
+            step = _step(mode, weights[index], joint_maps[index], projected)
             state = tuple(_carrying(value[index]) for value in states)
             hidden: list[Tensor] = [state[0]] * len(steps)
             order = range(len(steps)) if direction == 0 else reversed(range(len(steps)))
@@ -205,10 +228,11 @@ def decomposed_layers(
     return (output, *(torch.stack([final[position] for final in finals]) for position in range(len(states))))
 
 
-def decomposed_cell(mode: str, weights: Sequence[Tensor | None], input: Tensor, *states: Tensor) -> Any:
+def decomposed_cell(mode: str, weights: Sequence[Tensor | None], joint_map: Joined | None, input: Tensor,
+                    *states: Tensor) -> Any:
     """What ``_VF.lstm_cell``/``gru_cell``/``rnn_*_cell`` compute (batched), in plain torch:
     ``(h, c)`` for an LSTM cell, ``h`` for the others."""
-    result = _step(mode, [*weights, None])(input, tuple(_carrying(state) for state in states))
+    result = _step(mode, [*weights, None], joint_map)(input, tuple(_carrying(state) for state in states))
     return result if mode == LSTM else result[0]
 
 
@@ -255,16 +279,18 @@ def explained_layers(
     gradients), relevance from :func:`decomposed_layers` on detached copies."""
     settings = (has_biases, num_layers, bidirectional, batch_first)
     detached = [param.detach() for param in params]
+    joint_maps = joined_maps(call, mode, _layer_weights(detached, has_biases, _projected(mode, states)), params)
     return _explained(call, partial(_layer_kernel, mode, params, *settings),
-                      partial(decomposed_layers, mode, detached, *settings), input, states)
+                      partial(decomposed_layers, mode, detached, joint_maps, *settings), input, states)
 
 
 def explained_cell(call: RelevanceCall, mode: str, weights: Sequence[Tensor | None], input: Tensor,
                    states: tuple[Tensor, ...]) -> Any:
     """The cell kernel's outputs from ``weights`` as given, relevance from :func:`decomposed_cell`."""
     detached = [None if weight is None else weight.detach() for weight in weights]
-    return _explained(call, partial(_cell_kernel, mode, weights), partial(decomposed_cell, mode, detached), input,
-                      states)
+    [joint_map] = joined_maps(call, mode, [detached], weights)
+    return _explained(call, partial(_cell_kernel, mode, weights), partial(decomposed_cell, mode, detached, joint_map),
+                      input, states)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -27,6 +27,7 @@ register(
         methods=("add", "__add__", "__radd__"),
         relevance=affine,
         default_rule=proportional,
+        output_free_backward=True,
         description="a + b (broadcasting; constants act as a bias)",
     )
 )
@@ -38,6 +39,7 @@ register(
         methods=("sub", "subtract", "__sub__", "__rsub__"),
         relevance=affine,
         default_rule=proportional,
+        output_free_backward=True,
         description="a - b",
     )
 )
@@ -49,6 +51,7 @@ register(
         methods=("sum",),
         relevance=affine,
         default_rule=proportional,
+        output_free_backward=True,
         description="sum over dimensions",
     )
 )
@@ -60,6 +63,7 @@ register(
         methods=("mean",),
         relevance=affine,
         default_rule=proportional,
+        output_free_backward=True,
         description="mean over dimensions",
     )
 )
@@ -90,6 +94,7 @@ register(
         relevance=affine,
         module_function=module_as_function,
         default_rule=proportional,
+        output_free_backward=True,
         description="average pooling (fixed and adaptive)",
     )
 )
