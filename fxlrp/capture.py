@@ -94,6 +94,9 @@ class Capture:
     graph: fx.Graph
     constants: dict[str, Any] = field(default_factory=dict)
     eager_modules: dict[str, str] = field(default_factory=dict)
+    optional_inputs: tuple[str, ...] = ()
+    """Inputs whose default is None that the graph uses as tensors (``mask=None``): torch.fx traced
+    them as given, so a call passing None needs a graph traced with that None."""
 
 
 def capture(
@@ -137,7 +140,10 @@ def capture(
         # with everything else the traced forward wrote into the model's modules.
         added = state.restore()
         named = {node.target for node in graph.nodes if node.op == "get_attr"}
-        return Capture(graph, {name: value for name, value in added.items() if name in named}, eager)
+        optional = tuple(node.target for node in graph.nodes
+                         if node.op == "placeholder" and node.args == (None,) and node.users
+                         and node.target not in (concrete_args or {}))
+        return Capture(graph, {name: value for name, value in added.items() if name in named}, eager, optional)
 
 
 def whole_model_graph(model: nn.Module) -> fx.Graph:

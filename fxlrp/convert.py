@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from functools import partial
 from typing import Any
 
 from torch import nn
@@ -68,4 +70,10 @@ def convert(
                         in_place_modules=in_place_modules, modules=modules, constants=captured.constants,
                         eager_modules=captured.eager_modules)
     graph_module = rewriter.run()
-    return Explainer(graph_module, Report(type(model).__name__, rewriter.reports, captured.eager_modules))
+    explainer = Explainer(graph_module, Report(type(model).__name__, rewriter.reports, captured.eager_modules))
+    if captured.optional_inputs or concrete_args:
+        retrace = partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
+                          fold_batch_norm=fold_batch_norm, capture=capture)
+        explainer.bind_inputs(inspect.signature(model.forward), captured.optional_inputs, concrete_args or {},
+                              retrace)
+    return explainer

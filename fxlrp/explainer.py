@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
+from torch.autograd.graph import get_gradient_edge
 
 from fxlrp.nodes import original_node_name
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
@@ -25,9 +27,38 @@ class Explainer(nn.Module):
         super().__init__()
         self.graph_module = graph_module
         self._report = report
+        self._signature: inspect.Signature | None = None
+
+    def bind_inputs(self, signature: inspect.Signature, optional_inputs: tuple[str, ...],
+                    concrete_args: dict[str, Any], retrace: Callable[..., Explainer]) -> None:
+        """Calls are bound to the model's ``signature`` and passed on by position (torch.fx renames
+        inputs it was given concrete values for). ``optional_inputs`` default to None and the graph
+        uses them as tensors: torch.fx traced ``if mask is not None:`` as taken. A call passing
+        None for some of them runs a graph traced with those None (``retrace(concrete_args=...)``,
+        made at the first such call and kept), as the model's own code takes its ``mask is None``
+        branch."""
+        self._signature, self._optional_inputs = signature, optional_inputs
+        self._concrete_args, self._retrace = concrete_args, retrace
+        self._traced_without: dict[frozenset[str], Explainer] = {}
+
+    def explainer_for(self, *args: Any, **kwargs: Any) -> tuple[Explainer, tuple[Any, ...], dict[str, Any]]:
+        """The explainer whose graph this call takes, with the call's arguments for its graph: this
+        one, or one traced with the optional inputs the call leaves None (see :meth:`bind_inputs`)."""
+        if self._signature is None:
+            return self, args, kwargs
+        arguments = self._signature.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        missing = frozenset(name for name in self._optional_inputs if arguments.arguments.get(name) is None)
+        if not missing:
+            return self, arguments.args, arguments.kwargs
+        if missing not in self._traced_without:
+            fixed = {**self._concrete_args, **dict.fromkeys(missing)}
+            self._traced_without[missing] = self._retrace(concrete_args=fixed)
+        return self._traced_without[missing], arguments.args, arguments.kwargs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.graph_module(*args, **kwargs)
+        explainer, args, kwargs = self.explainer_for(*args, **kwargs)
+        return explainer.graph_module(*args, **kwargs)
 
     def run_recording(self, nodes: Sequence[str], *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Tensor]]:
         """Compute the outputs and keep the output tensors of the named nodes.
@@ -37,6 +68,9 @@ class Explainer(nn.Module):
         the autograd graph, so the relevance reaching them is their gradient (see
         :func:`attribute` with ``nodes=``).
         """
+        explainer, args, kwargs = self.explainer_for(*args, **kwargs)
+        if explainer is not self:
+            return explainer.run_recording(nodes, *args, **kwargs)
         graph_nodes = self._graph_nodes(nodes)
         recorder = _Recorder(self.graph_module, {node: name for name, node in graph_nodes.items()})
         with outputs_recorded():
@@ -151,7 +185,10 @@ def attribute(
         return _attribute_repeated(explain, inputs, target, output=output, nodes=nodes, repeat=repeat)
     single = isinstance(inputs, Tensor)
     leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
-    explained_leaves = [leaf for leaf in leaves if _is_explained_leaf(leaf)]
+    # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
+    # eagerly) leaves the Python object holding the written values (fxlrp.interpret.replace_values);
+    # relevance belongs to the input as given, which the edge still names.
+    explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute(..., nodes=...) needs the explainer returned by fxlrp.convert")
     with torch.enable_grad(), sources_collected() as sources, reusable_graph() if many else nullcontext():

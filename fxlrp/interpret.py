@@ -260,6 +260,8 @@ class RelevanceMode(TorchFunctionMode):
             if source is not None and source.source:  # an embedding lookup: relevance starts here
                 return interpretation.run(source, function, args, kwargs)
             return function(*args, **kwargs)
+        if getattr(function, "__name__", None) in WRITES and getattr(Tensor, function.__name__) is function:
+            return _write(function, args, kwargs)
         operation, runnable, in_place = _lookup(function)
         observer = Interpretation.observer
         if operation is None:
@@ -285,19 +287,64 @@ class RelevanceMode(TorchFunctionMode):
         return result
 
     def _in_place(self, operation: Operation, runnable: Any, name: str, args: tuple, kwargs: dict) -> Any:
+        """``target.op_(...)`` / ``target op= ...``: the out-of-place twin with its rule, written back."""
         target = args[0]
         result = self.interpretation.run(operation, runnable, args, kwargs)
+        if carries_relevance(target):
+            return replace_values(target, result)
         if name in AUGMENTED_ASSIGNMENTS:
             return result  # ``a += b`` rebinds ``a`` to the result
-        if carries_relevance(target):
-            raise UnsupportedOperationError(
-                f"fxlrp: in-place {name} on a relevance-carrying tensor at {calling_line()}: relevance "
-                "functions keep their inputs for backward, so the tensor cannot be overwritten. Use the "
-                "out-of-place form."
-            )
         # A fresh buffer filled in place (``zeros.scatter_add_(...)``): it takes the result,
         # and relevance reaches the result through the copy's identity backward.
         return target.copy_(result)
+
+
+WRITES = ("__setitem__", "copy_", "fill_", "zero_")
+"""In-place writes that replace or move values: their gradient routes relevance (a replaced value
+passes its relevance on to nothing, a copied one to where it came from)."""
+
+
+def _write(function: Any, args: tuple, kwargs: dict) -> Any:
+    """``target[index] = value``, ``target.copy_(source)``, ...: natively when ``target`` carries no
+    relevance (a buffer being filled), else on a copy of ``target`` that then replaces it."""
+    target = args[0]
+    if not carries_relevance(target):
+        return function(*args, **kwargs)
+    written = target.clone()
+    result = function(written, *args[1:], **kwargs)
+    replace_values(target, written)
+    return None if result is None else target
+
+
+def replace_values(target: Tensor, new: Tensor) -> Tensor:
+    """Make ``target`` hold ``new``'s values and relevance, as an in-place write into ``target``
+    would, without writing into memory that a relevance function keeps for its backward (its
+    input, or its output as the epsilon rule's denominator; writing there would change the
+    relevance or fail). The Python object ``target`` is given ``new``'s tensor (the mechanism of
+    ``torch.utils.swap_tensors``, without its check that nothing else holds ``target``'s tensor:
+    what holds it is exactly the relevance functions, which keep the old values); code holding
+    ``target`` sees the new values, as after an in-place write. A write into a view reaches its
+    base the same way: the base is replaced by a copy with the view's region written."""
+    if new.shape != target.shape:
+        raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape "
+                           f"{list(new.shape)}")
+    new = new.to(target.dtype)
+    if target._is_view():
+        base = target._base
+        offset = target.storage_offset() - base.storage_offset()
+        written = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
+        written.copy_(base)
+        written.as_strided(target.size(), target.stride(), offset).copy_(new)
+        _swap(base, written)
+        new = base.as_strided(target.size(), target.stride(), offset)
+    _swap(target, new)
+    return target
+
+
+def _swap(tensor: Tensor, other: Tensor) -> None:
+    """Exchange the tensors two Python objects stand for, with their attributes (roles)."""
+    tensor.__dict__, other.__dict__ = other.__dict__, tensor.__dict__
+    torch._C._swap_tensor_impl(tensor, other)
 
 
 def _leaf_function_handler(interpretation: Interpretation):

@@ -232,10 +232,60 @@ def test_tile_in_eager_code_equals_gradient_times_input() -> None:
     assert relative_error(fxlrp.attribute(explain, x, target=2), expected) < 1e-12
 
 
-def test_writing_into_a_relevance_carrying_tensor_in_eager_code_is_a_clear_error() -> None:
-    explain = fxlrp.convert(AugmentedInEagerCode(in_place_division=True).double().eval(), LRP0)
-    with pytest.raises(fxlrp.UnsupportedOperationError, match=r"in-place div_ .* hidden /= hidden.sum"):
-        fxlrp.attribute(explain, torch.randn(3, 4, dtype=torch.float64))
+class InPlaceWrites(nn.Module):
+    """Code run eagerly that writes into relevance-carrying tensors, each spelling once: into a
+    layer's output that its rule keeps (the epsilon denominator), into a view, into the model's
+    own input, through an alias. Plain autograd accepts every one of them (no write touches a
+    tensor its backward keeps), so gradient x input is the reference."""
+
+    def __init__(self, spelling: str) -> None:
+        super().__init__()
+        self.first, self.second, self.last = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.spelling = spelling
+
+    def forward(self, x):
+        if x.sum() > -1e9:  # torch.fx cannot trace this
+            pass
+        if self.spelling == "input":
+            x.mul_(2.0)
+            x[:, 0] = 0.5
+        h, g = self.first(x), self.second(x)
+        if self.spelling == "augmented":
+            h /= h.sum(dim=-1, keepdim=True).detach()
+            h *= 3.0
+        elif self.spelling == "method":
+            g.add_(h).mul_(0.5)
+        elif self.spelling == "setitem":
+            g[:, 1:] = g[:, 1:] * 2.0 + h[:, :-1]
+        elif self.spelling == "view":
+            g[:, :2].mul_(3.0)
+            g.narrow(1, 3, 2).add_(h[:, :2])
+        elif self.spelling == "alias":
+            alias = g
+            g += h
+            g = alias * 1.0
+        elif self.spelling == "copy":
+            g[:, :2].copy_(h[:, 4:])
+            g.masked_fill_(torch.arange(6) == 5, 0.25)
+            g.index_add_(1, torch.tensor([0, 0, 3]), h[:, :3])
+        return self.last(torch.relu(g + h))
+
+
+@pytest.mark.parametrize("spelling", ["augmented", "method", "setitem", "view", "alias", "copy", "input"])
+def test_writes_into_relevance_carrying_tensors_in_eager_code_equal_gradient_times_input(spelling: str) -> None:
+    torch.manual_seed(5)
+    model = InPlaceWrites(spelling).double().eval()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    given = x.clone()
+    explain = fxlrp.convert(model, LRP0)
+    assert "" in explain.report().eager_modules  # the whole model runs eagerly
+    # (the reference writes into a copy of its leaf: autograd refuses writes into a leaf)
+    [expected] = gradient_times_input(lambda leaf: model(leaf * 1.0), [x], lambda out: out,
+                                      lambda out: onehot_relevance(out, 1))
+    relevance = fxlrp.attribute(explain, x, target=1)
+    assert torch.equal(x, given)  # the caller's tensor is not written into
+    assert relative_error(relevance, expected) < 1e-12
+    assert torch.allclose(explain(x.clone()), model(x.clone()), rtol=0, atol=1e-12)
 
 
 class EagerMultiheadAttention(nn.Module):
@@ -293,3 +343,35 @@ def test_in_place_activations_in_eager_code_equal_gradient_times_input() -> None
         assert torch.equal(explain(x), model(x))
     [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
     assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
+
+
+class OptionalMask(nn.Module):
+    """``forward(x, mask=None)`` with ``if mask is not None: mask.view(...)``: torch.fx traces the
+    branch as taken (its stand-in for ``mask`` is not None), so a call without a mask needs a
+    graph traced with ``mask=None`` (timm's Hiera)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, x, mask=None):
+        if mask is not None:
+            x = x * mask.view(x.shape[0], -1).to(x.dtype)
+        return torch.relu(self.layer(x))
+
+
+@pytest.mark.parametrize("call", ["without", "positional None", "keyword None", "positional", "keyword"])
+def test_an_optional_input_left_none_takes_the_models_none_branch(call: str) -> None:
+    torch.manual_seed(6)
+    model = OptionalMask().double().eval()
+    x = torch.randn(2, 4, dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 1]])
+    args, kwargs = {"without": ((), {}), "positional None": ((None,), {}), "keyword None": ((), {"mask": None}),
+                    "positional": ((mask,), {}), "keyword": ((), {"mask": mask})}[call]
+    explain = fxlrp.convert(model, LRP0)
+    assert explain.report().eager_modules == {}  # the graph takes it, no eager part
+    [expected] = gradient_times_input(lambda leaf: model(leaf, *args, **kwargs), [x], lambda out: out,
+                                      lambda out: onehot_relevance(out, 0))
+    relevance = fxlrp.attribute(lambda leaf: explain(leaf, *args, **kwargs), x, target=0)
+    assert relative_error(relevance, expected) < 1e-12
+    assert torch.equal(explain(x, *args, **kwargs), model(x, *args, **kwargs))

@@ -301,6 +301,7 @@ def walk_graph(
         explain = model
     else:
         explain = fxlrp.convert(model, composite)
+    explain = explain.explainer_for(x, edge_index, **forward_kwargs)[0]  # the graph this call runs
     described = _detect_steps(explain) if steps is None else [Step(name) for name in steps]
     if not described:
         raise ValueError("no message-passing steps: steps must name at least one node state")
