@@ -28,12 +28,14 @@ class LRPExplainer(ExplainerAlgorithm):
 
     ``Explainer(model, algorithm=LRPExplainer(composite), explanation_type="model" or
     "phenomenon", node_mask_type="object"/"attributes"/"common_attributes"/None,
-    edge_mask_type="object"/None, model_config=dict(mode=..., task_level="node"/"graph",
+    edge_mask_type="object"/None, model_config=dict(mode=..., task_level="node"/"edge"/"graph",
     return_type=...))``.
 
     The output relevance is the explained output itself: the logit of the target class
     (multiclass), ``+-logit`` (binary, sign by target) or the value (regression), at the rows
-    ``index`` (nodes for node-level tasks, graphs for graph-level tasks; all rows if None), zero
+    ``index`` (nodes for node-level tasks, node pairs for edge-level tasks such as link prediction,
+    whose model takes the pairs as a keyword like ``edge_label_index``, graphs for graph-level
+    tasks; all rows if None), zero
     elsewhere. PyG passes the model's prediction as target for ``"model"`` explanations and the
     given target for ``"phenomenon"``. Masks are relevances (signed, summing to about the
     explained output), not probabilities: ``node_mask`` ``object`` sums a node's feature

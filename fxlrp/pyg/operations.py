@@ -17,7 +17,7 @@ from fxlrp.call import RelevanceCall
 from fxlrp.interpret import LayerRunner, interpret, layer_runner
 from fxlrp.operations.scatter import reduce_by_argument
 from fxlrp.operations.sums import proportional
-from fxlrp.pyg.messages import messages_of
+from fxlrp.pyg.messages import given_edges, messages_of
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 
 
@@ -25,7 +25,7 @@ def message_passing(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwar
     """A message-passing layer: its real forward, propagate, message, aggregate and update run
     with every operation on relevance-carrying tensors explained by its rule."""
     name = call.site.module_name if call.site is not None and call.site.module_name else type(runner.module).__name__
-    with messages_of(runner.module, name):
+    with messages_of(runner.module, name, given_edges(args, kwargs)):
         return interpret(call, runner, *args, **kwargs)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fxlrp.interpret import LayerRunner
 from fxlrp.pyg.edge_map import EdgeMap
 from fxlrp.pyg.messages import Messages, recording_messages
 from fxlrp.relevance.rule_function import reusable_graph
@@ -26,17 +27,23 @@ from fxlrp.relevance.rule_function import reusable_graph
 
 @dataclass
 class GraphRelevance:
-    """Relevance of the inputs of one explanation."""
+    """Relevance of the inputs of one explanation.
+
+    For a heterogeneous graph (``x`` and ``edge_index`` given as dicts by node and edge type),
+    ``node`` is ``{node type: [N_t, F_t]}``, ``edge`` ``{edge type: [E_t]}``, ``edge_by_layer``
+    ``{layer name: {edge type: [E_t]}}`` and ``self_loops_by_layer`` ``{layer name: {node type:
+    [N_t]}}``.
+    """
 
     output: Tensor
     """The model's output."""
-    node: Tensor
+    node: Tensor | dict[Any, Tensor]
     """``[N, F]``: relevance of each node feature."""
-    edge: Tensor
+    edge: Tensor | dict[Any, Tensor]
     """``[E]``: relevance of each input edge, summed over the message-passing layers."""
-    edge_by_layer: dict[str, Tensor] = field(default_factory=dict)
+    edge_by_layer: dict[str, Any] = field(default_factory=dict)
     """``{layer name: [E]}``: relevance of the messages each layer sent along each input edge."""
-    self_loops_by_layer: dict[str, Tensor] = field(default_factory=dict)
+    self_loops_by_layer: dict[str, Any] = field(default_factory=dict)
     """``{layer name: [N]}``: relevance of the messages along self-loops a layer added itself."""
     edge_attr: Tensor | None = None
     """Relevance of the edge features (``edge_attr``), when the model takes them."""
@@ -83,38 +90,119 @@ class GraphForward:
 
     output: Tensor
     leaves: list[Tensor]
-    """``x`` and, when the model takes floating edge features, ``edge_attr``, as graph leaves."""
+    """``x`` (one leaf per node type for heterogeneous graphs) and, when the model takes floating
+    edge features, ``edge_attr``, as graph leaves."""
     records: list[Messages]
-    edge_index: Tensor
+    edge_index: Tensor | dict[Any, Tensor]
     reusable: bool
-    edge_maps: list[EdgeMap] = field(default_factory=list)
+    edge_maps: list[Any] = field(default_factory=list)
     """One per record, made by the first :func:`relevance_from` (they depend on the graph only)."""
+    node_types: list[Any] | None = None
+    """Heterogeneous graphs: the node type of each of the first leaves."""
+
+
+def layer_names(explain: nn.Module) -> dict[int, str]:
+    """Qualified names, by ``id``, of the model's modules that run inside the explainer's nodes
+    (for message-passing layers called by code that runs eagerly)."""
+    names: dict[int, str] = {}
+    for node in explain.modules():
+        runner = getattr(node, "function", None)
+        if isinstance(runner, LayerRunner):
+            site = getattr(getattr(node, "call", None), "site", None)
+            prefix = site.module_name + "." if site is not None and site.module_name else ""
+            names.update(runner.module_names(prefix))
+    return names
 
 
 def explained_forward(
-    explain: nn.Module, x: Tensor, edge_index: Tensor, *, reusable: bool = False, **kwargs: Any
+    explain: nn.Module, x: Tensor | dict[Any, Tensor], edge_index: Tensor | dict[Any, Tensor], *,
+    reusable: bool = False, **kwargs: Any
 ) -> GraphForward:
     """Run ``explain(x, edge_index, **kwargs)`` (a module from :func:`fxlrp.convert`) recording
-    the messages of its message-passing layers. A floating ``edge_attr`` keyword becomes a leaf."""
-    x = x.detach().requires_grad_()
-    leaves = [x]
+    the messages of its message-passing layers. A floating ``edge_attr`` keyword becomes a leaf.
+    ``x`` and ``edge_index`` may be dicts by node and edge type (heterogeneous graphs)."""
+    node_types = None
+    if isinstance(x, dict):
+        node_types = list(x)
+        x = {node_type: features.detach().requires_grad_() for node_type, features in x.items()}
+        leaves = list(x.values())
+    else:
+        x = x.detach().requires_grad_()
+        leaves = [x]
     edge_attr = kwargs.get("edge_attr")
     if isinstance(edge_attr, Tensor) and edge_attr.is_floating_point():
         kwargs["edge_attr"] = edge_attr = edge_attr.detach().requires_grad_()
         leaves.append(edge_attr)
-    with torch.enable_grad(), recording_messages() as records, reusable_graph() if reusable else nullcontext():
+    with (torch.enable_grad(), recording_messages(layer_names(explain)) as records,
+          reusable_graph() if reusable else nullcontext()):
         output = explain(x, edge_index, **kwargs)
     if not isinstance(output, Tensor):
-        raise TypeError(f"the model returns {type(output).__name__}; graph_relevance explains a tensor output")
-    return GraphForward(output, leaves, records, edge_index, reusable)
+        raise TypeError(f"the model returns {type(output).__name__}; graph_relevance explains a tensor output "
+                        "(for a heterogeneous model, return the output of the explained node type)")
+    return GraphForward(output, leaves, records, edge_index, reusable, node_types=node_types)
+
+
+def _edge_type_of(given: Tensor, edge_index: dict[Any, Tensor]) -> Any:
+    """The edge type whose ``edge_index`` a layer was called with: the same tensor, else the one
+    with equal values."""
+    for edge_type, edges in edge_index.items():
+        if edges is given:
+            return edge_type
+    equal = [edge_type for edge_type, edges in edge_index.items()
+             if edges.shape == given.shape and torch.equal(edges, given)]
+    if len(equal) != 1:
+        raise ValueError("a message-passing layer was called with edges that are not one edge type's edge_index "
+                         f"({'several equal ones' if equal else 'none equal'}); edge relevance per edge type "
+                         "needs the edge_index tensors of the input")
+    return equal[0]
+
+
+def _hetero_pieces(record: Messages, edge_index: dict[Any, Tensor], sizes: dict[Any, int]) -> list[tuple]:
+    """Which messages of ``record`` belong to which edge type: ``(edge type, EdgeMap or None,
+    rows, node type of the receivers)``; an EdgeMap matches messages to input edges, rows
+    without one are the edge type's input edges in order (layers taking a dict of edge types,
+    as ``HGTConv``, send along the concatenation of the edge types' edges)."""
+    given = record.given
+    if isinstance(given, dict):
+        counts = [edges.size(1) for edges in given.values()]
+        sent = record.messages.size(record.edge_dim)
+        if sum(counts) != sent:
+            raise ValueError(f"layer {record.layer} takes a dict of edge types but sent {sent} messages along "
+                             f"{sum(counts)} edges; its edge relevance cannot be split by edge type")
+        pieces, start = [], 0
+        for edge_type, count in zip(given, counts, strict=True):
+            receiver = edge_type[-1] if record.source_to_target else edge_type[0]
+            pieces.append((edge_type, None, slice(start, start + count), receiver))
+            start += count
+        return pieces
+    if not isinstance(given, Tensor):
+        raise ValueError(f"layer {record.layer} was called without an edge_index tensor; "
+                         "its edge relevance cannot be given an edge type")
+    edge_type = _edge_type_of(given, edge_index)
+    receiver = edge_type[-1] if record.source_to_target else edge_type[0]
+    num_nodes = max(sizes[edge_type[0]], sizes[edge_type[-1]])
+    return [(edge_type, EdgeMap(record.edge_index, edge_index[edge_type], num_nodes, record.source_to_target),
+             None, receiver)]
+
+
+def _node_counts(forward: GraphForward) -> dict[Any, int]:
+    sizes = {node_type: leaf.size(0) for node_type, leaf in zip(forward.node_types, forward.leaves, strict=False)}
+    for edge_type, edges in forward.edge_index.items():
+        for node_type, row in ((edge_type[0], 0), (edge_type[-1], 1)):
+            if node_type not in sizes and edges.numel():
+                sizes[node_type] = int(edges[row].max()) + 1
+    return sizes
 
 
 def relevance_from(forward: GraphForward, relevance: Tensor) -> GraphRelevance:
     """Propagate the output relevance ``relevance`` through ``forward``."""
-    leaves, records, edge_index = forward.leaves, forward.records, forward.edge_index
+    leaves, records = forward.leaves, forward.records
     gradients = torch.autograd.grad(forward.output, [*leaves, *(r.messages for r in records)], relevance,
                                     allow_unused=True, retain_graph=forward.reusable)
     found = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(gradients, leaves, strict=False)]
+    if forward.node_types is not None:
+        return _hetero_relevance(forward, found, gradients[len(leaves):])
+    edge_index = forward.edge_index
     x = leaves[0]
     if not forward.edge_maps:
         forward.edge_maps = [EdgeMap(r.edge_index, edge_index, x.size(0), r.source_to_target) for r in records]
@@ -135,6 +223,43 @@ def relevance_from(forward: GraphForward, relevance: Tensor) -> GraphRelevance:
         edge_by_layer={name: value.to(x.dtype) for name, value in by_layer.items()},
         self_loops_by_layer={name: value.to(x.dtype) for name, value in loops_by_layer.items()},
         edge_attr=found[1] if len(found) > 1 else None,
+    )
+
+
+def _hetero_relevance(forward: GraphForward, found: list[Tensor], message_gradients: tuple) -> GraphRelevance:
+    edge_index = forward.edge_index
+    sizes = _node_counts(forward)
+    if not forward.edge_maps:
+        forward.edge_maps = [_hetero_pieces(record, edge_index, sizes) for record in forward.records]
+    dtype, device = forward.leaves[0].dtype, forward.leaves[0].device
+    edge = {edge_type: torch.zeros(edges.size(1), dtype=torch.float64, device=device)
+            for edge_type, edges in edge_index.items()}
+    by_layer: dict[str, dict[Any, Tensor]] = {}
+    loops_by_layer: dict[str, dict[Any, Tensor]] = {}
+    for record, pieces, message_relevance in zip(forward.records, forward.edge_maps, message_gradients, strict=True):
+        if message_relevance is None:
+            continue
+        per_message = _per_edge(record, message_relevance).to(torch.float64)
+        for edge_type, edge_map, rows, receiver in pieces:
+            if edge_map is None:
+                per_edge, loops = per_message[rows], None
+            else:
+                per_edge, loops = edge_map(per_message)
+            edge[edge_type] = edge[edge_type] + per_edge
+            layer = by_layer.setdefault(record.layer, {})
+            layer[edge_type] = layer.get(edge_type, 0) + per_edge
+            if loops is not None:
+                layer_loops = loops_by_layer.setdefault(record.layer, {})
+                layer_loops[receiver] = layer_loops.get(receiver, 0) + loops[:sizes[receiver]]
+    node_count = len(forward.node_types)
+    return GraphRelevance(
+        output=forward.output.detach(),
+        node=dict(zip(forward.node_types, found[:node_count], strict=True)),
+        edge={edge_type: value.to(dtype) for edge_type, value in edge.items()},
+        edge_by_layer={name: {t: v.to(dtype) for t, v in values.items()} for name, values in by_layer.items()},
+        self_loops_by_layer={name: {t: v.to(dtype) for t, v in values.items()}
+                             for name, values in loops_by_layer.items()},
+        edge_attr=found[node_count] if len(found) > node_count else None,
     )
 
 
