@@ -20,9 +20,18 @@ transformers).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
 from transformers import activations
 
+from fxlrp.call import RelevanceCall
+from fxlrp.interpret import interpret
 from fxlrp.operations.helpers import module_as_function, passes
+from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.roles import ACTIVATION
 
@@ -42,6 +51,19 @@ ACTIVATION_MODULES: tuple[type, ...] = tuple(
 )
 """transformers' smooth elementwise activation modules that get the identity rule as a whole."""
 
+_ACTIVATION = passes((0,), recomputable=True, role=ACTIVATION)
+
+
+def activation_module(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    """The identity rule on the module's input; the activation is recomputable, so that the rule
+    of the layer reading it (an MLP's second linear layer) recomputes it from the input the first
+    layer's rule keeps anyway, instead of keeping a second intermediate-sized tensor. Run eagerly,
+    the intercepted call is ``forward(module, input)``: the module is bound into the function."""
+    if args and isinstance(args[0], nn.Module):
+        function, args = partial(function, args[0]), args[1:]
+    return _ACTIVATION(call, function, *args, **kwargs)
+
+
 TRANSFORMERS_ACTIVATION = register(
     Operation(
         "transformers_activation",
@@ -51,10 +73,75 @@ TRANSFORMERS_ACTIVATION = register(
         # graph's call as one node.
         functions=tuple(dict.fromkeys(module_type.forward for module_type in ACTIVATION_MODULES)),
         modules=ACTIVATION_MODULES,
-        relevance=passes(None, role=ACTIVATION),
+        relevance=activation_module,
         module_function=module_as_function,
         leaf=True,
         description="Hugging Face transformers' activation modules (gelu_new, gelu_fast, quick_gelu, ...): "
         "smooth elementwise activations, identity rule R_in = R_out",
+    )
+)
+
+
+# -- Mamba's selective scan (MambaLRP) ---------------------------------------------------------------
+
+
+def _unwrapped(function: Any) -> Any:
+    """The torch implementation behind transformers' kernel-hub wrapper (a closure, whose code
+    cannot be intercepted; it calls this plain function unless a CUDA kernel package is installed)."""
+    return getattr(function, "__wrapped__", function)
+
+
+def _selective_scans() -> tuple[Callable[..., Any], ...]:
+    try:
+        from transformers.models.mamba import modeling_mamba
+    except ImportError:  # pragma: no cover - a transformers without Mamba
+        return ()
+    # transformers 5 runs the scan in a function; 4.x writes it inline in MambaMixer.slow_forward
+    scan = getattr(modeling_mamba, "mamba_selective_scan", None)
+    return () if scan is None else (_unwrapped(scan),)
+
+
+def selective_scan(call: RelevanceCall, function: Callable[..., Any], hidden_states: Tensor, dt: Tensor, A: Tensor,
+                   B: Tensor, C: Tensor, D: Tensor | None = None, z: Tensor | None = None, *args: Any,
+                   **kwargs: Any) -> Any:
+    """MambaLRP (Jafari et al., NeurIPS 2024) for the selective scan
+    ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t``, ``y_t = C_t h_t + D u_t``, ``out = y * silu(z)``.
+
+    The selective parameters ``dt``, ``B``, ``C`` (and so the decay ``exp(dt A)``, a gate on the
+    state) are held constant: they get no relevance, and the scan is a linear map of ``u``, on
+    which the node's rule runs (the z-rule by default: ``R_u = u * J^T (R / y)``, conserving, as
+    the map has no bias). The gate ``silu(z)`` and its product with ``y`` are explained by the
+    registry's rules for ``silu`` and ``mul`` under the composite (AttnLRP: the identity rule and
+    ``R / 2`` to each factor, MambaLRP's gating rule; CP-LRP: the gate is a constant).
+    """
+    dt, B, C = (value.detach() if isinstance(value, Tensor) else value for value in (dt, B, C))
+    return_last_state = kwargs.pop("return_last_state", False)
+    last_states: list[Tensor] = []
+
+    def scan(u: Tensor) -> Tensor:
+        output, last_state = function(u, dt, A, B, C, D, None, *args, return_last_state=True, **kwargs)
+        last_states.append(last_state.detach())
+        return output
+
+    output = call.affine(call.layer(scan), hidden_states)
+    if z is not None:
+        output = interpret(call, _gated, output, z)
+    return (output, last_states[-1]) if return_last_state else output
+
+
+def _gated(output: Tensor, z: Tensor) -> Tensor:
+    return output * F.silu(z)
+
+
+SELECTIVE_SCAN = register(
+    Operation(
+        "selective_scan",
+        Kind.AFFINE,
+        functions=_selective_scans(),
+        relevance=selective_scan,
+        default_rule=proportional,
+        leaf=True,
+        description="Mamba's selective scan (MambaLRP): dt, B, C and the decay exp(dt A) held constant, "
+        "the z-rule on the linear map of u that remains; the gate silu(z) by the silu and mul rules",
     )
 )

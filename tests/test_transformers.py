@@ -19,10 +19,11 @@ does (see tests/test_transformer_composites.py), on plain autograd:
 
 Relevance is the input times its gradient, seeded with 1 at the target logit: fxlrp's with
 ``R_out = logit``. Token ids get the relevance of their embedding lookups summed over the
-embedding dimension. Where fxlrp has no rule for an operation (Mamba's ``exp``, SigLIP's
-attention-pooling head, Qwen3-MoE's default grouped matmul) the test names the operation from the
-strict error, converts with ``strict=False`` (relevance follows the gradient there) and the
-reference lets relevance follow that operation's gradient too.
+embedding dimension. Where fxlrp has no rule for an operation (SigLIP's attention-pooling head)
+the test names the operation from the strict error, converts with ``strict=False`` (relevance
+follows the gradient there) and the reference lets relevance follow that operation's gradient too.
+Mamba's selective scan is MambaLRP's (Jafari et al., 2024): the reference runs the scan with its
+selective parameters (time step, B, C) detached, as the MambaLRP authors' code does.
 
 Models run in float64 and compare at 1e-10. The RMSNorm of Llama, Qwen and Gemma 3 upcasts to
 float32 whatever the model's dtype, and so does Qwen3-MoE's router softmax (the two formulations
@@ -375,6 +376,26 @@ def _wav2vec2() -> nn.Module:
     return transformers.Wav2Vec2ForSequenceClassification(config)
 
 
+def _mamba(conv_bias: bool = True) -> nn.Module:
+    return transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=VOCABULARY, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+        use_cache=False, use_conv_bias=conv_bias))
+
+
+def _mamba_lrp_scan() -> list[tuple[Any, str, Callable[..., Any]]]:
+    """MambaLRP's selective scan for the reference (as the MambaLRP authors' code writes it):
+    the time step, B and C detached, so the decay ``exp(dt A)``, ``dt B`` and ``C`` are constants
+    and the scan is a linear map of its input."""
+    from transformers.models.mamba import modeling_mamba
+
+    scan = modeling_mamba.mamba_selective_scan.__wrapped__
+
+    def detached(hidden_states, dt, A, B, C, *args, **kwargs):
+        return scan(hidden_states, dt.detach(), A, B.detach(), C.detach(), *args, **kwargs)
+
+    return [(modeling_mamba, "mamba_selective_scan", detached)]
+
+
 def _norm_in_input_dtype(self, hidden_states: Tensor) -> Tensor:
     """Llama's, Qwen's and Mamba's RMSNorm without its float32 upcast."""
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
@@ -427,6 +448,9 @@ class Case:
     compared: bool = True
     """Whether the relevance is compared with the reference (not where only float32 runs and the
     gradient-following formulation divides by the inputs)."""
+    reference_forwards: Callable[[], list[tuple[Any, str, Callable[..., Any]]]] | None = None
+    """Functions the reference runs instead of the model's own (``(module, name, function)``):
+    MambaLRP's selective scan with its selective parameters detached."""
 
 
 CASES = {
@@ -491,10 +515,7 @@ CASES = {
         _whisper, lambda: (_floats(2, 8, 20), None, _ids(length=3, seed=2)), _next_token),
     "Wav2Vec2ForSequenceClassification": Case(_wav2vec2, lambda: (_floats(2, 400),), _logits),
     "MambaForCausalLM": Case(  # its selective scan computes in float32 (.float()) whatever the dtype
-        lambda: transformers.MambaForCausalLM(transformers.MambaConfig(
-            vocab_size=VOCABULARY, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
-            use_cache=False)),
-        lambda: (_ids(),), _next_token, dtype=torch.float32, missing=("torch.exp",), gradient_only=(torch.exp,)),
+        lambda: _mamba(), lambda: (_ids(),), _next_token, dtype=torch.float32, reference_forwards=_mamba_lrp_scan),
 }
 
 
@@ -549,7 +570,10 @@ def test_attnlrp_equals_lxts_gradient_times_input(name: str, in_float64) -> None
         assert value is None or (ours.shape == value.shape and torch.isfinite(ours).all() and ours.abs().max() > 0)
     if not case.compared:
         return
-    expected = reference_relevance(model, inputs, case.pick, target=1, gradient_only=case.gradient_only)
+    with pytest.MonkeyPatch.context() as patch:
+        for module, name, function in case.reference_forwards() if case.reference_forwards is not None else ():
+            patch.setattr(module, name, function)
+        expected = reference_relevance(model, inputs, case.pick, target=1, gradient_only=case.gradient_only)
     tolerance = 1e-5 if case.dtype == torch.float32 else 1e-10
     for ours, theirs in zip(relevance, expected, strict=True):
         assert (ours is None) == (theirs is None)
@@ -580,3 +604,20 @@ def test_the_reference_tells_attnlrp_from_gradient_times_input() -> None:
     [gradient] = torch.autograd.grad(output[:, 1].sum(), [embeddings])
     plain = (gradient * embeddings).sum(-1)
     assert relative_error(plain, expected[0]) > 1e-2
+
+
+def test_mamba_lrp_conserves_relevance() -> None:
+    """MambaLRP's rules are conservative (SiLU and the norms by the identity rule, the gating
+    product halved, the selective scan a linear map of its input without bias): without the
+    convolution's bias, the only bias on the relevance path, token relevance sums to the
+    explained logit. Relevance that followed the gradient into the time step, B and C (as an
+    explanation of the scan operation by operation would) breaks that."""
+    torch.manual_seed(0)
+    model = _randomised(_mamba(conv_bias=False).eval())
+    ids = _ids()
+    explain = fxlrp.convert(model, AttnLRP(epsilon=0.0))
+    logit = _next_token(model(ids))[:, 1].detach()
+    relevance = fxlrp.attribute(explain, ids, target=1, output=_next_token)
+    assert relative_error(relevance.sum(-1), logit) <= 1e-5, relevance.sum(-1) - logit  # 1.3e-7
+    leaky = reference_relevance(model, (ids,), _next_token, target=1, gradient_only=(torch.exp,))[0]
+    assert relative_error(leaky.sum(-1), logit) > 1e-4  # 1.1e-3
