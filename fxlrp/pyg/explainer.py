@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from torch import Tensor, nn
-from torch_geometric.explain import Explanation
+from torch_geometric.explain import Explanation, HeteroExplanation
 from torch_geometric.explain.algorithm import ExplainerAlgorithm
 from torch_geometric.explain.config import MaskType, ModelMode
 
@@ -87,8 +87,9 @@ class LRPExplainer(ExplainerAlgorithm):
         index: int | Tensor | None = None,
         **kwargs: Any,
     ) -> Explanation:
-        if isinstance(x, dict) or isinstance(edge_index, dict):
-            raise ValueError("LRPExplainer explains homogeneous graphs; heterogeneous graphs are not supported yet")
+        if isinstance(x, dict) != isinstance(edge_index, dict):
+            raise ValueError("LRPExplainer: x and edge_index must both be tensors (homogeneous graph) or both "
+                             "dicts by node and edge type (heterogeneous graph)")
         explain = self.explainer_for(model)
         if self.reuse_forward:
             forward = self._reuse.get(model, explain, x, edge_index, kwargs,
@@ -98,17 +99,26 @@ class LRPExplainer(ExplainerAlgorithm):
             forward = explained_forward(explain, x, edge_index, **kwargs)
         start = output_relevance(forward.output, target, index, _MODES[self.model_config.mode])
         relevance = relevance_from(forward, start)
+        with_edges = self.explainer_config.edge_mask_type == MaskType.object
+        if isinstance(relevance.node, dict):
+            explanation = HeteroExplanation()
+            node_masks = {node_type: self._node_mask(value) for node_type, value in relevance.node.items()}
+            if self.explainer_config.node_mask_type is not None:
+                explanation.set_value_dict("node_mask", node_masks)
+            if with_edges:
+                explanation.set_value_dict("edge_mask", relevance.edge)
+            return explanation
+        return Explanation(node_mask=self._node_mask(relevance.node), edge_mask=relevance.edge if with_edges else None)
+
+    def _node_mask(self, relevance: Tensor) -> Tensor | None:
         node_mask_type = self.explainer_config.node_mask_type
         if node_mask_type == MaskType.object:
-            node_mask = relevance.node.sum(dim=-1, keepdim=True)
-        elif node_mask_type == MaskType.attributes:
-            node_mask = relevance.node
-        elif node_mask_type == MaskType.common_attributes:
-            node_mask = relevance.node.sum(dim=0, keepdim=True)
-        else:
-            node_mask = None
-        edge_mask = relevance.edge if self.explainer_config.edge_mask_type == MaskType.object else None
-        return Explanation(node_mask=node_mask, edge_mask=edge_mask)
+            return relevance.sum(dim=-1, keepdim=True)
+        if node_mask_type == MaskType.attributes:
+            return relevance
+        if node_mask_type == MaskType.common_attributes:
+            return relevance.sum(dim=0, keepdim=True)
+        return None
 
     def clear(self) -> None:
         """Drop the kept forward pass and the memory its graph holds."""

@@ -6,10 +6,12 @@ input edges) does not depend on the explained node, so :class:`ForwardReuse` kee
 and hands it out again while nothing it depends on has changed; only the backward pass runs per
 node. The key is exact, never a guess from values: the converted model's identity, every
 parameter and buffer of the user's model by identity and version (``optimizer.step()`` and other
-in-place changes bump the version), the inputs by identity and version, and the other keywords
-by identity and version (tensors) or by value (``None``, numbers, strings). Calls with any other
-keyword value, or with a module of the model in training mode (dropout would draw anew), are
-never reused. The kept tensors stay referenced, so their identities cannot be taken by new ones.
+in-place changes bump the version), the inputs by identity and version (for heterogeneous
+graphs, each node and edge type's tensor, the dicts copied so the tensors stay referenced), and
+the other keywords by identity and version (tensors, dicts of tensors) or by value (``None``,
+numbers, strings). Calls with any other keyword value, or with a module of the model in
+training mode (dropout would draw anew), are never reused. The kept tensors stay referenced, so
+their identities cannot be taken by new ones.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ def _tensor_key(tensor: Tensor) -> tuple[Any, ...]:
 def _value_key(value: Any) -> tuple[Any, ...] | None:
     if isinstance(value, Tensor):
         return ("tensor", *_tensor_key(value))
+    if isinstance(value, dict):  # by node or edge type (heterogeneous graphs)
+        items = [(name, _value_key(item)) for name, item in value.items()]
+        return None if any(key is None for _, key in items) else ("dict", tuple(items))
     if type(value) in _PLAIN_VALUES:
         return ("value", type(value), value)
     return None
 
 
-def forward_key(model: nn.Module, explain: nn.Module, x: Tensor, edge_index: Tensor,
+def forward_key(model: nn.Module, explain: nn.Module, x: Tensor | dict, edge_index: Tensor | dict,
                 kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     """What the forward of ``explain(x, edge_index, **kwargs)`` depends on; None when a call
     must not be reused (a module in training mode, a keyword value that is neither a tensor nor
@@ -49,8 +54,11 @@ def forward_key(model: nn.Module, explain: nn.Module, x: Tensor, edge_index: Ten
         if value is None:
             return None
         keywords.append((name, value))
+    graph = _value_key(x), _value_key(edge_index)
+    if None in graph:
+        return None
     state = [*model.parameters(), *model.buffers()]
-    return (id(explain), _tensor_key(x), _tensor_key(edge_index), tuple(keywords),
+    return (id(explain), *graph, tuple(keywords),
             tuple(_tensor_key(tensor) for tensor in state))
 
 
@@ -62,7 +70,8 @@ class ForwardReuse:
         self._forward: GraphForward | None = None
         self._kept: tuple[Any, ...] = ()
 
-    def get(self, model: nn.Module, explain: nn.Module, x: Tensor, edge_index: Tensor, kwargs: dict[str, Any],
+    def get(self, model: nn.Module, explain: nn.Module, x: Tensor | dict, edge_index: Tensor | dict,
+            kwargs: dict[str, Any],
             run: Callable[[bool], GraphForward]) -> GraphForward:
         """The kept forward if its key matches; else ``run(reusable)``, kept when it has a key."""
         key = forward_key(model, explain, x, edge_index, kwargs)
@@ -72,7 +81,8 @@ class ForwardReuse:
         forward = run(key is not None)
         if key is not None:
             self._key, self._forward = key, forward
-            self._kept = (explain, x, edge_index, dict(kwargs), [*model.parameters(), *model.buffers()])
+            kept_dicts = [dict(value) for value in (x, edge_index, *kwargs.values()) if isinstance(value, dict)]
+            self._kept = (explain, x, edge_index, dict(kwargs), kept_dicts, [*model.parameters(), *model.buffers()])
         return forward
 
     def clear(self) -> None:
