@@ -140,3 +140,20 @@ def test_a_recomputation_of_another_layout_is_an_error() -> None:
     assert torch.equal(leaf.detach(), torch.tanh(source))
     with pytest.raises(RuntimeError, match="another layout"):
         _restore_recomputed([(leaf, layout, lambda value: value.double(), source, source._version)])
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+@pytest.mark.parametrize("name", ["GELUActivation", "NewGELUActivation", "QuickGELUActivation"])
+def test_a_transformers_activation_module_is_recomputed(name: str, capture: str) -> None:
+    """Hugging Face's activation modules (run eagerly, their ``forward(module, input)`` is the
+    intercepted call) are recomputed as torch's are: the second layer keeps an empty leaf."""
+    from transformers import activations
+
+    torch.manual_seed(4)
+    model = MLP(getattr(activations, name)()).double()
+    x = torch.randn(5, 6, dtype=torch.float64)
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.1), capture=capture)
+    output = explain(x.clone().requires_grad_())
+    assert sorted(node.state[0][0].numel() for node in _rule_nodes(output)) == [0, 30]
+    (actual,) = explained_relevance(explain, [x], onehot_relevance)
+    assert relative_error(actual, _layer_by_layer(model, x, 0.1)) < 1e-12
