@@ -38,6 +38,11 @@ class RelevanceCall:
         self.inner_calls: dict[tuple[int, str, bool], tuple[Any, RelevanceCall]] = {}
         """Calls of the operations inside a part run eagerly, by module, operation and first-layer flag."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The caches are keyed by the ids of tensors and modules of this process: a copy
+        # (copy.deepcopy, pickle, torch.save) starts without them and fills them from its own.
+        return {**self.__dict__, "_cache": {}, "inner_calls": {}}
+
     def layer(
         self,
         function: Callable[..., Tensor],

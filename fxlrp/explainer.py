@@ -11,7 +11,14 @@ import torch
 from torch import Tensor, fx, nn
 from torch.autograd.graph import get_gradient_edge
 
+from fxlrp.input_checks import (
+    no_floating_input_error,
+    refuse_non_finite_inputs,
+    refuse_non_finite_output,
+    refuse_non_finite_relevance,
+)
 from fxlrp.nodes import original_node_name
+from fxlrp.placement import refuse_to_move
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
 from fxlrp.report import Report
@@ -77,6 +84,12 @@ class Explainer(nn.Module):
             result = recorder.run(*args, **kwargs)
         return result, {name: recorder.recorded[name] for name in nodes if name in recorder.recorded}
 
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Explainer:
+        """What ``.to()``, ``.double()``, ``.half()``, ``.cuda()``, ... call: refused with what to do
+        instead when it would move or cast anything (see :mod:`fxlrp.placement`); a no-op otherwise."""
+        refuse_to_move(self, fn)
+        return self
+
     def report(self) -> Report:
         """Every node of the model with its canonical operation, handling, rule and source."""
         return self._report
@@ -134,11 +147,25 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
         target = output.detach().argmax(dim=-1)
     mask = torch.zeros_like(output)
     index = torch.as_tensor(target, device=output.device, dtype=torch.long)
+    _check_target(index, target, output)
     if index.dim() == 0:
         mask[..., index] = 1.0
     else:
         mask.scatter_(-1, index.reshape(*output.shape[:-1], 1), 1.0)
     return output.detach() * mask
+
+
+def _check_target(index: Tensor, target: Any, output: Tensor) -> None:
+    """A ValueError in the user's terms for a class index the output does not have, or a number of
+    indices that is not one per sample (instead of an indexing error from inside torch)."""
+    classes, samples = output.shape[-1], output[..., 0].numel()
+    if index.dim() > 0 and index.numel() != samples:
+        raise ValueError(f"target has {index.numel()} class indices; the explained output {list(output.shape)} "
+                         f"needs one index, or one per sample ({samples})")
+    if index.numel() and bool((index < -classes).any() | (index >= classes).any()):
+        shown = target.tolist() if isinstance(target, Tensor) else target
+        raise ValueError(f"target {shown!r} is out of range: the explained output {list(output.shape)} has "
+                         f"{classes} classes in its last dimension (indices 0 to {classes - 1})")
 
 
 def attribute(
@@ -149,6 +176,7 @@ def attribute(
     output: Callable[[Any], Tensor] | None = None,
     nodes: Sequence[str] | None = None,
     repeat: int = 0,
+    check_finite: bool = True,
 ) -> Tensor | tuple[Tensor | None, ...] | tuple[Tensor | tuple[Tensor | None, ...], dict[str, Tensor]]:
     """Relevance of each input in one call.
 
@@ -177,12 +205,19 @@ def attribute(
     ``(input_relevance, {name: relevance of that node's output})``. A node's relevance is
     what reaches its output in the backward pass, summed over its consumers.
     Relevance is returned with the shapes of the inputs (and of the nodes' outputs).
+    ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
+    finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
+    is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
+    :mod:`fxlrp.input_checks`); False returns whatever comes out.
     """
     many = isinstance(target, list)
     if many and not target:
         raise ValueError("target=[] names no target; give at least one")
     if many and repeat > 0:
-        return _attribute_repeated(explain, inputs, target, output=output, nodes=nodes, repeat=repeat)
+        return _attribute_repeated(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
+                                   check_finite=check_finite)
+    if check_finite:
+        refuse_non_finite_inputs(explain, inputs)
     single = isinstance(inputs, Tensor)
     leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
     # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
@@ -192,10 +227,13 @@ def attribute(
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute(..., nodes=...) needs the explainer returned by fxlrp.convert")
     with torch.enable_grad(), sources_collected() as sources, reusable_graph() if many else nullcontext():
-        if nodes is None:
-            result, recorded = explain(*leaves), {}
-        else:
-            result, recorded = explain.run_recording(list(nodes), *leaves)
+        try:
+            if nodes is None:
+                result, recorded = explain(*leaves), {}
+            else:
+                result, recorded = explain.run_recording(list(nodes), *leaves)
+        except (RuntimeError, TypeError) as error:
+            raise no_floating_input_error(inputs, error) from error
         explained = output(result) if output is not None else _logits(result)
         if not isinstance(explained, Tensor):
             raise TypeError(
@@ -210,11 +248,15 @@ def attribute(
                 "none of the inputs can receive relevance: give the floating-point input to explain (an "
                 "image, node features, inputs_embeds) or token ids the model looks up in an embedding"
             )
+        if check_finite:
+            refuse_non_finite_output(explained)
         starts = [output_relevance(explained, one) for one in (target if many else [target])]
         found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
                  for start in starts]
     results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
                for grads in found]
+    if check_finite:
+        refuse_non_finite_relevance(results)
     return _merged(results, torch.stack) if many else results[0]
 
 
@@ -267,7 +309,8 @@ def _per_copy(target: Any, batch: int) -> Tensor:
 
 
 def _attribute_repeated(explain: nn.Module, inputs: Tensor | Sequence[Any], targets: list[Any], *,
-                        output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int) -> Any:
+                        output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int,
+                        check_finite: bool) -> Any:
     """:func:`attribute` for ``k`` targets by explaining up to ``repeat`` copies of the inputs,
     stacked along their first dimension, per pass; results ``[k, batch, ...]``."""
     single = isinstance(inputs, Tensor)
@@ -282,7 +325,8 @@ def _attribute_repeated(explain: nn.Module, inputs: Tensor | Sequence[Any], targ
                   if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch else value
                   for value in values]
         combined = torch.cat([_per_copy(target, batch) for target in chunk])
-        result = attribute(explain, copies[0] if single else copies, combined, output=output, nodes=nodes)
+        result = attribute(explain, copies[0] if single else copies, combined, output=output, nodes=nodes,
+                           check_finite=check_finite)
         copied = len(chunk)
         chunks.append(_merged([result], lambda tensors: tensors[0].reshape(copied, -1, *tensors[0].shape[1:])))
     return _merged(chunks, torch.cat)

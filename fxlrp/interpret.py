@@ -77,6 +77,11 @@ class LayerRunner:
         self.state = detached_state(module)
         self._names: dict[str, dict[int, str]] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Names are kept by the ids of this object's modules: a copy (copy.deepcopy, pickle) has
+        # modules of its own and names them again, or its composite's name rules would miss them.
+        return {**self.__dict__, "_names": {}}
+
     def module_names(self, prefix: str) -> dict[int, str]:
         """Qualified name (under ``prefix``) of each of the module's modules, by id; made once."""
         if prefix not in self._names:

@@ -72,6 +72,11 @@ class Operation:
     lookup of token ids, the input layer of a language model): code run eagerly routes its calls
     to ``relevance`` even then."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by name (an explainer saved with torch.save): its functions may be closures, and
+        # code compares operations by identity (``operation is EAGER``).
+        return (registered_operation, (self.name,))
+
 
 class Registry:
     """Finds the operation of a call by function identity, method name or module type."""
@@ -157,3 +162,26 @@ REGISTRY = Registry()
 def register(operation: Operation) -> Operation:
     """Add an operation to the registry."""
     return REGISTRY.register(operation)
+
+
+def registered_operation(name: str) -> Operation:
+    """The registered operation ``name``, for an explainer loaded by ``pickle`` or ``torch.load``,
+    possibly in a process that has not converted a model yet: the core operations are loaded, then
+    the integrations of the libraries that are installed, until one registers ``name``."""
+    import importlib
+    import importlib.util
+
+    import fxlrp.operations  # noqa: F401  (registers the core operations)
+    from fxlrp.integrations import INTEGRATIONS
+
+    for library, integration in INTEGRATIONS.items():
+        if name in REGISTRY.operations:
+            break
+        if importlib.util.find_spec(library) is not None:
+            importlib.import_module(integration)
+    if name not in REGISTRY.operations:
+        raise ValueError(
+            f"the explainer being loaded uses the operation {name!r}, which no part of fxlrp loaded in this process "
+            "registers; import the module that registers it (your extension of fxlrp) before loading the explainer"
+        )
+    return REGISTRY.operations[name]

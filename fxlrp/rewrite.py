@@ -13,6 +13,7 @@ from fxlrp.call import RelevanceCall
 from fxlrp.composites import Composite, Site
 from fxlrp.eager import EAGER
 from fxlrp.errors import UnsupportedOperationError
+from fxlrp.graph_module import ExplainedGraphModule
 from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place, rewritten_module_name
 from fxlrp.operations.helpers import method
 from fxlrp.registry import Kind, Operation
@@ -107,7 +108,7 @@ class Rewriter:
         if unsupported:
             self._unsupported(unsupported)
         self.graph.lint()
-        return fx.GraphModule(self.root, self.graph, class_name=f"Explained{type(self.model).__name__}")
+        return ExplainedGraphModule(self.root, self.graph, class_name=f"Explained{type(self.model).__name__}")
 
     def _operation_of(self, node: fx.Node) -> Operation | None:
         if node.op == "call_module" and node.target in self.eager_modules:

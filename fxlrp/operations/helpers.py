@@ -69,12 +69,18 @@ def module_as_function(module: nn.Module, parameters: dict[str, Any]) -> tuple[C
 
 def method(name: str) -> Callable[..., Any]:
     """The function spelling of a Tensor method: ``self`` comes first."""
+    return TensorMethod(name)
 
-    def call_method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self, name)(*args, **kwargs)
 
-    call_method.__name__ = name
-    return call_method
+class TensorMethod:
+    """Calls the Tensor method ``__name__`` on its first argument. An object, not a closure, so
+    that an explainer holding it can be pickled (``torch.save(explain)``)."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+    def __call__(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(tensor, self.__name__)(*args, **kwargs)
 
 
 def held_constant(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -175,6 +175,12 @@ def scaled(
     else, so stabiliser and quotient are written into it.
     """
     epsilon = stabiliser.epsilon or 0.0
+    if sign is not None and epsilon > 0.0 and torch.finfo(denominator.dtype).max * epsilon < 1.0:
+        # float16: R / epsilon overflows for R > 0.07 (epsilon 1e-6), and the pull-back's Inf x 0
+        # (a weight whose positive part is 0) is NaN. An output of exactly 0 has only zero
+        # contributions here, so its relevance is lost whatever the quotient: it is dropped.
+        zero = denominator == 0
+        return (relevance / (denominator + sign * epsilon)).masked_fill_(zero, 0.0)
     if epsilon < torch.finfo(denominator.dtype).tiny:  # no epsilon, a function, or flushed in this dtype
         return divide_dropping_zeros(relevance, stabiliser(denominator), warn_lost_relevance)
     if sign is None:
