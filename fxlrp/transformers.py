@@ -145,3 +145,41 @@ SELECTIVE_SCAN = register(
         "the z-rule on the linear map of u that remains; the gate silu(z) by the silu and mul rules",
     )
 )
+
+
+# -- Mixture-of-experts: the router is a gate ---------------------------------------------------------
+
+
+def _experts_functions() -> tuple[Callable[..., Any], ...]:
+    try:
+        from transformers.integrations import moe
+    except ImportError:  # transformers 4.x: no shared experts implementations
+        return ()
+    names = ("batched_mm_experts_forward", "grouped_mm_experts_forward")
+    return tuple(getattr(moe, name) for name in names if hasattr(moe, name))
+
+
+def routed_experts(call: RelevanceCall, function: Callable[..., Any], experts: Any, hidden_states: Tensor,
+                   top_k_index: Tensor, top_k_weights: Tensor, *args: Any, **kwargs: Any) -> Any:
+    """The experts of a mixture-of-experts layer, ``sum_k w_k expert_k(x)`` over the chosen
+    experts, with the router's top-k weights ``w_k`` held constant: the router is a gate,
+    relevance goes only to the chosen experts' outputs (and through them to ``x``), none to the
+    router. The experts run with their rules inside (projections by the layer rule, the SwiGLU
+    product by the product rule)."""
+    if isinstance(top_k_weights, Tensor):
+        top_k_weights = top_k_weights.detach()
+    return interpret(call, function, experts, hidden_states, top_k_index, top_k_weights, *args, **kwargs)
+
+
+ROUTED_EXPERTS = register(
+    Operation(
+        "routed_experts",
+        Kind.AFFINE,
+        functions=_experts_functions(),
+        relevance=routed_experts,
+        weighted=True,
+        leaf=True,
+        description="mixture-of-experts layer (transformers' batched_mm and grouped_mm experts): the router's "
+        "top-k weights held constant (a gate), the experts run with their rules inside",
+    )
+)

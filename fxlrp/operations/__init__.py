@@ -11,6 +11,7 @@ from fxlrp.operations import (  # noqa: F401
     embeddings,
     gating,
     graph,
+    grouped_products,
     layers,
     neutral,
     normalization,
