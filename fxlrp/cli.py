@@ -128,7 +128,6 @@ def run_report(args: argparse.Namespace) -> int:
         raise InputError("fxlrp report takes torchvision:NAME or package.module:FACTORY; explain an hf: model "
                          "with fxlrp explain --model hf:DIR --text TEXT")
     model = load_model(args.model, args.weights)
-    args.size = args.mean = args.std = None
     composite = composite_by_name(args.composite, _preprocessing(args, model))
     print(_convert(model, composite).report())
     return 0
@@ -173,8 +172,7 @@ def run_explain(args: argparse.Namespace) -> int:
         raise InputError(str(error)) from None
     check_inputs(args.images, preprocessing)
     explain = _convert(model, composite)
-    _run_model(explain, stack_inputs(args.images[:1], preprocessing), args.images[:1])
-    out = Path(args.out)
+    out = Path(args.out)  # (the first batch's _run_model fails before anything is written)
     names = _output_names(args.images)
     lines = []
     with tqdm(total=len(args.images), unit="image", desc="explaining", file=sys.stderr,
