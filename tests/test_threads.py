@@ -90,3 +90,42 @@ def test_capture_on_one_thread_leaves_library_calls_on_another_unchanged() -> No
     for thread in threads:
         thread.join()
     assert failures == [], failures[:3]
+
+
+def test_one_explainer_from_several_threads_and_several_explainers_of_one_model() -> None:
+    """Explainers share their model's parameters and keep per-conversion caches (rules' parameter
+    transforms, the rules chosen inside a part run eagerly): four threads at once, two on one
+    explainer of a model with an eager part and name rules, two on two more explainers of the
+    same model (other composites), each with its own inputs and targets, must give the relevance
+    of serial use."""
+    from test_eager_capture import COMPOSITES, Network
+
+    from fxlrp.composites import EpsilonGammaBox, EpsilonPlusFlat
+
+    torch.manual_seed(3)
+    model = Network(branch=True).double().eval()
+    shared = fxlrp.convert(model, COMPOSITES["name and type rules"]())
+    explainers = [shared, shared, fxlrp.convert(model, EpsilonPlusFlat()),
+                  fxlrp.convert(model, EpsilonGammaBox(-1.0, 1.0))]
+    inputs = [torch.rand(2, 3, 7, 7, dtype=torch.float64) * 2 - 1 for _ in explainers]
+    expected = [fxlrp.attribute(explain, x, target=index % 3)
+                for index, (explain, x) in enumerate(zip(explainers, inputs, strict=True))]
+    start, failures = threading.Barrier(len(explainers)), []
+
+    def explaining(index: int) -> None:
+        start.wait()
+        for _ in range(ROUNDS):
+            try:
+                relevance = fxlrp.attribute(explainers[index], inputs[index], target=index % 3)
+            except Exception as error:
+                failures.append(f"thread {index}: {type(error).__name__}: {error}")
+                continue
+            if relative_error(relevance, expected[index]) > 1e-12:
+                failures.append(f"thread {index}: relevance changed")
+
+    threads = [threading.Thread(target=explaining, args=(index,)) for index in range(len(explainers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [], failures[:3]
