@@ -373,6 +373,28 @@ def test_graphs_without_edges_isolated_nodes_and_one_node(graph: str) -> None:
         assert relative_error(relevance, expected) < 1e-12, layer
 
 
+@pytest.mark.parametrize("pool", ["add", "mean", "max"])
+def test_an_empty_graph_in_a_batch(pool: str) -> None:
+    """Batch vector [0, 0, 2, 2, 2]: graph 1 has no nodes (its pooled features are 0)."""
+    torch.manual_seed(9)
+    x, edge_index = torch.randn(5, 5, dtype=torch.float64), torch.tensor([[0, 1, 3], [1, 0, 4]])
+    batch = torch.tensor([0, 0, 2, 2, 2])
+    model = Stack("gcn", pool=pool).double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    for graph in (0, 1, 2):
+        def explained(out, graph=graph):
+            start = torch.zeros_like(out)
+            start[graph, 1] = out[graph, 1].detach()
+            return start
+        with torch.no_grad():
+            start = explained(model(x, edge_index, batch))
+        relevance = fxlrp.attribute(explain, (x, edge_index, batch), target=start)[0]
+        [expected] = gradient_times_input(lambda leaf: model(leaf, edge_index, batch), [x], lambda out: out, explained)
+        assert relative_error(relevance, expected) < 1e-12, graph
+        if graph == 1:
+            assert torch.equal(relevance, torch.zeros_like(x))
+
+
 # -- Long runs --------------------------------------------------------------------------------------
 
 
