@@ -9,6 +9,7 @@ on these models, docs/faq.md), the model's own outputs, rules' formulas by hand.
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import io
 import pickle
@@ -217,20 +218,29 @@ BOUNDS = {("resnet18", torch.float16): 0.99, ("resnet18", torch.bfloat16): 0.97,
           ("vit", torch.float16): 0.9999, ("vit", torch.bfloat16): 0.999}
 
 
+COMPOSITES_LOW_PRECISION = {"epsilon": lambda: None, "EpsilonPlusFlat": EpsilonPlusFlat}
+
+
+@functools.cache
+def float32_case(name: str, composite: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """Model, inputs and float32 relevance, made once for the four precisions."""
+    model = resnet18(10).float() if name == "resnet18" else small_vit()
+    torch.manual_seed(5)
+    x = torch.randn(2, 3, 32, 32)
+    return model, x, fxlrp.attribute(fxlrp.convert(model, COMPOSITES_LOW_PRECISION[composite]()), x, target=1)
+
+
 @pytest.mark.parametrize("name", ["resnet18", "vit"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("how", ["model", "autocast"])
 def test_low_precision_relevance_is_finite_and_agrees_with_float32(name: str, dtype: torch.dtype, how: str) -> None:
-    model = resnet18(10).float() if name == "resnet18" else small_vit()
-    torch.manual_seed(5)
-    x = torch.randn(2, 3, 32, 32)
-    for composite in (None, EpsilonPlusFlat()):
-        reference = fxlrp.attribute(fxlrp.convert(model, composite), x, target=1)
+    for composite, make in COMPOSITES_LOW_PRECISION.items():
+        model, x, reference = float32_case(name, composite)
         if how == "model":
-            relevance = fxlrp.attribute(fxlrp.convert(copy.deepcopy(model).to(dtype), composite), x.to(dtype), target=1)
+            relevance = fxlrp.attribute(fxlrp.convert(copy.deepcopy(model).to(dtype), make()), x.to(dtype), target=1)
             assert relevance.dtype == dtype
         else:
-            explain = fxlrp.convert(model, composite)
+            explain = fxlrp.convert(model, make())
             with torch.autocast("cpu", dtype=dtype):
                 relevance = fxlrp.attribute(explain, x, target=1)
             assert relevance.dtype == torch.float32
