@@ -5,6 +5,7 @@ propagates relevance: ``explain(x).backward(R)`` leaves the relevance of ``x`` i
 """
 
 from fxlrp import composites, rules
+from fxlrp.compiled import compile
 from fxlrp.convert import convert
 from fxlrp.errors import CaptureError, FxlrpError, UnsupportedOperationError
 from fxlrp.explainer import Explainer, attribute
@@ -12,6 +13,7 @@ from fxlrp.explainer import Explainer, attribute
 __all__ = [
     "convert",
     "attribute",
+    "compile",
     "Explainer",
     "rules",
     "composites",

@@ -214,6 +214,8 @@ class _Run:
     png: bool
     cmap: str
     skipped: int = 0
+    compiled: Any = None
+    """``fxlrp.compile(explain)`` with ``--compile``."""
 
 
 def _problem(run: _Run, item: Item) -> str | None:
@@ -249,7 +251,12 @@ def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor
     else:
         targets = run.target
     with autocast(run.device, run.dtype):
-        relevance = attribute(run.explain, inputs, target=targets, output=kept)
+        if run.compiled is not None:
+            given = None if targets is None else torch.as_tensor(targets, device=run.device).expand(len(items))
+            relevance, output = run.compiled(inputs, given, return_output=True)
+            outputs.append(output)
+        else:
+            relevance = attribute(run.explain, inputs, target=targets, output=kept)
     logits = outputs[0].detach().float()
     predictions = logits.argmax(dim=-1)
     if targets is None:
@@ -427,7 +434,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
     processes.barrier()
 
     run = _Run(explain, source, sample_shape, classes, args.target, device, args.dtype, args.on_error, args.png,
-               args.cmap)
+               args.cmap, compiled=fxlrp.compile(explain) if getattr(args, "compile", False) else None)
     mine = processes.share(missing)
     spans = [writer.ranges[shard] for shard in mine]
     loader = DataLoader(source, batch_sampler=ShardBatches(spans, args.batch_size), num_workers=args.workers,

@@ -28,6 +28,7 @@ from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.roles import GATE
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance, gradient_root
 from fxlrp.relevance.terms import Parameters, ParameterVariants, ZeroParams
+from fxlrp.relevance.tracing import values_are_traced
 
 Stabiliser = float | Callable[[Tensor], Tensor]
 """A number ``eps`` (zennit's sign-preserving shift) or a function ``z -> stabilised z``."""
@@ -277,6 +278,8 @@ class Gamma(TwoHalves):
     def half_weights(self, output: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         # An output sign that never occurs receives no relevance: its half is not computed.
         positive, negative = output > 0, output < 0
+        if values_are_traced():  # a half without outputs gets zero weights: its terms add zeros
+            return positive, negative
         return (positive if bool(positive.any()) else None, negative if bool(negative.any()) else None)
 
 

@@ -26,6 +26,7 @@ from torch.autograd.graph import GradientEdge
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import carries_relevance, graph_reused
 from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
+from fxlrp.relevance.tracing import values_are_traced
 
 Parameters = tuple[Tensor | None, Tensor | None]
 """``(weight, bias)`` of a modified copy of a layer."""
@@ -119,7 +120,10 @@ def map_carrying(inputs: Sequence[Any], transform: Callable[[Tensor], Tensor]) -
 
 def has_negative_inputs(inputs: Sequence[Any]) -> bool:
     """Whether any ``x-`` term can be non-zero (behind a ReLU none can, and none is computed).
-    One read-only reduction per input (a comparison would first write a mask of the input's size)."""
+    One read-only reduction per input (a comparison would first write a mask of the input's size).
+    Traced for compilation (:mod:`fxlrp.relevance.tracing`) the ``x-`` terms are kept: zeros here."""
+    if values_are_traced():
+        return any(carries_relevance(value) for value in inputs)
     return any(value.numel() > 0 and bool(value.amin() < 0) for value in inputs if carries_relevance(value))
 
 
@@ -187,7 +191,8 @@ def scaled(
         stabilised = stabiliser(denominator)
     else:
         stabilised = denominator.add_(sign * epsilon) if owned else denominator + sign * epsilon
-    if stabilised.shape != relevance.shape or stabilised.dtype != relevance.dtype or stabilised.requires_grad:
+    if (stabilised.shape != relevance.shape or stabilised.dtype != relevance.dtype or stabilised.requires_grad
+            or values_are_traced()):  # a compiler plans buffers itself, and out= keeps layouts it may not infer
         return relevance / stabilised
     # The denominator is a fresh tensor: the quotient overwrites it, so that backward's peak holds
     # one activation-sized buffer fewer (the largest layers set the peak).

@@ -1,0 +1,31 @@
+"""Whether relevance Functions run for a trace (:func:`fxlrp.compile`) rather than for values.
+
+Some rules skip work that the values of one input make unnecessary: z+ and alpha-beta skip the
+``x-`` terms behind a ReLU (no input is negative), gamma the half of output signs that do not
+occur. Reading a value is a host synchronisation that a trace cannot record, and a skip decided
+for the traced input would be wrong for the next one. While a trace runs, these rules compute
+every term instead: the skipped terms are exact zeros, so relevance is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+_traced: ContextVar[bool] = ContextVar("fxlrp_traced", default=False)
+
+
+@contextmanager
+def traced() -> Iterator[None]:
+    """Relevance Functions run inside this block record a graph for every input of its shapes."""
+    token = _traced.set(True)
+    try:
+        yield
+    finally:
+        _traced.reset(token)
+
+
+def values_are_traced() -> bool:
+    """Whether rules must not decide anything from tensor values (see the module docstring)."""
+    return _traced.get()

@@ -1,0 +1,110 @@
+"""``fxlrp.compile``: the explanation compiled into one graph per input shape, relevance equal to
+eager, no recompilation for a new input of the same shape; ``fxlrp explain --compile``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from torch._dynamo.utils import counters
+
+import fxlrp
+from fxlrp import cli
+from fxlrp.composites import EpsilonGammaBox, EpsilonPlusFlat
+from fxlrp.toys.digits import DigitsCNN
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value - reference).norm() / reference.norm())
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process (a recompilation makes one more)."""
+    return counters["stats"]["unique_graphs"]
+
+
+def check_compiled_equals_eager(explain: fxlrp.Explainer, shape: tuple[int, ...], target=None) -> None:
+    compiled = fxlrp.compile(explain)
+    graphs = compiled_graphs()
+    first = torch.randn(shape)
+    relevance = compiled(first, target)
+    assert compiled.graphs == 1 and compiled_graphs() == graphs + 1  # forward and backward: one graph
+    assert relevance.shape == first.shape
+    assert relevance.abs().sum() > 0
+    assert relative_error(relevance, fxlrp.attribute(explain, first, target=target)) <= 1e-5
+    second = torch.randn(shape)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        relevance = compiled(second, target)
+    assert compiled.graphs == 1 and compiled_graphs() == graphs + 1  # no recompilation
+    assert relative_error(relevance, fxlrp.attribute(explain, second, target=target)) <= 1e-5
+
+
+def test_resnet18_compiles_once_and_explains_as_eager() -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    check_compiled_equals_eager(fxlrp.convert(model), (1, 3, 64, 64))
+
+
+def test_vision_transformer_compiles_once_and_explains_as_eager() -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                                                 hidden_dim=32, mlp_dim=64, num_classes=10).eval()
+    torch.nn.init.normal_(model.heads.head.weight, std=0.5)  # torchvision starts the head at 0: no relevance
+    check_compiled_equals_eager(fxlrp.convert(model), (2, 3, 32, 32), target=torch.tensor([3, 7]))
+
+
+@pytest.mark.parametrize("composite", [EpsilonPlusFlat(), EpsilonGammaBox(-3.0, 3.0)], ids=repr)
+def test_rules_that_skip_terms_by_value_compute_them_when_traced(composite: object) -> None:
+    """z+ skips its x- terms behind a ReLU, gamma an output sign that does not occur: decisions from
+    values, which a trace may not take. Traced, every term is computed; the relevance is the same,
+    for inputs whose signs differ from the traced one's (the first layer sees negative pixels)."""
+    torch.manual_seed(0)
+    explain = fxlrp.convert(DigitsCNN().eval().double(), composite)
+    compiled = fxlrp.compile(explain, backend="aot_eager")
+    for images in (torch.rand(3, 1, 8, 8, dtype=torch.float64), torch.randn(3, 1, 8, 8, dtype=torch.float64)):
+        reference = fxlrp.attribute(explain, images, target=2)
+        assert torch.allclose(compiled(images, 2), reference, rtol=1e-12, atol=1e-15)
+    assert compiled.graphs == 1
+
+
+def test_targets_and_outputs() -> None:
+    torch.manual_seed(0)
+    model = DigitsCNN().eval().double()
+    explain = fxlrp.convert(model)
+    compiled = fxlrp.compile(explain, backend="aot_eager")
+    images = torch.randn(4, 1, 8, 8, dtype=torch.float64)
+    for target in (None, torch.tensor([1, 2, 3, 9]), torch.tensor([0, 0, 0, 9])):
+        relevance, output = compiled(images, target, return_output=True)
+        assert torch.equal(output, model(images))
+        assert torch.allclose(relevance, fxlrp.attribute(explain, images, target=target), rtol=1e-12, atol=1e-15)
+    relevance = torch.zeros(4, 10, dtype=torch.float64)
+    relevance[:, 4] = 1.0  # the output relevance itself
+    assert torch.allclose(compiled(images, relevance), fxlrp.attribute(explain, images, target=relevance))
+    with pytest.raises(ValueError, match="out of range"):
+        compiled(images, torch.tensor([0, 1, 2, 10]))
+    with pytest.raises(ValueError, match="floating-point inputs"):
+        compiled(images.long())
+
+
+def test_command_line_compile_gives_the_eager_relevance(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch.manual_seed(0)
+    np.save(tmp_path / "samples.npy", torch.randn(4, 1, 8, 8).numpy())
+    common = ["explain", "--model", "fxlrp.toys.digits:DigitsCNN", "--data", str(tmp_path / "samples.npy"),
+              "--batch-size", "2"]
+    assert cli.main([*common, "--out", str(tmp_path / "eager")]) == 0
+    assert cli.main([*common, "--compile", "--out", str(tmp_path / "compiled")]) == 0
+    eager, compiled = (fxlrp.read_explanations(tmp_path / name) for name in ("eager", "compiled"))
+    assert np.abs(eager.relevance).sum() > 0
+    np.testing.assert_allclose(compiled.relevance, eager.relevance, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(compiled.predictions, eager.predictions)
+    image = tmp_path / "image.npy"
+    np.save(image, torch.randn(1, 8, 8).numpy())
+    lines = []
+    for flags in ([], ["--compile"]):
+        capsys.readouterr()
+        torch.manual_seed(0)  # a factory model without --weights: the same random weights for both runs
+        assert cli.main(["explain", "--model", "fxlrp.toys.digits:DigitsCNN", str(image), *flags,
+                         "--out", str(tmp_path / f"png{len(flags)}")]) == 0
+        lines.append(capsys.readouterr().out.replace("png1", "png0"))
+    assert lines[0] == lines[1] and "relevance sum" in lines[0]
