@@ -34,9 +34,15 @@ def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = F
     Relevance that reaches an output of 0 has no contributions to be shared among, so it is
     dropped, as the seed notebooks do; ``warn=True`` says so when it happens.
     """
+    quotient = relevance / denominator
+    if not warn and quotient.device.type == "cpu" and bool(torch.isfinite(quotient.sum())):
+        # A zero denominator makes the quotient Inf or NaN there, and so its sum: a finite sum
+        # (one pass that writes nothing; on the CPU the check costs no synchronisation) means
+        # there is nothing to drop. Elsewhere, or if there is, the zeros are found and overwritten.
+        return quotient
     zero = denominator == 0
     if warn and bool((zero & (relevance != 0)).any()):
         warnings.warn(LOST_RELEVANCE_MESSAGE, stacklevel=2)
     # The quotient's Inf and NaN at zero denominators are overwritten in place: three passes,
     # no host synchronisation to find out whether there are any.
-    return (relevance / denominator).masked_fill_(zero, 0.0)
+    return quotient.masked_fill_(zero, 0.0)

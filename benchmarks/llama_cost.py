@@ -1,0 +1,250 @@
+"""What AttnLRP costs on a Llama-style model, against gradient x input and LXT 2.1's efficient mode.
+
+A ``LlamaForCausalLM`` with random weights (8 layers, hidden 512, intermediate 1376, 8 heads,
+vocabulary 32000, SDPA attention, float32), one sequence of 512 tokens, explained at the last
+position's predicted token (``logits_to_keep=1``: the LM head runs for that position only, on
+every side). Configurations:
+
+- ``gxi``: gradient x input at the word embeddings, plain autograd (transformers 5);
+- ``attnlrp``: ``fxlrp.attribute(fxlrp.convert(model, AttnLRP(0.0)), ids)`` (transformers 5);
+- ``lxt_gxi``: gradient x input in LXT's environment (transformers 4.54.1);
+- ``lxt``: LXT 2.1's efficient mode, ``monkey_patch(modeling_llama)``, gradient x input of the
+  patched model (transformers 4.54.1, the version LXT needs: it runs in ``.venv-lxt``).
+
+Both environments load one saved ``state_dict``, so the weights are the same. Time: each
+timing process makes one warm-up call and then ``--repeats`` timed calls (``gxi`` and
+``attnlrp`` interleaved in one process); ``--rounds`` rounds alternate the processes of the two
+environments, so that machine load reaches all configurations alike; medians of all calls.
+Memory: in a fresh process per configuration, after a warm-up call, the peak of the bytes
+torch's allocator handed out during one call (profiler statistics, as benchmarks/measure.py).
+
+    python benchmarks/llama_cost.py --threads 2 --rounds 3 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LXT_PYTHON = os.path.join(ROOT, ".venv-lxt", "bin", "python")
+CONFIG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+              num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024)
+QUICK = dict(CONFIG, num_hidden_layers=2, hidden_size=128, intermediate_size=344, num_attention_heads=4,
+             num_key_value_heads=4, vocab_size=1000)
+MAIN = ("gxi", "attnlrp")
+LXT = ("lxt_gxi", "lxt")
+
+
+# -- inside a worker process -----------------------------------------------------------------------
+
+
+def _model(config: dict[str, Any], state: str, lxt: bool) -> Any:
+    import torch
+    import transformers
+
+    if lxt:
+        from lxt.efficient import monkey_patch
+        from transformers.models.llama import modeling_llama
+
+        monkey_patch(modeling_llama)  # before the model is built, as LXT's README does
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
+    model.load_state_dict(torch.load(state, weights_only=True))
+    return model.eval().requires_grad_(False)
+
+
+def _runner(name: str, model: Any, ids: Any, target: int) -> Any:
+    """A call of configuration ``name``: the relevance per token."""
+    import torch
+
+    if name == "attnlrp":
+        import fxlrp
+        from fxlrp.composites import AttnLRP
+
+        class NextToken(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, ids: torch.Tensor) -> torch.Tensor:
+                return self.model(input_ids=ids, logits_to_keep=1).logits[:, -1]
+
+        explain = fxlrp.convert(NextToken(), AttnLRP(0.0))
+        return lambda: fxlrp.attribute(explain, ids, target=target)
+
+    embedding = model.get_input_embeddings()
+
+    def gradient_times_input() -> torch.Tensor:
+        embeddings = embedding(ids).requires_grad_()
+        logit = model(inputs_embeds=embeddings, logits_to_keep=1).logits[0, -1, target]
+        # seeded with 1 (LXT's README seeds with the logit: the same cost, relevance times the
+        # logit); fxlrp's output relevance is the logit, so the two relevances are equal
+        logit.backward()
+        return (embeddings * embeddings.grad).sum(-1).detach()
+
+    return gradient_times_input
+
+
+def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
+    import torch
+
+    torch.set_num_threads(arguments.threads)
+    config = QUICK if arguments.quick else CONFIG
+    model = _model(config, arguments.state, lxt=arguments.names[0].startswith("lxt"))
+    ids = torch.randint(3, config["vocab_size"], (1, arguments.length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        target = int(model(input_ids=ids, logits_to_keep=1).logits[0, -1].argmax())
+    return model, ids, target
+
+
+def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    model, ids, target = _setup(arguments)
+    runs = {name: _runner(name, model, ids, target) for name in arguments.names}
+    relevance = {name: run().tolist() for name, run in runs.items()}  # warm-up, kept for the check
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    order = list(runs)
+    for repeat in range(arguments.repeats):
+        for name in order[repeat % len(order):] + order[:repeat % len(order)]:
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    return {"times": times, "relevance": relevance, "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__}
+
+
+def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    model, ids, target = _setup(arguments)
+    run = _runner(arguments.names[0], model, ids, target)
+    run()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        output = run()
+    del output
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "trace.json")
+        profiler.export_chrome_trace(path)
+        with open(path) as trace:
+            events = json.load(trace)["traceEvents"]
+    totals = [event["args"]["Total Allocated"] for event in events
+              if event.get("name") == "[memory]" and event["args"].get("Device Type", 0) == 0]
+    return {"allocated_mb": max(totals, default=0) / 2**20}
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.Namespace, state: str) -> dict:
+    command = [python, os.path.abspath(__file__), "--worker", mode, "--names", *names, "--state", state,
+               "--threads", str(arguments.threads), "--repeats", str(arguments.repeats),
+               "--length", str(arguments.length)] + (["--quick"] if arguments.quick else [])
+    environment = dict(os.environ, PYTHONPATH=ROOT, TRANSFORMERS_VERBOSITY="error")
+    completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(names)} ({mode}) failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def _relative_error(ours: list, theirs: list) -> float:
+    import torch
+
+    ours_tensor, theirs_tensor = torch.tensor(ours), torch.tensor(theirs)
+    return float((ours_tensor - theirs_tensor).abs().max() / theirs_tensor.abs().max())
+
+
+def drive(arguments: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    config = QUICK if arguments.quick else CONFIG
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as directory:
+        state = os.path.join(directory, "llama.pt")
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+        torch.save(model.state_dict(), state)
+        del model
+        times: dict[str, list[float]] = {name: [] for name in MAIN + LXT}
+        relevance: dict[str, list] = {}
+        versions: dict[str, str] = {}
+        for _ in range(arguments.rounds):
+            for python, names in ((sys.executable, MAIN), (LXT_PYTHON, ("lxt",)), (LXT_PYTHON, ("lxt_gxi",))):
+                result = _spawn(python, "time", names, arguments, state)
+                for name in names:
+                    times[name] += result["times"][name]
+                relevance.update(result["relevance"])
+                versions[names[0]] = f"torch {result['torch']}, transformers {result['transformers']}"
+        memory = {name: _spawn(LXT_PYTHON if name.startswith("lxt") else sys.executable, "memory", (name,),
+                               arguments, state)["allocated_mb"] for name in MAIN + LXT}
+    return {
+        "config": config, "length": arguments.length, "threads": arguments.threads,
+        "seconds": {name: statistics.median(values) for name, values in times.items()},
+        "times": times, "allocated_mb": memory, "versions": versions,
+        "attnlrp_vs_lxt_relative_error": _relative_error(relevance["attnlrp"], relevance["lxt"]),
+        "load_average": {"start": load_start, "end": os.getloadavg()},
+        "cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def table(report: dict[str, Any]) -> str:
+    seconds, memory = report["seconds"], report["allocated_mb"]
+    rows = [("gradient x input (transformers 5)", "gxi", "gxi"),
+            ("fxlrp AttnLRP(0.0)", "attnlrp", "gxi"),
+            ("gradient x input (transformers 4.54.1)", "lxt_gxi", "lxt_gxi"),
+            ("LXT 2.1 efficient mode (AttnLRP)", "lxt", "lxt_gxi")]
+    lines = ["| method | seconds | x gradient x input | allocated peak (MB) | x gradient x input |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for label, name, base in rows:
+        lines.append(f"| {label} | {seconds[name]:.2f} | {seconds[name] / seconds[base]:.2f}x | "
+                     f"{memory[name]:.1f} | {memory[name] / memory[base]:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="a tiny model, to check the script")
+    parser.add_argument("--json", help="also write the report here")
+    parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
+    parser.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--state", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.worker:
+        work = worker_time if arguments.worker == "time" else worker_memory
+        print(json.dumps(work(arguments)))
+        return
+    report = drive(arguments)
+    if arguments.json:
+        with open(arguments.json, "w") as file:
+            json.dump(report, file, indent=1)
+    print(table(report))
+    print(f"AttnLRP vs LXT relative error: {report['attnlrp_vs_lxt_relative_error']:.1e}; "
+          f"{report['cpu']}, {report['threads']} threads; load {report['load_average']}")
+
+
+if __name__ == "__main__":
+    main()
