@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 import fxlrp
 from fxlrp import cli
 from fxlrp.composites import EpsilonGammaBox, EpsilonPlusFlat
+from fxlrp.rules import Epsilon
 from fxlrp.toys.digits import DigitsCNN
 
 
@@ -54,11 +55,12 @@ def test_vision_transformer_compiles_once_and_explains_as_eager() -> None:
     check_compiled_equals_eager(fxlrp.convert(model), (2, 3, 32, 32), target=torch.tensor([3, 7]))
 
 
-@pytest.mark.parametrize("composite", [EpsilonPlusFlat(), EpsilonGammaBox(-3.0, 3.0)], ids=repr)
-def test_rules_that_skip_terms_by_value_compute_them_when_traced(composite: object) -> None:
-    """z+ skips its x- terms behind a ReLU, gamma an output sign that does not occur: decisions from
-    values, which a trace may not take. Traced, every term is computed; the relevance is the same,
-    for inputs whose signs differ from the traced one's (the first layer sees negative pixels)."""
+@pytest.mark.parametrize("composite", [EpsilonPlusFlat(), EpsilonGammaBox(-3.0, 3.0), Epsilon(0.0)], ids=repr)
+def test_rules_that_skip_work_by_value_do_all_of_it_when_traced(composite: object) -> None:
+    """z+ skips its x- terms behind a ReLU, gamma an output sign that does not occur, LRP-0's
+    division the search for zero denominators when the quotient's sum is finite: decisions from
+    values, which a trace may not take. Traced, the general case is recorded; the relevance is the
+    same, for inputs whose signs differ from the traced one's (the first layer sees negative pixels)."""
     torch.manual_seed(0)
     explain = fxlrp.convert(DigitsCNN().eval().double(), composite)
     compiled = fxlrp.compile(explain, backend="aot_eager")

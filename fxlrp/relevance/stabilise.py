@@ -5,6 +5,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from fxlrp.relevance.tracing import values_are_traced
+
 LOST_RELEVANCE_MESSAGE = (
     "fxlrp: relevance arriving at an output of 0 is dropped (it cannot be divided among the "
     "contributions of that output)"
@@ -35,13 +37,14 @@ def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = F
     dropped, as the seed notebooks do; ``warn=True`` says so when it happens.
     """
     quotient = relevance / denominator
-    if not warn and quotient.device.type == "cpu" and bool(torch.isfinite(quotient.sum())):
+    traced = values_are_traced()  # a trace records the general case, for every input
+    if not warn and not traced and quotient.device.type == "cpu" and bool(torch.isfinite(quotient.sum())):
         # A zero denominator makes the quotient Inf or NaN there, and so its sum: a finite sum
         # (one pass that writes nothing; on the CPU the check costs no synchronisation) means
         # there is nothing to drop. Elsewhere, or if there is, the zeros are found and overwritten.
         return quotient
     zero = denominator == 0
-    if warn and bool((zero & (relevance != 0)).any()):
+    if warn and not traced and bool((zero & (relevance != 0)).any()):
         warnings.warn(LOST_RELEVANCE_MESSAGE, stacklevel=2)
     # The quotient's Inf and NaN at zero denominators are overwritten in place: three passes,
     # no host synchronisation to find out whether there are any.
