@@ -280,10 +280,14 @@ class RelevanceMode(TorchFunctionMode):
             # ``F.relu(x, inplace=True)`` (an activation module built with inplace=True) would
             # overwrite a tensor a rule keeps: it runs out of place, as capture makes it in a graph.
             # (binding a signature costs; most calls have no flag to clear)
-            if kwargs.get("inplace") is True or any(value is True for value in args[1:]):
+            # The input stays positional: relevance functions take it as their first argument.
+            if kwargs.get("inplace") is True:
+                kwargs = {**kwargs, "inplace": False}
+            elif any(value is True for value in args[1:]):
                 arguments = without_inplace_flag(runnable, args, kwargs)
                 if arguments is not None:
-                    args, kwargs = (), arguments
+                    input_name = next(iter(arguments))
+                    args, kwargs = (arguments.pop(input_name),), arguments
             result = interpretation.run(operation, runnable, args, kwargs)
         else:
             result = self._in_place(operation, runnable, in_place, args, kwargs)

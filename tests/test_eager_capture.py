@@ -330,6 +330,7 @@ class InPlaceActivations(nn.Module):
     def forward(self, x):
         hidden = self.act(self.conv(x))
         hidden = F.relu(hidden * 2.0 - 0.1, inplace=True) if hidden.sum() > -1e9 else hidden
+        hidden = F.leaky_relu(hidden - 0.2, 0.1, True)  # the flag given by position
         return self.head(hidden.mean(dim=(2, 3)))
 
 
@@ -343,6 +344,29 @@ def test_in_place_activations_in_eager_code_equal_gradient_times_input() -> None
         assert torch.equal(explain(x), model(x))
     [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
     assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
+
+
+class SmoothInPlace(nn.Module):
+    """timm's MobileViT: nn.SiLU(inplace=True) in code run eagerly (F.silu(x, inplace=True))."""
+
+    def __init__(self, inplace: bool) -> None:
+        super().__init__()
+        self.conv, self.act, self.head = nn.Conv2d(3, 4, 3), nn.SiLU(inplace=inplace), nn.Linear(4, 2)
+
+    def forward(self, x):
+        if x.sum() > -1e9:  # torch.fx cannot trace this
+            x = self.act(self.conv(x))
+        return self.head(F.gelu(x, approximate="tanh").mean(dim=(2, 3)))
+
+
+def test_a_smooth_activation_in_place_in_eager_code_equals_its_out_of_place_form() -> None:
+    torch.manual_seed(7)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    in_place, out_of_place = SmoothInPlace(True).double(), SmoothInPlace(False).double()
+    out_of_place.load_state_dict(in_place.state_dict())
+    relevance = fxlrp.attribute(fxlrp.convert(in_place), x, target=0)
+    expected = fxlrp.attribute(fxlrp.convert(out_of_place), x, target=0)
+    assert torch.equal(relevance, expected) and relevance.abs().sum() > 0
 
 
 class OptionalMask(nn.Module):
