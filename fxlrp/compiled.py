@@ -27,6 +27,7 @@ decision taken from tensor values cannot be recorded; the rules that take one to
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,10 @@ class CompiledExplanation:
         tensors = [value for value in values if isinstance(value, Tensor)]
         if target_tensor is not None:
             tensors.append(target_tensor)
-        with torch.no_grad():  # the graph holds its backward: nothing in it is differentiated
+        with ExitStack() as modes:
+            modes.enter_context(torch.no_grad())  # the graph holds its backward: nothing in it is differentiated
+            for device in {tensor.device.type for tensor in tensors}:  # autocast's casts are in the graph
+                modes.enter_context(torch.autocast(device, enabled=False))
             relevance, output = entry.run(*tensors)
         relevance = iter(relevance)
         result = tuple(next(relevance) if is_explained else None for is_explained in explained)

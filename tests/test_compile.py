@@ -89,6 +89,20 @@ def test_targets_and_outputs() -> None:
         compiled(images.long())
 
 
+def test_autocast_is_recorded_in_the_graph() -> None:
+    torch.manual_seed(0)
+    explain = fxlrp.convert(DigitsCNN().eval(), EpsilonPlusFlat())
+    compiled = fxlrp.compile(explain, backend="aot_eager")
+    images = torch.randn(4, 1, 8, 8)
+    full = compiled(images, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        relevance = compiled(images, 3)
+        reference = fxlrp.attribute(explain, images, target=3)
+    assert compiled.graphs == 2  # autocast is part of a graph's key
+    assert relevance.dtype == torch.float32 and torch.equal(relevance, reference)
+    assert not torch.equal(relevance, full)
+
+
 def test_command_line_compile_gives_the_eager_relevance(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     torch.manual_seed(0)
     np.save(tmp_path / "samples.npy", torch.randn(4, 1, 8, 8).numpy())
