@@ -349,3 +349,24 @@ def test_walks_are_drawn_one_curve_per_hop(tmp_path) -> None:
     pyplot.close(figure)
     path = save_walks(tmp_path / "walks.png", edge_index, walks, relevance)
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_walks_of_a_pyg_basic_gnn_sum_to_gradient_times_input() -> None:
+    """torch_geometric.nn.models.GCN leaves optional inputs (edge_weight, batch, ...) None: its
+    graph is one traced for them, which the walk search must run itself (it failed before: each
+    call of the explainer traced another graph, whose layers the search's hooks never saw)."""
+    from torch_geometric.nn.models import GCN
+
+    torch.manual_seed(7)
+    x, edge_index = undirected_graph(8, 0.35, seed=3)
+    model = GCN(x.size(1), 6, num_layers=3, out_channels=3).double().eval()
+    index = hub(edge_index)
+    leaf = x.clone().requires_grad_()
+    output = model(leaf, edge_index)
+    target = int(output[index].argmax())
+    gradient, = torch.autograd.grad(output[index, target], leaf)
+    expected = (x * gradient).sum(dim=1)
+    walks, relevance = relevant_walks(model, x, edge_index, index=index, target=target, composite=LRP0)
+    per_node = torch.zeros_like(expected).index_add_(0, walks[:, 0], relevance)
+    assert walks.size(1) == 4 and expected.abs().max() > 0
+    assert (per_node - expected).abs().max() < 1e-12 * expected.abs().max()

@@ -301,7 +301,9 @@ def walk_graph(
         explain = model
     else:
         explain = fxlrp.convert(model, composite)
-    explain = explain.explainer_for(x, edge_index, **forward_kwargs)[0]  # the graph this call runs
+    # the graph this call runs; run directly, since calling the explainer it comes from (or that
+    # one, when it was traced for optional inputs left None) may trace yet another graph
+    explain, call_args, call_kwargs = explain.explainer_for(x, edge_index, **forward_kwargs)
     described = _detect_steps(explain) if steps is None else [Step(name) for name in steps]
     if not described:
         raise ValueError("no message-passing steps: steps must name at least one node state")
@@ -318,7 +320,9 @@ def walk_graph(
                 recorder = _index_recorder(recorded, name, position, aggregation)
                 handles.append(_module(explain, name).register_forward_pre_hook(recorder, with_kwargs=True))
         with torch.enable_grad(), outputs_recorded(), reusable_graph(), recording_messages() as records:
-            output = explain(leaf, edge_index, **forward_kwargs)
+            arguments = [leaf if value is x else value for value in call_args]
+            keywords = {name: leaf if value is x else value for name, value in call_kwargs.items()}
+            output = explain.graph_module(*arguments, **keywords)
     finally:
         for handle in handles:
             handle.remove()
