@@ -133,9 +133,15 @@ def explained_forward(
     if isinstance(edge_attr, Tensor) and edge_attr.is_floating_point():
         kwargs["edge_attr"] = edge_attr = edge_attr.detach().requires_grad_()
         leaves.append(edge_attr)
+    run, args = explain, (x, edge_index)
+    if hasattr(explain, "explainer_for"):
+        # the graph the explainer's forward picks for these inputs (one traced for optional inputs
+        # left None, for PyG's BasicGNN models), run directly: its nodes are the ones that run
+        explain, args, kwargs = explain.explainer_for(x, edge_index, **kwargs)
+        run = explain.graph_module
     with (torch.enable_grad(), recording_messages(layer_names(explain)) as records,
           reusable_graph() if reusable else nullcontext()):
-        output = explain(x, edge_index, **kwargs)
+        output = run(*args, **kwargs)
     if not isinstance(output, Tensor):
         raise TypeError(f"the model returns {type(output).__name__}; graph_relevance explains a tensor output "
                         "(for a heterogeneous model, return the output of the explained node type)")
