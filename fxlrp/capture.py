@@ -140,9 +140,11 @@ def capture(
         # with everything else the traced forward wrote into the model's modules.
         added = state.restore()
         named = {node.target for node in graph.nodes if node.op == "get_attr"}
+        # (torch.fx renames an input it was given a concrete value for: only the model's own names)
+        parameters = inspect.signature(model.forward).parameters
         optional = tuple(node.target for node in graph.nodes
-                         if node.op == "placeholder" and node.args == (None,) and node.users
-                         and node.target not in (concrete_args or {}))
+                         if node.op == "placeholder" and node.target in parameters and node.users
+                         and parameters[node.target].default is None and node.target not in (concrete_args or {}))
         return Capture(graph, {name: value for name, value in added.items() if name in named}, eager, optional)
 
 

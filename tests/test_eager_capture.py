@@ -399,3 +399,5 @@ def test_an_optional_input_left_none_takes_the_models_none_branch(call: str) -> 
     relevance = fxlrp.attribute(lambda leaf: explain(leaf, *args, **kwargs), x, target=0)
     assert relative_error(relevance, expected) < 1e-12
     assert torch.equal(explain(x, *args, **kwargs), model(x, *args, **kwargs))
+    taking, _, _ = explain.explainer_for(x, *args, **kwargs)
+    assert taking.explainer_for(x, *args, **kwargs)[0] is taking  # traced once per set of missing inputs
