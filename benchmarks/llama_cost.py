@@ -208,15 +208,20 @@ def _cpu_name() -> str:
 
 
 def table(report: dict[str, Any]) -> str:
+    """Medians, and the fastest call (the least disturbed by other load), as multiples of the
+    gradient x input of the same environment."""
     seconds, memory = report["seconds"], report["allocated_mb"]
+    fastest = {name: min(values) for name, values in report["times"].items()}
     rows = [("gradient x input (transformers 5)", "gxi", "gxi"),
             ("fxlrp AttnLRP(0.0)", "attnlrp", "gxi"),
             ("gradient x input (transformers 4.54.1)", "lxt_gxi", "lxt_gxi"),
             ("LXT 2.1 efficient mode (AttnLRP)", "lxt", "lxt_gxi")]
-    lines = ["| method | seconds | x gradient x input | allocated peak (MB) | x gradient x input |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| method | median (s) | x gradient x input | fastest (s) | x gradient x input | allocated peak (MB) "
+             "| x gradient x input |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for label, name, base in rows:
         lines.append(f"| {label} | {seconds[name]:.2f} | {seconds[name] / seconds[base]:.2f}x | "
+                     f"{fastest[name]:.2f} | {fastest[name] / fastest[base]:.2f}x | "
                      f"{memory[name]:.1f} | {memory[name] / memory[base]:.2f}x |")
     return "\n".join(lines)
 
@@ -229,10 +234,15 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--quick", action="store_true", help="a tiny model, to check the script")
     parser.add_argument("--json", help="also write the report here")
+    parser.add_argument("--table", help="print the table of a report written with --json, and stop")
     parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
     parser.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
+    if arguments.table:
+        with open(arguments.table) as file:
+            print(table(json.load(file)))
+        return
     if arguments.worker:
         work = worker_time if arguments.worker == "time" else worker_memory
         print(json.dumps(work(arguments)))
