@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import torch
 from torch import nn
 from torch.func import functional_call
 
@@ -54,6 +55,12 @@ class RelevanceNode(nn.Module):
         object.__setattr__(self, "function", function)
         object.__setattr__(self, "keywords", keywords or {})
 
+    # TorchDynamo cannot trace a relevance function (it builds the inner autograd graph its
+    # backward uses, and keeps Python state from forward to backward): under
+    # torch.compile(explain) it broke the graph inside and recompiled this forward for every node
+    # until its recompile limit. Skipped, it runs as in eager, once per call (0.2 us). Compiled
+    # explanations: fxlrp.compile.
+    @torch.compiler.disable
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.operation.relevance(self.call, self.function, *args, **kwargs, **self.keywords)
 

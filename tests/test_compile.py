@@ -103,6 +103,21 @@ def test_autocast_is_recorded_in_the_graph() -> None:
     assert not torch.equal(relevance, full)
 
 
+def test_torch_compile_of_the_explainer_runs_relevance_functions_as_in_eager() -> None:
+    """``torch.compile(explain)`` skips the relevance Functions (Dynamo cannot trace them) instead of
+    recompiling them for every node: eager relevance, no recompilation."""
+    torch.manual_seed(0)
+    explain = fxlrp.convert(DigitsCNN().eval())
+    compiled = torch.compile(explain)
+    graphs = compiled_graphs()
+    for call in range(2):
+        images = torch.randn(3, 1, 8, 8)
+        with torch._dynamo.config.patch(error_on_recompile=call > 0):
+            relevance = fxlrp.attribute(compiled, images, target=1)
+        assert torch.equal(relevance, fxlrp.attribute(explain, images, target=1))  # (traced: not equal)
+    assert compiled_graphs() <= graphs + 1  # (traced into each relevance function: 8 graphs)
+
+
 def test_command_line_compile_gives_the_eager_relevance(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     torch.manual_seed(0)
     np.save(tmp_path / "samples.npy", torch.randn(4, 1, 8, 8).numpy())
