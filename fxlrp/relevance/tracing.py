@@ -11,21 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 
-_traced: ContextVar[bool] = ContextVar("fxlrp_traced", default=False)
+_traces = 0
+"""Traces running. A process-wide count, not a context variable: on a GPU the autograd engine runs
+the backward, where most of these decisions are taken, on threads of its own. A trace on one
+thread makes eager explanations on others compute every term too, which changes no relevance."""
 
 
 @contextmanager
 def traced() -> Iterator[None]:
     """Relevance Functions run inside this block record a graph for every input of its shapes."""
-    token = _traced.set(True)
+    global _traces
+    _traces += 1
     try:
         yield
     finally:
-        _traced.reset(token)
+        _traces -= 1
 
 
 def values_are_traced() -> bool:
     """Whether rules must not decide anything from tensor values (see the module docstring)."""
-    return _traced.get()
+    return _traces > 0
