@@ -16,6 +16,17 @@ from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.rule_function import carries_relevance
 
 
+def linear(call: RelevanceCall, function: Any, input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """``F.linear`` by the node's rule, on a contiguous input: for an input that requires grad and
+    cannot be viewed as one matrix (a batch-first sequence transposed by ``nn.MultiheadAttention``),
+    torch's matmul broadcasts the weight into a batched product of ``length`` tiny matrices
+    instead of copying the input into one (ViT-B/16's in-projection: 185 ms against 12 ms), and
+    rounds differently from the model's own forward, which runs without gradients."""
+    if input.dim() > 2 and not input.is_contiguous():
+        input = input.contiguous()
+    return weighted(call, function, input, *args, **kwargs)
+
+
 def linear_module(module: nn.Linear, parameters: dict[str, Any]):
     return F.linear, {"weight": parameters["weight"], "bias": parameters.get("bias")}
 
@@ -26,7 +37,7 @@ register(
         Kind.AFFINE,
         functions=(F.linear,),
         modules=(nn.Linear,),
-        relevance=weighted,
+        relevance=linear,
         module_function=linear_module,
         weighted=True,
         description="y = x W^T + b",

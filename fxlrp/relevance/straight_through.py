@@ -30,7 +30,10 @@ class DecomposedInBackward(torch.autograd.Function):
         ctx.positions = [index for index, value in enumerate(inputs) if carries_relevance(value)]
         ctx.inputs = [None if index in ctx.positions else value for index, value in enumerate(inputs)]
         ctx.save_for_backward(*(inputs[index] for index in ctx.positions))  # in-place changes are errors
-        outputs = exact(*inputs)
+        # Detached: torch's matmul does not fold a tensor that requires grad into one matrix
+        # product (it broadcasts the weight over a batched one; nn.MultiheadAttention's
+        # in-projection of a transposed batch-first input: 10x slower), even with grad disabled.
+        outputs = exact(*(value.detach() if isinstance(value, Tensor) else value for value in inputs))
         ctx.single = isinstance(outputs, Tensor)
         return outputs
 
