@@ -264,6 +264,12 @@ class InPlaceWrites(nn.Module):
             alias = g
             g += h
             g = alias * 1.0
+        elif self.spelling == "experts":  # a mixture of experts adds its experts' rows into a buffer
+            buffer = torch.zeros_like(g)
+            for expert, rows in ((self.first, [0, 2]), (self.second, []), (self.second, [1, 2, 3])):
+                rows = torch.tensor(rows, dtype=torch.long)
+                buffer.index_add_(0, rows, expert(x[rows]))
+            g = buffer
         elif self.spelling == "copy":
             g[:, :2].copy_(h[:, 4:])
             g.masked_fill_(torch.arange(6) == 5, 0.25)
@@ -271,7 +277,7 @@ class InPlaceWrites(nn.Module):
         return self.last(torch.relu(g + h))
 
 
-@pytest.mark.parametrize("spelling", ["augmented", "method", "setitem", "view", "alias", "copy", "input"])
+@pytest.mark.parametrize("spelling", ["augmented", "method", "setitem", "view", "alias", "copy", "input", "experts"])
 def test_writes_into_relevance_carrying_tensors_in_eager_code_equal_gradient_times_input(spelling: str) -> None:
     torch.manual_seed(5)
     model = InPlaceWrites(spelling).double().eval()

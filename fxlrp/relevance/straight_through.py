@@ -28,12 +28,11 @@ class DecomposedInBackward(torch.autograd.Function):
     def forward(ctx, exact: Callable[..., Any], path: Callable[..., Any], *inputs: Any) -> Any:
         ctx.path = path
         ctx.positions = [index for index, value in enumerate(inputs) if carries_relevance(value)]
-        ctx.inputs = [None if index in ctx.positions else value for index, value in enumerate(inputs)]
+        # (aliases: the Python objects may be given other tensors later, see RuleFunction.forward)
+        ctx.inputs = [None if index in ctx.positions else value.detach() if isinstance(value, Tensor) else value
+                      for index, value in enumerate(inputs)]
         ctx.save_for_backward(*(inputs[index] for index in ctx.positions))  # in-place changes are errors
-        # Detached: torch's matmul does not fold a tensor that requires grad into one matrix
-        # product (it broadcasts the weight over a batched one; nn.MultiheadAttention's
-        # in-projection of a transposed batch-first input: 10x slower), even with grad disabled.
-        outputs = exact(*(value.detach() if isinstance(value, Tensor) else value for value in inputs))
+        outputs = exact(*inputs)
         ctx.single = isinstance(outputs, Tensor)
         return outputs
 
