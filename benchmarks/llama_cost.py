@@ -123,22 +123,12 @@ def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
 
 
 def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity, profile
+    from benchmarks.allocator import allocated_peak_of_call
 
     model, ids, target = _setup(arguments)
     run = _runner(arguments.names[0], model, ids, target)
     run()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        output = run()
-    del output
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "trace.json")
-        profiler.export_chrome_trace(path)
-        with open(path) as trace:
-            events = json.load(trace)["traceEvents"]
-    totals = [event["args"]["Total Allocated"] for event in events
-              if event.get("name") == "[memory]" and event["args"].get("Device Type", 0) == 0]
-    return {"allocated_mb": max(totals, default=0) / 2**20}
+    return {"allocated_mb": allocated_peak_of_call(run)}
 
 
 # -- the driver ------------------------------------------------------------------------------------

@@ -4,19 +4,18 @@ statistics), and the peak resident set size above the resident size just before 
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.allocator import allocated_peak_of_call, release_freed_memory
 from benchmarks.configurations import CONFIGURATIONS, Unavailable
 from benchmarks.workloads import Workload, build
 
@@ -93,16 +92,6 @@ def _status_kb(field_name: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field_name}")
 
 
-def release_freed_memory() -> None:
-    """Return freed heap memory to the system (glibc keeps it otherwise), so that the resident
-    size before a call is what is really in use."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _peak_of_call(run: Callable[[], Any]) -> float:
     release_freed_memory()
     with open("/proc/self/clear_refs", "w") as clear:
@@ -114,44 +103,18 @@ def _peak_of_call(run: Callable[[], Any]) -> float:
     return (peak - before) / 1024
 
 
-def _allocated_peak_of_call(run: Callable[[], Any]) -> float:
-    """The highest total of the bytes torch's CPU allocator handed out during the call and had
-    not yet got back, in MB: the allocator's own statistics, as it reports them to the profiler
-    (it counts only what it allocates while the profiler records memory).
-
-    Unlike the resident size this does not depend on how the C library's malloc places and
-    returns memory (glibc keeps freed blocks resident and splits its heap differently for
-    different orders of allocation, which moves the resident peak of one and the same
-    computation by tens of MB). It leaves out memory that does not come from torch's allocator
-    (oneDNN's scratch buffers, Python objects)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    release_freed_memory()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        output = run()
-    del output
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "trace.json")
-        profiler.export_chrome_trace(path)
-        with open(path) as trace:
-            events = json.load(trace)["traceEvents"]
-    totals = [event["args"]["Total Allocated"] for event in events
-              if event.get("name") == "[memory]" and event["args"].get("Device Type", 0) == 0]
-    return max(totals, default=0) / 2**20
-
-
 def probe_memory(model: str, name: str, quick: bool) -> dict[str, Any]:
     """In this (fresh) process: peak resident memory of a call of the configuration above the
     resident memory right before it, in MB, for the first call (with one-off work such as
     modified weights cached per conversion) and for the next one; then the allocator's peak of
-    a third call (:func:`_allocated_peak_of_call`). Linux only (/proc/self/clear_refs resets the
+    a third call (:func:`allocated_peak_of_call`). Linux only (/proc/self/clear_refs resets the
     resident peak)."""
     workload = build(model, quick)
     try:
         run = CONFIGURATIONS[name].prepare(workload)
         first = _peak_of_call(run)
         peak = _peak_of_call(run)
-        return {"peak_mb": peak, "first_mb": first, "allocated_mb": _allocated_peak_of_call(run)}
+        return {"peak_mb": peak, "first_mb": first, "allocated_mb": allocated_peak_of_call(run)}
     except Exception as error:
         return {"error": _first_line(error)}
 

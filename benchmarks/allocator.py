@@ -1,0 +1,47 @@
+"""Memory measurement shared by the benchmarks (light: imported in LXT's environment too)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+
+def release_freed_memory() -> None:
+    """Return freed heap memory to the system (glibc keeps it otherwise), so that the resident
+    size before a call is what is really in use."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def allocated_peak_of_call(run: Callable[[], Any]) -> float:
+    """The highest total of the bytes torch's CPU allocator handed out during the call and had
+    not yet got back, in MB: the allocator's own statistics, as it reports them to the profiler
+    (it counts only what it allocates while the profiler records memory).
+
+    Unlike the resident size this does not depend on how the C library's malloc places and
+    returns memory (glibc keeps freed blocks resident and splits its heap differently for
+    different orders of allocation, which moves the resident peak of one and the same
+    computation by tens of MB). It leaves out memory that does not come from torch's allocator
+    (oneDNN's scratch buffers, Python objects)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    release_freed_memory()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        output = run()
+    del output
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "trace.json")
+        profiler.export_chrome_trace(path)
+        with open(path) as trace:
+            events = json.load(trace)["traceEvents"]
+    totals = [event["args"]["Total Allocated"] for event in events
+              if event.get("name") == "[memory]" and event["args"].get("Device Type", 0) == 0]
+    return max(totals, default=0) / 2**20
