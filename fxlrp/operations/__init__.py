@@ -11,7 +11,6 @@ from fxlrp.operations import (  # noqa: F401
     embeddings,
     gating,
     graph,
-    grouped_products,
     layers,
     neutral,
     normalization,

@@ -1,4 +1,5 @@
-"""Products in which several factors may carry relevance: ``mul``, ``matmul``, ``einsum``.
+"""Products in which several factors may carry relevance: ``mul``, ``matmul``, ``einsum``,
+``torch._grouped_mm``.
 
 With one relevance-carrying factor a product is a layer in that factor: an elementwise product
 rescales it (relevance passes unchanged), a matrix product or einsum is a linear layer whose
@@ -118,3 +119,17 @@ register(
         description="einsum: a layer when one operand carries relevance; attention products by the Product rule",
     )
 )
+# torch._grouped_mm (torch >= 2.8): the rows of ``x`` between consecutive offsets times one matrix
+# of ``w`` each, the experts of a mixture-of-experts layer in one kernel (transformers 5's default
+# experts). A layer in the factor that carries relevance, run on the same kernel.
+if hasattr(torch, "_grouped_mm"):
+    register(
+        Operation(
+            "grouped_mm",
+            Kind.AFFINE,
+            functions=(torch._grouped_mm,),
+            relevance=matrix_product,
+            weighted=True,
+            description="grouped matrix product (mixture-of-experts): a layer in the factor that carries relevance",
+        )
+    )
