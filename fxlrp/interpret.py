@@ -279,8 +279,8 @@ class RelevanceMode(TorchFunctionMode):
         if in_place is None:
             # ``F.relu(x, inplace=True)`` (an activation module built with inplace=True) would
             # overwrite a tensor a rule keeps: it runs out of place, as capture makes it in a graph.
-            # (binding a signature costs; most calls have no flag to clear)
-            # The input stays positional: relevance functions take it as their first argument.
+            # The input stays positional (relevance functions take it first); a signature is bound
+            # only for a flag given by position (binding costs, and most calls have no flag).
             if kwargs.get("inplace") is True:
                 kwargs = {**kwargs, "inplace": False}
             elif any(value is True for value in args[1:]):
