@@ -66,9 +66,27 @@ class ScatterGNN(nn.Module):
         return self.head(h)
 
 
+class JumpingKnowledge(nn.Module):
+    """Two GCN layers whose outputs are joined with the input before the head: relevance reaches
+    the output from every node state directly (walks end at each)."""
+
+    def __init__(self, features: int = 5, width: int = 6, classes: int = 3) -> None:
+        super().__init__()
+        self.first = GCNConv(features, width)
+        self.second = GCNConv(width, width)
+        self.head = nn.Linear(features + 2 * width, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        h1 = self.first(x, edge_index).relu()
+        h2 = self.second(h1, edge_index).relu()
+        return self.head(torch.cat([x, h1, h2], dim=1))
+
+
 def build(name: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    if name == "scatter":
+    if name == "jk":
+        model = JumpingKnowledge()
+    elif name == "scatter":
         model = ScatterGNN()
     elif name == "scatter_pool":
         model = ScatterGNN(pool=True)
@@ -105,11 +123,19 @@ def start_relevance(output: Tensor, index: int, target: int) -> Tensor:
     return start.detach()
 
 
+def sequences(nodes: int, depth: int) -> list[tuple[int, ...]]:
+    """Every node sequence ``(j_0, ..., j_L)`` and every shorter one ``(j_0, ..., j_t)`` padded
+    with ``-1`` (a walk leaving for the output at ``H_t``)."""
+    return [walk + (-1,) * (depth - t) for t in range(depth + 1)
+            for walk in itertools.product(range(nodes), repeat=t + 1)]
+
+
 def masked_lrp(explain: nn.Module, x: Tensor, edge_index: Tensor, states: list[str], index: int, target: int,
                **kwargs: Tensor) -> dict[tuple[int, ...], float]:
     """Every node sequence ``(j_0, ..., j_L)``: LRP through the whole model with the relevance of
     state ``H_t`` kept at row ``j_t`` only (a hook on the recorded state), summed over ``x``'s row
-    ``j_0``."""
+    ``j_0``; a ``-1`` keeps none of the state's relevance (the walk left before it), and the
+    value of the sequence one state shorter is taken off (see the end)."""
     leaf = x.detach().requires_grad_()
     arguments = [leaf, edge_index, *kwargs.values()]
     with torch.enable_grad(), reusable_graph():
@@ -117,11 +143,12 @@ def masked_lrp(explain: nn.Module, x: Tensor, edge_index: Tensor, states: list[s
     tensors = [output if name == "output" else recorded[name] for name in states]
     start = start_relevance(output, index, target)
     found = {}
-    for walk in itertools.product(range(x.size(0)), repeat=len(states) + 1):
+    for walk in sequences(x.size(0), len(states)):
         handles, masked_start = [], start
         for tensor, node in zip(tensors, walk[1:], strict=True):
             keep = torch.zeros(x.size(0), 1, dtype=x.dtype)
-            keep[node] = 1.0
+            if node >= 0:
+                keep[node] = 1.0
             if tensor is output:  # the relevance the output starts from, restricted to the last node
                 masked_start = start * keep
             else:
@@ -130,13 +157,19 @@ def masked_lrp(explain: nn.Module, x: Tensor, edge_index: Tensor, states: list[s
         for handle in handles:
             handle.remove()
         found[walk] = relevance[walk[0]].sum().item()
-    return found
+    # masking keeps at H_t what reaches row j_t through the later rows kept *and* what reaches it
+    # directly from the output: a sequence's own share is its value less that of the sequence
+    # leaving one state earlier (zero without jumping knowledge)
+    shorter = {walk: walk[:depth] + (-1,) * (len(walk) - depth)
+               for walk in found for depth in [sum(node >= 0 for node in walk) - 1] if depth > 0}
+    return {walk: value - (found[shorter[walk]] if walk in shorter else 0.0) for walk, value in found.items()}
 
 
-@pytest.mark.parametrize("name", ["gcn", "gat", "scatter", "gin_pool"])
+@pytest.mark.parametrize("name", ["gcn", "gat", "scatter", "gin_pool", "jk"])
 def test_walk_relevance_is_masked_lrp_for_every_node_sequence(name: str) -> None:
-    """All 6^3 sequences: the enumerated walks carry the masked-LRP relevance, every other
-    sequence has masked-LRP relevance 0 (6 nodes, 2 steps)."""
+    """All 6^3 sequences (and the 6^2 + 6 that leave early): the enumerated walks carry the
+    masked-LRP relevance, every other sequence has masked-LRP relevance 0 (6 nodes, 2 steps).
+    Only the jumping-knowledge model has walks that leave early."""
     x, edge_index = undirected_graph(6, 0.6, seed=3)
     model = build(name)
     explain = fxlrp.convert(model, Epsilon(0.01))
@@ -151,10 +184,12 @@ def test_walk_relevance_is_masked_lrp_for_every_node_sequence(name: str) -> None
     assert scale > 0 and len(found) >= 20
     assert set(found) <= set(reference)
     assert max(abs(found.get(walk, 0.0) - value) for walk, value in reference.items()) < 1e-12 * scale
+    leaving = [walk for walk in found if walk[-1] == -1]
+    assert (len({walk.count(-1) for walk in leaving}) == 2) if name == "jk" else not leaving
 
 
 LAYERS = ["gcn", "gin", "gine", "sage_mean", "sage_max", "graphconv_add", "graphconv_max", "gat", "gatv2",
-          "transformer", "edgeconv", "scatter", "gcn_pool", "scatter_pool"]
+          "transformer", "edgeconv", "scatter", "gcn_pool", "scatter_pool", "jk"]
 
 
 @pytest.mark.parametrize("name", LAYERS)
@@ -179,7 +214,8 @@ def test_walks_starting_at_a_node_sum_to_its_relevance(name: str, rule) -> None:
     assert walks.size(0) >= (5 if winner_takes_all else 15) and expected.abs().max() > 0
     assert (per_node - expected).abs().max() < 1e-12 * expected.abs().max()
     if not name.endswith("_pool"):
-        assert bool((walks[:, -1] == index).all())
+        ends = walks.gather(1, (walks >= 0).sum(dim=1, keepdim=True) - 1)  # the last node before any -1
+        assert bool((ends == index).all())
 
 
 def test_linear_gcn_walks_have_their_closed_form() -> None:
@@ -301,6 +337,9 @@ def test_positive_rules_give_positive_walks() -> None:
 
 
 def test_a_skip_connection_around_a_step_is_refused() -> None:
+    """``x`` enters the second step's messages without passing the first step: its relevance
+    there belongs to no walk (a skip straight to the head would be a walk leaving early)."""
+
     class Skip(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -311,7 +350,7 @@ def test_a_skip_connection_around_a_step_is_refused() -> None:
 
         def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
             h = self.first(x, edge_index).relu()
-            return self.head(self.second(h, edge_index).relu() + self.project(x))
+            return self.head(self.second(h + self.project(x), edge_index).relu())
 
     x, edge_index = undirected_graph(6, 0.5, seed=9)
     model = Skip().double().eval()

@@ -91,18 +91,25 @@ stay inside ``S``; with ``P_S = sum_{j in S} P_j`` it is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch_geometric.nn.conv import MessagePassing
 
 import fxlrp
 from fxlrp.composites import Composite
 from fxlrp.explainer import Explainer
 from fxlrp.nodes import REWRITTEN_PREFIX
 from fxlrp.pyg.messages import Messages, recording_messages
+from fxlrp.pyg.relevance import _edge_type_of, layer_names
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.rules import Rule
 
@@ -245,21 +252,108 @@ class Neighbourhoods:
         return rows
 
 
+class Layout:
+    """The tensors of one node state as one matrix ``[N, F]``, on which walks are searched.
+
+    Row ``offset + i`` is node ``i`` of a node type (the node types of ``x`` one after another;
+    a homogeneous graph has one type, offset 0); its columns are that node's rows of the state's
+    tensors of its type side by side, flattened, zero-padded to the widest type. A
+    heterogeneous state has several tensors per type when the layers of one step send to a type
+    along several edge types (``to_hetero``'s and ``HeteroConv``'s copies per edge type, summed
+    afterwards: masking each copy's row masks the sum's row, the sum acting element by element).
+    """
+
+    def __init__(self, tensors: Sequence[Tensor], offsets: Sequence[int], nodes: int) -> None:
+        self.shapes = [tensor.shape for tensor in tensors]
+        self.nodes = nodes
+        self.dtype, self.device = tensors[0].dtype, tensors[0].device
+        used: dict[int, int] = {}
+        self.blocks: list[tuple[int, int, int, int]] = []  # rows first:end, columns left:right
+        for tensor, offset in zip(tensors, offsets, strict=True):
+            width, left = math.prod(tensor.shape[1:]), used.get(offset, 0)
+            self.blocks.append((offset, offset + tensor.size(0), left, left + width))
+            used[offset] = left + width
+        self.width = max(used.values())
+        self.whole = len(tensors) == 1 and tensors[0].size(0) == nodes
+
+    def zeros(self, rows: int | None = None) -> Tensor:
+        return torch.zeros(self.nodes if rows is None else rows, self.width, dtype=self.dtype, device=self.device)
+
+    def flat(self, parts: Sequence[Tensor | None]) -> Tensor:
+        """The matrix of the state's tensors (None: zero)."""
+        if self.whole and parts[0] is not None:
+            return parts[0].reshape(self.nodes, -1)
+        matrix = self.zeros()
+        for part, (first, end, left, right) in zip(parts, self.blocks, strict=True):
+            if part is not None:
+                matrix[first:end, left:right] = part.reshape(end - first, -1)
+        return matrix
+
+    def parts(self, matrix: Tensor) -> list[Tensor]:
+        """The state's tensors of a matrix."""
+        return [matrix[first:end, left:right].reshape(shape)
+                for (first, end, left, right), shape in zip(self.blocks, self.shapes, strict=True)]
+
+
+@dataclass(frozen=True)
+class HeteroWalks:
+    """Walks on a heterogeneous graph: step ``t`` of walk ``w`` is node ``ids[w, t]`` of type
+    ``node_types[types[w, t]]`` (``node_types`` the types of ``x`` in its order). A walk that
+    reaches the output from an earlier node state (jumping knowledge) has ``-1`` in both after
+    its last node, as for homogeneous walks. Index with rows (``walks[:5]``, ``walks[rows]``) for
+    a subset, :meth:`steps` for one walk as ``(node type, id)`` pairs."""
+
+    node_types: tuple[Any, ...]
+    types: Tensor
+    """``[W, L + 1]``: index of each step's node type in :attr:`node_types`."""
+    ids: Tensor
+    """``[W, L + 1]``: each step's node id within its type."""
+
+    def __len__(self) -> int:
+        return self.ids.size(0)
+
+    def __getitem__(self, rows: Any) -> HeteroWalks:
+        if isinstance(rows, int):
+            rows = slice(rows, rows + 1 if rows != -1 else None)
+        return HeteroWalks(self.node_types, self.types[rows], self.ids[rows])
+
+    def steps(self, walk: int) -> list[tuple[Any, int]]:
+        """Walk ``walk`` as ``[(node type, id), ...]``, input layer first."""
+        return [(self.node_types[kind], node)
+                for kind, node in zip(self.types[walk].tolist(), self.ids[walk].tolist(), strict=True) if kind >= 0]
+
+    def by_types(self) -> dict[tuple[Any, ...], Tensor]:
+        """The rows of the walks of each node-type sequence (input layer first), e.g.
+        ``{("author", "paper", "paper"): tensor([0, 3, ...]), ...}``."""
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for row, kinds in enumerate(self.types.tolist()):
+            groups.setdefault(tuple(self.node_types[kind] for kind in kinds if kind >= 0), []).append(row)
+        return {key: torch.tensor(rows, dtype=torch.long) for key, rows in groups.items()}
+
+
 @dataclass
 class WalkGraph:
     """One forward pass of a converted model, kept for any number of step-backward passes.
 
-    ``states``: ``[H_0, ..., H_L]``, ``H_0`` the input leaf ``x``; ``start``: the output
-    relevance ``r``; ``last``: the relevance at ``H_L`` (``B_out r``); ``neighbourhoods``: per step
-    ``t = 1..L`` (index ``t - 1``) the rows each node's relevance can reach, where the step's
-    edges are known (then suffixes at nodes with disjoint neighbourhoods share one pass).
+    ``states``: per step ``t = 0..L`` the tensors of ``H_t`` (``H_0``: the input leaves, one per
+    node type), with ``layouts`` that make each state one matrix (:class:`Layout`; every
+    relevance here is such a matrix); ``start``: the output relevance ``r``; ``exits``: per
+    ``t = 0..L`` the relevance reaching ``H_t`` from the output through no later state
+    (``exits[L]``: all of ``H_L``'s, ``B_out r``; earlier ones non-zero for jumping knowledge);
+    ``neighbourhoods``: per step ``t = 1..L`` (index ``t - 1``) the rows each node's relevance
+    can reach, where the step's edges are known (then suffixes at nodes with disjoint
+    neighbourhoods share one pass). ``node_types`` and ``offsets``: for heterogeneous graphs, the
+    node types and where each one's rows start.
     """
 
     output: Tensor
-    states: list[Tensor]
+    states: list[list[Tensor]]
+    layouts: list[Layout]
     start: Tensor
-    last: Tensor
+    exits: list[Tensor]
     neighbourhoods: list[Neighbourhoods | None] = field(default_factory=list)
+    node_types: tuple[Any, ...] | None = None
+    offsets: tuple[int, ...] = (0,)
     passes: int = 0
     """Step-backward passes run so far."""
 
@@ -267,19 +361,54 @@ class WalkGraph:
     def depth(self) -> int:
         return len(self.states) - 1
 
+    @property
+    def last(self) -> Tensor:
+        """The relevance at ``H_L``."""
+        return self.exits[-1]
+
     def step(self, t: int, relevance: Tensor) -> Tensor:
-        """``B_t``: relevance at ``H_t`` (``[N, ...]``) to relevance at ``H_{t-1}``."""
+        """``B_t``: relevance at ``H_t`` to relevance at ``H_{t-1}`` (as :class:`Layout` matrices)."""
         self.passes += 1
         with torch.enable_grad():
-            (found,) = torch.autograd.grad(self.states[t], self.states[t - 1], relevance, retain_graph=True,
-                                           allow_unused=True)
-        return torch.zeros_like(self.states[t - 1]) if found is None else found
+            found = torch.autograd.grad(self.states[t], self.states[t - 1], self.layouts[t].parts(relevance),
+                                        retain_graph=True, allow_unused=True)
+        return self.layouts[t - 1].flat(found)
+
+    def node(self, rows: Tensor) -> Tensor:
+        """Global row ids of node-type ids: ``rows`` as ``{node type: ids}`` (or ids, homogeneous)."""
+        if self.node_types is None:
+            return torch.as_tensor(rows, dtype=torch.long, device=self.start.device).view(-1)
+        if not isinstance(rows, dict):
+            raise ValueError("for a heterogeneous graph, give nodes as a dict {node type: node ids}")
+        unknown = set(rows) - set(self.node_types)
+        if unknown:
+            raise ValueError(f"node types {sorted(map(str, unknown))} are not in x (node types: "
+                             f"{', '.join(map(str, self.node_types))})")
+        offset = dict(zip(self.node_types, self.offsets, strict=True))
+        return torch.cat([offset[kind] + torch.as_tensor(ids, dtype=torch.long, device=self.start.device).view(-1)
+                          for kind, ids in rows.items()] or [torch.zeros(0, dtype=torch.long)])
+
+    def typed(self, walks: Tensor) -> HeteroWalks:
+        """Walks of global row ids as :class:`HeteroWalks`."""
+        offsets = torch.tensor(self.offsets, dtype=torch.long, device=walks.device)
+        types = torch.searchsorted(offsets, walks.clamp(min=0), right=True) - 1
+        ids = walks - offsets[types]
+        ended = walks < 0
+        return HeteroWalks(self.node_types, types.masked_fill(ended, -1), ids.masked_fill(ended, -1))
+
+
+def _converted(model: nn.Module, composite: Composite | Rule | None) -> Explainer:
+    if isinstance(model, Explainer):
+        if composite is not None:
+            raise ValueError("model is already converted: give composite= to fxlrp.convert instead")
+        return model
+    return fxlrp.convert(model, composite)
 
 
 def walk_graph(
     model: nn.Module,
-    x: Tensor,
-    edge_index: Tensor,
+    x: Tensor | dict[Any, Tensor],
+    edge_index: Tensor | dict[Any, Tensor],
     *,
     index: Any,
     target: Any = None,
@@ -290,20 +419,50 @@ def walk_graph(
 ) -> WalkGraph:
     """Run ``model(x, edge_index, **forward_kwargs)`` explained (``model`` as it is if it is an
     :class:`~fxlrp.Explainer`, else ``fxlrp.convert(model, composite)``), keeping the node states
-    ``steps`` (default :func:`walk_steps`) and the relevance at the last one.
+    (homogeneous: ``steps``, default :func:`walk_steps`; heterogeneous: see :func:`relevant_walks`)
+    and the relevance reaching each from the output.
 
-    ``check``: verify that the step-by-step backward ``B_1 ... B_L B_out r`` equals the model's
-    own relevance of ``x`` (no relevance bypasses a step); ``ValueError`` otherwise.
+    ``check``: verify that the step-by-step backward (the chain of ``B_t`` with the exits) equals
+    the model's own relevance of ``x`` (no relevance bypasses a step); ``ValueError`` otherwise.
     """
-    if isinstance(model, Explainer):
-        if composite is not None:
-            raise ValueError("model is already converted: give composite= to fxlrp.convert instead")
-        explain = model
-    else:
-        explain = fxlrp.convert(model, composite)
+    if isinstance(x, dict) != isinstance(edge_index, dict):
+        raise ValueError("x and edge_index must both be tensors (homogeneous graph) or both dicts by node and edge "
+                         "type (heterogeneous graph: data.x_dict, data.edge_index_dict)")
     # the graph this call runs; run directly, since calling the explainer it comes from (or that
     # one, when it was traced for optional inputs left None) may trace yet another graph
-    explain, call_args, call_kwargs = explain.explainer_for(x, edge_index, **forward_kwargs)
+    explain, call_args, call_kwargs = _converted(model, composite).explainer_for(x, edge_index, **forward_kwargs)
+    if isinstance(x, dict):
+        if steps is not None:
+            raise ValueError("steps= names node states of a homogeneous model; on heterogeneous graphs the steps are "
+                             "the calls of the message-passing layers, found by themselves")
+        output, states, offsets, neighbourhoods, type_offsets = _run_hetero(explain, x, edge_index, call_args,
+                                                                            call_kwargs)
+        node_types, nodes = tuple(x), sum(value.size(0) for value in x.values())
+    else:
+        output, states, neighbourhoods = _run_homogeneous(explain, x, steps, call_args, call_kwargs)
+        offsets, node_types, type_offsets, nodes = [[0]] * len(states), None, (0,), x.size(0)
+    layouts = [Layout(tensors, offset, nodes) for tensors, offset in zip(states, offsets, strict=True)]
+    start = _output_relevance(output, index, target)
+    exits = _exits(states, layouts, output, start)
+    graph = WalkGraph(output.detach(), states, layouts, start, exits, neighbourhoods, node_types, type_offsets)
+    if check:
+        _check_decomposition(graph, output)
+    return graph
+
+
+def _call(explain: Explainer, call_args: Sequence[Any], call_kwargs: dict[str, Any], x: Any, leaf: Any) -> Tensor:
+    """The explained forward with ``x`` replaced by its leaves, recording messages."""
+    arguments = [leaf if value is x else value for value in call_args]
+    keywords = {name: leaf if value is x else value for name, value in call_kwargs.items()}
+    output = explain.graph_module(*arguments, **keywords)
+    if not isinstance(output, Tensor):
+        raise TypeError(f"the model returns {type(output).__name__}; relevant walks explain a tensor output "
+                        "(for a heterogeneous model, return the output of the explained node type)")
+    return output
+
+
+def _run_homogeneous(explain: Explainer, x: Tensor, steps: Sequence[str] | None, call_args: Sequence[Any],
+                     call_kwargs: dict[str, Any]) -> tuple[Tensor, list[list[Tensor]], list[Neighbourhoods | None]]:
     described = _detect_steps(explain) if steps is None else [Step(name) for name in steps]
     if not described:
         raise ValueError("no message-passing steps: steps must name at least one node state")
@@ -320,15 +479,11 @@ def walk_graph(
                 recorder = _index_recorder(recorded, name, position, aggregation)
                 handles.append(_module(explain, name).register_forward_pre_hook(recorder, with_kwargs=True))
         with torch.enable_grad(), outputs_recorded(), reusable_graph(), recording_messages() as records:
-            arguments = [leaf if value is x else value for value in call_args]
-            keywords = {name: leaf if value is x else value for name, value in call_kwargs.items()}
-            output = explain.graph_module(*arguments, **keywords)
+            output = _call(explain, call_args, call_kwargs, x, leaf)
     finally:
         for handle in handles:
             handle.remove()
-    if not isinstance(output, Tensor):
-        raise TypeError(f"the model returns {type(output).__name__}; relevant walks explain a tensor output")
-    states: list[Tensor] = [leaf]
+    states: list[list[Tensor]] = [[leaf]]
     for step in described:
         value = output if step.state == OUTPUT else recorded.get(step.state)
         if not isinstance(value, Tensor) or not value.requires_grad:
@@ -336,14 +491,152 @@ def walk_graph(
         if value.dim() == 0 or value.size(0) != x.size(0):
             raise ValueError(f"node state {step.state!r} has shape {tuple(value.shape)}: a node state has one row "
                              f"per node ({x.size(0)})")
-        states.append(value)
-    start = _output_relevance(output, index, target)
-    last = start if states[-1] is output else _gradient(output, states[-1], start)
+        states.append([value])
     neighbourhoods = [_neighbourhoods(step, records, recorded, x.size(0)) for step in described]
-    graph = WalkGraph(output.detach(), states, start, last, neighbourhoods)
-    if check:
-        _check_decomposition(graph, output)
-    return graph
+    return output, states, neighbourhoods
+
+
+@dataclass
+class _LayerCall:
+    layer: nn.Module
+    output: Any
+    records: list[Messages]
+    """The messages sent during the call."""
+
+
+@contextmanager
+def _layer_calls(records: list[Messages]) -> Iterator[list[_LayerCall]]:
+    """The outermost calls of PyG message-passing layers made on this thread while active (in
+    captured graphs and in code run eagerly, as ``HeteroConv``'s loop), with their outputs and
+    the messages ``records`` received during each."""
+    calls: list[_LayerCall] = []
+    running: list[tuple[nn.Module, int]] = []
+    thread = threading.get_ident()
+
+    def before(module: nn.Module, args: Any) -> None:
+        if isinstance(module, MessagePassing) and threading.get_ident() == thread:
+            running.append((module, len(records)))
+
+    def after(module: nn.Module, args: Any, output: Any) -> None:
+        if running and running[-1][0] is module and threading.get_ident() == thread:
+            _, first = running.pop()
+            if not running:
+                calls.append(_LayerCall(module, output, records[first:]))
+
+    handles = [register_module_forward_pre_hook(before), register_module_forward_hook(after, always_call=True)]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _run_hetero(explain: Explainer, x: dict[Any, Tensor], edge_index: dict[Any, Tensor], call_args: Sequence[Any],
+                call_kwargs: dict[str, Any]) -> tuple[Tensor, list[list[Tensor]], list[list[int]],
+                                                      list[Neighbourhoods | None], tuple[int, ...]]:
+    """Heterogeneous graphs: ``H_t`` is the outputs of the message-passing layer calls of step
+    ``t``, a call's step being one more than the largest step of the calls its output is computed
+    from (``to_hetero``'s copies of one layer, the layers of one ``HeteroConv``, one ``HGTConv``
+    call: one step)."""
+    missing = {kind for edge_type in edge_index for kind in (edge_type[0], edge_type[-1])} - set(x)
+    if missing:
+        raise ValueError(f"node types {sorted(map(str, missing))} have edges but no features in x; walks start at "
+                         "input nodes of every type that sends messages")
+    counts = {kind: value.size(0) for kind, value in x.items()}
+    type_offsets = tuple(itertools.accumulate([0, *counts.values()]))[:-1]
+    offset = dict(zip(x, type_offsets, strict=True))
+    nodes = sum(counts.values())
+    leaves = {kind: value.detach().requires_grad_() for kind, value in x.items()}
+    names = layer_names(explain)
+    with (torch.enable_grad(), outputs_recorded(), reusable_graph(), recording_messages(names) as records,
+          _layer_calls(records) as calls):
+        output = _call(explain, call_args, call_kwargs, x, leaves)
+    if not calls:
+        raise ValueError("found no call of a PyG message-passing layer in the model; relevant walks on heterogeneous "
+                         "graphs follow the layers' messages (to_hetero, HeteroConv, HGTConv and other PyG layers)")
+    outputs = [_typed_outputs(call, edge_index, names) for call in calls]
+    depths = _call_depths([[tensor for tensor, _ in typed] for typed in outputs])
+    states: list[list[Tensor]] = [list(leaves.values())]
+    offsets: list[list[int]] = [list(type_offsets)]
+    neighbourhoods: list[Neighbourhoods | None] = []
+    for depth in range(1, max(depths) + 1):
+        mine = [index for index, found in enumerate(depths) if found == depth]
+        tensors = [(tensor, kind) for index in mine for tensor, kind in outputs[index]]
+        for tensor, kind in tensors:
+            if tensor.dim() == 0 or tensor.size(0) != counts[kind]:
+                raise ValueError(f"a message-passing layer of step {depth} returned {tuple(tensor.shape)} for node "
+                                 f"type {kind!r}, which has {counts[kind]} nodes: a node state has one row per node")
+        states.append([tensor for tensor, _ in tensors])
+        offsets.append([offset[kind] for _, kind in tensors])
+        edges = [_typed_edges(record, edge_index, offset) for index in mine for record in calls[index].records]
+        if any(found is None for found in edges) or not edges:
+            neighbourhoods.append(None)
+        else:
+            pairs = [pair for found in edges for pair in found]
+            neighbourhoods.append(Neighbourhoods(torch.cat([senders for senders, _ in pairs]),
+                                                 torch.cat([receivers for _, receivers in pairs]), nodes))
+    return output, states, offsets, neighbourhoods, type_offsets
+
+
+def _typed_outputs(call: _LayerCall, edge_index: dict[Any, Tensor], names: dict[int, str]) -> list[tuple[Tensor, Any]]:
+    """The tensors a layer call returned, each with its node type (that of the receivers of its
+    edge type, or the key of a dict by node type as ``HGTConv`` returns)."""
+    name = names.get(id(call.layer), type(call.layer).__name__)
+    if isinstance(call.output, dict):
+        return [(value, kind) for kind, value in call.output.items() if isinstance(value, Tensor)]
+    if not isinstance(call.output, Tensor):
+        raise ValueError(f"message-passing layer {name} returned {type(call.output).__name__}; walks need its node "
+                         "states, a tensor or a dict of tensors by node type")
+    given = [record.given for record in call.records if isinstance(record.given, Tensor)]
+    if not given:
+        raise ValueError(f"message-passing layer {name} sent no messages along an edge_index tensor of the input; "
+                         "walks cannot tell the node type of its output")
+    edge_type = _edge_type_of(given[0], edge_index)
+    return [(call.output, edge_type[-1] if call.records[0].source_to_target else edge_type[0])]
+
+
+def _typed_edges(record: Messages, edge_index: dict[Any, Tensor],
+                 offset: dict[Any, int]) -> list[tuple[Tensor, Tensor]] | None:
+    """The (senders, receivers) global rows of the edges a record's messages were sent along;
+    None where they are not known."""
+    if isinstance(record.given, dict):  # one call for all edge types (HGTConv): the given edges
+        typed = list(record.given.items())
+    elif isinstance(record.given, Tensor):
+        try:
+            typed = [(_edge_type_of(record.given, edge_index), record.edge_index)]
+        except ValueError:
+            return None
+    else:
+        return None
+    found = []
+    for edge_type, edges in typed:
+        first, second = offset[edge_type[0]] + edges[0], offset[edge_type[-1]] + edges[1]
+        found.append((first, second) if record.source_to_target else (second, first))
+    return found
+
+
+def _call_depths(outputs: list[list[Tensor]]) -> list[int]:
+    """The step of each layer call: one more than the largest step of the earlier calls whose
+    outputs its outputs are computed from (found in the autograd graph)."""
+    owner = {tensor.grad_fn: index for index, tensors in enumerate(outputs) for tensor in tensors
+             if tensor.grad_fn is not None}
+    depths: list[int] = []
+    for index, tensors in enumerate(outputs):
+        below, seen = 0, set()
+        stack = [parent for tensor in tensors if tensor.grad_fn is not None
+                 for parent, _ in tensor.grad_fn.next_functions if parent is not None]
+        while stack:
+            function = stack.pop()
+            if function in seen:
+                continue
+            seen.add(function)
+            earlier = owner.get(function)
+            if earlier is not None and earlier != index:
+                below = max(below, depths[earlier])
+                continue
+            stack.extend(parent for parent, _ in function.next_functions if parent is not None)
+        depths.append(below + 1)
+    return depths
 
 
 def _module(explain: Explainer, name: str) -> nn.Module:
@@ -353,8 +646,6 @@ def _module(explain: Explainer, name: str) -> nn.Module:
         known = ", ".join(row.name for row in explain.report().rows[:12])
         raise ValueError(f"no node {name!r} to record in the explained model; steps are names of rows of "
                          f"explain.report() (e.g. {known}, ...)") from None
-
-
 def _output_recorder(recorded: dict[str, Any], name: str) -> Any:
     def hook(module: nn.Module, inputs: Any, output: Any) -> None:
         recorded[name] = output
@@ -402,10 +693,33 @@ def _neighbourhoods(step: Step, records: list[Messages], recorded: dict[str, Any
     return Neighbourhoods(torch.cat(gathered), receivers.repeat(len(gathered)), nodes)
 
 
-def _gradient(output: Tensor, wanted: Tensor, relevance: Tensor) -> Tensor:
-    with torch.enable_grad():
-        (found,) = torch.autograd.grad(output, wanted, relevance, retain_graph=True, allow_unused=True)
-    return torch.zeros_like(wanted) if found is None else found
+def _exits(states: list[list[Tensor]], layouts: list[Layout], output: Tensor, start: Tensor) -> list[Tensor]:
+    """Per ``t = 0..L``: the relevance reaching ``H_t`` from the output through no later state
+    (one backward pass in which each state records what reaches it and passes nothing on)."""
+    last = len(states) - 1
+    if any(tensor is output for tensor in states[last]):  # the output is H_L: nothing avoids it
+        return [layout.zeros() for layout in layouts[:last]] + [
+            layouts[last].flat([start if tensor is output else None for tensor in states[last]])]
+    reached: dict[tuple[int, int], Tensor] = {}
+
+    def stop(key: tuple[int, int]) -> Any:
+        def hook(gradient: Tensor) -> Tensor:
+            reached[key] = gradient
+            return torch.zeros_like(gradient)
+
+        return hook
+
+    handles = [tensor.register_hook(stop((t, position)))
+               for t in range(1, last + 1) for position, tensor in enumerate(states[t])]
+    try:
+        with torch.enable_grad():
+            found = torch.autograd.grad(output, states[0], start, retain_graph=True, allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [layouts[0].flat(found)] + [
+        layouts[t].flat([reached.get((t, position)) for position in range(len(states[t]))])
+        for t in range(1, last + 1)]
 
 
 def _output_relevance(output: Tensor, index: Any, target: Any) -> Tensor:
@@ -426,24 +740,26 @@ def _output_relevance(output: Tensor, index: Any, target: Any) -> Tensor:
 
 
 def _check_decomposition(graph: WalkGraph, output: Tensor) -> None:
-    """The chain of step backwards must give the model's own input relevance."""
-    full = _gradient(output, graph.states[0], graph.start)
-    chained = graph.last
+    """The chain of step backwards (with the exits) must give the model's own input relevance."""
+    with torch.enable_grad():
+        found = torch.autograd.grad(output, graph.states[0], graph.start, retain_graph=True, allow_unused=True)
+    full = graph.layouts[0].flat(found)
+    chained = graph.exits[-1]
     for t in range(graph.depth, 0, -1):
-        chained = graph.step(t, chained)
-    scale = full.abs().max().item()
-    difference = (chained - full).abs().max().item()
+        chained = graph.step(t, chained) + graph.exits[t - 1]
+    scale = full.abs().max().item() if full.numel() else 0.0
+    difference = (chained - full).abs().max().item() if full.numel() else 0.0
     if difference > 1e4 * torch.finfo(full.dtype).eps * max(scale, torch.finfo(full.dtype).tiny):
         raise ValueError(
-            "relevance reaches the input around the message-passing steps (a skip connection or jumping "
-            "knowledge across a step, or node states that are not the steps' outputs): walks do not decompose "
+            "relevance reaches the input around the message-passing steps (a connection from an earlier node state "
+            "into a later step's messages, or node states that are not the steps' outputs): walks do not decompose "
             f"the explanation (largest difference {difference:.3g} at relevance scale {scale:.3g}); name the "
             "node states with steps=[...]"
         )
 
 
 def _nonzero_rows(relevance: Tensor) -> Tensor:
-    return relevance.reshape(relevance.size(0), -1).ne(0).any(dim=1).nonzero().view(-1)
+    return relevance.ne(0).any(dim=1).nonzero().view(-1)
 
 
 def _batches(nodes: list[int], neighbourhoods: Neighbourhoods | None) -> list[list[int]]:
@@ -470,7 +786,7 @@ def _extend(graph: WalkGraph, t: int, suffixes: Tensor, vectors: Tensor) -> tupl
     nodes = suffixes[:, 0].tolist()
     neighbourhoods = graph.neighbourhoods[t - 1]
     longer, carried = [], []
-    seed = torch.zeros_like(graph.states[t])
+    seed = graph.layouts[t].zeros()
     for group in _batches(nodes, neighbourhoods):
         for position in group:
             seed[nodes[position]] = vectors[position]
@@ -492,23 +808,30 @@ def _extend(graph: WalkGraph, t: int, suffixes: Tensor, vectors: Tensor) -> tupl
             longer.append(torch.cat([mine.view(-1, 1), suffixes[position].expand(mine.numel(), -1)], dim=1))
             carried.append(below[mine])
     if not longer:
-        return suffixes.new_zeros(0, suffixes.size(1) + 1), graph.states[t - 1].new_zeros(
-            0, *graph.states[t - 1].shape[1:])
+        return suffixes.new_zeros(0, suffixes.size(1) + 1), graph.layouts[t - 1].zeros(0)
     return torch.cat(longer), torch.cat(carried).detach()
 
 
 def _search(graph: WalkGraph, beam: int | None, largest: bool) -> tuple[Tensor, Tensor]:
-    """Walks ``[W, L + 1]`` (input node first) and their relevance ``[W]``; every suffix extended
-    if ``beam`` is None, else the ``beam`` suffixes of largest (smallest) relevance at each step."""
+    """Walks ``[W, L + 1]`` (input node first, ``-1`` after a walk's exit) and their relevance
+    ``[W]``; every suffix extended if ``beam`` is None, else the ``beam`` suffixes of largest
+    (smallest) relevance at each step. A suffix starts at each row of ``H_L`` with relevance and
+    at each row of an earlier state that relevance reaches directly (an exit)."""
+    depth = graph.depth
     rows = _nonzero_rows(graph.last)
     suffixes, vectors = rows.view(-1, 1), graph.last[rows].detach()
-    for t in range(graph.depth, 0, -1):
+    for t in range(depth, 0, -1):
         if beam is not None and suffixes.size(0) > beam:
-            totals = vectors.reshape(vectors.size(0), -1).sum(dim=1)
-            kept = torch.topk(totals, beam, largest=largest).indices
+            kept = torch.topk(vectors.sum(dim=1), beam, largest=largest).indices
             suffixes, vectors = suffixes[kept], vectors[kept]
         suffixes, vectors = _extend(graph, t, suffixes, vectors)
-    relevance = vectors.reshape(vectors.size(0), -1).sum(dim=1)
+        exit_relevance = graph.exits[t - 1]
+        rows = _nonzero_rows(exit_relevance)
+        if rows.numel():
+            ended = torch.cat([rows.view(-1, 1), rows.new_full((rows.numel(), depth - t + 1), -1)], dim=1)
+            suffixes = torch.cat([suffixes, ended])
+            vectors = torch.cat([vectors, exit_relevance[rows].detach()])
+    relevance = vectors.sum(dim=1)
     nonzero = relevance != 0
     return suffixes[nonzero], relevance[nonzero]
 
@@ -519,8 +842,8 @@ DEFAULT_BEAM = 256
 
 def relevant_walks(
     model: nn.Module,
-    x: Tensor,
-    edge_index: Tensor,
+    x: Tensor | dict[Any, Tensor],
+    edge_index: Tensor | dict[Any, Tensor],
     *,
     index: Any,
     target: Any = None,
@@ -530,29 +853,44 @@ def relevant_walks(
     steps: Sequence[str] | None = None,
     beam: int | None = None,
     **forward_kwargs: Any,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor | HeteroWalks, Tensor]:
     r"""The relevant walks of ``model(x, edge_index, **forward_kwargs)`` for output row ``index``.
 
-    ``index``: the explained node (node-level outputs ``[N, C]`` or ``[N]``) or graph (graph-level
-    outputs ``[G, C]``); ``target``: its class (None: the largest logit); the output relevance is
-    that logit, zero elsewhere, as in :func:`fxlrp.attribute` (a float tensor of the output's
-    shape is taken as the output relevance itself). ``composite``: as for :func:`fxlrp.convert`
-    (``model`` may also be an already converted :class:`~fxlrp.Explainer`).
+    ``index``: the explained row of the output: a node (node-level outputs ``[N, C]`` or
+    ``[N]``), a graph (graph-level outputs ``[G, C]``) or a node pair (edge-level outputs, one
+    row per pair of a keyword such as ``edge_label_index``: link prediction); ``target``: its
+    class (None: the largest logit; a single score per row is explained as it is); the output
+    relevance is that logit, zero elsewhere, as in :func:`fxlrp.attribute` (a float tensor of the
+    output's shape is taken as the output relevance itself). ``composite``: as for
+    :func:`fxlrp.convert` (``model`` may also be an already converted :class:`~fxlrp.Explainer`).
 
     Returns ``(walks, relevance)``: ``walks`` ``[W, L + 1]`` node ids from the input layer to the
-    last node state (``walks[:, 0]`` the input node ``j_0``, ``walks[:, -1]`` the explained node
-    for node-level outputs), ``relevance`` ``[W]`` the GNN-LRP relevance
+    last node state (``walks[:, 0]`` the input node ``j_0``; ``walks[:, -1]`` the explained node
+    for node-level outputs, one of the pair's two nodes for edge-level outputs), ``relevance``
+    ``[W]`` the GNN-LRP relevance
     :math:`R(w) = 1^T P_{j_0} B_1 P_{j_1} \cdots B_L P_{j_L} B_{out} r` (see this module), sorted
-    from largest to smallest (``largest=False``: smallest first).
+    from largest to smallest (``largest=False``: smallest first). Where relevance reaches the
+    output from an earlier node state ``H_t`` directly (jumping knowledge: the layers' outputs
+    joined before the head), walks also end there: ``(j_0, ..., j_t, -1, ..., -1)``.
+
+    Heterogeneous graphs: ``x`` and ``edge_index`` dicts by node and edge type
+    (``data.x_dict``, ``data.edge_index_dict``; models made with ``to_hetero``, ``HeteroConv``,
+    ``HGTConv``; the model returns the explained node type's output). ``walks`` is then a
+    :class:`HeteroWalks`: ``walks.ids`` ``[W, L + 1]`` node ids within their type,
+    ``walks.types`` ``[W, L + 1]`` their types as indices into ``walks.node_types`` (the types
+    of ``x``); ``walks.steps(w)`` lists walk ``w`` as ``(node type, id)`` pairs and
+    ``walks.by_types()`` groups the walks by node-type sequence. Step ``t`` is the ``t``-th
+    round of message-passing layer calls (a layer call's step is one more than that of the
+    calls its output is computed from).
 
     ``top_k=None``: every walk with non-zero relevance (exact; their number grows exponentially
     with depth); for each input node they sum to its node relevance.
     ``top_k=k``: the ``k`` walks of largest (smallest) relevance found by a beam search that
     extends at most ``beam`` suffixes per step (default ``max(256, 16 k)``): at most
     ``L * beam`` step-backward passes, exact when no step has more suffixes than ``beam``, else an
-    approximation (see the module docstring). ``steps``: names of the node states
-    ``H_1, ..., H_L`` (rows of ``explain.report()``; ``"output"`` for the output itself), by
-    default :func:`walk_steps`.
+    approximation (see the module docstring). ``steps`` (homogeneous graphs): names of the node
+    states ``H_1, ..., H_L`` (rows of ``explain.report()``; ``"output"`` for the output itself),
+    by default :func:`walk_steps`.
     """
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be a positive number of walks or None, got {top_k}")
@@ -565,14 +903,15 @@ def relevant_walks(
     order = torch.argsort(relevance, descending=largest, stable=True)
     if top_k is not None:
         order = order[:top_k]
-    return walks[order], relevance[order]
+    walks, relevance = walks[order], relevance[order]
+    return (walks if graph.node_types is None else graph.typed(walks)), relevance
 
 
 def subgraph_relevance(
     model: nn.Module,
-    x: Tensor,
-    edge_index: Tensor,
-    nodes: Tensor | Sequence[int],
+    x: Tensor | dict[Any, Tensor],
+    edge_index: Tensor | dict[Any, Tensor],
+    nodes: Tensor | Sequence[int] | dict[Any, Tensor | Sequence[int]],
     *,
     index: Any,
     target: Any = None,
@@ -581,21 +920,18 @@ def subgraph_relevance(
     **forward_kwargs: Any,
 ) -> Tensor:
     r"""sGNN-LRP: the relevance of the node set ``nodes``, the sum of the relevance of every walk
-    whose nodes all lie in it, :math:`R(S) = 1^T P_S B_1 P_S \cdots B_L P_S B_{out} r`.
+    whose nodes all lie in it, :math:`R(S) = 1^T P_S B_1 P_S \cdots B_L P_S B_{out} r` (plus, with
+    jumping knowledge, the walks ending earlier).
 
     One forward and ``L`` step-backward passes (linear in depth; as many again for the check that
-    the steps decompose the explanation). Arguments as for :func:`relevant_walks`; returns a
-    scalar tensor.
+    the steps decompose the explanation). Arguments as for :func:`relevant_walks`; ``nodes`` is
+    ``{node type: ids}`` on heterogeneous graphs. Returns a scalar tensor.
     """
     graph = walk_graph(model, x, edge_index, index=index, target=target, composite=composite, steps=steps,
                        **forward_kwargs)
-    inside = torch.zeros(x.size(0), dtype=torch.bool, device=x.device)
-    inside[torch.as_tensor(nodes, dtype=torch.long, device=x.device)] = True
-
-    def masked(relevance: Tensor) -> Tensor:
-        return relevance * inside.view(-1, *([1] * (relevance.dim() - 1))).to(relevance.dtype)
-
-    relevance = masked(graph.last)
+    inside = torch.zeros(graph.last.size(0), 1, dtype=graph.last.dtype, device=graph.last.device)
+    inside[graph.node(nodes)] = 1.0
+    relevance = graph.last * inside
     for t in range(graph.depth, 0, -1):
-        relevance = masked(graph.step(t, relevance))
+        relevance = (graph.step(t, relevance) + graph.exits[t - 1]) * inside
     return relevance.sum().detach()
