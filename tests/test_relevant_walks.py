@@ -409,3 +409,48 @@ def test_walks_of_a_pyg_basic_gnn_sum_to_gradient_times_input() -> None:
     per_node = torch.zeros_like(expected).index_add_(0, walks[:, 0], relevance)
     assert walks.size(1) == 4 and expected.abs().max() > 0
     assert (per_node - expected).abs().max() < 1e-12 * expected.abs().max()
+
+
+@pytest.mark.parametrize("decoder, share", [("mlp", 1.0), ("dot", 0.5)])
+def test_link_score_walks_end_at_the_pair_and_decompose_its_node_relevance(decoder: str, share: float) -> None:
+    """Edge level (the score of a node pair, as PyG's link prediction): walks end at either node
+    of the pair; those starting at a node sum to its node mask from LRPExplainer (task level
+    ``edge``) and to gradient x input (MLP decoder, piecewise linear) or half of it (dot
+    product: its two relevance-carrying factors get equal halves)."""
+    from test_pyg_edge_level import LinkPredictor, references
+    from torch_geometric.explain import Explainer
+
+    from fxlrp.pyg import LRPExplainer
+
+    torch.manual_seed(3)
+    x, edge_index = undirected_graph(9, 0.45, seed=12)
+    pairs = torch.tensor([[0, 4, 7, 2], [5, 1, 3, 8]])
+    model = LinkPredictor(decoder).double().eval()
+    row = 2
+    walks, relevance = relevant_walks(model, x, edge_index, index=row, composite=LRP0, edge_label_index=pairs)
+    per_node = torch.zeros(9, dtype=torch.float64).index_add_(0, walks[:, 0], relevance)
+    explainer = Explainer(model, algorithm=LRPExplainer(LRP0), explanation_type="model", node_mask_type="object",
+                          edge_mask_type=None,
+                          model_config=dict(mode="regression", task_level="edge", return_type="raw"))
+    mask = explainer(x, edge_index, edge_label_index=pairs, index=row).node_mask.view(-1)
+    node, _ = references(model, x, edge_index, pairs, lambda out: out[row])
+    scale = mask.abs().max()
+    assert scale > 0 and walks.size(0) >= 20
+    assert (per_node - mask).abs().max() < 1e-12 * scale
+    assert (per_node - share * node.sum(dim=1)).abs().max() < 1e-10 * scale
+    assert set(walks[:, -1].tolist()) == {7, 3}
+
+
+def test_link_score_top_k_is_the_top_of_the_enumeration() -> None:
+    from test_pyg_edge_level import LinkPredictor
+
+    torch.manual_seed(4)
+    x, edge_index = undirected_graph(9, 0.35, seed=13)
+    pairs = torch.tensor([[1, 6], [4, 0]])
+    explain = fxlrp.convert(LinkPredictor("mlp").double().eval(), Epsilon(0.01))
+    every, values = relevant_walks(explain, x, edge_index, index=1, edge_label_index=pairs)
+    assert every.size(0) > 20
+    order = torch.argsort(values, descending=True)
+    for k in (1, 5, 10):
+        walks, relevance = relevant_walks(explain, x, edge_index, index=1, top_k=k, edge_label_index=pairs)
+        assert torch.equal(relevance, values[order[:k]]) and torch.equal(walks, every[order[:k]])

@@ -435,9 +435,12 @@ def walk_graph(
         if steps is not None:
             raise ValueError("steps= names node states of a homogeneous model; on heterogeneous graphs the steps are "
                              "the calls of the message-passing layers, found by themselves")
-        output, states, offsets, neighbourhoods, type_offsets = _run_hetero(explain, x, edge_index, call_args,
-                                                                            call_kwargs)
+        output, states, offsets, neighbourhoods, type_offsets = _run_layer_calls(explain, x, edge_index, call_args,
+                                                                                 call_kwargs)
         node_types, nodes = tuple(x), sum(value.size(0) for value in x.values())
+    elif steps is None and _runs_eagerly(explain):
+        output, states, offsets, neighbourhoods, _ = _run_layer_calls(explain, x, edge_index, call_args, call_kwargs)
+        node_types, type_offsets, nodes = None, (0,), x.size(0)
     else:
         output, states, neighbourhoods = _run_homogeneous(explain, x, steps, call_args, call_kwargs)
         offsets, node_types, type_offsets, nodes = [[0]] * len(states), None, (0,), x.size(0)
@@ -448,6 +451,13 @@ def walk_graph(
     if check:
         _check_decomposition(graph, output)
     return graph
+
+
+def _runs_eagerly(explain: Explainer) -> bool:
+    """Whether the model's message passing runs inside code torch.fx could not capture (its
+    layers are then not rows of the report)."""
+    operations = {row.operation for row in explain.report().rows}
+    return "eager" in operations and "message_passing" not in operations
 
 
 def _call(explain: Explainer, call_args: Sequence[Any], call_kwargs: dict[str, Any], x: Any, leaf: Any) -> Tensor:
@@ -531,30 +541,36 @@ def _layer_calls(records: list[Messages]) -> Iterator[list[_LayerCall]]:
             handle.remove()
 
 
-def _run_hetero(explain: Explainer, x: dict[Any, Tensor], edge_index: dict[Any, Tensor], call_args: Sequence[Any],
-                call_kwargs: dict[str, Any]) -> tuple[Tensor, list[list[Tensor]], list[list[int]],
-                                                      list[Neighbourhoods | None], tuple[int, ...]]:
-    """Heterogeneous graphs: ``H_t`` is the outputs of the message-passing layer calls of step
-    ``t``, a call's step being one more than the largest step of the calls its output is computed
-    from (``to_hetero``'s copies of one layer, the layers of one ``HeteroConv``, one ``HGTConv``
-    call: one step)."""
-    missing = {kind for edge_type in edge_index for kind in (edge_type[0], edge_type[-1])} - set(x)
-    if missing:
-        raise ValueError(f"node types {sorted(map(str, missing))} have edges but no features in x; walks start at "
-                         "input nodes of every type that sends messages")
-    counts = {kind: value.size(0) for kind, value in x.items()}
+def _run_layer_calls(
+    explain: Explainer, x: Tensor | dict[Any, Tensor], edge_index: Tensor | dict[Any, Tensor],
+    call_args: Sequence[Any], call_kwargs: dict[str, Any],
+) -> tuple[Tensor, list[list[Tensor]], list[list[int]], list[Neighbourhoods | None], tuple[int, ...]]:
+    """Steps from the calls of PyG message-passing layers (heterogeneous graphs, and models run
+    eagerly): ``H_t`` is the outputs of the layer calls of step ``t``, a call's step being one
+    more than the largest step of the calls its output is computed from (``to_hetero``'s copies
+    of one layer, the layers of one ``HeteroConv``, one ``HGTConv`` call: one step). A
+    homogeneous graph is one node type, ``None``."""
+    hetero = isinstance(x, dict)
+    inputs: dict[Any, Tensor] = x if hetero else {None: x}
+    if hetero:
+        missing = {kind for edge_type in edge_index for kind in (edge_type[0], edge_type[-1])} - set(x)
+        if missing:
+            raise ValueError(f"node types {sorted(map(str, missing))} have edges but no features in x; walks start "
+                             "at input nodes of every type that sends messages")
+    counts = {kind: value.size(0) for kind, value in inputs.items()}
     type_offsets = tuple(itertools.accumulate([0, *counts.values()]))[:-1]
-    offset = dict(zip(x, type_offsets, strict=True))
+    offset = dict(zip(inputs, type_offsets, strict=True))
     nodes = sum(counts.values())
-    leaves = {kind: value.detach().requires_grad_() for kind, value in x.items()}
+    leaves = {kind: value.detach().requires_grad_() for kind, value in inputs.items()}
     names = layer_names(explain)
     with (torch.enable_grad(), outputs_recorded(), reusable_graph(), recording_messages(names) as records,
           _layer_calls(records) as calls):
-        output = _call(explain, call_args, call_kwargs, x, leaves)
+        output = _call(explain, call_args, call_kwargs, x, leaves if hetero else leaves[None])
     if not calls:
-        raise ValueError("found no call of a PyG message-passing layer in the model; relevant walks on heterogeneous "
-                         "graphs follow the layers' messages (to_hetero, HeteroConv, HGTConv and other PyG layers)")
-    outputs = [_typed_outputs(call, edge_index, names) for call in calls]
+        raise ValueError("found no call of a PyG message-passing layer in the model; relevant walks here follow the "
+                         "layers' messages (to_hetero, HeteroConv, HGTConv and other PyG layers)")
+    typed_edges = edge_index if hetero else {(None, None): edge_index}
+    outputs = [_typed_outputs(call, typed_edges, names) for call in calls]
     depths = _call_depths([[tensor for tensor, _ in typed] for typed in outputs])
     states: list[list[Tensor]] = [list(leaves.values())]
     offsets: list[list[int]] = [list(type_offsets)]
@@ -564,11 +580,12 @@ def _run_hetero(explain: Explainer, x: dict[Any, Tensor], edge_index: dict[Any, 
         tensors = [(tensor, kind) for index in mine for tensor, kind in outputs[index]]
         for tensor, kind in tensors:
             if tensor.dim() == 0 or tensor.size(0) != counts[kind]:
-                raise ValueError(f"a message-passing layer of step {depth} returned {tuple(tensor.shape)} for node "
-                                 f"type {kind!r}, which has {counts[kind]} nodes: a node state has one row per node")
+                described = "" if kind is None else f" for node type {kind!r}"
+                raise ValueError(f"a message-passing layer of step {depth} returned {tuple(tensor.shape)}{described}, "
+                                 f"with {counts[kind]} nodes: a node state has one row per node")
         states.append([tensor for tensor, _ in tensors])
         offsets.append([offset[kind] for _, kind in tensors])
-        edges = [_typed_edges(record, edge_index, offset) for index in mine for record in calls[index].records]
+        edges = [_typed_edges(record, typed_edges, offset) for index in mine for record in calls[index].records]
         if any(found is None for found in edges) or not edges:
             neighbourhoods.append(None)
         else:
@@ -587,6 +604,8 @@ def _typed_outputs(call: _LayerCall, edge_index: dict[Any, Tensor], names: dict[
     if not isinstance(call.output, Tensor):
         raise ValueError(f"message-passing layer {name} returned {type(call.output).__name__}; walks need its node "
                          "states, a tensor or a dict of tensors by node type")
+    if (None, None) in edge_index:  # homogeneous
+        return [(call.output, None)]
     given = [record.given for record in call.records if isinstance(record.given, Tensor)]
     if not given:
         raise ValueError(f"message-passing layer {name} sent no messages along an edge_index tensor of the input; "
@@ -599,7 +618,9 @@ def _typed_edges(record: Messages, edge_index: dict[Any, Tensor],
                  offset: dict[Any, int]) -> list[tuple[Tensor, Tensor]] | None:
     """The (senders, receivers) global rows of the edges a record's messages were sent along;
     None where they are not known."""
-    if isinstance(record.given, dict):  # one call for all edge types (HGTConv): the given edges
+    if (None, None) in edge_index:  # homogeneous: the edges the layer sent along
+        typed = [((None, None), record.edge_index)]
+    elif isinstance(record.given, dict):  # one call for all edge types (HGTConv): the given edges
         typed = list(record.given.items())
     elif isinstance(record.given, Tensor):
         try:
