@@ -51,9 +51,22 @@ AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__
                          "__itruediv__": "__truediv__"}
 
 
+def _arguments_carry(args: tuple, kwargs: dict) -> bool:
+    """Whether a call's arguments hold a relevance-carrying tensor: :func:`_carries`, with the
+    tensors among the positional arguments looked at first (the usual place; this runs for every
+    torch call)."""
+    for item in args:
+        if isinstance(item, Tensor):
+            if item.requires_grad:
+                return True
+        elif isinstance(item, (tuple, list, dict)) and _carries(item):
+            return True
+    return bool(kwargs) and _carries(kwargs)
+
+
 def _carries(value: Any) -> bool:
     """Whether a relevance-carrying tensor is inside nested tuples, lists and dicts (stops at the
-    first one: this runs for every torch call)."""
+    first one)."""
     pending = [value]
     while pending:
         item = pending.pop()
@@ -260,7 +273,7 @@ class RelevanceMode(TorchFunctionMode):
     def __torch_function__(self, function, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         interpretation = self.interpretation
-        if not interpretation.active or not _carries((args, kwargs)):
+        if not interpretation.active or not _arguments_carry(args, kwargs):
             source = REGISTRY.for_function(function) if interpretation.active else None
             if source is not None and source.source:  # an embedding lookup: relevance starts here
                 return interpretation.run(source, function, args, kwargs)
@@ -358,7 +371,7 @@ def _swap(tensor: Tensor, other: Tensor) -> None:
 
 def _leaf_function_handler(interpretation: Interpretation):
     def handle(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
-        if not interpretation.active or not _carries((args, kwargs)):
+        if not interpretation.active or not _arguments_carry(args, kwargs):
             return original(*args, **kwargs)
         operation = REGISTRY.for_function(function)
         with interpretation.paused():
@@ -375,7 +388,7 @@ def intercepted_functions() -> tuple[Callable[..., Any], ...]:
 def interpret(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Relevance function of library modules and functions: run ``function`` with every torch
     operation on relevance-carrying tensors explained by its registry entry."""
-    if not torch.is_grad_enabled() or not _carries((args, kwargs)):
+    if not torch.is_grad_enabled() or not _arguments_carry(args, kwargs):
         return function(*args, **kwargs)
     return run_interpreted(call, function, *args, **kwargs)
 
