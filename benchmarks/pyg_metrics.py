@@ -19,6 +19,9 @@ other; with the prediction as target PyG's fidelity is the "model" fidelity),
 
 - fxlrp ``LRPExplainer()`` (epsilon 1e-6), its edge mask (relevance, signed) scored by magnitude
   ``|R|`` and, in a row of its own, as given; and ``LRPExplainer(Gamma(0.25))`` by magnitude;
+- fxlrp relevant walks (``relevant_walks``, default composite): each edge scored by the summed
+  ``|R(w)|`` of the walks with a hop along it, over every walk (enumeration is cheap on these
+  3-layer models and fields) and over the 25 walks of largest ``|R(w)|``;
 - ``GNNExplainer(epochs=100)``; ``PGExplainer(epochs=20)`` (trained beforehand on 30 training
   nodes/graphs, the training time reported apart); ``GraphMaskExplainer(3, epochs=30)``;
   ``CaptumExplainer("IntegratedGradients")`` (50 steps) and ``CaptumExplainer("Saliency")``.
@@ -78,13 +81,14 @@ from torch_geometric.nn import GCNConv, global_mean_pool
 from torch_geometric.utils import k_hop_subgraph
 
 import fxlrp
-from fxlrp.pyg import LRPExplainer
+from fxlrp.pyg import LRPExplainer, relevant_walks
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from examples.ba_shapes import GCN  # noqa: E402  (the node-level model of the BA-Shapes example)
 
 LAYERS = 3
 GNN_EXPLAINER_EPOCHS, PG_EPOCHS, PG_TRAINING_INSTANCES, GRAPHMASK_EPOCHS = 100, 20, 30, 30
+TOP_WALKS = 25
 
 
 class GraphGCN(nn.Module):
@@ -193,10 +197,49 @@ class MagnitudeLRP(LRPExplainer):
         return explanation
 
 
+class WalkMask(LRPExplainer):
+    """An edge mask from relevant walks (GNN-LRP): each edge scored by the summed magnitude
+    ``sum |R(w)|`` of the walks that pass along it (a hop ``j_t -> j_{t+1}`` between two nodes;
+    steps that stay at a node are self-loops and root terms, no edge), over every walk
+    (``top_k=None``) or over the ``top_k`` walks of largest magnitude (the ``top_k`` most positive
+    and the ``top_k`` most negative found, the ``top_k`` largest of those kept)."""
+
+    def __init__(self, composite=None, *, top_k: int | None = None) -> None:
+        super().__init__(composite)
+        self.top_k = top_k
+
+    def forward(self, model, x, edge_index, *, target, index=None, **kwargs) -> Explanation:
+        explain = self.explainer_for(model)
+        index = int(torch.as_tensor(index).view(-1)[0])
+        explained = int(target.view(-1)[index])
+        search = dict(index=index, target=explained, top_k=self.top_k, **kwargs)
+        walks, relevance = relevant_walks(explain, x, edge_index, **search)
+        if self.top_k is not None:
+            negative, negative_relevance = relevant_walks(explain, x, edge_index, largest=False, **search)
+            walks, relevance = torch.cat([walks, negative]), torch.cat([relevance, negative_relevance])
+            strongest = relevance.abs().topk(min(self.top_k, relevance.numel())).indices
+            walks, relevance = walks[strongest], relevance[strongest]
+        return Explanation(edge_mask=walk_edge_mask(walks, relevance, edge_index, x.size(0)))
+
+
+def walk_edge_mask(walks: torch.Tensor, relevance: torch.Tensor, edge_index: torch.Tensor, nodes: int) -> torch.Tensor:
+    """``[E]``: for each edge, the summed ``|R(w)|`` of the walks with a hop along it (edges with
+    the same pair each get the whole sum)."""
+    senders, receivers = walks[:, :-1].reshape(-1), walks[:, 1:].reshape(-1)
+    weights = relevance.abs().repeat_interleave(walks.size(1) - 1)
+    hop = (senders >= 0) & (receivers >= 0) & (senders != receivers)  # -1: the walk has left for the output
+    keys = senders[hop] * nodes + receivers[hop]
+    edge_keys = edge_index[0] * nodes + edge_index[1]
+    per_pair = torch.zeros(nodes * nodes, dtype=relevance.dtype).index_add_(0, keys, weights[hop])
+    return per_pair[edge_keys]
+
+
 METHODS = {
     "fxlrp LRP, \\|R\\|": lambda benchmark: MagnitudeLRP(),
     "fxlrp LRP, R signed": lambda benchmark: SignedLRP(),
     "fxlrp LRP Gamma(0.25), \\|R\\|": lambda benchmark: MagnitudeLRP(fxlrp.rules.Gamma(0.25)),
+    "fxlrp walks, all, sum \\|R(w)\\|": lambda benchmark: WalkMask(),
+    f"fxlrp top-{TOP_WALKS} walks, sum \\|R(w)\\|": lambda benchmark: WalkMask(top_k=TOP_WALKS),
     f"GNNExplainer ({GNN_EXPLAINER_EPOCHS} ep.)": lambda benchmark: GNNExplainer(epochs=GNN_EXPLAINER_EPOCHS),
     f"PGExplainer ({PG_EPOCHS} ep.)": lambda benchmark: PGExplainer(epochs=PG_EPOCHS, lr=0.003),
     f"GraphMask ({GRAPHMASK_EPOCHS} ep.)": lambda benchmark: GraphMaskExplainer(LAYERS, epochs=GRAPHMASK_EPOCHS,

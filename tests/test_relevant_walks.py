@@ -454,3 +454,24 @@ def test_link_score_top_k_is_the_top_of_the_enumeration() -> None:
     for k in (1, 5, 10):
         walks, relevance = relevant_walks(explain, x, edge_index, index=1, top_k=k, edge_label_index=pairs)
         assert torch.equal(relevance, values[order[:k]]) and torch.equal(walks, every[order[:k]])
+
+
+@pytest.mark.parametrize("name", ["gcn", "graphconv_add", "gin"])
+def test_walks_along_an_edge_sum_to_its_edge_relevance(name: str) -> None:
+    """Bias-free, LRP-0 (conservative): the relevance of the messages a layer sends along an edge
+    (``graph_relevance(...).edge_by_layer``, read from the recorded messages) is the sum of the
+    relevances of the walks whose hop at that layer's step follows the edge."""
+    torch.manual_seed(0)
+    x, edge_index = undirected_graph(8, 0.4, seed=1)
+    explain = fxlrp.convert(Stack(name, depth=3, bias=False).double().eval(), LRP0)
+    node = hub(edge_index)
+    expected = graph_relevance(explain, x, edge_index, index=node).edge_by_layer
+    walks, relevance = relevant_walks(explain, x, edge_index, index=node)
+    edge_of = {pair: position for position, pair in enumerate(map(tuple, edge_index.T.tolist()))}
+    for t, layer in enumerate(f"convs.{step}" for step in range(3)):
+        along = torch.zeros(edge_index.size(1), dtype=torch.float64)
+        for walk, value in zip(walks.tolist(), relevance.tolist(), strict=True):
+            if walk[t] != walk[t + 1]:  # a hop, not the root term or a self-loop
+                along[edge_of[(walk[t], walk[t + 1])]] += value
+        scale = expected[layer].abs().max()
+        assert scale > 0 and (along - expected[layer]).abs().max() < 1e-12 * scale

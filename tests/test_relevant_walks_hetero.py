@@ -15,6 +15,7 @@ References, none computed by the code under test:
 from __future__ import annotations
 
 import itertools
+import pathlib
 
 import pytest
 import torch
@@ -242,3 +243,43 @@ def test_inputs_that_are_not_a_heterogeneous_graph_are_refused() -> None:
         subgraph_relevance(model, data.x_dict, data.edge_index_dict, [0, 1], index=0)
     with pytest.raises(ValueError, match="no features in x"):
         relevant_walks(model, {"paper": data["paper"].x}, data.edge_index_dict, index=0)
+
+
+def test_the_documented_example() -> None:
+    """docs/pyg.md's example (heterogeneous walks, subgraph relevance, link prediction), run in
+    float64 and checked against the enumeration and graph_relevance."""
+    docs = pathlib.Path(__file__).resolve().parent.parent / "docs" / "pyg.md"
+    text = docs.read_text()
+    marker = text.index("test_relevant_walks_hetero.py::test_the_documented_example")
+    block = text[text.index("```python\n", marker) + len("```python\n"):]
+    block = block[:block.index("```")]
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        found: dict = {}
+        exec(compile(block, str(docs), "exec"), found)  # noqa: S102  (the documentation's own code)
+    finally:
+        torch.set_default_dtype(previous)
+    model, data, walks, relevance = found["model"], found["data"], found["walks"], found["relevance"]
+    every, values = relevant_walks(model, data.x_dict, data.edge_index_dict, index=3)
+    order = torch.argsort(values, descending=True)[:5]
+    assert torch.equal(relevance, values[order]) and torch.equal(walks.ids, every.ids[order])
+    assert all(walks.steps(row)[-1] == ("paper", 3) for row in range(len(walks)))
+    expected = graph_relevance(fxlrp.convert(model), data.x_dict, data.edge_index_dict, index=3).node
+    sums = per_node(every, values, data)
+    scale = max(value.abs().max() for value in expected.values())
+    assert scale > 0 and all((sums[kind] - value.sum(dim=1)).abs().max() < 1e-12 * scale
+                             for kind, value in expected.items())
+    inside = {("paper", 2), ("paper", 3), ("author", 1)}
+    assert abs(found["inside"] - sum(value for walk, value in typed(every, values).items() if set(walk) <= inside)) \
+        < 1e-12 * values.abs().sum()
+    scorer, pairs = found["scorer"], found["pairs"]
+    link_walks, link_relevance = found["link_walks"], found["link_relevance"]
+    assert {walk[-1] for walk in typed(link_walks, link_relevance)} == {("author", 2), ("paper", 3)}
+    link_expected = graph_relevance(fxlrp.convert(scorer), data.x_dict, data.edge_index_dict, index=1,
+                                    mode="regression", edge_label_index=pairs).node
+    link_sums = per_node(link_walks, link_relevance, data)
+    link_scale = max(value.abs().max() for value in link_expected.values())
+    assert link_scale > 0 and all((link_sums[kind] - value.sum(dim=1)).abs().max() < 1e-12 * link_scale
+                                  for kind, value in link_expected.items())

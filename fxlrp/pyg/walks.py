@@ -1,5 +1,6 @@
 r"""Relevant walks (GNN-LRP, Schnake et al., TPAMI 2022) and subgraph relevance (sGNN-LRP, Xiong
-et al., ICML 2022) for any message-passing model fxlrp explains.
+et al., ICML 2022) for any message-passing model fxlrp explains: homogeneous and heterogeneous
+graphs, node-, edge- and graph-level outputs.
 
 **Node states.** A model with ``L`` message-passing steps computes node states
 ``H_0 = x, H_1, ..., H_L`` (tensors with one row per node) and its output from ``H_L``. Step
@@ -38,9 +39,10 @@ relevance of row ``k`` of ``H_t`` to row ``i`` of ``H_{t-1}``; zero unless ``i =
 
 the node relevance of ``j`` from one ordinary explanation (``fxlrp.attribute``,
 :func:`fxlrp.pyg.graph_relevance`) under the same composite. This holds when relevance reaches
-``H_{t-1}`` only through step ``t`` (no skip connection around a step, no jumping knowledge);
-:func:`relevant_walks` checks it on every call (the chain ``B_1 ... B_L B_out r`` must equal the
-model's own backward pass) and raises ``ValueError`` otherwise.
+``H_{t-1}`` only through step ``t`` (for relevance reaching a state directly from the output,
+see walks that leave early, below); :func:`relevant_walks` checks it on every call (the chain
+``B_1 ... B_L B_out r`` must equal the model's own backward pass) and raises ``ValueError``
+otherwise.
 
 **Computation.** The walks are found from the output backward, suffix by suffix: a suffix
 ``(j_t, ..., j_L)`` carries its relevance vector ``v = P_{j_t} B_{t+1} ... P_{j_L} B_out r``
@@ -81,12 +83,39 @@ on small graphs and receptive fields with the default ``beam`` (256); beyond tha
 approximation (a walk whose suffix carries little total relevance, its completions cancelling,
 can be missed).
 
+**Walks that leave early** (jumping knowledge: the layers' outputs joined before the head, or
+``x`` itself fed to the head). Relevance then reaches the output from an earlier state ``H_t``
+directly, not through ``H_{t+1}``. With ``E_t`` the relevance reaching ``H_t`` from the output
+through no later state (one backward pass in which every state records what reaches it and
+passes nothing on; ``E_L = B_out r``), the relevance at ``H_t`` is ``E_t + B_{t+1}(...)``
+and walks ``(j_0, ..., j_t)`` of every length ``t`` decompose it:
+``R(j_0, ..., j_t) = 1^T P_{j_0} B_1 P_{j_1} ... B_t P_{j_t} E_t``, returned padded with ``-1``
+after ``j_t``. A model without such paths has ``E_t = 0`` for ``t < L``. Relevance that reaches
+``H_{t-1}`` neither through ``H_t`` nor directly from the output (an earlier state fed into a
+later step's messages) belongs to no walk: the check refuses it.
+
+**Heterogeneous graphs** (``x`` and ``edge_index`` dicts by node and edge type). Nodes of all
+types are numbered one type after the other (the order of ``x``), so a state is one matrix with
+a row per node (:class:`Layout`) and all of the above applies unchanged. The steps are found from
+the calls of the PyG message-passing layers: ``H_t`` is the outputs of the calls of step ``t``, a
+call's step being one more than the largest step of the calls its output is computed from (in
+the autograd graph). ``to_hetero`` and ``HeteroConv`` run one copy of a layer per edge type and
+sum the copies sending to a node type afterwards: the copies' outputs are the state's tensors
+of that type, side by side in its row (masking each copy's row masks the sum's row, the sum
+acting element by element). An ``HGTConv`` call returns all types at once. The neighbourhoods
+come from each call's messages and the edge type its ``edge_index`` belongs to. Models torch.fx
+cannot trace (run eagerly as a whole) get their steps the same way, with one node type.
+
+**Edge-level outputs** (the score of a node pair, link prediction) need nothing of their own:
+the explained row's relevance reaches ``H_L`` at the pair's two nodes, so walks end at either.
+
 **Subgraph relevance** (sGNN-LRP). The relevance of a node set ``S`` is the sum over walks that
 stay inside ``S``; with ``P_S = sum_{j in S} P_j`` it is
 
     R(S) = 1^T P_S B_1 P_S B_2 ... P_S B_L P_S B_out r,
 
-``L`` step-backward passes, linear in depth (:func:`subgraph_relevance`).
+``L`` step-backward passes, linear in depth (:func:`subgraph_relevance`); with early exits,
+``P_S (B_t v + E_{t-1})`` at each step.
 """
 
 from __future__ import annotations
@@ -570,7 +599,12 @@ def _run_layer_calls(
         raise ValueError("found no call of a PyG message-passing layer in the model; relevant walks here follow the "
                          "layers' messages (to_hetero, HeteroConv, HGTConv and other PyG layers)")
     typed_edges = edge_index if hetero else {(None, None): edge_index}
-    outputs = [_typed_outputs(call, typed_edges, names) for call in calls]
+    # calls on tensors that carry no relevance from x (edge features, positions) are no steps
+    kept = [(call, [(tensor, kind) for tensor, kind in _typed_outputs(call, typed_edges, names)
+                    if tensor.requires_grad]) for call in calls]
+    calls, outputs = [call for call, typed in kept if typed], [typed for _, typed in kept if typed]
+    if not calls:
+        raise ValueError("no message-passing layer of the model computes on relevance from x")
     depths = _call_depths([[tensor for tensor, _ in typed] for typed in outputs])
     states: list[list[Tensor]] = [list(leaves.values())]
     offsets: list[list[int]] = [list(type_offsets)]
@@ -747,6 +781,8 @@ def _output_relevance(output: Tensor, index: Any, target: Any) -> Tensor:
     """``r``: the explained output itself at row ``index`` (class ``target``; None: the largest)."""
     if isinstance(target, Tensor) and target.is_floating_point() and target.shape == output.shape:
         return target.detach()
+    if isinstance(index, Tensor) and index.numel() == 1:  # as PyG's Explainer passes it
+        index = int(index)
     values = output.detach()
     start = torch.zeros_like(values)
     if values.dim() == 1:
