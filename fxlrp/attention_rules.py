@@ -1,7 +1,8 @@
 """How transformers and gated CNNs choose their rules (:class:`~fxlrp.rules.Product`,
 :class:`~fxlrp.rules.SoftmaxRule`, :class:`~fxlrp.rules.AttentionAsConstant`, which live with
-the other rules): CP-LRP and the gating conventions as a composite's ``operation_rules``, and the
-rule a product gets where the composite gave it a layer rule.
+the other rules): CP-LRP and the gating conventions as a composite's ``operation_rules``. Where
+the composite gives a product of several relevance-carrying tensors a layer rule, it resolves it
+to a product rule itself (:meth:`fxlrp.composites.Composite.resolve`).
 
 Canonical operations these rules apply to: ``"softmax"``, ``"mul"`` (elementwise products,
 squeeze-excitation gates), ``"matmul"`` and ``"einsum"`` (attention scores and attention times
@@ -13,39 +14,14 @@ nodes of the enclosing module would be.
 
 from __future__ import annotations
 
-import warnings
-
 from fxlrp.relevance.roles import ATTENTION, GATE
-from fxlrp.rules import AttentionAsConstant, Epsilon, Product, Rule, SoftmaxRule
+from fxlrp.rules import AttentionAsConstant, Product, Rule, SoftmaxRule
 
 GRAPH_SOFTMAX = "graph_softmax"
 """The canonical operation of a softmax over groups of edges (graph attention)."""
 
 PRODUCT_OPERATIONS = ("mul", "matmul", "einsum", "attention", "multihead_attention", "window_attention")
 """Canonical operations whose relevance-carrying factors are shared by a :class:`Product` rule."""
-
-
-def product_rule(rule: Rule | None) -> Product:
-    """The product rule to use where the composite assigned ``rule`` to a product.
-
-    A :class:`Product` is used as it is; an :class:`~fxlrp.rules.Epsilon` (e.g. the layer rule
-    that reaches ``matmul`` and ``einsum``) becomes the uniform epsilon rule with its epsilon;
-    other rules (z+, alpha-beta, ...) have no meaning on a product of two variables, which then
-    gets the default :class:`Product`.
-    """
-    if isinstance(rule, Product):
-        return rule
-    if isinstance(rule, Epsilon):
-        return Product(rule.epsilon)
-    if rule is not None:
-        warnings.warn(
-            f"fxlrp: {rule!r} was chosen for a product of two relevance-carrying tensors (an attention or "
-            "gating product), where it has no meaning; the uniform product rule Product() is used there "
-            "instead. Give such products a rule of their own with operation_rules={'matmul': Product(...), "
-            "'mul': ..., 'einsum': ...} to silence this.",
-            stacklevel=2,
-        )
-    return Product()
 
 
 def cp_lrp(epsilon: float | None = None) -> dict[str, Rule]:
@@ -70,5 +46,5 @@ def uniform_gates(epsilon: float = 1e-6) -> dict[str, Product]:
     return {"mul": Product(epsilon, constants=())}
 
 
-__all__ = ["PRODUCT_OPERATIONS", "GRAPH_SOFTMAX", "Product", "SoftmaxRule", "AttentionAsConstant", "product_rule",
-           "cp_lrp", "uniform_gates"]
+__all__ = ["PRODUCT_OPERATIONS", "GRAPH_SOFTMAX", "Product", "SoftmaxRule", "AttentionAsConstant", "cp_lrp",
+           "uniform_gates"]

@@ -35,8 +35,9 @@ class RelevanceCall:
         self.strict = strict
         self.sole_consumer = sole_consumer
         self._cache: dict[str, tuple[tuple[Any, ...], Any, tuple[Any, ...]]] = {}
-        self.inner_calls: dict[tuple[int, str, bool], tuple[Any, RelevanceCall]] = {}
-        """Calls of the operations inside a part run eagerly, by module, operation and first-layer flag."""
+        self.inner_calls: dict[tuple[int, str, bool, bool], tuple[Any, RelevanceCall]] = {}
+        """Calls of the operations inside a part run eagerly, by module, operation, first-layer flag
+        and whether several factors of a product carry relevance."""
 
     def __getstate__(self) -> dict[str, Any]:
         # The caches are keyed by the ids of tensors and modules of this process: a copy

@@ -2,13 +2,15 @@
 
 A composite looks at a :class:`Site` (the canonical operation of a node, the module it belongs
 to, whether it is the first layer) and returns a rule, or None to leave the operation's default
-(the proportional z-rule for sums, pools and scatter sums).
+(the proportional z-rule for sums, pools and scatter sums). :meth:`Composite.resolve` is the one
+place a call's rule is chosen, for a captured graph's nodes and for code run eagerly alike.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,12 @@ class Site:
     (:meth:`Composite.counts_as_first_layer`; any weighted layer by default)."""
     is_module_call: bool = False
     """The node calls a module (``nn.AvgPool2d``) rather than a function (``x + y``)."""
+    relevance_factors: int = 0
+    """How many factors of a product (:attr:`fxlrp.registry.Operation.factors`: ``a`` and ``b``
+    in ``a @ b``) carry relevance; 0 for other operations. Two or more make it a product of
+    relevance-carrying tensors, whose rule is a :class:`~fxlrp.rules.Product` rule. Read from the
+    graph at conversion (a tensor computed from any model input counts) and from the tensors in
+    code run eagerly."""
 
 
 class Composite:
@@ -91,7 +99,7 @@ class Composite:
         self.type_rules = list(type_rules.items() if isinstance(type_rules, Mapping) else type_rules or [])
         self.operation_rules = dict(operation_rules or {})
         self.first_layer_operations = None if first_layer_operations is None else frozenset(first_layer_operations)
-        self._resolved_products: dict[int, tuple[Product, Product]] = {}
+        self._derived: dict[tuple[str, int], tuple[Rule, Rule]] = {}
         self._defaults: dict[str, Rule] = {}
 
     def counts_as_first_layer(self, operation: str, weighted: bool) -> bool:
@@ -106,29 +114,63 @@ class Composite:
 
         None for operations that are not affine (their handling is fixed: identity, native);
         otherwise :meth:`rule_for` the site, else the operation's own default (the z-rule for
-        sums), else :attr:`layer_rule`.
+        sums), else :attr:`layer_rule`. Where several factors of a product carry relevance
+        (``site.relevance_factors > 1``: ``q @ k.T``, ``attention @ v``, a gating product), that
+        rule as a :class:`~fxlrp.rules.Product` rule: an epsilon rule as the uniform epsilon rule
+        with its epsilon, a rule with no meaning on a product (z+, ...) as ``Product()``, with a
+        warning. The rules returned are made once per composite, so calls share their caches.
         """
         if operation.kind is not Kind.AFFINE:
             return None
         rule = self.rule_for(site)
-        if rule is not None:
-            return rule
-        if operation.default_rule is None:
-            return self.layer_rule
-        if operation.name not in self._defaults:  # one instance per operation: calls share its caches
-            self._defaults[operation.name] = operation.default_rule()
-        return self._defaults[operation.name]
+        if rule is None:
+            if operation.default_rule is None:
+                rule = self.layer_rule
+            else:
+                rule = self._defaults.get(operation.name)
+                if rule is None:
+                    rule = self._defaults[operation.name] = operation.default_rule()
+        if site.relevance_factors > 1:
+            return self._as_product(rule, site)
+        return rule
 
     def rule_for(self, site: Site) -> Rule | None:
         """The composite's own choice for ``site`` (see the class docstring), or None."""
         rule = self._chosen_rule(site)
         if isinstance(rule, Product) and rule.epsilon is None:
             # a product rule that follows the layer rule's epsilon (fxlrp.attention_rules.cp_lrp())
-            resolved = self._resolved_products.get(id(rule))
-            if resolved is None or resolved[0] is not rule:
-                resolved = self._resolved_products[id(rule)] = (rule, rule.following(self.layer_rule))
-            return resolved[1]
+            return self._derive("following", rule, rule.following, self.layer_rule)
         return rule
+
+    def _as_product(self, rule: Rule, site: Site) -> Product:
+        """The :class:`~fxlrp.rules.Product` rule of a product of several relevance-carrying
+        tensors at ``site`` that was given ``rule``.
+
+        A :class:`~fxlrp.rules.Product` is used as it is; an :class:`~fxlrp.rules.Epsilon` (e.g. the
+        layer rule that reaches ``matmul`` and ``einsum``) becomes the uniform epsilon rule with its
+        epsilon; other rules (z+, alpha-beta, ...) have no meaning on a product of two variables,
+        which then gets the default ``Product()``, with a warning.
+        """
+        if isinstance(rule, Product):
+            return rule
+        if isinstance(rule, Epsilon):
+            return self._derive("product", rule, Product, rule.epsilon)
+        warnings.warn(
+            f"fxlrp: {rule!r} was chosen for a product of two relevance-carrying tensors ({site.operation!r}: an "
+            "attention or gating product), where it has no meaning; the uniform product rule Product() is used "
+            f"there instead. Give such products a rule of their own with operation_rules={{{site.operation!r}: "
+            "Product(...)} to silence this.",
+            stacklevel=2,
+        )
+        return self._derive("product", rule, Product)
+
+    def _derive(self, kind: str, rule: Rule, make: Callable[..., Rule], *arguments: Any) -> Any:
+        """``make(*arguments)``, made once per ``kind`` and ``rule`` (the entry keeps ``rule``, so
+        its id stays valid)."""
+        entry = self._derived.get((kind, id(rule)))
+        if entry is None or entry[0] is not rule:
+            entry = self._derived[(kind, id(rule))] = (rule, make(*arguments))
+        return entry[1]
 
     def _chosen_rule(self, site: Site) -> Rule | None:
         by_module = site.weighted or site.is_module_call

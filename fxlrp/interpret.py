@@ -146,9 +146,6 @@ class ModuleContext:
                 handle.remove()
             self.stack.clear()
 
-    def innermost(self) -> nn.Module | None:
-        return self.stack[-1] if self.stack else None
-
 
 class Interpretation:
     """Rules and bookkeeping for one run of library code under :class:`RelevanceMode`."""
@@ -180,9 +177,10 @@ class Interpretation:
         finally:
             self.active = active
 
-    def rule_for(self, operation: Operation, module: nn.Module | None, first: bool) -> Any:
+    def rule_for(self, operation: Operation, module: nn.Module | None, first: bool, relevance_factors: int) -> Any:
         """The composite's rule for ``operation`` run by ``module`` (the innermost running module,
-        or None), as the first layer or not (see :meth:`fxlrp.composites.Composite.resolve`)."""
+        or None), as the first layer or not, with ``relevance_factors`` of its factors carrying
+        relevance (see :meth:`fxlrp.composites.Composite.resolve`)."""
         if operation.kind is not Kind.AFFINE:
             return None
         site, composite = self.site, self.composite
@@ -194,21 +192,30 @@ class Interpretation:
             is_module_call = REGISTRY.for_module(module) is operation
         inner = dataclasses.replace(site, node_name=f"{site.node_name}.{operation.name}", operation=operation.name,
                                     weighted=operation.weighted, module_name=module_name, module_type=module_type,
-                                    is_first_layer=first, is_module_call=is_module_call)
+                                    is_first_layer=first, is_module_call=is_module_call,
+                                    relevance_factors=relevance_factors)
         return composite.resolve(inner, operation)
 
-    def call_for(self, operation: Operation) -> RelevanceCall:
-        """The :class:`RelevanceCall` of this call: one per module, operation and first-layer
-        flag, kept by the enclosing call across runs, so that the rule is chosen once (not at every
-        call of a torch function) and parameter transforms (z+'s ``w+``) are made once."""
+    def call_for(self, operation: Operation, args: tuple) -> RelevanceCall:
+        """The :class:`RelevanceCall` of this call with arguments ``args``: one per module,
+        operation, first-layer flag and, for a product, whether several of its factors carry
+        relevance; kept by the enclosing call across runs, so that the rule is chosen once (not at
+        every call of a torch function) and parameter transforms (z+'s ``w+``) are made once."""
         first = self.first_layer_pending and self.composite.counts_as_first_layer(operation.name, operation.weighted)
         if first:
             self.first_layer_pending = False
-        module = self.context.innermost() if self.context is not None else None
-        key = (id(module), operation.name, first)
+        context = self.context  # the innermost running module, read inline: this runs for every torch call
+        module = context.stack[-1] if context is not None and context.stack else None
+        factors = operation.factors
+        relevance_factors = 0
+        if factors is not None:  # a product: several relevance-carrying factors take a Product rule
+            for value in factors(args):
+                if isinstance(value, Tensor) and value.requires_grad:
+                    relevance_factors += 1
+        key = (id(module), operation.name, first, relevance_factors > 1)
         entry = self.call.inner_calls.get(key)
         if entry is None or entry[0] is not module:
-            rule = self.rule_for(operation, module, first)
+            rule = self.rule_for(operation, module, first, relevance_factors)
             call = RelevanceCall(rule, self.call.warn_lost_relevance, site=self.call.site,
                                  composite=self.call.composite, strict=self.call.strict)
             entry = self.call.inner_calls[key] = (module, call)
@@ -218,7 +225,7 @@ class Interpretation:
         """``operation``'s relevance function on this call, or the native call without one."""
         if operation.relevance is None:
             return function(*args, **kwargs)
-        return operation.relevance(self.call_for(operation), function, *args, **kwargs)
+        return operation.relevance(self.call_for(operation, args), function, *args, **kwargs)
 
     def unsupported(self, name: str, result: Any) -> Any:
         """An operation without a rule on a relevance-carrying tensor: its gradient is used; with

@@ -8,7 +8,7 @@ crosses it. Adding an operation is one ``register(Operation(...))`` in ``fxlrp/o
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -71,6 +71,11 @@ class Operation:
     """Whether relevance starts at its output although its arguments carry none (an embedding
     lookup of token ids, the input layer of a language model): code run eagerly routes its calls
     to ``relevance`` even then."""
+    factors: Callable[[Sequence[Any]], Sequence[Any]] | None = None
+    """For a product (``a * b``, ``a @ b``, ``einsum``): its factors among a call's positional
+    arguments (``lambda args: args[:2]``). Where two or more carry relevance, the rule the call is
+    given is a :class:`~fxlrp.rules.Product` rule (:meth:`fxlrp.composites.Composite.resolve`);
+    which do is read from the graph at conversion, from the tensors in code run eagerly."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled by name (an explainer saved with torch.save): its functions may be closures, and

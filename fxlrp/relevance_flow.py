@@ -56,6 +56,15 @@ def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module
     return carrying
 
 
+def relevance_factors(node: fx.Node, operation: Operation, carrying: set[fx.Node]) -> int:
+    """How many factors of a product node (:attr:`~fxlrp.registry.Operation.factors`) relevance
+    may reach, given the ``carrying`` nodes; 0 for other operations. Two or more make the node a
+    product of relevance-carrying tensors, whose rule the composite turns into a product rule."""
+    if operation.factors is None:
+        return 0
+    return sum(isinstance(factor, fx.Node) and factor in carrying for factor in operation.factors(node.args))
+
+
 # Positions of index arguments: an index selects values but contributes none of its own.
 _INDEX_POSITION_BY_NAME = {
     "getitem": 1, "index_select": 2, "gather": 2, "index_add": 2, "scatter_add": 2, "scatter": 2,

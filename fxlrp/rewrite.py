@@ -17,7 +17,7 @@ from fxlrp.graph_module import ExplainedGraphModule
 from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place, rewritten_module_name
 from fxlrp.operations.helpers import method
 from fxlrp.registry import Kind, Operation
-from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance
+from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance, relevance_factors
 from fxlrp.report import NodeReport
 from fxlrp.source import function_name, source_line
 
@@ -76,7 +76,11 @@ class Rewriter:
         unsupported: list[fx.Node] = []
         carrying = nodes_that_may_carry_relevance(self.graph, self.modules)
         first_layer = self._first_weighted_node(carrying)
-        for node in list(self.graph.nodes):
+        nodes = list(self.graph.nodes)
+        # Read before any node is replaced: a product's factors are nodes of the captured graph.
+        factors = {node: relevance_factors(node, operation, carrying)
+                   for node in nodes if (operation := self._operation_of(node)) is not None}
+        for node in nodes:
             if node.op in ("placeholder", "output"):
                 role = "input" if node.op == "placeholder" else "output"
                 self._report(node, role, role)
@@ -104,7 +108,7 @@ class Rewriter:
                 # no relevance reaches it, so it runs as the model runs it.
                 self._keep_native(node, operation, handling="no relevance")
             else:
-                self._substitute(node, operation, node is first_layer)
+                self._substitute(node, operation, node is first_layer, factors[node])
         if unsupported:
             self._unsupported(unsupported)
         self.graph.lint()
@@ -158,10 +162,12 @@ class Rewriter:
         handling = handling or ("native" if operation is not None else "gradient")
         self._report(node, operation.name if operation else "?", handling)
 
-    def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool) -> None:
+    def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool, factors: int) -> None:
+        """Install the node's relevance function with the rule the composite resolves for it;
+        ``factors``: how many factors of a product may carry relevance."""
         module_name, module_type = enclosing_module(node, self.modules)
         site = Site(node.name, operation.name, operation.weighted, module_name, module_type,
-                    is_first_layer, is_module_call=node.op == "call_module")
+                    is_first_layer, is_module_call=node.op == "call_module", relevance_factors=factors)
         rule = self.composite.resolve(site, operation)
         call = RelevanceCall(rule, self.warn_lost_relevance, site=site, composite=self.composite,
                              strict=self.strict, sole_consumer=self._sole_consumer_of_rule_output(node))

@@ -10,15 +10,19 @@ LayerNorm/GroupNorm as the affine map with sigma held constant.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import epsilon_reference, explained_relevance, relative_error
+from conftest import epsilon_reference, explained_relevance, gradient_times_input, relative_error
 from torch import Tensor, nn
 
 import fxlrp
 from fxlrp.attention_rules import cp_lrp, uniform_gates
-from fxlrp.composites import Composite
+from fxlrp.composites import Composite, Site
+from fxlrp.registry import REGISTRY
+from fxlrp.rules import Product as ProductRule
 
 TOLERANCE = 1e-12
 
@@ -139,6 +143,101 @@ def test_product_of_two_signals_splits_equally() -> None:
     actual = explained_relevance(fxlrp.convert(Product()), [a, b], relevance)
     for got in actual:
         assert relative_error(got, relevance / 2) < TOLERANCE
+
+
+class MultiplyAdd(nn.Module):
+    """``b + x * y``: ``addcmul`` with two relevance-carrying multiplicands and a constant summand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift = nn.Parameter(random(4))
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        return torch.addcmul(self.shift, a, b)
+
+
+BILINEAR = {
+    "matmul": (MatrixProduct, ((2, 3, 4), (2, 4, 5))),
+    "einsum": (Einsum, ((2, 3, 4), (2, 4, 5))),
+    "mul": (Product, ((3, 4), (3, 4))),
+    "addcmul": (MultiplyAdd, ((3, 4), (3, 4))),
+}
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+@pytest.mark.parametrize("operation", list(BILINEAR))
+def test_bilinear_product_is_half_gradient_times_input_for_each_factor(operation: str, capture: str) -> None:
+    """The uniform rule under LRP-0: ``R_a = a d<z, R / z>/da / 2``, half of gradient x input
+    (taken by autograd on the model itself), on a captured graph and in code run eagerly alike."""
+    module, shapes = BILINEAR[operation]
+    model = module().double()
+    inputs = [random(*shape, seed=seed) for seed, shape in enumerate(shapes)]
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.0), capture=capture)
+    actual = explained_relevance(explain, inputs, lambda output: output)
+    expected = gradient_times_input(model, inputs, lambda output: output, lambda output: output)
+    for got, reference in zip(actual, expected, strict=True):
+        assert relative_error(got, reference / 2) < TOLERANCE
+
+
+class LayerThenProduct(nn.Module):
+    """Two matrix products: ``x @ W``, a layer (its weight the constant factor), then ``h @ x.T``,
+    a product of two relevance-carrying tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(random(4, 4))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x @ self.weight) @ x.transpose(-1, -2)
+
+
+def test_a_product_of_two_relevance_carrying_tensors_has_the_product_rule_once_converted() -> None:
+    """The composite's rule becomes the Product rule when the graph is converted (its epsilon
+    kept), where a factor is a parameter it stays the layer rule."""
+    explain = fxlrp.convert(LayerThenProduct(), fxlrp.rules.Epsilon(0.25), capture="fx")
+    rules = [row.rule for row in explain.report().rows if row.operation == "matmul"]
+    assert len(rules) == 2
+    assert rules[0].startswith("Epsilon(epsilon=0.25")
+    assert rules[1].startswith("Product(epsilon=0.25")
+
+
+def test_a_rule_without_meaning_on_a_product_warns_at_conversion() -> None:
+    composite = Composite(fxlrp.rules.ZPlus())
+    with pytest.warns(UserWarning, match="no meaning"):
+        explain = fxlrp.convert(MatrixProduct(), composite, capture="fx")
+    assert [row.rule for row in explain.report().rows if row.operation == "matmul"] == [repr(ProductRule())]
+    a, b, relevance = random(2, 3, 4), random(2, 4, 5, seed=1), random(2, 3, 5, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is chosen any more when the explainer runs
+        actual = explained_relevance(explain, [a, b], relevance)
+    expected = epsilon_reference(MatrixProduct(), [a, b], relevance, 1e-6)
+    for got, reference in zip(actual, expected, strict=True):
+        assert relative_error(got, reference / 2) < TOLERANCE
+
+
+def test_resolve_gives_products_of_relevance_carrying_factors_a_product_rule_made_once() -> None:
+    layer = fxlrp.rules.Epsilon(0.5)
+    composite = Composite(layer)
+    matmul = REGISTRY.operations["matmul"]
+
+    def resolved(factors: int) -> object:
+        return composite.resolve(Site("matmul", "matmul", True, None, None, False, relevance_factors=factors), matmul)
+
+    assert resolved(1) is layer
+    product = resolved(2)
+    assert isinstance(product, ProductRule) and product.epsilon == 0.5 and resolved(3) is product
+
+
+def test_code_run_eagerly_chooses_per_call_whether_a_product_has_several_relevance_carrying_factors() -> None:
+    """In one module run eagerly, ``x @ W`` keeps the layer rule (z+) and ``h @ x.T`` gets the
+    Product rule, as on the captured graph."""
+    model, x = LayerThenProduct(), random(2, 3, 4, seed=1)
+    relevance = {}
+    for capture in ("fx", "eager"):
+        with pytest.warns(UserWarning, match="no meaning"):  # z+ on the product of x and x W
+            relevance[capture] = explained_relevance(
+                fxlrp.convert(model, fxlrp.rules.ZPlus(), capture=capture), [x], lambda output: output)[0]
+    assert relative_error(relevance["eager"], relevance["fx"]) < TOLERANCE
 
 
 def layer_norm_reference(x: Tensor, weight: Tensor, bias: Tensor, relevance: Tensor, eps: float) -> Tensor:

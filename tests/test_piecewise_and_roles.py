@@ -174,9 +174,9 @@ def test_a_rule_without_meaning_on_a_product_of_two_tensors_warns() -> None:
     torch.manual_seed(1)
     model = Attention(ATTENTION_SPELLINGS["softmax"]).double().eval()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
-    explain = fxlrp.convert(model, Composite(Epsilon(0.0), operation_rules={"matmul": ZPlus()}))
-    with pytest.warns(UserWarning, match="no meaning"):
-        warned = fxlrp.attribute(explain, x, target=2)
+    with pytest.warns(UserWarning, match="no meaning"):  # at conversion, where the rule is chosen
+        explain = fxlrp.convert(model, Composite(Epsilon(0.0), operation_rules={"matmul": ZPlus()}))
+    warned = fxlrp.attribute(explain, x, target=2)
     uniform = fxlrp.convert(model, Composite(Epsilon(0.0), operation_rules={"matmul": Product(1e-6)}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")

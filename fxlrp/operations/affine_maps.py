@@ -11,13 +11,14 @@ affine map does:
 (``s`` the rule's stabilised denominator; the bias absorbs its share). Where ``input`` carries
 relevance too, it is a second input of the same affine map (``z = input + value * w * x``).
 Where both multiplicands carry relevance, it is a product: the rule of ``products.py`` for
-several relevance-carrying factors (:class:`~fxlrp.attention_rules.Product`: the epsilon rule's
-share of each factor divided by their number, ``input`` a constant in ``z``).
+several relevance-carrying factors (:class:`~fxlrp.rules.Product`, which the composite gives such
+a call: the epsilon rule's share of each factor divided by their number, ``input`` a constant in
+``z``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -64,6 +65,11 @@ def multiply_add(
     return call.affine(call.layer(with_bias, weight, input, has_parameters=True), signal)
 
 
+def multiplicands(args: Sequence[Any]) -> Sequence[Any]:
+    """The factors of ``torch.addcmul(input, tensor1, tensor2)``: ``tensor1`` and ``tensor2``."""
+    return args[1:3]
+
+
 register(
     Operation(
         "addcmul",
@@ -72,6 +78,7 @@ register(
         methods=("addcmul",),
         relevance=multiply_add,
         weighted=True,
+        factors=multiplicands,
         description="input + value * w * x (ResMLP's Affine, ConvNeXt V2's GRN): a per-element layer with "
         "weight w and bias input; a product when both factors carry relevance",
     )

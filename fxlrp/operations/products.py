@@ -3,61 +3,72 @@
 
 With one relevance-carrying factor a product is a layer in that factor: an elementwise product
 rescales it (relevance passes unchanged), a matrix product or einsum is a linear layer whose
-weight is the constant factor (the composite's rule). With several, the composite's rule is
-turned into a :class:`~fxlrp.attention_rules.Product` rule: factors that are constants by role
-(gates, and attention weights under CP-LRP) get nothing, the others share uniformly.
+weight is the constant factor (the composite's rule). With several, the call's rule is a
+:class:`~fxlrp.rules.Product` rule (each entry names its ``factors``, and
+:meth:`~fxlrp.composites.Composite.resolve` gives such a call the Product rule): factors that are
+constants by role (gates, and attention weights under CP-LRP) get nothing, the others share
+uniformly.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fxlrp.attention_rules import Product, product_rule
 from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import affine, bind
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
 from fxlrp.relevance.roles import role_of
 from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.rules import Product
 
 
-def receivers(rule: Product, args: tuple[Any, ...]) -> tuple[int, ...]:
-    """Positions of the relevance-carrying factors that are not constants by role (all of the
-    relevance-carrying ones if every one of them is)."""
-    carrying = tuple(position for position, value in enumerate(args) if carries_relevance(value))
+def receivers(rule: Product, args: tuple[Any, ...], carrying: tuple[int, ...]) -> tuple[int, ...]:
+    """Positions of the relevance-carrying factors (``carrying``) that are not constants by role
+    (all of them if every one is)."""
     chosen = tuple(position for position in carrying if role_of(args[position]) not in rule.constants)
     return chosen or carrying
 
 
+def rule_of_product(call: RelevanceCall) -> Product:
+    """The call's rule, which is a :class:`Product` rule wherever several factors carry relevance."""
+    rule = call.rule
+    if not isinstance(rule, Product):
+        raise RuntimeError(
+            f"fxlrp: {rule!r} was given to a product of several relevance-carrying tensors, which takes a "
+            "Product rule; an operation that multiplies relevance-carrying tensors names its factors in its "
+            "registry entry (Operation(factors=...)), so that the composite gives its calls a Product rule"
+        )
+    return rule
+
+
 def multilinear(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
-    """A product of several relevance-carrying factors under the node's :class:`Product` rule."""
-    rule = product_rule(call.rule)
-    chosen = receivers(rule, args)
-    # Factors that are constants by role enter the rule as constants: detached, they get no share.
-    factors = tuple(
-        value.detach() if carries_relevance(value) and position not in chosen else value
-        for position, value in enumerate(args)
-    )
+    """A product of several relevance-carrying factors under the call's :class:`Product` rule."""
+    rule = rule_of_product(call)
+    carrying = tuple(position for position, value in enumerate(args) if carries_relevance(value))
+    chosen = receivers(rule, args, carrying)
+    if len(chosen) < len(carrying):
+        # Factors that are constants by role enter the rule as constants: detached, they get no share.
+        args = tuple(
+            value.detach() if position in carrying and position not in chosen else value
+            for position, value in enumerate(args)
+        )
     layer = AffineLayer(bind(function, kwargs), warn_lost_relevance=call.warn_lost_relevance)
-    return apply_rule(layer, rule, rule.prepare(layer), *factors)
-
-
-def carrying_count(args: tuple[Any, ...]) -> int:
-    return sum(carries_relevance(value) for value in args)
+    return apply_rule(layer, rule, rule.prepare(layer), *args)
 
 
 def elementwise_product(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
     """``a * b``: rescaling by constants passes relevance unchanged; between relevance-carrying
     factors it is shared equally among the receivers of the :class:`Product` rule (each term of an
     elementwise product is the whole product, so the uniform epsilon rule is exactly ``R / N``)."""
-    if carrying_count(args) < 2:
+    if len(args) != 2 or not (carries_relevance(args[0]) and carries_relevance(args[1])):
         return apply_pass(bind(function, kwargs), None, *args)
-    return apply_pass(bind(function, kwargs), receivers(product_rule(call.rule), args), *args)
+    return apply_pass(bind(function, kwargs), receivers(rule_of_product(call), args, (0, 1)), *args)
 
 
 def matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Tensor:
@@ -76,12 +87,28 @@ def matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *a
     return call.affine(call.layer(left_layer, right, None, has_parameters=True), left)
 
 
+def leading_pair(args: Sequence[Any]) -> Sequence[Any]:
+    """The factors of ``a * b``, ``a @ b``, ``torch._grouped_mm(a, b, offs)``: the first two arguments."""
+    return args[:2]
+
+
+def listed(operands: Sequence[Any]) -> Sequence[Any]:
+    """The operands of ``torch.einsum``, given one by one or as one list."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        return tuple(operands[0])
+    return operands
+
+
+def einsum_operands(args: Sequence[Any]) -> Sequence[Any]:
+    """The factors of ``torch.einsum(equation, *operands)``."""
+    return listed(args[1:])
+
+
 def einsum(call: RelevanceCall, function: Any, equation: str, *operands: Any, **kwargs: Any) -> Tensor:
     """``torch.einsum``: linear in each operand; the :class:`Product` rule when several carry
     relevance, the composite's rule (constant operands as weights) when one does."""
-    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-        operands = tuple(operands[0])
-    if carrying_count(operands) >= 2:
+    operands = listed(operands)
+    if sum(map(carries_relevance, operands)) >= 2:
         return multilinear(call, function, equation, *operands, **kwargs)
     return affine(call, function, equation, *operands, **kwargs)
 
@@ -94,6 +121,7 @@ register(
         methods=("mul", "multiply", "__mul__", "__rmul__"),
         relevance=elementwise_product,
         default_rule=Product,
+        factors=leading_pair,
         description="product: a constant factor rescales (relevance passes to the other factor); "
         "relevance-carrying factors by the Product rule (gates get none by default)",
     )
@@ -106,6 +134,7 @@ register(
         methods=("matmul", "mm", "bmm", "__matmul__"),
         relevance=matrix_product,
         weighted=True,
+        factors=leading_pair,
         description="matrix product: a layer when one factor is constant; attention products by the Product rule",
     )
 )
@@ -116,6 +145,7 @@ register(
         functions=(torch.einsum,),
         relevance=einsum,
         weighted=True,
+        factors=einsum_operands,
         description="einsum: a layer when one operand carries relevance; attention products by the Product rule",
     )
 )
@@ -130,6 +160,7 @@ if hasattr(torch, "_grouped_mm"):
             functions=(torch._grouped_mm,),
             relevance=matrix_product,
             weighted=True,
+            factors=leading_pair,
             description="grouped matrix product (mixture-of-experts): a layer in the factor that carries relevance",
         )
     )
