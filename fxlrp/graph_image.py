@@ -158,7 +158,8 @@ def draw_walks(
 ) -> Any:
     """Draw relevant walks on the graph (from :func:`fxlrp.pyg.relevant_walks`) and return the figure.
 
-    ``walks``: ``[W, L + 1]`` node ids, input layer first; ``relevance``: ``[W]``. Each walk is a
+    ``walks``: ``[W, L + 1]`` node ids, input layer first (``-1`` after the last node of a walk
+    that leaves early, as with jumping knowledge); ``relevance``: ``[W]``. Each walk is a
     curved path through its nodes, an arrow on its last hop (towards the explained node), in the
     colour of its relevance on a symmetric diverging scale (red positive, blue negative by
     default), as wide as ``|relevance|`` is large; a step that stays at a node (self-loop, root
@@ -184,7 +185,7 @@ def draw_walks(
     count = nodes if nodes is not None else largest + 1
     graph, positions, figure, axis = _graph_on_axis(edges, count, positions, seed, axis)
     colours = colour_map(cmap)
-    on_walks = set(paths.reshape(-1).tolist())
+    on_walks = set(paths.reshape(-1).tolist()) - {-1}
     networkx.draw_networkx_edges(graph, positions, edgelist=edges, ax=axis, edge_color="lightgrey", width=0.8,
                                  arrows=False)
     norm = Normalize(-_symmetric_limit(values), _symmetric_limit(values))
@@ -195,7 +196,7 @@ def draw_walks(
     for order in np.argsort(np.abs(values), kind="stable"):  # the most relevant last, on top
         colour = colours(norm(values[order]))
         width = 0.8 + 3.2 * abs(values[order]) / norm.vmax
-        path = paths[order].tolist()
+        path = [node for node in paths[order].tolist() if node >= 0]  # -1: the walk left early
         for hop, (start, end) in enumerate(zip(path, path[1:], strict=False)):
             seen = hops_drawn.get((start, end), 0)
             hops_drawn[(start, end)] = seen + 1

@@ -388,6 +388,18 @@ def test_walks_are_drawn_one_curve_per_hop(tmp_path) -> None:
     pyplot.close(figure)
     path = save_walks(tmp_path / "walks.png", edge_index, walks, relevance)
     assert path.read_bytes()[:4] == b"\x89PNG"
+    # walks that leave early (jumping knowledge): the -1 after their last node draws nothing
+    x, edge_index = undirected_graph(6, 0.6, seed=3)
+    walks, relevance = relevant_walks(build("jk"), x, edge_index, index=hub(edge_index))
+    leaving = walks[:, -1] < 0
+    assert bool(leaving.any()) and bool((~leaving).any())
+    figure = draw_walks(edge_index, walks, relevance)
+    steps = (walks[:, 1:] >= 0) & (walks[:, :-1] >= 0)
+    hops = steps & (walks[:, 1:] != walks[:, :-1])
+    arrows = [patch for patch in figure.axes[0].patches if isinstance(patch, patches.FancyArrowPatch)]
+    loops = [patch for patch in figure.axes[0].patches if isinstance(patch, patches.Circle)]
+    assert len(arrows) == int(hops.sum()) and len(loops) == int((steps & ~hops).sum())
+    pyplot.close(figure)
 
 
 def test_walks_of_a_pyg_basic_gnn_sum_to_gradient_times_input() -> None:
