@@ -241,6 +241,8 @@ def test_inputs_that_are_not_a_heterogeneous_graph_are_refused() -> None:
         relevant_walks(model, data.x_dict, data.edge_index_dict, index=0, steps=["encoder_conv1"])
     with pytest.raises(ValueError, match=r"give nodes as a dict \{node type: node ids\}"):
         subgraph_relevance(model, data.x_dict, data.edge_index_dict, [0, 1], index=0)
+    with pytest.raises(ValueError, match=r"node types \['venue'\] are not in x"):
+        subgraph_relevance(model, data.x_dict, data.edge_index_dict, {"venue": [0]}, index=0)
     with pytest.raises(ValueError, match="no features in x"):
         relevant_walks(model, {"paper": data["paper"].x}, data.edge_index_dict, index=0)
 

@@ -324,7 +324,7 @@ class Layout:
                 for (first, end, left, right), shape in zip(self.blocks, self.shapes, strict=True)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HeteroWalks:
     """Walks on a heterogeneous graph: step ``t`` of walk ``w`` is node ``ids[w, t]`` of type
     ``node_types[types[w, t]]`` (``node_types`` the types of ``x`` in its order). A walk that
@@ -403,19 +403,20 @@ class WalkGraph:
                                         retain_graph=True, allow_unused=True)
         return self.layouts[t - 1].flat(found)
 
-    def node(self, rows: Tensor) -> Tensor:
-        """Global row ids of node-type ids: ``rows`` as ``{node type: ids}`` (or ids, homogeneous)."""
+    def node(self, nodes: Tensor | Sequence[int] | dict[Any, Tensor | Sequence[int]]) -> Tensor:
+        """The rows of ``nodes`` (ids; on heterogeneous graphs ``{node type: ids}``) in the
+        :class:`Layout` matrices."""
         if self.node_types is None:
-            return torch.as_tensor(rows, dtype=torch.long, device=self.start.device).view(-1)
-        if not isinstance(rows, dict):
+            return torch.as_tensor(nodes, dtype=torch.long, device=self.start.device).view(-1)
+        if not isinstance(nodes, dict):
             raise ValueError("for a heterogeneous graph, give nodes as a dict {node type: node ids}")
-        unknown = set(rows) - set(self.node_types)
+        unknown = set(nodes) - set(self.node_types)
         if unknown:
             raise ValueError(f"node types {sorted(map(str, unknown))} are not in x (node types: "
                              f"{', '.join(map(str, self.node_types))})")
         offset = dict(zip(self.node_types, self.offsets, strict=True))
         return torch.cat([offset[kind] + torch.as_tensor(ids, dtype=torch.long, device=self.start.device).view(-1)
-                          for kind, ids in rows.items()] or [torch.zeros(0, dtype=torch.long)])
+                          for kind, ids in nodes.items()] or [torch.zeros(0, dtype=torch.long)])
 
     def typed(self, walks: Tensor) -> HeteroWalks:
         """Walks of global row ids as :class:`HeteroWalks`."""
@@ -938,7 +939,8 @@ def relevant_walks(
     of ``x``); ``walks.steps(w)`` lists walk ``w`` as ``(node type, id)`` pairs and
     ``walks.by_types()`` groups the walks by node-type sequence. Step ``t`` is the ``t``-th
     round of message-passing layer calls (a layer call's step is one more than that of the
-    calls its output is computed from).
+    calls its output is computed from); so it is for homogeneous models torch.fx cannot trace
+    (run eagerly as a whole).
 
     ``top_k=None``: every walk with non-zero relevance (exact; their number grows exponentially
     with depth); for each input node they sum to its node relevance.
