@@ -2,11 +2,13 @@
 nodes where every walk can be enumerated.
 
 References, none computed by the code under test:
-- masked LRP: for every sequence of nodes (walks and non-walks alike), one full backward pass of
-  the converted model with the relevance of each node state ``H_t`` restricted to row ``j_t`` by a
-  tensor hook, the definition of a walk's relevance;
-- node relevance from ``fxlrp.pyg.graph_relevance`` / ``fxlrp.attribute`` (the walks starting at a
-  node sum to it);
+- masked LRP: for every sequence of nodes (walks and non-walks alike, and sequences that leave for
+  the output early), one full backward pass of the converted model with the relevance of each
+  node state ``H_t`` restricted to row ``j_t`` by a tensor hook, the definition of a walk's
+  relevance;
+- node relevance from ``fxlrp.pyg.graph_relevance`` / ``fxlrp.attribute`` / ``LRPExplainer`` (the
+  walks starting at a node sum to it), and gradient x input for piecewise-linear models (LRP-0);
+- edge relevance per layer from ``graph_relevance`` (the walks along an edge sum to it, LRP-0);
 - the closed form of a 2-layer linear GCN under LRP-0, written out with the normalised adjacency.
 """
 
@@ -255,7 +257,7 @@ def test_linear_gcn_walks_have_their_closed_form() -> None:
     assert len(found) >= 10
 
 
-@pytest.mark.parametrize("name", ["gcn", "gat", "scatter", "gin_pool"])
+@pytest.mark.parametrize("name", ["gcn", "gat", "scatter", "gin_pool", "jk"])
 @pytest.mark.parametrize("largest", [True, False])
 def test_top_k_is_the_top_of_the_enumeration(name: str, largest: bool) -> None:
     x, edge_index = undirected_graph(8, 0.4, seed=2)
