@@ -15,6 +15,7 @@ from fxlrp.composites import Composite, as_composite
 from fxlrp.explainer import Explainer
 from fxlrp.fold_batchnorm import fold_batch_norms
 from fxlrp.registry import REGISTRY
+from fxlrp.relevance.form import composite_has_gradient_form
 from fxlrp.report import Report
 from fxlrp.rewrite import Rewriter
 from fxlrp.rules import Rule
@@ -71,6 +72,8 @@ def convert(
                         eager_modules=captured.eager_modules)
     graph_module = rewriter.run()
     explainer = Explainer(graph_module, Report(type(model).__name__, rewriter.reports, captured.eager_modules))
+    # Nodes without a rule let relevance follow the gradient, which the gradient form would change.
+    explainer.gradient_form = composite_has_gradient_form(composite) and explainer.report().coverage == 1.0
     if captured.optional_inputs or concrete_args:
         retrace = partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
                           fold_batch_norm=fold_batch_norm, capture=capture)

@@ -19,8 +19,10 @@ from fxlrp.input_checks import (
 )
 from fxlrp.nodes import original_node_name
 from fxlrp.placement import refuse_to_move
+from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
+from fxlrp.relevance.stabilise import divide_dropping_zeros
 from fxlrp.report import Report
 
 
@@ -34,6 +36,8 @@ class Explainer(nn.Module):
         super().__init__()
         self.graph_module = graph_module
         self._report = report
+        self.gradient_form = False
+        """Whether :func:`attribute` may explain in the gradient form (:mod:`fxlrp.relevance.form`)."""
         self._signature: inspect.Signature | None = None
 
     def bind_inputs(self, signature: inspect.Signature, optional_inputs: tuple[str, ...],
@@ -226,7 +230,34 @@ def attribute(
     explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute(..., nodes=...) needs the explainer returned by fxlrp.convert")
-    with torch.enable_grad(), sources_collected() as sources, reusable_graph() if many else nullcontext():
+    values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
+    gradient = nodes is None and getattr(explain, "gradient_form", False)
+    try:
+        found, looked_up, recorded, intermediate = _backward(
+            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, gradient)
+    except GradientFormUnavailable:
+        # The composite allows the gradient form but the model meets a rule or operation without
+        # one (an operation's own default rule, PReLU): this explainer keeps to the relevance form.
+        explain.gradient_form = False
+        found, looked_up, recorded, intermediate = _backward(
+            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, False)
+    results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
+               for grads in found]
+    if check_finite:
+        refuse_non_finite_relevance(results)
+    return _merged(results, torch.stack) if many else results[0]
+
+
+def _backward(
+    explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
+    values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
+    many: bool, check_finite: bool, gradient: bool,
+) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
+    """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
+    inputs, the intermediate nodes and the embedding lookups, per target. ``gradient``: in the
+    gradient form (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
+    with (torch.enable_grad(), sources_collected() as sources, reusable_graph() if many else nullcontext(),
+          gradient_form(gradient)):
         try:
             if nodes is None:
                 result, recorded = explain(*leaves), {}
@@ -251,13 +282,15 @@ def attribute(
         if check_finite:
             refuse_non_finite_output(explained)
         starts = [output_relevance(explained, one) for one in (target if many else [target])]
+        if gradient:  # g = R / y at the output
+            starts = [divide_dropping_zeros(start, explained.detach()) for start in starts]
         found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
                  for start in starts]
-    results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
-               for grads in found]
-    if check_finite:
-        refuse_non_finite_relevance(results)
-    return _merged(results, torch.stack) if many else results[0]
+    if gradient:  # R = x g at the inputs and the lookups' outputs
+        values = values + [source.embedding.detach() for found_here in looked_up for source in found_here]
+        found = [tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
+                 for grads in found]
+    return found, looked_up, recorded, intermediate
 
 
 def _assembled(

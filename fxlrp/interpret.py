@@ -43,6 +43,7 @@ from fxlrp.leaf_functions import intercepted_calls
 from fxlrp.module_state import ModuleState
 from fxlrp.nodes import detached_state
 from fxlrp.registry import REGISTRY, Kind, Operation
+from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.rules import Rule
 from fxlrp.source import calling_line, function_name
@@ -231,6 +232,7 @@ class Interpretation:
         """An operation without a rule on a relevance-carrying tensor: its gradient is used; with
         ``strict`` it is recorded, and :meth:`raise_unsupported` names every such call at the end
         of the run."""
+        require_relevance_form(name)  # "follows the gradient" means relevance, not R / x
         where = calling_line()
         if self.call.strict:
             self.unsupported_calls[(name, where)] = None

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.relevance import terms
+from fxlrp.relevance.form import scaled_gradient
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.roles import GATE
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance, gradient_root
@@ -58,6 +59,15 @@ class Rule:
         raise NotImplementedError
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
+        raise NotImplementedError
+
+    def has_gradient_form(self, prepared: Any = None) -> bool:
+        """Whether the rule is a modified gradient, ``R_x = x * (modified J)^T (R / z)`` (see
+        :mod:`fxlrp.relevance.form`); then :meth:`gradient_forward` runs it."""
+        return False
+
+    def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
+        """The layer's output, whose autograd backward is the rule in the gradient form."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -114,6 +124,13 @@ class Epsilon(StabilisedRule):
             return output, (inputs, gradient_root(output), None)
         modified = layer(inputs, *prepared)
         return terms.original_output(layer, inputs), (inputs, gradient_root(modified), modified)
+
+    def has_gradient_form(self, prepared: Any = None) -> bool:
+        # epsilon = 0: R_x = x * J^T (R / z), i.e. g_x = J^T g_z (zero_params change J)
+        return self._stabiliser.epsilon == 0.0 and not self._zero
+
+    def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
+        return layer.forward(inputs)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs, root, modified = state
@@ -468,6 +485,13 @@ class Product(Epsilon):
         epsilon = layer_rule.epsilon if isinstance(layer_rule, Epsilon) else DEFAULT_PRODUCT_EPSILON
         return type(self)(epsilon, self.constants)
 
+    def has_gradient_form(self, prepared: Any = None) -> bool:
+        return self.epsilon == 0.0 and super().has_gradient_form(prepared)
+
+    def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
+        receivers = sum(carries_relevance(value) for value in inputs)
+        return scaled_gradient(layer.forward(inputs), 1.0 / receivers)
+
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         shares = super().backward(layer, state, relevance, output)
         receivers = sum(share is not None for share in shares)
@@ -509,6 +533,12 @@ class AttentionAsConstant(Rule):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         raise RuntimeError("fxlrp: attention treated as a constant receives no relevance")
+
+    def has_gradient_form(self, prepared: Any = None) -> bool:
+        return True
+
+    def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
+        return layer.forward(inputs).detach()
 
     def __repr__(self) -> str:
         return "AttentionAsConstant()"

@@ -21,12 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.attention_rules import Product, SoftmaxRule
+from fxlrp.attention_rules import AttentionAsConstant, Product, SoftmaxRule
 from fxlrp.call import RelevanceCall
-from fxlrp.interpret import interpret
+from fxlrp.interpret import Interpretation, interpret
 from fxlrp.operations.helpers import bind, module_as_function
-from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.roles import ATTENTION, mark
+from fxlrp.registry import REGISTRY, Kind, Operation, register
+from fxlrp.relevance.form import gradient_form_active, scaled_gradient
+from fxlrp.relevance.roles import ATTENTION, mark, role_of
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import decomposed_in_backward
 
@@ -81,11 +82,64 @@ def decomposed_attention(
 
 
 def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any, **kwargs: Any) -> Tensor:
-    """Fused attention: values of the kernel, relevance through :func:`decomposed_attention`."""
+    """Fused attention: values of the kernel, relevance through :func:`decomposed_attention`; in
+    the gradient form, the kernel's own backward with the decomposition's shares
+    (:func:`fused_gradient_shares`)."""
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return function(*args, **kwargs)
+    if gradient_form_active():
+        shares = fused_gradient_shares(call, args, kwargs)
+        if shares is not None:
+            factors = [
+                value if not carries_relevance(value) else scaled_gradient(value, share) if share else value.detach()
+                for value, share in zip(args[:3], shares, strict=True)
+            ]
+            return function(*factors, *args[3:], **kwargs)
     return decomposed_in_backward(
         partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args)
+
+
+def fused_gradient_shares(call: RelevanceCall, args: tuple, kwargs: dict) -> tuple[float, float, float] | None:
+    """The shares of the fused kernel's gradients of ``q, k, v`` that equal relevance through
+    :func:`decomposed_attention` in the gradient form (:mod:`fxlrp.relevance.form`), or None if
+    its rules have no gradient form there.
+
+    In that form each product passes its gradient to each receiving factor times ``1 / N``
+    (AttnLRP's uniform rule: 1/2), the softmax rule is the softmax's gradient, and the scale and
+    the mask additions are gradients too, so the decomposition's backward is the fused kernel's
+    with ``q`` and ``k`` scaled by the product of the two products' shares (1/4) and ``v`` by
+    its share (1/2). With attention weights held constant (CP-LRP) ``v`` takes all and ``q, k``
+    none. The rules are the ones the decomposition would be given
+    (:class:`~fxlrp.interpret.Interpretation`), so composites that change them are followed.
+    """
+    if call.site is not None and call.site.is_first_layer:
+        return None  # the decomposition's first product would take the first-layer rule
+    query, key, value = args[:3]
+    masked = kwargs.get("is_causal", False) or kwargs.get("attn_mask", args[3] if len(args) > 3 else None) is not None
+    interpretation = Interpretation(call)
+
+    def rule(operation: str, factors: int) -> Any:
+        return interpretation.rule_for(REGISTRY.operations[operation], None, False, factors)
+
+    def shares(product: Any, roles: tuple[str | None, str | None], carrying: tuple[bool, bool]) -> tuple[float, float]:
+        """Each factor's share under ``product`` (see products.receivers)."""
+        receiving = [index for index in range(2) if carrying[index]]
+        constants = getattr(product, "constants", ())  # a layer rule where one factor carries relevance
+        chosen = [index for index in receiving if roles[index] not in constants] or receiving
+        return tuple(1.0 / len(chosen) if index in chosen else 0.0 for index in range(2))
+
+    carrying = [carries_relevance(factor) for factor in (query, key, value)]
+    weights_carry = (carrying[0] or carrying[1]) and not isinstance(rule("softmax", 0), AttentionAsConstant)
+    mixing_rule = rule("matmul", weights_carry + carrying[2])
+    to_weights, to_value = shares(mixing_rule, (ATTENTION, role_of(value)), (weights_carry, carrying[2]))
+    if not weights_carry:
+        return (0.0, 0.0, to_value) if mixing_rule.has_gradient_form() else None
+    scores_rule = rule("matmul", carrying[0] + carrying[1])
+    needed = [rule("softmax", 0), scores_rule, mixing_rule] + ([rule("add", 0)] if masked else [])
+    if not all(needed_rule.has_gradient_form() for needed_rule in needed):
+        return None
+    to_query, to_key = shares(scores_rule, (role_of(query), role_of(key)), (carrying[0], carrying[1]))
+    return to_query * to_weights, to_key * to_weights, to_value
 
 
 register(

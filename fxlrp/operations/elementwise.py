@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import module_as_function, passes
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.roles import ACTIVATION
 from fxlrp.relevance.rule_function import hand_over_activation, rectify_in_place
 
@@ -68,12 +69,25 @@ register(
         "relevance where the output is the input",
     )
 )
+def slope_scaled(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Any:
+    """PReLU, native backward: relevance scaled by the slope where the input is negative. That
+    scaling applies to relevance, not to ``R / x``: no gradient form (:mod:`fxlrp.relevance.form`)."""
+    require_relevance_form("PReLU")
+    return function(*args, **kwargs)
+
+
+def prelu_module(module: nn.PReLU, parameters: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+    return F.prelu, {"weight": parameters["weight"]}
+
+
 register(
     Operation(
         "prelu",
         Kind.NATIVE,
         functions=(F.prelu, torch.prelu),
         modules=(nn.PReLU,),
+        relevance=slope_scaled,
+        module_function=prelu_module,
         description="parametric ReLU: native backward (relevance scaled by the slope where negative)",
     )
 )
@@ -138,7 +152,7 @@ register(
         Kind.PASS,
         functions=(operator.neg, torch.neg, torch.negative),
         methods=("neg", "negative", "__neg__"),
-        relevance=passes((0,)),
+        relevance=passes((0,), linear=True),
         description="negation: R_in = R_out",
     )
 )

@@ -67,8 +67,8 @@ def elementwise_product(call: RelevanceCall, function: Callable[..., Tensor], *a
     factors it is shared equally among the receivers of the :class:`Product` rule (each term of an
     elementwise product is the whole product, so the uniform epsilon rule is exactly ``R / N``)."""
     if len(args) != 2 or not (carries_relevance(args[0]) and carries_relevance(args[1])):
-        return apply_pass(bind(function, kwargs), None, *args)
-    return apply_pass(bind(function, kwargs), receivers(rule_of_product(call), args, (0, 1)), *args)
+        return apply_pass(bind(function, kwargs), None, *args, linear=True)
+    return apply_pass(bind(function, kwargs), receivers(rule_of_product(call), args, (0, 1)), *args, linear=True)
 
 
 def matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Tensor:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fxlrp.relevance.form import IdentityRuleGradient, gradient_form_active, scaled_gradient
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.terms import shared_equally
 
@@ -46,16 +47,27 @@ def _identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
 
 
 def apply_pass(
-    function: Callable[..., Tensor], receivers: tuple[int, ...] | None, *inputs: Any, recomputable: bool = False
+    function: Callable[..., Tensor], receivers: tuple[int, ...] | None, *inputs: Any, recomputable: bool = False,
+    linear: bool = False,
 ) -> Tensor:
     """Run ``function(*inputs)``; relevance goes in equal shares to the ``receivers`` among the
     relevance-carrying inputs (all of them when ``receivers`` is None).
 
     ``recomputable``: ``function`` is a pure elementwise map (an activation), so that a rule
-    reading the output may keep the input in its place and recompute the output in backward."""
+    reading the output may keep the input in its place and recompute the output in backward.
+    ``linear``: ``function`` is linear in each receiver when the other inputs are fixed (a product,
+    a quotient by a constant, a negation), so that the identity rule's share is the gradient's
+    share in the gradient form (:mod:`fxlrp.relevance.form`)."""
     positions = range(len(inputs)) if receivers is None else receivers
     carrying = [i for i in positions if carries_relevance(inputs[i])]
     if not torch.is_grad_enabled() or not carrying:
         return function(*inputs)
     shares = tuple(1.0 / len(carrying) if i in carrying else 0.0 for i in range(len(inputs)))
+    if gradient_form_active():
+        if not linear:
+            return IdentityRuleGradient.apply(function, shares, *inputs)
+        # Linear in each receiver: R_i = share R is share times the gradient in the gradient form.
+        held = [value.detach() if share == 0.0 and carries_relevance(value) else value
+                for value, share in zip(inputs, shares, strict=True)]
+        return scaled_gradient(function(*held), 1.0 / len(carrying))
     return PassFunction.apply(function, shares, recomputable, *inputs)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
+from fxlrp.relevance.form import gradient_form_active, require_relevance_form
 from fxlrp.relevance.layer import AffineLayer
 
 
@@ -263,8 +264,13 @@ def apply_rule(layer: AffineLayer, rule: Any, prepared: Any, *inputs: Any) -> Te
     """Compute ``layer`` on ``inputs``; in backward, propagate relevance by ``rule``.
 
     Without any relevance-carrying input (constants, parameters, integer shapes) the operation
-    runs natively.
+    runs natively; in the gradient form (:mod:`fxlrp.relevance.form`) the rule's modified gradient
+    runs (natively, for the epsilon rule with ``epsilon = 0``).
     """
     if not torch.is_grad_enabled() or not any(carries_relevance(value) for value in inputs):
         return layer.forward(inputs)
+    if gradient_form_active():
+        if not rule.has_gradient_form(prepared) or layer.warn_lost_relevance:
+            require_relevance_form(repr(rule))
+        return rule.gradient_forward(layer, inputs)
     return RuleFunction.apply(layer, rule, prepared, *inputs)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fxlrp.relevance.form import gradient_form, gradient_form_active
 from fxlrp.relevance.rule_function import carries_relevance
 
 
@@ -27,6 +28,7 @@ class DecomposedInBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, exact: Callable[..., Any], path: Callable[..., Any], *inputs: Any) -> Any:
         ctx.path = path
+        ctx.gradient_form = gradient_form_active()  # backward may run on another thread (CUDA)
         ctx.positions = [index for index, value in enumerate(inputs) if carries_relevance(value)]
         # (aliases: the Python objects may be given other tensors later, see RuleFunction.forward)
         ctx.inputs = [None if index in ctx.positions else value.detach() if isinstance(value, Tensor) else value
@@ -42,7 +44,7 @@ class DecomposedInBackward(torch.autograd.Function):
         leaves = [value.detach().requires_grad_() for value in ctx.saved_tensors]
         for index, leaf in zip(ctx.positions, leaves, strict=True):
             inputs[index] = leaf
-        with torch.enable_grad():
+        with torch.enable_grad(), gradient_form(ctx.gradient_form):
             outputs = ctx.path(*inputs)
         outputs = (outputs,) if ctx.single else tuple(outputs)
         pairs = [

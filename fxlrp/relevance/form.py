@@ -1,0 +1,129 @@
+"""The gradient form: relevance carried as ``R / x``, so that rules with epsilon 0 cost a gradient.
+
+Relevance Functions pass relevance ``R`` backward (the *relevance form*). Every rule whose
+stabiliser is 0 is a modified gradient instead: the epsilon rule with ``epsilon = 0`` (LRP-0, the
+z-rule on sums) gives ``R_x = x * J^T (R_z / z)``, so with ``g = R / value`` carried in its place,
+``g_x = J^T g_z`` - the plain gradient. So are AttnLRP's softmax rule (``g_x = J_s^T g_s``), the
+uniform rule of an ``N``-factor product (``g_a = J_a^T g / N``) and every operation the native
+backward already routes (ReLU, max pooling, views). The identity rule of an activation
+``y = f(x)`` becomes ``g_x = g_y f(x) / x``. This is LXT's "efficient" implementation of AttnLRP,
+and LRP-0 = gradient x input.
+
+An explanation whose rules all have such a form runs with native autograd and one conversion at
+each end: ``g = R / y`` at the explained output and ``R = x g`` at the inputs (and at the outputs
+of embedding lookups); no rule divides by its output or multiplies by its input, and no rule
+keeps its output. :func:`fxlrp.attribute` chooses it when the composite allows
+(:func:`composite_has_gradient_form`); a rule or operation without a gradient form met on the
+way (:func:`require_relevance_form`) makes it explain that model in the relevance form from then
+on, with the same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_active: ContextVar[bool] = ContextVar("fxlrp_gradient_form", default=False)
+
+
+class GradientFormUnavailable(Exception):  # noqa: N818 - a signal to the explainer, not an error shown
+    """A rule or operation without a gradient form was met while explaining in the gradient form;
+    :func:`fxlrp.attribute` catches it and explains in the relevance form."""
+
+
+@contextmanager
+def gradient_form(active: bool = True) -> Iterator[None]:
+    """Relevance Functions created while active pass ``R / value`` backward (see the module)."""
+    token = _active.set(active)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def gradient_form_active() -> bool:
+    return _active.get()
+
+
+def require_relevance_form(what: str) -> None:
+    """Stop an explanation in the gradient form at ``what``, which has none."""
+    if _active.get():
+        raise GradientFormUnavailable(what)
+
+
+def rules_of(composite: Any) -> list[Any]:
+    """Every rule a composite names."""
+    return [
+        composite.layer_rule, composite.first_layer, *composite.name_rules.values(),
+        *(rule for _, rule in composite.type_rules), *composite.operation_rules.values(),
+    ]
+
+
+def composite_has_gradient_form(composite: Any) -> bool:
+    """Whether every rule ``composite`` names has a gradient form (epsilon 0 throughout: LRP-0,
+    AttnLRP(0), CP-LRP(0)). Operations' own defaults are checked when they run."""
+    def resolved(rule: Any) -> Any:  # a product rule may follow the layer rule's epsilon
+        return rule.following(composite.layer_rule) if hasattr(rule, "following") else rule
+
+    return all(rule is None or resolved(rule).has_gradient_form() for rule in rules_of(composite))
+
+
+class ScaledGradient(torch.autograd.Function):
+    """Forward: the identity. Backward: the gradient times ``scale`` (a product's uniform share)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, scale: float) -> Tensor:
+        ctx.scale = scale
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, gradient: Tensor) -> tuple[Tensor, None]:
+        return gradient * ctx.scale, None
+
+
+def scaled_gradient(tensor: Tensor, scale: float) -> Tensor:
+    """``tensor``, whose gradient is multiplied by ``scale`` on its way back."""
+    return tensor if scale == 1.0 else ScaledGradient.apply(tensor, scale)
+
+
+class IdentityRuleGradient(torch.autograd.Function):
+    """The identity rule in the gradient form: ``R_i = share_i R`` becomes
+    ``g_i = share_i (g y) / x_i`` (summed back over broadcast dimensions), for ``y =
+    function(*inputs)``. Inputs of exactly 0 get 0: their relevance ``x_i g_i`` is 0, and a rule
+    before them drops the relevance of a zero output, as in the relevance form. The output is
+    recomputed in backward from the kept inputs (what the function's own backward keeps)."""
+
+    @staticmethod
+    def forward(ctx, function: Callable[..., Tensor], shares: tuple[float, ...], *inputs: Any) -> Tensor:
+        ctx.function, ctx.shares = function, shares
+        ctx.positions = [index for index, value in enumerate(inputs) if isinstance(value, Tensor)]
+        ctx.others = [None if isinstance(value, Tensor) else value for value in inputs]
+        ctx.save_for_backward(*(inputs[index] for index in ctx.positions))
+        return function(*inputs)
+
+    @staticmethod
+    def backward(ctx, gradient: Tensor) -> tuple[Tensor | None, ...]:
+        inputs = list(ctx.others)
+        for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
+            inputs[index] = value
+        with torch.no_grad():
+            weighted = ctx.function(*inputs).mul_(gradient)
+        result: list[Tensor | None] = []
+        for share, value in zip(ctx.shares, inputs, strict=True):
+            if share == 0.0 or not isinstance(value, Tensor):
+                result.append(None)
+                continue
+            quotient = weighted.sum_to_size(value.shape) / value
+            quotient = torch.nan_to_num_(quotient, nan=0.0, posinf=0.0, neginf=0.0)  # x = 0: dropped
+            result.append(quotient.mul_(share) if share != 1.0 else quotient)
+        return (None, None, *result)
+
+
+def relevance_at(value: Tensor, gradient: Tensor | None) -> Tensor | None:
+    """The relevance ``value * g`` of a tensor that received ``g`` in the gradient form."""
+    return None if gradient is None else gradient * value

@@ -1,0 +1,208 @@
+"""The gradient form (fxlrp/relevance/form.py): explanations whose rules all have epsilon 0 carry
+``R / x`` backward on native autograd. Each test compares it with the relevance form of the same
+explainer (the engine every other test checks against zennit, LXT and dense formulas), or with a
+dense LRP formula where the gradient form must not be used; float64 throughout.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import relative_error
+from torch import Tensor, nn
+
+import fxlrp
+from fxlrp.composites import CPLRP, AttnLRP, Composite, EpsilonPlusFlat
+from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, require_relevance_form
+from fxlrp.relevance.roles import ATTENTION, GATE
+from fxlrp.rules import Epsilon, Product
+
+
+class Residual(nn.Module):
+    """Convolutions, ReLU, max and average pooling, a residual add, smooth activations, LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.inner = nn.Conv2d(6, 6, 3, padding=1)
+        self.norm = nn.LayerNorm(6)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.max_pool2d(F.relu(self.stem(x)), 2)
+        h = h + F.gelu(self.inner(h)) * 0.5
+        pooled = F.adaptive_avg_pool2d(h, 1).flatten(1)
+        return self.head(torch.tanh(self.norm(pooled)) - F.silu(pooled))
+
+
+class Attention(nn.Module):
+    """Self-attention written out: products of two relevance-carrying tensors, softmax, a gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out, self.gate = nn.Linear(8, 24), nn.Linear(8, 3), nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        weights = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, dim=-1)
+        mixed = (weights @ v) * F.silu(self.gate(x)) * torch.sigmoid(x)
+        return self.out(mixed.mean(dim=1))
+
+
+def _forms(explain: nn.Module, inputs: Tensor, target: object) -> tuple[Tensor, Tensor]:
+    assert explain.gradient_form
+    gradient = fxlrp.attribute(explain, inputs, target=target)
+    assert explain.gradient_form  # nothing on the way made it fall back
+    explain.gradient_form = False
+    return gradient, fxlrp.attribute(explain, inputs, target=target)
+
+
+@pytest.mark.parametrize(("build", "shape", "composite"), [
+    (Residual, (2, 3, 8, 8), Epsilon(0.0)),
+    (Attention, (2, 5, 8), AttnLRP(0.0)),
+    (Attention, (2, 5, 8), CPLRP(0.0)),
+], ids=["cnn-lrp0", "attention-attnlrp", "attention-cplrp"])
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_gradient_form_equals_relevance_form(build, shape, composite, capture) -> None:
+    torch.manual_seed(0)
+    model = build().double().eval()
+    inputs = torch.randn(*shape, dtype=torch.float64)
+    gradient, relevance = _forms(fxlrp.convert(model, composite, capture=capture), inputs, 1)
+    assert relative_error(gradient, relevance) <= 1e-12
+
+
+def test_gradient_form_for_token_ids_and_several_targets() -> None:
+    """GPT-2 (run eagerly; its LayerNorm computes in float64, where Llama's RMSNorm would upcast to
+    float32) explained per token for three next tokens at once, AttnLRP(0)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    ids = torch.randint(0, 50, (1, 6))
+    gradient, relevance = _forms(fxlrp.convert(model, AttnLRP(0.0)), ids, [3, 7, 11])
+    assert gradient.shape == (3, 1, 6)
+    assert relative_error(gradient, relevance) <= 1e-10
+
+
+class FusedAttention(nn.Module):
+    """``F.scaled_dot_product_attention`` with grouped-query heads and a causal or padding mask."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.query, self.key_value, self.out = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        q = self.query(x).reshape(batch, length, 4, 2).transpose(1, 2)
+        k, v = self.key_value(x).reshape(batch, length, 2, 4).transpose(1, 2).chunk(2, dim=-1)
+        mask = None if self.causal else torch.ones(length, length, dtype=torch.bool).tril(1)
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal, enable_gqa=True)
+        return self.out(mixed.transpose(1, 2).reshape(batch, length, 8).mean(dim=1))
+
+
+@pytest.mark.parametrize("composite", [
+    AttnLRP(0.0), CPLRP(0.0),
+    # weights constant in the product only, the softmax keeping its rule: v takes all
+    AttnLRP(0.0, operation_rules={"matmul": Product(0.0, constants=(GATE, ATTENTION))}),
+    Composite(Epsilon(0.0)),  # LRP-0: products by the uniform rule of the layer rule's epsilon
+], ids=["attnlrp", "cplrp", "product-constants", "lrp0"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "padding-mask"])
+def test_fused_attention_keeps_its_kernel_in_the_gradient_form(composite, causal) -> None:
+    """In the gradient form fused attention runs the kernel's own backward with the shares of its
+    decomposition (q, k: 1/4 and v: 1/2 under AttnLRP; v all under CP-LRP); equal to the
+    decomposition the relevance form explains, which runs in backward."""
+    torch.manual_seed(0)
+    model = FusedAttention(causal).double().eval()
+    inputs = torch.randn(2, 5, 8, dtype=torch.float64)
+    explain = fxlrp.convert(model, composite)
+    with torch.enable_grad(), gradient_form():
+        output = explain(inputs.clone().requires_grad_())
+    assert "DecomposedInBackward" not in repr(output.grad_fn.next_functions)  # the kernel's backward
+    gradient, relevance = _forms(explain, inputs, 1)
+    assert relative_error(gradient, relevance) <= 1e-12
+
+
+def test_composites_with_a_stabiliser_or_other_rules_keep_the_relevance_form() -> None:
+    model = Residual().double().eval()
+    assert fxlrp.convert(model, Epsilon(0.0)).gradient_form
+    assert not fxlrp.convert(model).gradient_form  # Epsilon(1e-6)
+    assert not fxlrp.convert(model, EpsilonPlusFlat()).gradient_form
+    assert not fxlrp.convert(model, Epsilon(0.0, zero_params="bias")).gradient_form
+
+
+def test_prelu_falls_back_to_the_relevance_form() -> None:
+    """PReLU's native backward scales relevance (not R / x) by its slope: no gradient form. The
+    explanation equals LRP-0 by hand with that scaling, and the explainer keeps the relevance form."""
+    torch.manual_seed(0)
+    first, prelu, second = nn.Linear(4, 6).double(), nn.PReLU(6, init=0.3).double(), nn.Linear(6, 2).double()
+    model = nn.Sequential(first, prelu, second).eval()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    assert explain.gradient_form
+    relevance = fxlrp.attribute(explain, x, target=1)
+    assert not explain.gradient_form
+    with torch.no_grad():
+        z1 = first(x)
+        a = prelu(z1)
+        z2 = second(a)
+        r2 = torch.zeros_like(z2)
+        r2[:, 1] = z2[:, 1]
+        r_a = a * ((r2 / z2).nan_to_num(0.0) @ second.weight)
+        r_z1 = torch.where(z1 > 0, r_a, r_a * prelu.weight)
+        expected = x * ((r_z1 / z1) @ first.weight)
+    assert relative_error(relevance, expected) <= 1e-12
+
+
+def test_an_operation_without_a_rule_falls_back() -> None:
+    """``strict=False`` lets relevance follow the gradient through an operation without a rule
+    (here torch.exp, run eagerly): that is the relevance's gradient, so the gradient form is left."""
+
+    class Exponential(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = nn.Linear(3, 4), nn.Linear(4, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            if x.sum() > -1e9:  # data-dependent: run eagerly
+                return self.second(torch.exp(self.first(x)))
+            return x
+
+    torch.manual_seed(0)
+    model = Exponential().double()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    explain = fxlrp.convert(model, Epsilon(0.0), strict=False)
+    with pytest.warns(UserWarning, match="follows the gradient through torch.exp"):
+        relevance = fxlrp.attribute(explain, x, target=0)
+    assert not explain.gradient_form
+    with torch.no_grad():
+        h = torch.exp(model.first(x))
+        z = model.second(h)
+        r = torch.zeros_like(z)
+        r[:, 0] = z[:, 0]
+        r_h = h * ((r / z) @ model.second.weight)
+        r_z = r_h * h  # the gradient of exp, applied to relevance
+        expected = x * ((r_z / model.first(x)) @ model.first.weight)
+    assert relative_error(relevance, expected) <= 1e-12
+
+
+def test_the_fallback_signal_passes_through_a_backward_pass() -> None:
+    """A relevance function computed in backward (a fused kernel's decomposition) may meet a rule
+    without gradient form there; the signal must reach fxlrp.attribute unchanged through autograd."""
+
+    class Raising(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: Tensor) -> Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, gradient: Tensor) -> Tensor:
+            require_relevance_form("a rule")
+            return gradient
+
+    x = torch.ones(2, requires_grad=True)
+    with gradient_form(True):
+        y = Raising.apply(x).sum()
+        with pytest.raises(GradientFormUnavailable):
+            torch.autograd.grad(y, x)
