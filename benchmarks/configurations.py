@@ -87,6 +87,22 @@ def fxlrp_explanation(name: str) -> Callable[[Workload], Callable[[], Tensor]]:
     return prepare
 
 
+def fxlrp_lrp0_attributed(workload: Workload) -> Callable[[], Tensor]:
+    """LRP-0 (the epsilon rule with epsilon 0 on every layer) through ``fxlrp.attribute``, which
+    explains it in the gradient form (fxlrp/relevance/form.py): relevance of the explained input
+    for each sample's highest output."""
+    import fxlrp
+
+    explain = fxlrp.convert(workload.model, fxlrp.rules.Epsilon(0.0))
+    inputs = list(workload.inputs)
+
+    def run() -> Tensor:
+        relevance = fxlrp.attribute(explain, inputs)
+        return relevance[workload.explained]
+
+    return run
+
+
 def _zennit_composite(name: str, workload: Workload) -> Any:
     from zennit import composites, rules, types
 
@@ -143,6 +159,7 @@ CONFIGURATIONS: dict[str, Configuration] = {
         Configuration("fxlrp Epsilon", fxlrp_explanation("Epsilon")),
         Configuration("fxlrp EpsilonPlusFlat", fxlrp_explanation("EpsilonPlusFlat")),
         Configuration("fxlrp EpsilonGammaBox", fxlrp_explanation("EpsilonGammaBox")),
+        Configuration("fxlrp LRP-0 (attribute)", fxlrp_lrp0_attributed),
         Configuration("zennit Epsilon", zennit_explanation("Epsilon")),
         Configuration("zennit EpsilonPlusFlat", zennit_explanation("EpsilonPlusFlat")),
         Configuration("zennit EpsilonGammaBox", zennit_explanation("EpsilonGammaBox")),

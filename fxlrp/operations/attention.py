@@ -112,14 +112,15 @@ def fused_gradient_shares(call: RelevanceCall, args: tuple, kwargs: dict) -> tup
     none. The rules are the ones the decomposition would be given
     (:class:`~fxlrp.interpret.Interpretation`), so composites that change them are followed.
     """
-    if call.site is not None and call.site.is_first_layer:
-        return None  # the decomposition's first product would take the first-layer rule
     query, key, value = args[:3]
     masked = kwargs.get("is_causal", False) or kwargs.get("attn_mask", args[3] if len(args) > 3 else None) is not None
     interpretation = Interpretation(call)
+    # q k^T is the decomposition's first operation: the first layer if the call may hold it
+    scores_first = interpretation.first_layer_pending and interpretation.composite.counts_as_first_layer(
+        "matmul", REGISTRY.operations["matmul"].weighted)
 
-    def rule(operation: str, factors: int) -> Any:
-        return interpretation.rule_for(REGISTRY.operations[operation], None, False, factors)
+    def rule(operation: str, factors: int, first: bool = False) -> Any:
+        return interpretation.rule_for(REGISTRY.operations[operation], None, first, factors)
 
     def shares(product: Any, roles: tuple[str | None, str | None], carrying: tuple[bool, bool]) -> tuple[float, float]:
         """Each factor's share under ``product`` (see products.receivers)."""
@@ -134,7 +135,7 @@ def fused_gradient_shares(call: RelevanceCall, args: tuple, kwargs: dict) -> tup
     to_weights, to_value = shares(mixing_rule, (ATTENTION, role_of(value)), (weights_carry, carrying[2]))
     if not weights_carry:
         return (0.0, 0.0, to_value) if mixing_rule.has_gradient_form() else None
-    scores_rule = rule("matmul", carrying[0] + carrying[1])
+    scores_rule = rule("matmul", carrying[0] + carrying[1], scores_first)
     needed = [rule("softmax", 0), scores_rule, mixing_rule] + ([rule("add", 0)] if masked else [])
     if not all(needed_rule.has_gradient_form() for needed_rule in needed):
         return None
