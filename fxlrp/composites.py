@@ -317,19 +317,17 @@ class AttnLRP(Composite):
     Swin. ``overrides``: ``name_rules``, ``type_rules``, ``operation_rules`` taking precedence.
     """
 
+    constants: tuple[str, ...] = (GATE,)
+    """Roles of factors that are constants in products (:class:`~fxlrp.rules.Product`): gates."""
+
     def __init__(self, epsilon: Stabiliser = 1e-6, **overrides: Any) -> None:
         self.epsilon = epsilon
-        operations: dict[str, Rule] = {name: self.product_rule(epsilon) for name in PRODUCT_OPERATIONS}
+        operations: dict[str, Rule] = {name: Product(epsilon, constants=self.constants) for name in PRODUCT_OPERATIONS}
         operations["softmax"] = SoftmaxRule()
-        operations.update(self.attention_rules())
+        if ATTENTION in self.constants:  # graph attention's weights (GAT) too
+            operations[GRAPH_SOFTMAX] = AttentionAsConstant()
         operations.update(overrides.pop("operation_rules", None) or {})
         super().__init__(Epsilon(epsilon), operation_rules=operations, **overrides)
-
-    def product_rule(self, epsilon: Stabiliser) -> Product:
-        return Product(epsilon)
-
-    def attention_rules(self) -> dict[str, Rule]:
-        return {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(epsilon={self.epsilon!r})"
@@ -341,11 +339,7 @@ class CPLRP(AttnLRP):
     gated signal ``x W_u``) take all of the product's relevance and none enters the softmax or the
     gate. Graph attention (GAT's softmax over edges) is a constant too."""
 
-    def product_rule(self, epsilon: Stabiliser) -> Product:
-        return Product(epsilon, constants=(GATE, ATTENTION, ACTIVATION))
-
-    def attention_rules(self) -> dict[str, Rule]:
-        return {GRAPH_SOFTMAX: AttentionAsConstant()}
+    constants = (GATE, ATTENTION, ACTIVATION)
 
 
 def default_composite() -> Composite:
