@@ -87,20 +87,31 @@ def fxlrp_explanation(name: str) -> Callable[[Workload], Callable[[], Tensor]]:
     return prepare
 
 
+class _WithOthersFixed(nn.Module):
+    """A workload's model taking only its explained input; the others are fixed (a GCN's edges and
+    edge weights), so that ``fxlrp.attribute`` explains that input alone, as the other
+    configurations do."""
+
+    def __init__(self, workload: Workload) -> None:
+        super().__init__()
+        self.model, self.explained = workload.model, workload.explained
+        self.others = [value for index, value in enumerate(workload.inputs) if index != workload.explained]
+
+    def forward(self, explained: Tensor) -> Any:
+        inputs = list(self.others)
+        inputs.insert(self.explained, explained)
+        return self.model(*inputs)
+
+
 def fxlrp_lrp0_attributed(workload: Workload) -> Callable[[], Tensor]:
     """LRP-0 (the epsilon rule with epsilon 0 on every layer) through ``fxlrp.attribute``, which
     explains it in the gradient form (fxlrp/relevance/form.py): relevance of the explained input
     for each sample's highest output."""
     import fxlrp
 
-    explain = fxlrp.convert(workload.model, fxlrp.rules.Epsilon(0.0))
-    inputs = list(workload.inputs)
-
-    def run() -> Tensor:
-        relevance = fxlrp.attribute(explain, inputs)
-        return relevance[workload.explained]
-
-    return run
+    explain = fxlrp.convert(_WithOthersFixed(workload), fxlrp.rules.Epsilon(0.0))
+    explained = workload.inputs[workload.explained]
+    return lambda: fxlrp.attribute(explain, explained)
 
 
 def _zennit_composite(name: str, workload: Workload) -> Any:
