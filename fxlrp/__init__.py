@@ -8,11 +8,12 @@ from fxlrp import composites, rules
 from fxlrp.compiled import compile
 from fxlrp.convert import convert
 from fxlrp.errors import CaptureError, FxlrpError, UnsupportedOperationError
-from fxlrp.explainer import Explainer, attribute
+from fxlrp.explainer import Explainer, attribute, attribute_nodes
 
 __all__ = [
     "convert",
     "attribute",
+    "attribute_nodes",
     "compile",
     "Explainer",
     "rules",

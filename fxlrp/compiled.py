@@ -164,7 +164,7 @@ def compile(explain: nn.Module, *, output: Callable[[Any], Tensor] | None = None
 
     The first call of each kind traces and compiles (tens of seconds on a CPU); the trace holds
     the explainer's weights as they are then. For floating-point inputs; token ids (language
-    models) and ``attribute``'s ``nodes=``, ``repeat=`` and lists of targets are not compiled.
+    models) and ``attribute_nodes``, ``attribute``'s ``repeat=`` and lists of targets are not compiled.
     """
     return CompiledExplanation(explain, output, backend, mode, options)
 

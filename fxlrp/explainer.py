@@ -77,7 +77,7 @@ class Explainer(nn.Module):
         ``nodes`` are names of :meth:`report` rows (the model's torch.fx node names, e.g.
         ``"layer1_0_conv1"``, ``"add_3"``, an input's name). The recorded tensors are part of
         the autograd graph, so the relevance reaching them is their gradient (see
-        :func:`attribute` with ``nodes=``).
+        :func:`attribute_nodes`).
         """
         explainer, args, kwargs = self.explainer_for(*args, **kwargs)
         if explainer is not self:
@@ -172,23 +172,27 @@ def _check_target(index: Tensor, target: Any, output: Tensor) -> None:
                          f"{classes} classes in its last dimension (indices 0 to {classes - 1})")
 
 
+InputRelevance = Tensor | tuple[Tensor | None, ...]
+"""Relevance of the inputs: a tensor for a tensor input, else one entry per input (None for
+inputs that receive none), as captum returns attributions."""
+
+
 def attribute(
     explain: Explainer | nn.Module,
     inputs: Tensor | Sequence[Any],
     target: Any = None,
     *,
     output: Callable[[Any], Tensor] | None = None,
-    nodes: Sequence[str] | None = None,
     repeat: int = 0,
     check_finite: bool = True,
-) -> Tensor | tuple[Tensor | None, ...] | tuple[Tensor | tuple[Tensor | None, ...], dict[str, Tensor]]:
+) -> InputRelevance:
     """Relevance of each input in one call.
 
     ``inputs``: a tensor or a sequence of inputs. Each floating-point tensor gets its relevance;
     token ids that the model looks up in an embedding (``nn.Embedding``, ``F.embedding``,
     ``nn.EmbeddingBag``) get the relevance of each token: the relevance reaching the lookup's
-    output summed over the embedding dimension, of the ids' shape (``nodes=[...]`` with the
-    embedding node gives it per dimension). Other inputs (integer indices such as a GNN's
+    output summed over the embedding dimension, of the ids' shape (:func:`attribute_nodes` with
+    the embedding node gives it per dimension). Other inputs (integer indices such as a GNN's
     senders/receivers, settings) are passed as they are and get ``None``.
     ``target``: see :func:`output_relevance`. A list ``[t1, ..., tk]`` of such targets explains
     each: every relevance then has a leading dimension of ``k`` (``[k, *input.shape]``), equal to
@@ -204,16 +208,45 @@ def attribute(
     ``lambda graphs: graphs.global_features``); by default the output itself, or for a model
     output with ``logits`` (Hugging Face) the logits, of the last position where they are given
     per position (a causal LM: the next token; pass ``output=`` for another position).
-    ``nodes``: names of intermediate nodes (rows of ``explain.report()``, e.g. ``"layer1_0_relu"``
-    or a GNN's per-edge message node) whose output relevance is wanted too; then the result is
-    ``(input_relevance, {name: relevance of that node's output})``. A node's relevance is
-    what reaches its output in the backward pass, summed over its consumers.
-    Relevance is returned with the shapes of the inputs (and of the nodes' outputs).
+    Relevance is returned with the shapes of the inputs: a tensor for a tensor input, a tuple for
+    a sequence of inputs (:data:`InputRelevance`).
     ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
     finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
     is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
     :mod:`fxlrp.input_checks`); False returns whatever comes out.
     """
+    return _attribute(explain, inputs, target, output=output, nodes=None, repeat=repeat, check_finite=check_finite)
+
+
+def attribute_nodes(
+    explain: Explainer,
+    inputs: Tensor | Sequence[Any],
+    nodes: Sequence[str],
+    target: Any = None,
+    *,
+    output: Callable[[Any], Tensor] | None = None,
+    repeat: int = 0,
+    check_finite: bool = True,
+) -> tuple[InputRelevance, dict[str, Tensor]]:
+    """:func:`attribute`, and the relevance of intermediate nodes: ``(input relevance, {name:
+    relevance of that node's output})``.
+
+    ``nodes``: names of nodes of ``explain.report()`` (e.g. ``"layer1_0_relu"``, an embedding
+    lookup for the relevance of each token per dimension, or a GNN's per-edge message node). A
+    node's relevance is what reaches its output in the backward pass, summed over its consumers,
+    of the shape of its output; with a list of targets it gets the same leading dimension as the
+    inputs' relevance. The other arguments are :func:`attribute`'s.
+    """
+    if isinstance(nodes, str) or not all(isinstance(name, str) for name in nodes):
+        raise TypeError(f"nodes must be a list of node names from explain.report(), got {nodes!r}")
+    return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat, check_finite=check_finite)
+
+
+def _attribute(
+    explain: Explainer | nn.Module, inputs: Tensor | Sequence[Any], target: Any, *,
+    output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int, check_finite: bool,
+) -> Any:
+    """:func:`attribute` and :func:`attribute_nodes` (``nodes`` not None)."""
     many = isinstance(target, list)
     if many and not target:
         raise ValueError("target=[] names no target; give at least one")
@@ -229,7 +262,7 @@ def attribute(
     # relevance belongs to the input as given, which the edge still names.
     explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):
-        raise TypeError("attribute(..., nodes=...) needs the explainer returned by fxlrp.convert")
+        raise TypeError("attribute_nodes needs the explainer returned by fxlrp.convert")
     values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
     gradient = nodes is None and getattr(explain, "gradient_form", False)
     try:
@@ -358,8 +391,8 @@ def _attribute_repeated(explain: nn.Module, inputs: Tensor | Sequence[Any], targ
                   if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch else value
                   for value in values]
         combined = torch.cat([_per_copy(target, batch) for target in chunk])
-        result = attribute(explain, copies[0] if single else copies, combined, output=output, nodes=nodes,
-                           check_finite=check_finite)
+        result = _attribute(explain, copies[0] if single else copies, combined, output=output, nodes=nodes,
+                            repeat=0, check_finite=check_finite)
         copied = len(chunk)
         chunks.append(_merged([result], lambda tensors: tensors[0].reshape(copied, -1, *tensors[0].shape[1:])))
     return _merged(chunks, torch.cat)

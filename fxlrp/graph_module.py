@@ -15,7 +15,7 @@ class ExplainedGraphModule(fx.GraphModule):
     with the tracer class that made the graph: fxlrp's capture tracer, which needs the conversion's
     arguments (``RelevanceTracer.__init__() missing ... argument``), and which would trace into the
     library functions fxlrp records as single calls and lose the nodes' names and source lines
-    that ``report()`` and ``attribute(..., nodes=...)`` use. The graph itself is plain data
+    that ``report()`` and ``attribute_nodes`` use. The graph itself is plain data
     (nodes, their targets by reference, their metadata), so it is stored as it is, as
     ``copy.deepcopy`` copies it.
     """

@@ -77,7 +77,7 @@ def test_token_relevance_is_gradient_times_input_at_the_embedding(spelling: str)
     # Per token and embedding dimension: the lookup node's relevance (strict=False too).
     [lookup] = [row.name for row in explain.report().rows if row.operation == "embedding"]
     for converted in (explain, fxlrp.convert(model, LRP0, strict=False)):
-        _, nodes = fxlrp.attribute(converted, ids, target=1, nodes=[lookup])
+        _, nodes = fxlrp.attribute_nodes(converted, ids, [lookup], target=1)
         assert relative_error(nodes[lookup], expected) < TOLERANCE
 
 

@@ -101,7 +101,9 @@ def test_non_module_is_rejected() -> None:
 def test_unknown_node_name_lists_the_known_ones() -> None:
     explain = fxlrp.convert(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     with pytest.raises(ValueError, match="no node named 'conv9'.*report"):
-        fxlrp.attribute(explain, torch.randn(1, 2), 0, nodes=["conv9"])
+        fxlrp.attribute_nodes(explain, torch.randn(1, 2), ["conv9"], 0)
+    with pytest.raises(TypeError, match="nodes must be a list of node names"):
+        fxlrp.attribute_nodes(explain, torch.randn(1, 2), "_0", 0)  # one name, not a list
 
 
 def test_an_unsupported_module_is_named_by_its_path_and_its_type() -> None:

@@ -28,7 +28,7 @@ def test_a_rule_declared_in_four_lines_follows_its_formula() -> None:
     model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3)).double()
     x = torch.randn(2, 5, dtype=torch.float64)
     explain = fxlrp.convert(model, Composite(LRP0, name_rules={"0": PositiveWSquare(0.0)}))
-    _, nodes = fxlrp.attribute(explain, x, target=1, nodes=["_0"])
+    _, nodes = fxlrp.attribute_nodes(explain, x, ["_0"], target=1)
     relevance = fxlrp.attribute(explain, x, target=1)
     # The formula with the weight matrix: m = (w^+)^2, R_j = sum_k m_kj / sum_j' m_kj' R_k.
     # (an output whose weights are all negative has nothing to share its relevance by: dropped)

@@ -43,13 +43,13 @@ def test_many_targets_of_a_batch_equal_separate_attributions(cnn: nn.Module, com
 def test_nodes_and_several_inputs_are_stacked_too(cnn: nn.Module) -> None:
     explain = fxlrp.convert(cnn, fxlrp.rules.Epsilon(1e-6))
     image = torch.rand(1, 1, 8, 8, dtype=torch.float64)
-    relevance, nodes = fxlrp.attribute(explain, [image], target=[2, 4, 6], nodes=["features_1"])
+    relevance, nodes = fxlrp.attribute_nodes(explain, [image], ["features_1"], target=[2, 4, 6])
     assert isinstance(relevance, tuple) and relevance[0].shape == (3, 1, 1, 8, 8)
     for row, target in enumerate([2, 4, 6]):
-        (alone,), alone_nodes = fxlrp.attribute(explain, [image], target=target, nodes=["features_1"])
+        (alone,), alone_nodes = fxlrp.attribute_nodes(explain, [image], ["features_1"], target=target)
         assert relative_error(relevance[0][row], alone) < 1e-12
         assert relative_error(nodes["features_1"][row], alone_nodes["features_1"]) < 1e-12
-    repeated, repeated_nodes = fxlrp.attribute(explain, [image], target=[2, 4, 6], nodes=["features_1"], repeat=3)
+    repeated, repeated_nodes = fxlrp.attribute_nodes(explain, [image], ["features_1"], target=[2, 4, 6], repeat=3)
     assert relative_error(repeated[0], relevance[0]) < 1e-12
     assert relative_error(repeated_nodes["features_1"], nodes["features_1"]) < 1e-12
 

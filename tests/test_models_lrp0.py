@@ -111,7 +111,7 @@ def test_lrp0_is_gradient_times_input_at_every_node(name: str) -> None:
 
 
 def assert_lrp0_matches(explain, x, node_names, expected_input, expected_nodes) -> None:
-    relevance, node_relevance = fxlrp.attribute(explain, x, TARGETS, nodes=node_names)
+    relevance, node_relevance = fxlrp.attribute_nodes(explain, x, node_names, TARGETS)
     assert relative_error(relevance, expected_input) < TOLERANCE
     errors = {node: relative_error(node_relevance[node], expected_nodes[node]) for node in node_names}
     worst = max(errors, key=errors.get)

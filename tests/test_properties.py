@@ -218,7 +218,7 @@ def test_lrp0_is_gradient_times_input_at_every_node(example: Example) -> None:
     assert not missing, f"nodes of the model missing from the explainer: {missing}"
     constants = [name for name in constants if name in names]
     # Recording nodes keeps their values for the caller (a ReLU does not rectify them in place).
-    relevance, node_relevance = fxlrp.attribute(explain, x, target, nodes=[*expected_nodes, *constants])
+    relevance, node_relevance = fxlrp.attribute_nodes(explain, x, [*expected_nodes, *constants], target)
     assert relative_error(relevance, expected_input) < TOLERANCE
     errors = {name: relative_error(node_relevance[name], expected) for name, expected in expected_nodes.items()}
     worst = max(errors, key=errors.get, default=None)
@@ -295,7 +295,7 @@ def test_relevance_is_conserved_without_biases(rule_name: str, example: Example)
     assume(explained.abs().max().item() > 1e-10 * largest)
     output_relevance = explained.sum()
     relevance = fxlrp.attribute(explain, inputs[0], target)
-    recorded, node_relevance = fxlrp.attribute(explain, inputs[0], target, nodes=list(values))
+    recorded, node_relevance = fxlrp.attribute_nodes(explain, inputs[0], list(values), target)
     assert relative_error(recorded, relevance) < 1e-12
 
     # Relevance a rule drops (denominator 0) and the stabiliser's leak, layer by layer:

@@ -67,9 +67,9 @@ def test_a_saved_or_copied_explainer_explains_identically(how: str) -> None:
     model = resnet18()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     explain = fxlrp.convert(model, LRP0)
-    before = fxlrp.attribute(explain, x, target=1, nodes=["layer1_0_relu"])
+    before = fxlrp.attribute_nodes(explain, x, ["layer1_0_relu"], target=1)
     loaded = COPIES[how](explain)
-    after = fxlrp.attribute(loaded, x, target=1, nodes=["layer1_0_relu"])
+    after = fxlrp.attribute_nodes(loaded, x, ["layer1_0_relu"], target=1)
     assert torch.equal(after[0], before[0]) and torch.equal(after[1]["layer1_0_relu"], before[1]["layer1_0_relu"])
     [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
     assert relative_error(after[0], expected) < 1e-12

@@ -2,7 +2,7 @@
 
 Ids are indices and carry no relevance, so relevance ends at the lookup's output, one vector
 per token (see :mod:`fxlrp.relevance.sources`): ``fxlrp.attribute(explain, ids)`` returns the
-relevance of each token, ``nodes=[<the embedding node>]`` the relevance of each token and
+relevance of each token, ``fxlrp.attribute_nodes(explain, ids, [<the embedding node>])`` the relevance of each token and
 embedding dimension. ``EmbeddingBag`` looks up every token and reduces each bag: the lookups are
 the sources, the bag sum (or mean) is an affine sum explained by the node's rule (the z-rule by
 default), and its maximum routes relevance to the winning token as max pooling does.

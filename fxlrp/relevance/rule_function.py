@@ -233,7 +233,7 @@ _outputs_recorded: ContextVar[bool] = ContextVar("fxlrp_outputs_recorded", defau
 
 @contextmanager
 def outputs_recorded() -> Iterator[None]:
-    """While intermediate outputs are recorded for their relevance (``attribute(..., nodes=)``),
+    """While intermediate outputs are recorded for their relevance (``attribute_nodes``),
     no output is rectified in place: the recorded tensor must keep its values and history."""
     token = _outputs_recorded.set(True)
     try:
