@@ -137,6 +137,63 @@ def test_fused_attention_keeps_its_kernel_in_the_gradient_form(composite, causal
     assert relative_error(gradient, relevance) <= 1e-12
 
 
+def _recurrent(kind: type[nn.Module]) -> tuple[nn.Module, list[Tensor]]:
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.recurrent, self.head = kind(4, 5, num_layers=2, batch_first=True), nn.Linear(5, 3)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(self.recurrent(x)[0][:, -1])
+
+    return Recurrent(), [torch.randn(2, 6, 4)]
+
+
+def _graph(make: str) -> tuple[nn.Module, list[Tensor]]:
+    gnn = pytest.importorskip("torch_geometric.nn")
+    layers = {"gat": lambda: gnn.GATConv(4, 5, heads=2, concat=False),
+              "transformer": lambda: gnn.TransformerConv(4, 5, heads=2, concat=False),
+              "edge": lambda: gnn.EdgeConv(nn.Sequential(nn.Linear(8, 5), nn.ReLU()), aggr="max")}
+
+    class Graph(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer, self.head = layers[make](), nn.Linear(5, 3)
+
+        def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+            return self.head(torch.relu(self.layer(x, edge_index)))
+
+    return Graph(), [torch.randn(10, 4), torch.randint(0, 10, (2, 30))]
+
+
+def _bags() -> tuple[nn.Module, list[Tensor]]:
+    class Bags(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bag, self.head = nn.EmbeddingBag(20, 6, mode="mean"), nn.Linear(6, 3)
+
+        def forward(self, ids: Tensor, offsets: Tensor) -> Tensor:
+            return self.head(self.bag(ids, offsets))
+
+    return Bags(), [torch.randint(0, 20, (8,)), torch.tensor([0, 3])]
+
+
+@pytest.mark.parametrize("build", [
+    lambda: _recurrent(nn.LSTM), lambda: _recurrent(nn.GRU), lambda: _graph("gat"), lambda: _graph("transformer"),
+    lambda: _graph("edge"), _bags,
+], ids=["lstm", "gru", "gat", "transformer-conv", "edge-conv", "embedding-bag"])
+@pytest.mark.parametrize("composite", [Epsilon(0.0), CPLRP(0.0)], ids=["lrp0", "cplrp"])
+def test_gradient_form_of_recurrent_graph_and_bag_models(build, composite) -> None:
+    """Gates as constants (LSTM, GRU), graph attention and max aggregation, embedding bags: each
+    equal to the relevance form."""
+    torch.manual_seed(0)
+    model, inputs = build()
+    model = model.double().eval()
+    inputs = [value.double() if value.is_floating_point() else value for value in inputs]
+    gradient, relevance = _forms(fxlrp.convert(model, composite), inputs, 1)
+    assert relative_error(gradient[0], relevance[0]) <= 1e-12
+
+
 def test_composites_with_a_stabiliser_or_other_rules_keep_the_relevance_form() -> None:
     model = Residual().double().eval()
     assert fxlrp.convert(model, Epsilon(0.0)).gradient_form
