@@ -112,8 +112,18 @@ class IdentityRuleGradient(torch.autograd.Function):
         for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
             inputs[index] = value
         with torch.no_grad():
-            weighted = ctx.function(*inputs).mul_(gradient)
-        result: list[Tensor | None] = []
+            output = ctx.function(*inputs)
+        receivers = [index for index, share in enumerate(ctx.shares) if share != 0.0]
+        if (len(receivers) == 1 and output.shape == inputs[receivers[0]].shape == gradient.shape
+                and output.data_ptr() != inputs[receivers[0]].data_ptr()):
+            # One receiver of the output's shape (an activation): f(x) / x * g in the output's buffer.
+            ratio = torch.nan_to_num_(output.div_(inputs[receivers[0]]), nan=0.0, posinf=0.0, neginf=0.0)
+            result: list[Tensor | None] = [None] * len(inputs)
+            result[receivers[0]] = ratio.mul_(gradient * ctx.shares[receivers[0]] if ctx.shares[receivers[0]] != 1.0
+                                              else gradient)
+            return (None, None, *result)
+        weighted = output.mul_(gradient)
+        result = []
         for share, value in zip(ctx.shares, inputs, strict=True):
             if share == 0.0 or not isinstance(value, Tensor):
                 result.append(None)
