@@ -67,7 +67,7 @@ class RelevanceNode(nn.Module):
         return f"{self.operation.name}, rule={self.call.rule!r}"
 
 
-_outside_compilation: list[Any] = []
+_outside_compilation: list[Any] = []  # not functools.cache: Dynamo traces through it, with a warning
 
 
 def _run_outside_compilation() -> Any:

@@ -25,6 +25,7 @@ from fxlrp.attention_rules import AttentionAsConstant, Product, SoftmaxRule
 from fxlrp.call import RelevanceCall
 from fxlrp.interpret import Interpretation, interpret
 from fxlrp.operations.helpers import bind, module_as_function
+from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
 from fxlrp.relevance.roles import ATTENTION, mark, role_of
@@ -88,19 +89,27 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return function(*args, **kwargs)
     if gradient_form_active():
-        shares = fused_gradient_shares(call, args, kwargs)
+        factors = args[:3]
+        roles = tuple(role_of(value) for value in factors)
+        carrying = tuple(carries_relevance(value) for value in factors)
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        masked = kwargs.get("is_causal", False) or mask is not None
+        # the same for every call of this site with these roles: resolved once
+        shares = call.cached(f"fused gradient shares {roles} {carrying} {masked}", (),
+                             lambda: fused_gradient_shares(call, roles, carrying, masked))
         if shares is not None:
-            factors = [
-                value if not carries_relevance(value) else scaled_gradient(value, share) if share else value.detach()
-                for value, share in zip(args[:3], shares, strict=True)
-            ]
-            return function(*factors, *args[3:], **kwargs)
+            held = [value if not carrying[index] else scaled_gradient(value, shares[index]) if shares[index]
+                    else value.detach() for index, value in enumerate(factors)]
+            return function(*held, *args[3:], **kwargs)
     return decomposed_in_backward(
         partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args)
 
 
-def fused_gradient_shares(call: RelevanceCall, args: tuple, kwargs: dict) -> tuple[float, float, float] | None:
-    """The shares of the fused kernel's gradients of ``q, k, v`` that equal relevance through
+def fused_gradient_shares(
+    call: RelevanceCall, roles: tuple[str | None, ...], carrying: tuple[bool, ...], masked: bool,
+) -> tuple[float, float, float] | None:
+    """The shares of the fused kernel's gradients of ``q, k, v`` (of these ``roles``, these
+    relevance-``carrying``, with a mask or not) that equal relevance through
     :func:`decomposed_attention` in the gradient form (:mod:`fxlrp.relevance.form`), or None if
     its rules have no gradient form there.
 
@@ -112,8 +121,6 @@ def fused_gradient_shares(call: RelevanceCall, args: tuple, kwargs: dict) -> tup
     none. The rules are the ones the decomposition would be given
     (:class:`~fxlrp.interpret.Interpretation`), so composites that change them are followed.
     """
-    query, key, value = args[:3]
-    masked = kwargs.get("is_causal", False) or kwargs.get("attn_mask", args[3] if len(args) > 3 else None) is not None
     interpretation = Interpretation(call)
     # q k^T is the decomposition's first operation: the first layer if the call may hold it
     scores_first = interpretation.first_layer_pending and interpretation.composite.counts_as_first_layer(
@@ -122,24 +129,20 @@ def fused_gradient_shares(call: RelevanceCall, args: tuple, kwargs: dict) -> tup
     def rule(operation: str, factors: int, first: bool = False) -> Any:
         return interpretation.rule_for(REGISTRY.operations[operation], None, first, factors)
 
-    def shares(product: Any, roles: tuple[str | None, str | None], carrying: tuple[bool, bool]) -> tuple[float, float]:
-        """Each factor's share under ``product`` (see products.receivers)."""
-        receiving = [index for index in range(2) if carrying[index]]
-        constants = getattr(product, "constants", ())  # a layer rule where one factor carries relevance
-        chosen = [index for index in receiving if roles[index] not in constants] or receiving
-        return tuple(1.0 / len(chosen) if index in chosen else 0.0 for index in range(2))
+    def shares(product: Any, factor_roles: tuple[str | None, str | None], carried: tuple[bool, bool]) -> list[float]:
+        chosen = receiving(product, factor_roles, tuple(index for index in range(2) if carried[index]))
+        return [1.0 / len(chosen) if index in chosen else 0.0 for index in range(2)]
 
-    carrying = [carries_relevance(factor) for factor in (query, key, value)]
     weights_carry = (carrying[0] or carrying[1]) and not isinstance(rule("softmax", 0), AttentionAsConstant)
     mixing_rule = rule("matmul", weights_carry + carrying[2])
-    to_weights, to_value = shares(mixing_rule, (ATTENTION, role_of(value)), (weights_carry, carrying[2]))
+    to_weights, to_value = shares(mixing_rule, (ATTENTION, roles[2]), (weights_carry, carrying[2]))
     if not weights_carry:
         return (0.0, 0.0, to_value) if mixing_rule.has_gradient_form() else None
     scores_rule = rule("matmul", carrying[0] + carrying[1], scores_first)
     needed = [rule("softmax", 0), scores_rule, mixing_rule] + ([rule("add", 0)] if masked else [])
     if not all(needed_rule.has_gradient_form() for needed_rule in needed):
         return None
-    to_query, to_key = shares(scores_rule, (role_of(query), role_of(key)), (carrying[0], carrying[1]))
+    to_query, to_key = shares(scores_rule, roles[:2], carrying[:2])
     return to_query * to_weights, to_key * to_weights, to_value
 
 

@@ -31,7 +31,14 @@ from fxlrp.rules import Product
 def receivers(rule: Product, args: tuple[Any, ...], carrying: tuple[int, ...]) -> tuple[int, ...]:
     """Positions of the relevance-carrying factors (``carrying``) that are not constants by role
     (all of them if every one is)."""
-    chosen = tuple(position for position in carrying if role_of(args[position]) not in rule.constants)
+    return receiving(rule, [role_of(value) for value in args], carrying)
+
+
+def receiving(rule: Any, roles: Sequence[str | None], carrying: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`receivers` from the factors' roles (a rule without ``constants``, a layer rule where
+    one factor carries relevance, holds none constant)."""
+    constants = getattr(rule, "constants", ())
+    chosen = tuple(position for position in carrying if roles[position] not in constants)
     return chosen or carrying
 
 
