@@ -9,6 +9,7 @@ part torch.fx cannot trace - and the user's model must come out of either as it 
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from torch import nn
@@ -31,10 +32,13 @@ class ModuleState:
         self.model = model
         self.modules = list({id(module): module for module in model.modules()}.values())
         self.attributes = [dict(vars(module)) for module in self.modules]
-        self.contents = {
-            id(value): (value, _shallow_copy(value))
-            for attributes in self.attributes for value in attributes.values() if isinstance(value, _CONTAINERS)
-        }
+        # This runs around every run of an eager part (about fifteen containers per module, most
+        # of them torch's empty hook dicts): empty containers are only checked for staying empty,
+        # and comparisons are made by identity in C (map(operator.is_, ...)), not in Python loops.
+        containers = {id(value): value for attributes in self.attributes for value in attributes.values()
+                      if isinstance(value, _CONTAINERS)}
+        self.empty = [value for value in containers.values() if not value]
+        self.contents = [(value, _shallow_copy(value)) for value in containers.values() if value]
 
     def restore(self) -> dict[str, Any]:
         """Put every module's attributes back; return the attributes the root gained meanwhile
@@ -42,12 +46,17 @@ class ModuleState:
         added = {name: value for name, value in vars(self.model).items() if name not in self.attributes[0]}
         for module, before in zip(self.modules, self.attributes, strict=True):
             now = vars(module)
+            if now.keys() == before.keys() and all(map(operator.is_, now.values(), before.values())):
+                continue
             for name in [name for name in now if name not in before]:
                 del now[name]
             for name, value in before.items():
                 if now.get(name, _MISSING) is not value:
                     now[name] = value
-        for container, contents in self.contents.values():
+        for container in self.empty:
+            if container:
+                container.clear()
+        for container, contents in self.contents:
             if _same_contents(container, contents):
                 continue
             container.clear()
@@ -75,7 +84,7 @@ def _same_contents(container: dict | list | set, contents: dict | list | set) ->
     if len(container) != len(contents):
         return False
     if isinstance(container, dict):
-        return all(key in contents and value is contents[key] for key, value in container.items())
+        return container.keys() == contents.keys() and all(map(operator.is_, container.values(), contents.values()))
     if isinstance(container, list):
-        return all(value is old for value, old in zip(container, contents, strict=True))
+        return all(map(operator.is_, container, contents))
     return {id(value) for value in container} == {id(value) for value in contents}

@@ -515,13 +515,21 @@ class SoftmaxRule(Epsilon):
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs = state[0]
         shares = super().backward(layer, state, relevance, output)
-        return tuple(
-            share if share is None else torch.where(torch.isfinite(value), share, torch.zeros_like(share))
-            for share, value in zip(shares, inputs, strict=True)
-        )
+        return tuple(share if share is None else _zero_where_infinite(share, value)
+                     for share, value in zip(shares, inputs, strict=True))
 
     def __repr__(self) -> str:
         return "SoftmaxRule()"
+
+
+def _zero_where_infinite(share: Tensor, value: Tensor) -> Tensor:
+    """``share`` with 0 where ``value`` is not finite (masked logits of ``-inf``)."""
+    if value.device.type == "cpu" and not values_are_traced() and bool(torch.isfinite(value.sum())):
+        # No mask in these logits (a finite sum: one read-only pass, no synchronisation on the
+        # CPU) - nothing to overwrite; the mask and the select cost three passes and a buffer.
+        return share
+    return share.masked_fill_(~torch.isfinite(value), 0.0) if not share.requires_grad else torch.where(
+        torch.isfinite(value), share, torch.zeros_like(share))
 
 
 class AttentionAsConstant(Rule):

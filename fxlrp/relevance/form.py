@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
 
 _active: ContextVar[bool] = ContextVar("fxlrp_gradient_form", default=False)
 
@@ -91,16 +93,35 @@ def scaled_gradient(tensor: Tensor, scale: float) -> Tensor:
     return tensor if scale == 1.0 else ScaledGradient.apply(tensor, scale)
 
 
+RATIOS: dict[Any, Callable[[Tensor], Tensor]] = {F.silu: torch.sigmoid, nn.SiLU: torch.sigmoid}
+"""``f(x) / x`` in closed form for activations (functions, or module types) whose identity rule
+is common enough to save the passes of recomputing ``f(x)`` and dividing by ``x``: SiLU's is
+``sigmoid(x)`` (Llama, Qwen, Gemma's gated MLPs; LXT keeps ``f(x) / (x + 1e-10)`` from forward)."""
+
+
+def _ratio_of(function: Any) -> Callable[[Tensor], Tensor] | None:
+    """The closed-form ``f(x) / x`` of ``function`` (possibly bound to keyword arguments), if known."""
+    if isinstance(function, partial):
+        if function.args or any(value is not False for value in function.keywords.values()):
+            return None  # only ``inplace=False`` leaves the map as it is
+        function = function.func
+    if isinstance(function, nn.Module):
+        return RATIOS.get(type(function))
+    return RATIOS.get(function)
+
+
 class IdentityRuleGradient(torch.autograd.Function):
     """The identity rule in the gradient form: ``R_i = share_i R`` becomes
     ``g_i = share_i (g y) / x_i`` (summed back over broadcast dimensions), for ``y =
     function(*inputs)``. Inputs of exactly 0 get 0: their relevance ``x_i g_i`` is 0, and a rule
     before them drops the relevance of a zero output, as in the relevance form. The output is
-    recomputed in backward from the kept inputs (what the function's own backward keeps)."""
+    recomputed in backward from the kept inputs (what the function's own backward keeps), or
+    the ratio ``f(x) / x`` computed directly where :data:`RATIOS` knows it."""
 
     @staticmethod
     def forward(ctx, function: Callable[..., Tensor], shares: tuple[float, ...], *inputs: Any) -> Tensor:
         ctx.function, ctx.shares = function, shares
+        ctx.ratio = _ratio_of(function) if len(inputs) == 1 else None
         ctx.positions = [index for index, value in enumerate(inputs) if isinstance(value, Tensor)]
         ctx.others = [None if isinstance(value, Tensor) else value for value in inputs]
         ctx.save_for_backward(*(inputs[index] for index in ctx.positions))
@@ -111,6 +132,9 @@ class IdentityRuleGradient(torch.autograd.Function):
         inputs = list(ctx.others)
         for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
             inputs[index] = value
+        if ctx.ratio is not None and inputs[0].shape == gradient.shape:
+            ratio = ctx.ratio(inputs[0])
+            return (None, None, ratio.mul_(gradient * ctx.shares[0] if ctx.shares[0] != 1.0 else gradient))
         with torch.no_grad():
             output = ctx.function(*inputs)
         receivers = [index for index, share in enumerate(ctx.shares) if share != 0.0]
