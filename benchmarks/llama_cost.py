@@ -7,7 +7,9 @@ every side). Configurations:
 
 - ``gxi``: gradient x input at the word embeddings, plain autograd (transformers 5);
 - ``attnlrp``: ``fxlrp.attribute(fxlrp.convert(model, AttnLRP(0.0)), ids)`` (transformers 5);
-- ``lxt_gxi``: gradient x input in LXT's environment (transformers 4.54.1);
+- ``lxt_gxi``: gradient x input of the unpatched model in LXT's environment (transformers 4.54.1);
+- ``lxt_attnlrp``: fxlrp as ``attnlrp``, in LXT's environment: the same transformers code as LXT
+  runs, so that the two are compared on equal terms;
 - ``lxt``: LXT 2.1's efficient mode, ``monkey_patch(modeling_llama)``, gradient x input of the
   patched model (transformers 4.54.1, the version LXT needs: it runs in ``.venv-lxt``).
 
@@ -41,7 +43,9 @@ CONFIG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hid
 QUICK = dict(CONFIG, num_hidden_layers=2, hidden_size=128, intermediate_size=344, num_attention_heads=4,
              num_key_value_heads=4, vocab_size=1000)
 MAIN = ("gxi", "attnlrp")
-LXT = ("lxt_gxi", "lxt")
+LXT_UNPATCHED = ("lxt_gxi", "lxt_attnlrp")
+LXT = (*LXT_UNPATCHED, "lxt")
+FXLRP = ("attnlrp", "lxt_attnlrp")
 
 
 # -- inside a worker process -----------------------------------------------------------------------
@@ -65,7 +69,7 @@ def _runner(name: str, model: Any, ids: Any, target: int) -> Any:
     """A call of configuration ``name``: the relevance per token."""
     import torch
 
-    if name == "attnlrp":
+    if name in FXLRP:
         import fxlrp
         from fxlrp.composites import AttnLRP
 
@@ -98,7 +102,7 @@ def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
 
     torch.set_num_threads(arguments.threads)
     config = QUICK if arguments.quick else CONFIG
-    model = _model(config, arguments.state, lxt=arguments.names[0].startswith("lxt"))
+    model = _model(config, arguments.state, lxt=arguments.names == ["lxt"])  # patched for LXT alone
     ids = torch.randint(3, config["vocab_size"], (1, arguments.length), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         target = int(model(input_ids=ids, logits_to_keep=1).logits[0, -1].argmax())
@@ -168,7 +172,7 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
         relevance: dict[str, list] = {}
         versions: dict[str, str] = {}
         for _ in range(arguments.rounds):
-            for python, names in ((sys.executable, MAIN), (LXT_PYTHON, ("lxt",)), (LXT_PYTHON, ("lxt_gxi",))):
+            for python, names in ((sys.executable, MAIN), (LXT_PYTHON, ("lxt",)), (LXT_PYTHON, LXT_UNPATCHED)):
                 result = _spawn(python, "time", names, arguments, state)
                 for name in names:
                     times[name] += result["times"][name]
@@ -181,6 +185,7 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
         "seconds": {name: statistics.median(values) for name, values in times.items()},
         "times": times, "allocated_mb": memory, "versions": versions,
         "attnlrp_vs_lxt_relative_error": _relative_error(relevance["attnlrp"], relevance["lxt"]),
+        "same_environment_relative_error": _relative_error(relevance["lxt_attnlrp"], relevance["lxt"]),
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
     }
@@ -203,8 +208,9 @@ def table(report: dict[str, Any]) -> str:
     seconds, memory = report["seconds"], report["allocated_mb"]
     fastest = {name: min(values) for name, values in report["times"].items()}
     rows = [("gradient x input (transformers 5)", "gxi", "gxi"),
-            ("fxlrp AttnLRP(0.0)", "attnlrp", "gxi"),
+            ("fxlrp AttnLRP(0.0) (transformers 5)", "attnlrp", "gxi"),
             ("gradient x input (transformers 4.54.1)", "lxt_gxi", "lxt_gxi"),
+            ("fxlrp AttnLRP(0.0) (transformers 4.54.1)", "lxt_attnlrp", "lxt_gxi"),
             ("LXT 2.1 efficient mode (AttnLRP)", "lxt", "lxt_gxi")]
     lines = ["| method | median (s) | x gradient x input | fastest (s) | x gradient x input | allocated peak (MB) "
              "| x gradient x input |",
@@ -242,7 +248,8 @@ def main() -> None:
         with open(arguments.json, "w") as file:
             json.dump(report, file, indent=1)
     print(table(report))
-    print(f"AttnLRP vs LXT relative error: {report['attnlrp_vs_lxt_relative_error']:.1e}; "
+    print(f"AttnLRP vs LXT relative error: {report['attnlrp_vs_lxt_relative_error']:.1e} "
+          f"(same environment: {report.get('same_environment_relative_error', float('nan')):.1e}); "
           f"{report['cpu']}, {report['threads']} threads; load {report['load_average']}")
 
 
