@@ -87,6 +87,22 @@ def fxlrp_explanation(name: str) -> Callable[[Workload], Callable[[], Tensor]]:
     return prepare
 
 
+def fxlrp_compiled(name: str) -> Callable[[Workload], Callable[[], Tensor]]:
+    """``fxlrp.compile``: the explanation (forward, start relevance, relevance backward) traced
+    to ATen operations and compiled by Inductor (fxlrp/compiled.py); the first call, which
+    traces and compiles (tens of seconds on a CPU), is made here and not timed."""
+    def prepare(workload: Workload) -> Callable[[], Tensor]:
+        import fxlrp
+
+        explain = fxlrp.convert(_WithOthersFixed(workload), _fxlrp_composite(name, workload))
+        compiled = fxlrp.compile(explain)
+        explained = workload.inputs[workload.explained]
+        compiled(explained)
+        return lambda: compiled(explained)
+
+    return prepare
+
+
 class _WithOthersFixed(nn.Module):
     """A workload's model taking only its explained input; the others are fixed (a GCN's edges and
     edge weights), so that ``fxlrp.attribute`` explains that input alone, as the other
@@ -160,6 +176,8 @@ class Configuration:
     name: str
     prepare: Callable[[Workload], Callable[[], Any]]
     is_floor: bool = False
+    by_default: bool = True
+    """False: run only when ``--configs`` names it (its preparation takes minutes)."""
 
 
 CONFIGURATIONS: dict[str, Configuration] = {
@@ -171,6 +189,7 @@ CONFIGURATIONS: dict[str, Configuration] = {
         Configuration("fxlrp EpsilonPlusFlat", fxlrp_explanation("EpsilonPlusFlat")),
         Configuration("fxlrp EpsilonGammaBox", fxlrp_explanation("EpsilonGammaBox")),
         Configuration("fxlrp LRP-0 (attribute)", fxlrp_lrp0_attributed),
+        Configuration("fxlrp Epsilon (compiled)", fxlrp_compiled("Epsilon"), by_default=False),
         Configuration("zennit Epsilon", zennit_explanation("Epsilon")),
         Configuration("zennit EpsilonPlusFlat", zennit_explanation("EpsilonPlusFlat")),
         Configuration("zennit EpsilonGammaBox", zennit_explanation("EpsilonGammaBox")),

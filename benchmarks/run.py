@@ -63,7 +63,13 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     models = _select(list(FULL), arguments.models)
-    names = _select(list(CONFIGURATIONS), arguments.configs)
+    # Configurations marked by_default=False (their preparation takes minutes) run when named in full.
+    requested = [selector.strip().lower() for selector in (arguments.configs or "").split(",") if selector.strip()]
+    on_request = [name for name, configuration in CONFIGURATIONS.items()
+                  if not configuration.by_default and name.lower() in requested]
+    others = [selector for selector in requested if selector not in {name.lower() for name in on_request}]
+    defaults = [name for name, configuration in CONFIGURATIONS.items() if configuration.by_default]
+    names = (_select(defaults, ",".join(others)) if others or not requested else []) + on_request
     if FLOOR not in names:
         names.insert(0, FLOOR)
     all_results = {}

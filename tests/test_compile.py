@@ -139,3 +139,32 @@ def test_command_line_compile_gives_the_eager_relevance(tmp_path, capsys: pytest
                          "--out", str(tmp_path / f"png{len(flags)}")]) == 0
         lines.append(capsys.readouterr().out.replace("png1", "png0"))
     assert lines[0] == lines[1] and "relevance sum" in lines[0]
+
+
+def test_a_part_run_eagerly_is_compiled_as_it_runs() -> None:
+    """A Hugging Face ViT, which torch.fx cannot trace (fxlrp runs it eagerly): the trace records
+    what the eager run computes, rules included (the epsilon rule's stabiliser, AttnLRP-style
+    products and the softmax rule of the decomposed attention), so the compiled relevance equals
+    the eager one in float64, for a second input without recompiling."""
+    import transformers
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vit = transformers.ViTForImageClassification(transformers.ViTConfig(
+                image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, num_labels=3))
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            return self.vit(pixel_values=pixels).logits
+
+    torch.manual_seed(0)
+    explain = fxlrp.convert(Logits().eval().double(), Epsilon(1e-6))
+    assert explain.report().eager_modules  # the case this test is about
+    compiled = fxlrp.compile(explain, backend="aot_eager")
+    for _ in range(2):
+        images = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+        reference = fxlrp.attribute(explain, images)
+        assert reference.abs().sum() > 0
+        assert torch.allclose(compiled(images), reference, rtol=1e-12, atol=1e-15)
+    assert compiled.graphs == 1
