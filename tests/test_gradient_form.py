@@ -72,6 +72,33 @@ def test_gradient_form_equals_relevance_form(build, shape, composite, capture) -
     assert relative_error(gradient, relevance) <= 1e-12
 
 
+class ZeroInputs(nn.Module):
+    """Activations whose input is exactly 0 at a unit with non-zero inputs and weights (a weight
+    row ``(1, -1, 0, 0)`` on inputs with ``x_0 = x_1``): the relevance form drops the relevance of
+    a zero output (LRP-0's ``R / z``), so must the gradient form, whose ``g`` there would otherwise
+    reach ``x_0`` and ``x_1`` (with opposite signs) through the weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.head = nn.Linear(4, 6, bias=False), nn.Linear(6, 3)
+        with torch.no_grad():
+            self.inner.weight[2] = torch.tensor([1.0, -1.0, 0.0, 0.0])
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.inner(x)
+        return self.head(F.silu(h) + F.gelu(h)).sum(dim=1)
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_identity_rule_at_inputs_of_zero(capture) -> None:
+    torch.manual_seed(0)
+    inputs = torch.randn(2, 5, 4, dtype=torch.float64)
+    inputs[..., 1] = inputs[..., 0]  # unit 2 of the inner layer is exactly 0
+    gradient, relevance = _forms(fxlrp.convert(ZeroInputs().double().eval(), Epsilon(0.0), capture=capture),
+                                 inputs, 1)
+    assert relative_error(gradient, relevance) <= 1e-12
+
+
 def test_gradient_form_for_token_ids_and_several_targets() -> None:
     """GPT-2 (run eagerly; its LayerNorm computes in float64, where Llama's RMSNorm would upcast to
     float32) explained per token for three next tokens at once, AttnLRP(0)."""

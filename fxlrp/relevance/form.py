@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from fxlrp.relevance.tracing import values_are_traced
+
 _active: ContextVar[bool] = ContextVar("fxlrp_gradient_form", default=False)
 
 
@@ -133,7 +135,12 @@ class IdentityRuleGradient(torch.autograd.Function):
         for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
             inputs[index] = value
         if ctx.ratio is not None and inputs[0].shape == gradient.shape:
-            ratio = ctx.ratio(inputs[0])
+            x = inputs[0]
+            ratio = ctx.ratio(x)
+            # An input of exactly 0 gets 0, as f(x) / x does (the rule before it drops the relevance
+            # of a zero output): found by a read-only pass on the CPU, written where there are any.
+            if x.device.type != "cpu" or values_are_traced() or not bool(x.all()):
+                ratio.masked_fill_(x == 0, 0.0)
             return (None, None, ratio.mul_(gradient * ctx.shares[0] if ctx.shares[0] != 1.0 else gradient))
         with torch.no_grad():
             output = ctx.function(*inputs)
