@@ -51,8 +51,9 @@ class RelevanceCall:
         bias: Tensor | None = None,
         *,
         has_parameters: bool = False,
+        recomputable: bool = False,
     ) -> AffineLayer:
-        return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance)
+        return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable)
 
     def affine(self, layer: AffineLayer, *inputs: Any) -> Tensor:
         """Run ``layer`` on ``inputs`` with this call's rule in backward."""

@@ -157,3 +157,44 @@ def test_a_transformers_activation_module_is_recomputed(name: str, capture: str)
     assert sorted(node.state[0][0].numel() for node in _rule_nodes(output)) == [0, 30]
     (actual,) = explained_relevance(explain, [x], onehot_relevance)
     assert relative_error(actual, _layer_by_layer(model, x, 0.1)) < 1e-12
+
+
+class NormedProjections(nn.Module):
+    """A transformer's pattern: a residual sum (whose rule keeps it as its denominator), LayerNorm,
+    and two projections of the normalised tensor, then a second LayerNorm on the first's input
+    (whose input is not a rule's kept output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.norm = nn.Linear(6, 6), nn.LayerNorm(6)
+        self.query, self.key, self.head = nn.Linear(6, 4), nn.Linear(6, 4), nn.Linear(4, 3)
+        self.input_norm = nn.LayerNorm(6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        residual = x + self.inner(x)
+        normed = self.norm(residual)
+        return self.head(self.query(normed) * 0.5 + self.key(normed) + self.key(self.input_norm(x)))
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_a_normalisation_output_is_recomputed_from_the_kept_sum(capture: str) -> None:
+    """Neither the LayerNorm after the sum nor the projections reading it keep its output; it is
+    recomputed in backward (the kernel again, on the same input: the same bits), so the relevance
+    is exactly that of the graph that keeps everything (reusable_graph). The LayerNorm on the
+    model's input keeps its output: nothing else keeps that input."""
+    torch.manual_seed(4)
+    model = NormedProjections().double().eval()
+    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.1), capture=capture)
+    output = explain(x)
+    nodes = _rule_nodes(output)
+    empty = sum(1 for node in nodes for value in node.state[0] if isinstance(value, Tensor) and value.numel() == 0)
+    assert empty == 2  # query and key read the recomputed normalisation, not their own copies
+    recipes = [node for node in nodes if node.kept is not None and node.kept.values is None]
+    assert len(recipes) == 1
+    (relevance,) = torch.autograd.grad(output, x, onehot_relevance(output))
+    with reusable_graph():
+        kept_output = explain(x)
+    assert not any(node.kept is not None and node.kept.values is None for node in _rule_nodes(kept_output))
+    (reference,) = torch.autograd.grad(kept_output, x, onehot_relevance(kept_output))
+    assert torch.equal(relevance, reference)

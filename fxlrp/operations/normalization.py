@@ -81,7 +81,7 @@ def normalisation(
             return HeldStatisticsGradient.apply(exact, vjp, x, w, b)
         return decomposed_in_backward(exact, linearised, x, w, b)
 
-    return call.affine(call.layer(layer_function, weight, bias, has_parameters=True), input)
+    return call.affine(call.layer(layer_function, weight, bias, has_parameters=True, recomputable=True), input)
 
 
 def _dimensions(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:

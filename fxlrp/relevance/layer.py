@@ -25,6 +25,8 @@ class AffineLayer:
     bias: Tensor | None = None
     has_parameters: bool = False
     warn_lost_relevance: bool = False
+    recomputable: bool = False
+    """Cheap to compute again from its input (a normalisation), so its output need not be kept."""
 
     def __call__(
         self, inputs: Sequence[Any], weight: Tensor | None = None, bias: Tensor | None = None

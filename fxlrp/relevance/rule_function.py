@@ -47,10 +47,13 @@ class KeptOutput:
     values: Tensor | None
     version: int
     sign: float | None = None
+    recompute: Callable[[], Tensor] | None = None
+    """Instead of ``values``: computes them again in backward (a normalisation's output, from its
+    input, which the rule before it keeps anyway; see :func:`_recompute_from_input`)."""
 
     def take(self) -> Tensor:
         values, self.values = self.values, None
-        return values
+        return self.recompute() if values is None and self.recompute is not None else values
 
 
 _reusable: ContextVar[bool] = ContextVar("fxlrp_reusable_graph", default=False)
@@ -113,6 +116,8 @@ class RuleFunction(torch.autograd.Function):
         ctx.kept = KeptOutput(output, output._version) if rule.keeps_output(prepared) else None
         ctx.reusable = _reusable.get()
         ctx.recomputed = () if ctx.reusable else _release_recomputable(inputs, leaves)
+        if layer.recomputable and not ctx.reusable:
+            _recompute_from_input(ctx, layer, inputs)
         return output.detach()
 
     @staticmethod
@@ -124,10 +129,14 @@ class RuleFunction(torch.autograd.Function):
                 "for each further explanation, or run that forward inside "
                 "fxlrp.relevance.rule_function.reusable_graph() and pass retain_graph=True"
             )
-        if ctx.kept is not None:
+        if ctx.kept is not None and ctx.kept.values is not None:
             _check_unchanged(ctx.kept.values, ctx.kept.version, "the output of a layer",
                              "its relevance rule would divide by changed values")
         _restore_recomputed(ctx.recomputed)
+        # The restored values live as long as the rule's state (taken below), not as long as the
+        # whole graph: held here too, every recomputed input of the model would be alive at once
+        # by the end of backward.
+        ctx.recomputed = ()
         if ctx.reusable:
             token = _reused.set(True)
             kept = None if ctx.kept is None else replace(ctx.kept)  # the rule takes from a copy
@@ -175,9 +184,47 @@ def recomputation_of(value: Tensor) -> tuple[Callable[[Tensor], Tensor], Tensor]
     if not isinstance(producer, RuleFunction._backward_cls) or producer.kept is None:
         return None
     source = producer.kept.values
-    if (source.data_ptr(), source.shape, source.stride()) != node.source_identity:
+    if source is None or _identity(source) != node.source_identity:
         return None  # the rule keeps another tensor (an activation's output handed over)
     return function, source
+
+
+def _recompute_from_input(ctx: Any, layer: AffineLayer, inputs: Sequence[Any]) -> None:
+    """Let a layer that is cheap to compute again (a normalisation: ``layer.recomputable``) keep
+    nothing of its output: where its one input is the kept output of the rule before it (a
+    residual sum, as before every LayerNorm of a transformer), the output is recomputed from that
+    input in backward - for its own rule's denominator and, through :func:`recomputation_of`, for
+    the layers that read it (a transformer's q, k, v projections and first MLP layer would each
+    keep it otherwise: one hidden-sized tensor per normalisation, which the gradient does not keep).
+    """
+    if len(inputs) != 1 or not carries_relevance(inputs[0]):
+        return
+    source = inputs[0]
+    producer = source.grad_fn
+    if not isinstance(producer, RuleFunction._backward_cls) or producer.kept is None:
+        return
+    kept = producer.kept.values
+    if kept is None or _identity(kept) != _identity(source):
+        return
+
+    def recompute(value: Tensor) -> Tensor:
+        with torch.no_grad():
+            return layer.forward([value])
+
+    ctx.recompute_with, ctx.source_identity = recompute, _identity(source)
+    if ctx.kept is not None:
+        version = kept._version
+
+        def recompute_kept() -> Tensor:
+            _check_unchanged(kept, version, "the input of a normalisation",
+                             "its output cannot be recomputed for its relevance rule")
+            return recompute(kept)
+
+        ctx.kept = KeptOutput(None, ctx.kept.version, recompute=recompute_kept)
+
+
+def _identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
+    return tensor.data_ptr(), tensor.shape, tensor.stride()
 
 
 def _release_recomputable(inputs: Sequence[Any], leaves: Sequence[Any]) -> tuple[Any, ...]:
@@ -220,7 +267,7 @@ def hand_over_activation(output: Tensor, activated: Tensor) -> None:
     nothing when ``output`` does not come straight from a rule that keeps it.
     """
     node = output.grad_fn
-    if not isinstance(node, RuleFunction._backward_cls) or node.kept is None:
+    if not isinstance(node, RuleFunction._backward_cls) or node.kept is None or node.kept.values is None:
         return
     kept = node.kept.values
     if kept.shape != activated.shape or kept.dtype != activated.dtype:
@@ -255,7 +302,7 @@ def rectify_in_place(output: Tensor) -> bool:
     if _outputs_recorded.get() or not isinstance(node, RuleFunction._backward_cls):
         return False
     torch.relu_(output)
-    if node.kept is not None:  # the kept tensor shares storage and version counter
+    if node.kept is not None and node.kept.values is not None:  # the kept tensor shares storage and version
         node.kept = KeptOutput(node.kept.values, node.kept.values._version, sign=1.0)
     return True
 
