@@ -29,7 +29,7 @@ from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.roles import GATE
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance, gradient_root
 from fxlrp.relevance.terms import Parameters, ParameterVariants, ZeroParams
-from fxlrp.relevance.tracing import values_are_traced
+from fxlrp.relevance.tracing import known_on_host, values_are_traced
 
 Stabiliser = float | Callable[[Tensor], Tensor]
 """A number ``eps`` (zennit's sign-preserving shift) or a function ``z -> stabilised z``."""
@@ -524,7 +524,7 @@ class SoftmaxRule(Epsilon):
 
 def _zero_where_infinite(share: Tensor, value: Tensor) -> Tensor:
     """``share`` with 0 where ``value`` is not finite (masked logits of ``-inf``)."""
-    if value.device.type == "cpu" and not values_are_traced() and bool(torch.isfinite(value.sum())):
+    if known_on_host(value, lambda value: torch.isfinite(value.sum())):
         # No mask in these logits (a finite sum: one read-only pass, no synchronisation on the
         # CPU) - nothing to overwrite; the mask and the select cost three passes and a buffer.
         return share

@@ -27,10 +27,10 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.relevance.tracing import values_are_traced
+from fxlrp.relevance.tracing import known_on_host
 
 _active: ContextVar[bool] = ContextVar("fxlrp_gradient_form", default=False)
 
@@ -134,25 +134,16 @@ class IdentityRuleGradient(torch.autograd.Function):
         inputs = list(ctx.others)
         for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
             inputs[index] = value
-        if ctx.ratio is not None and inputs[0].shape == gradient.shape:
-            x = inputs[0]
-            ratio = ctx.ratio(x)
-            # An input of exactly 0 gets 0, as f(x) / x does (the rule before it drops the relevance
-            # of a zero output): found by a read-only pass on the CPU, written where there are any.
-            if x.device.type != "cpu" or values_are_traced() or not bool(x.all()):
-                ratio.masked_fill_(x == 0, 0.0)
-            return (None, None, ratio.mul_(gradient * ctx.shares[0] if ctx.shares[0] != 1.0 else gradient))
-        with torch.no_grad():
-            output = ctx.function(*inputs)
         receivers = [index for index, share in enumerate(ctx.shares) if share != 0.0]
-        if (len(receivers) == 1 and output.shape == inputs[receivers[0]].shape == gradient.shape
-                and output.data_ptr() != inputs[receivers[0]].data_ptr()):
-            # One receiver of the output's shape (an activation): f(x) / x * g in the output's buffer.
-            ratio = torch.nan_to_num_(output.div_(inputs[receivers[0]]), nan=0.0, posinf=0.0, neginf=0.0)
+        ratio, output = _activation_ratio(ctx, inputs, receivers, gradient)
+        if ratio is not None:  # one receiver of the output's shape: f(x) / x * g
+            share = ctx.shares[receivers[0]]
             result: list[Tensor | None] = [None] * len(inputs)
-            result[receivers[0]] = ratio.mul_(gradient * ctx.shares[receivers[0]] if ctx.shares[receivers[0]] != 1.0
-                                              else gradient)
+            result[receivers[0]] = ratio.mul_(gradient * share if share != 1.0 else gradient)
             return (None, None, *result)
+        if output is None:
+            with torch.no_grad():
+                output = ctx.function(*inputs)
         weighted = output.mul_(gradient)
         result = []
         for share, value in zip(ctx.shares, inputs, strict=True):
@@ -163,6 +154,31 @@ class IdentityRuleGradient(torch.autograd.Function):
             quotient = torch.nan_to_num_(quotient, nan=0.0, posinf=0.0, neginf=0.0)  # x = 0: dropped
             result.append(quotient.mul_(share) if share != 1.0 else quotient)
         return (None, None, *result)
+
+
+def _activation_ratio(
+    ctx: Any, inputs: list[Any], receivers: list[int], gradient: Tensor,
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(f(x) / x, None)`` (0 where ``x = 0``) in a fresh buffer, for a function of one receiving
+    input of the output's shape (an activation); else ``(None, the recomputed output or None)``."""
+    if len(receivers) != 1 or not isinstance(inputs[receivers[0]], Tensor):
+        return None, None
+    x = inputs[receivers[0]]
+    if x.shape != gradient.shape:
+        return None, None
+    if ctx.ratio is not None:
+        ratio = ctx.ratio(x)
+        # An input of exactly 0 gets 0, as f(x) / x does (the rule before it drops the relevance
+        # of a zero output): looked for by a read-only pass, written only where there are any.
+        if not known_on_host(x, torch.all):
+            ratio.masked_fill_(x == 0, 0.0)
+        return ratio, None
+    with torch.no_grad():
+        output = ctx.function(*inputs)
+    if output.shape != x.shape or output.data_ptr() == x.data_ptr():
+        return None, output  # broadcasting, or worked in place: the general path
+    # in the recomputed output's buffer; 0 / 0 and overflow to 0
+    return torch.nan_to_num_(output.div_(x), nan=0.0, posinf=0.0, neginf=0.0), None
 
 
 def relevance_at(value: Tensor, gradient: Tensor | None) -> Tensor | None:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.relevance.form import IdentityRuleGradient, gradient_form_active, scaled_gradient
-from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.relevance.rule_function import carries_relevance, storage_identity
 from fxlrp.relevance.terms import shared_equally
 
 
@@ -34,16 +34,12 @@ class PassFunction(torch.autograd.Function):
         # A module is recomputed by its forward: its hooks (the user's) fire once per forward pass.
         own_forward = function.forward if isinstance(function, torch.nn.Module) else function
         ctx.recompute_with = own_forward if recomputable and fresh else None
-        ctx.source_identity = _identity(inputs[0]) if ctx.recompute_with is not None else None
+        ctx.source_identity = storage_identity(inputs[0]) if ctx.recompute_with is not None else None
         return output
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
         return (None, None, None, *shared_equally(relevance, ctx.shares, ctx.shapes))
-
-
-def _identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
-    return tensor.data_ptr(), tensor.shape, tensor.stride()
 
 
 def apply_pass(

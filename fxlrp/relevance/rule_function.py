@@ -184,7 +184,7 @@ def recomputation_of(value: Tensor) -> tuple[Callable[[Tensor], Tensor], Tensor]
     if not isinstance(producer, RuleFunction._backward_cls) or producer.kept is None:
         return None
     source = producer.kept.values
-    if source is None or _identity(source) != node.source_identity:
+    if source is None or storage_identity(source) != node.source_identity:
         return None  # the rule keeps another tensor (an activation's output handed over)
     return function, source
 
@@ -204,14 +204,14 @@ def _recompute_from_input(ctx: Any, layer: AffineLayer, inputs: Sequence[Any]) -
     if not isinstance(producer, RuleFunction._backward_cls) or producer.kept is None:
         return
     kept = producer.kept.values
-    if kept is None or _identity(kept) != _identity(source):
+    if kept is None or storage_identity(kept) != storage_identity(source):
         return
 
     def recompute(value: Tensor) -> Tensor:
         with torch.no_grad():
             return layer.forward([value])
 
-    ctx.recompute_with, ctx.source_identity = recompute, _identity(source)
+    ctx.recompute_with, ctx.source_identity = recompute, storage_identity(source)
     if ctx.kept is not None:
         version = kept._version
 
@@ -223,7 +223,8 @@ def _recompute_from_input(ctx: Any, layer: AffineLayer, inputs: Sequence[Any]) -
         ctx.kept = KeptOutput(None, ctx.kept.version, recompute=recompute_kept)
 
 
-def _identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
+def storage_identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
+    """Which values a tensor shows: where they start, their shape and strides."""
     return tensor.data_ptr(), tensor.shape, tensor.stride()
 
 

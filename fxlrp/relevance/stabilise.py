@@ -5,7 +5,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from fxlrp.relevance.tracing import values_are_traced
+from fxlrp.relevance.tracing import known_on_host, values_are_traced
 
 LOST_RELEVANCE_MESSAGE = (
     "fxlrp: relevance arriving at an output of 0 is dropped (it cannot be divided among the "
@@ -38,7 +38,7 @@ def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = F
     """
     quotient = relevance / denominator
     traced = values_are_traced()  # a trace records the general case, for every input
-    if not warn and not traced and quotient.device.type == "cpu" and bool(torch.isfinite(quotient.sum())):
+    if not warn and known_on_host(quotient, lambda quotient: torch.isfinite(quotient.sum())):
         # A zero denominator makes the quotient Inf or NaN there, and so its sum: a finite sum
         # (one pass that writes nothing; on the CPU the check costs no synchronisation) means
         # there is nothing to drop. Elsewhere, or if there is, the zeros are found and overwritten.

@@ -9,8 +9,10 @@ every term instead: the skipped terms are exact zeros, so relevance is the same.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from torch import Tensor
 
 _traces = 0
 """Traces running. A process-wide count, not a context variable: on a GPU the autograd engine runs
@@ -32,3 +34,10 @@ def traced() -> Iterator[None]:
 def values_are_traced() -> bool:
     """Whether rules must not decide anything from tensor values (see the module docstring)."""
     return _traces > 0
+
+
+def known_on_host(value: Tensor, check: Callable[[Tensor], Tensor]) -> bool:
+    """Whether the one-element ``check(value)`` is true, asked only where that is cheap and
+    allowed: on the CPU (no device synchronisation) and outside a trace. False otherwise, so that
+    callers take the general path (the work a true answer would let them skip)."""
+    return value.device.type == "cpu" and not values_are_traced() and bool(check(value))
