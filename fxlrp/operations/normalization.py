@@ -40,8 +40,9 @@ def scaled_and_shifted(
 
 
 class HeldStatisticsGradient(torch.autograd.Function):
-    """Forward: the native kernel ``exact(x, w, b)``. Backward: ``vjp(x, w, g)``, the
-    vector-Jacobian product of the linearised map (statistics held constant) in closed form.
+    """Forward: the native kernel, ``exact(x, w, b) -> (output, kept)``. Backward: ``vjp(kept, w,
+    g)``, the vector-Jacobian product of the linearised map (statistics held constant) in closed
+    form, from what the forward kept (LayerNorm: the kernel's own ``1 / sigma``; RMSNorm: ``x``).
 
     The same product :func:`~fxlrp.relevance.straight_through.decomposed_in_backward` gets by
     computing the linearised map again in backward and differentiating it (a nested autograd call
@@ -49,16 +50,17 @@ class HeldStatisticsGradient(torch.autograd.Function):
     gradient form's backward)."""
 
     @staticmethod
-    def forward(ctx, exact: Callable[..., Tensor], vjp: Callable[..., Tensor], x: Tensor, w: Tensor | None,
-                b: Tensor | None) -> Tensor:
+    def forward(ctx, exact: Callable[..., tuple[Tensor, Tensor]], vjp: Callable[..., Tensor], x: Tensor,
+                w: Tensor | None, b: Tensor | None) -> Tensor:
         ctx.vjp, ctx.weight = vjp, w
-        ctx.save_for_backward(x)  # in-place changes before backward are errors
-        return exact(x, w, b)
+        output, kept = exact(x, w, b)
+        ctx.save_for_backward(kept)  # in-place changes before backward are errors
+        return output
 
     @staticmethod
     def backward(ctx, gradient: Tensor) -> tuple[Tensor | None, ...]:
-        (x,) = ctx.saved_tensors
-        return None, None, ctx.vjp(x.detach(), ctx.weight, gradient), None, None
+        (kept,) = ctx.saved_tensors
+        return None, None, ctx.vjp(kept, ctx.weight, gradient), None, None
 
 
 def normalisation(
@@ -68,17 +70,18 @@ def normalisation(
     input: Tensor,
     weight: Tensor | None,
     bias: Tensor | None,
-    vjp: Callable[[Tensor, Tensor | None, Tensor], Tensor] | None = None,
+    held: tuple[Callable[..., tuple[Tensor, Tensor]], Callable[..., Tensor]] | None = None,
 ) -> Tensor:
     """Values of ``exact(x, w, b)``, relevance by the node's rule on ``linearised(x, w, b)``.
 
     Forward runs only the native kernel; the linearised map, which the rule's vector-Jacobian
-    product goes through, is computed in backward (as for attention), or its product is given
-    in closed form by ``vjp(x, w, g)`` (used where only ``x`` carries relevance)."""
+    product goes through, is computed in backward (as for attention), or, where only ``x``
+    carries relevance, its product is given in closed form by ``held = (kernel, vjp)``
+    (:class:`HeldStatisticsGradient`)."""
 
     def layer_function(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
-        if vjp is not None and not carries_relevance(w) and not carries_relevance(b):
-            return HeldStatisticsGradient.apply(exact, vjp, x, w, b)
+        if held is not None and not carries_relevance(w) and not carries_relevance(b):
+            return HeldStatisticsGradient.apply(*held, x, w, b)
         return decomposed_in_backward(exact, linearised, x, w, b)
 
     return call.affine(call.layer(layer_function, weight, bias, has_parameters=True, recomputable=True), input)
@@ -100,22 +103,26 @@ def layer_norm(
     def exact(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
         return function(x, normalized_shape, w, b, eps)
 
-    def inverse_sigma_of(x: Tensor) -> Tensor:
-        # 1 / sqrt(var + eps) as layer_norm's kernel computes it (one pass; 5x faster than var)
-        return torch.native_layer_norm(x.detach(), feature_shape, None, None, eps)[2]
-
     def linearised(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        # 1 / sqrt(var + eps) as layer_norm's kernel computes it (one pass; 5x faster than var)
+        inverse_sigma = torch.native_layer_norm(x.detach(), feature_shape, None, None, eps)[2]
         centred = x - x.mean(dimensions, keepdim=True)
-        return scaled_and_shifted(centred * inverse_sigma_of(x), w, b, feature_shape)
+        return scaled_and_shifted(centred * inverse_sigma, w, b, feature_shape)
 
-    def vjp(x: Tensor, w: Tensor | None, gradient: Tensor) -> Tensor:
+    def kernel(x: Tensor, w: Tensor | None, b: Tensor | None) -> tuple[Tensor, Tensor]:
+        # F.layer_norm's own kernel (the same values, also under autocast), with its 1 / sigma
+        output, _, inverse_sigma = torch.native_layer_norm(x, feature_shape, w, b, eps)
+        return output, inverse_sigma
+
+    def vjp(inverse_sigma: Tensor, w: Tensor | None, gradient: Tensor) -> Tensor:
         # y = (x - mean x) / sigma * w + b: with h = g w / sigma, g_x = h - mean h
-        scaled = gradient * inverse_sigma_of(x)
+        scaled = gradient * inverse_sigma
         if w is not None:
             scaled.mul_(w.view(feature_shape))
         return scaled.sub_(scaled.mean(dimensions, keepdim=True))
 
-    return normalisation(call, exact, linearised, input, weight, bias, vjp)
+    plain = function in (F.layer_norm, torch.layer_norm)  # another spelling keeps its own kernel
+    return normalisation(call, exact, linearised, input, weight, bias, (kernel, vjp) if plain else None)
 
 
 def group_norm(
@@ -155,11 +162,14 @@ def rms_norm(
     def linearised(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
         return scaled_and_shifted(x * inverse_rms_of(x), w, None, feature_shape)
 
+    def kernel(x: Tensor, w: Tensor | None, b: Tensor | None) -> tuple[Tensor, Tensor]:
+        return exact(x, w, b), x  # F.rms_norm returns no statistic: 1 / rms from x in backward
+
     def vjp(x: Tensor, w: Tensor | None, gradient: Tensor) -> Tensor:
         scaled = gradient * inverse_rms_of(x)  # y = x / rms * w: a per-element scaling
         return scaled.mul_(w.view(feature_shape)) if w is not None else scaled
 
-    return normalisation(call, exact, linearised, input, weight, None, vjp)
+    return normalisation(call, exact, linearised, input, weight, None, (kernel, vjp))
 
 
 def layer_norm_module(module: nn.LayerNorm, parameters: dict[str, Any]):
