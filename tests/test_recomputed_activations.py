@@ -198,3 +198,33 @@ def test_a_normalisation_output_is_recomputed_from_the_kept_sum(capture: str) ->
     assert not any(node.kept is not None and node.kept.values is None for node in _rule_nodes(kept_output))
     (reference,) = torch.autograd.grad(kept_output, x, onehot_relevance(kept_output))
     assert torch.equal(relevance, reference)
+
+
+class SharedActivation(nn.Module):
+    """An activation read by a residual sum and by a convolution (which, unlike a linear layer,
+    saves its input in autograd even with frozen weights); each recomputes it, and the sum takes
+    its product in its own copy (its two gradients share one buffer, so it cannot take it there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.inner = nn.Conv2d(2, 3, 3, padding=1), nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        activated = F.gelu(self.first(x))
+        return (activated + self.inner(activated)).mean((2, 3))
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_an_activation_read_by_a_sum_and_a_convolution_is_recomputed_for_each(capture: str) -> None:
+    torch.manual_seed(5)
+    model = SharedActivation().double().eval()
+    x = torch.randn(2, 2, 5, 5, dtype=torch.float64, requires_grad=True)
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.1), capture=capture)
+    output = explain(x)
+    assert sum(1 for node in _rule_nodes(output) for value in node.state[0]
+               if isinstance(value, Tensor) and value.numel() == 0) == 2  # both read a recomputation
+    (relevance,) = torch.autograd.grad(output, x, onehot_relevance(output))
+    with reusable_graph():
+        kept = explain(x)
+    (reference,) = torch.autograd.grad(kept, x, onehot_relevance(kept))
+    assert torch.equal(relevance, reference)

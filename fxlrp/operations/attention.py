@@ -30,7 +30,7 @@ from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
 from fxlrp.relevance.roles import ATTENTION, mark, role_of
 from fxlrp.relevance.rule_function import carries_relevance
-from fxlrp.relevance.straight_through import decomposed_in_backward
+from fxlrp.relevance.straight_through import Index, Piece, decomposed_in_backward
 
 
 def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
@@ -101,8 +101,66 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
             held = [value if not carrying[index] else scaled_gradient(value, shares[index]) if shares[index]
                     else value.detach() for index, value in enumerate(factors)]
             return function(*held, *args[3:], **kwargs)
+    if len(args) < 4:  # the mask positional, so that each piece gets its part of it
+        kwargs = dict(kwargs)
+        args = (*args, kwargs.pop("attn_mask", None))
     return decomposed_in_backward(
-        partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args)
+        partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args,
+        pieces=attention_pieces(*args[:4]))
+
+
+PIECE_SCORES = 1 << 19
+"""Attention scores (query x key entries) per piece of the decomposition in backward, about 2 MB in
+float32. The scores, the weights and their relevance are alive for one piece at a time (for
+ViT-Base at 224 x 224, batch 2: one sample's heads, half a layer's). Smaller pieces cost time: each
+runs the decomposition's few dozen operations again on less data (one head per piece made
+HF ViT-Base's Epsilon explanation about 20% slower)."""
+
+
+def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> list[Piece] | None:
+    """Independent pieces of ``softmax(q k^T * scale + mask) @ v``: groups of heads of samples,
+    each with about :data:`PIECE_SCORES` scores (whole groups of query heads sharing keys and values
+    under grouped-query attention), or None where the whole is small or the shapes are not
+    ``[..., (batch,) heads, length, features]`` with keys, values and mask of the same or broadcast
+    (size 1) batch and heads."""
+    if query.dim() < 3:
+        return None
+    length, source, heads = query.shape[-2], key.shape[-2], query.shape[-3]
+    batch = query.shape[-4] if query.dim() >= 4 else 1
+    if batch * heads * length * source <= PIECE_SCORES:
+        return None
+    shared = {tensor.shape[-3] for tensor in (key, value) if tensor.dim() >= 3 and tensor.shape[-3] != 1}
+    kv_heads = shared.pop() if len(shared) == 1 else 1 if not shared else 0
+    if kv_heads == 0 or heads % kv_heads:
+        return None
+    group = heads // kv_heads if kv_heads > 1 else 1  # size 1: broadcast, every piece reads it whole
+    heads_per_piece = min(heads, max(1, PIECE_SCORES // (length * source * group)) * group)
+    samples_per_piece = max(1, PIECE_SCORES // (length * source * heads)) if heads_per_piece == heads else 1
+
+    def where(tensor: Tensor | None, first: int, last: int, sample: int, samples: int) -> Index | None:
+        # the piece's heads (dim -3) and samples (dim -4) of a tensor aligned to the query's last dims
+        if tensor is None or tensor.dim() < 3:
+            return None
+        index = [slice(None)] * tensor.dim()
+        size = tensor.shape[-3]
+        if size == heads:
+            index[-3] = slice(first, last)
+        elif size == kv_heads and size != 1:
+            index[-3] = slice(first // group, last // group)
+        if tensor.dim() >= 4 and query.dim() >= 4 and tensor.shape[-4] == batch and batch != 1:
+            index[-4] = slice(sample, sample + samples)
+        return tuple(index)
+
+    if any(tensor is not None and tensor.dim() >= 3 and tensor.shape[-3] not in (1, heads, kv_heads)
+           or tensor is not None and tensor.dim() >= 4 and tensor.shape[-4] not in (1, batch)
+           for tensor in (key, value, mask)):
+        return None
+    return [
+        (*(where(tensor, first, min(first + heads_per_piece, heads), sample, samples_per_piece)
+           for tensor in (query, key, value, mask)),
+         where(query, first, min(first + heads_per_piece, heads), sample, samples_per_piece))
+        for sample in range(0, batch, samples_per_piece) for first in range(0, heads, heads_per_piece)
+    ]
 
 
 def fused_gradient_shares(

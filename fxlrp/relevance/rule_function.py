@@ -82,6 +82,21 @@ def graph_reused() -> bool:
     return _reused.get()
 
 
+_recomputed_now: ContextVar[tuple[tuple[Tensor, Tensor], ...]] = ContextVar("fxlrp_recomputed_inputs", default=())
+
+
+def writable_recomputation(value: Any) -> Tensor | None:
+    """The values of ``value`` if it is an input the rule running its backward now recomputed for
+    itself (:func:`recomputation_of`), as a tensor the rule may write into: no one else reads
+    them, and they are freed with the rule's state. (Not the leaf itself: the leaves of every
+    rule reading one tensor share its version counter, so a write through one would make the
+    others' graphs refuse their saved inputs.) None otherwise."""
+    for leaf, values in _recomputed_now.get():
+        if value is leaf:
+            return values
+    return None
+
+
 _USED_UP = object()
 """A rule state after a backward pass that freed it."""
 
@@ -132,12 +147,12 @@ class RuleFunction(torch.autograd.Function):
         if ctx.kept is not None and ctx.kept.values is not None:
             _check_unchanged(ctx.kept.values, ctx.kept.version, "the output of a layer",
                              "its relevance rule would divide by changed values")
-        _restore_recomputed(ctx.recomputed)
+        recomputed = _restore_recomputed(ctx.recomputed)
         # The restored values live as long as the rule's state (taken below), not as long as the
         # whole graph: held here too, every recomputed input of the model would be alive at once
         # by the end of backward.
         ctx.recomputed = ()
-        if ctx.reusable:
+        if ctx.reusable:  # (recomputes nothing)
             token = _reused.set(True)
             kept = None if ctx.kept is None else replace(ctx.kept)  # the rule takes from a copy
             try:
@@ -148,8 +163,12 @@ class RuleFunction(torch.autograd.Function):
             # State and kept output are handed over, not kept here: a rule may drop what it has
             # read (the epsilon rule frees the kept output before its VJP, lowering backward's peak).
             state, kept = _taken(ctx)
-            input_relevance = ctx.rule.backward(ctx.layer, state, relevance, kept)
-            del state, kept
+            recomputed_token = _recomputed_now.set(recomputed)
+            try:
+                input_relevance = ctx.rule.backward(ctx.layer, state, relevance, kept)
+            finally:
+                _recomputed_now.reset(recomputed_token)
+            del state, kept, recomputed
         routed = tuple(
             relevance_of_input if carrying else None
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
@@ -242,7 +261,9 @@ def _release_recomputable(inputs: Sequence[Any], leaves: Sequence[Any]) -> tuple
     return tuple(released)
 
 
-def _restore_recomputed(released: Sequence[Any]) -> None:
+def _restore_recomputed(released: Sequence[Any]) -> tuple[tuple[Tensor, Tensor], ...]:
+    """The released inputs' values computed again into their leaves; pairs of leaf and values."""
+    restored = []
     for leaf, layout, function, source, version in released:
         _check_unchanged(source, version, "the input of an activation",
                          "the activation's output cannot be recomputed for relevance")
@@ -255,6 +276,8 @@ def _restore_recomputed(released: Sequence[Any]) -> None:
                 "run the explainer's forward and backward under the same modes"
             )
         leaf.data = values
+        restored.append((leaf, values))
+    return tuple(restored)
 
 
 def hand_over_activation(output: Tensor, activated: Tensor) -> None:

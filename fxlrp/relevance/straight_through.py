@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -10,6 +10,12 @@ from torch import Tensor
 
 from fxlrp.relevance.form import gradient_form, gradient_form_active
 from fxlrp.relevance.rule_function import carries_relevance
+
+Index = tuple[slice, ...]
+Piece = tuple[Index | None, ...]
+"""Where a piece of an operation lies in its inputs and, last, in its output: one index per input
+(None: the whole input, which the piece then shares with other pieces; inputs past the last index
+given are whole too) and one of the output."""
 
 
 class DecomposedInBackward(torch.autograd.Function):
@@ -22,12 +28,15 @@ class DecomposedInBackward(torch.autograd.Function):
     Computing the decomposition in backward rather than beside the kernel in forward is the same
     work, but its intermediates (attention's ``length x length`` scores and weights, one set per
     layer) live only while relevance passes through that layer instead of from forward to
-    backward.
+    backward. An operation made of independent pieces (attention: each head of each sample) may
+    name them: the decomposition then runs piece after piece, so that only one piece's
+    intermediates are alive at a time.
     """
 
     @staticmethod
-    def forward(ctx, exact: Callable[..., Any], path: Callable[..., Any], *inputs: Any) -> Any:
-        ctx.path = path
+    def forward(ctx, exact: Callable[..., Any], path: Callable[..., Any], pieces: Sequence[Piece] | None,
+                *inputs: Any) -> Any:
+        ctx.path, ctx.pieces = path, pieces
         ctx.gradient_form = gradient_form_active()  # backward may run on another thread (CUDA)
         ctx.positions = [index for index, value in enumerate(inputs) if carries_relevance(value)]
         # (aliases: the Python objects may be given other tensors later, see RuleFunction.forward)
@@ -41,27 +50,56 @@ class DecomposedInBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *relevance: Tensor | None) -> tuple[Tensor | None, ...]:
         inputs = list(ctx.inputs)
-        leaves = [value.detach().requires_grad_() for value in ctx.saved_tensors]
-        for index, leaf in zip(ctx.positions, leaves, strict=True):
-            inputs[index] = leaf
-        with torch.enable_grad(), gradient_form(ctx.gradient_form):
-            outputs = ctx.path(*inputs)
-        outputs = (outputs,) if ctx.single else tuple(outputs)
-        pairs = [
-            (output, share) for output, share in zip(outputs, relevance, strict=True)
-            if share is not None and isinstance(output, Tensor) and output.requires_grad
-        ]
-        shares = torch.autograd.grad(
-            [output for output, _ in pairs], leaves, [share for _, share in pairs], allow_unused=True
-        ) if pairs else [None] * len(leaves)
+        for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
+            inputs[index] = value
         result: list[Tensor | None] = [None] * len(inputs)
-        for index, share in zip(ctx.positions, shares, strict=True):
-            result[index] = share
-        return (None, None, *result)
+        if ctx.pieces is None:
+            shares = _relevance_through(ctx, inputs, relevance)
+            for index, share in zip(ctx.positions, shares, strict=True):
+                result[index] = share
+            return (None, None, None, *result)
+        for piece in ctx.pieces:
+            *where, where_out = piece
+            where = [*where, *[None] * (len(inputs) - len(where))]
+            part = [value if at is None or not isinstance(value, Tensor) else value[at]
+                    for value, at in zip(inputs, where, strict=True)]
+            shares = _relevance_through(ctx, part, tuple(
+                share if share is None or where_out is None else share[where_out] for share in relevance))
+            for index, share in zip(ctx.positions, shares, strict=True):
+                if share is None:
+                    continue
+                if result[index] is None:
+                    result[index] = torch.zeros_like(inputs[index])
+                whole = result[index]
+                (whole if where[index] is None else whole[where[index]]).add_(share)
+        return (None, None, None, *result)
 
 
-def decomposed_in_backward(exact: Callable[..., Any], path: Callable[..., Any], *inputs: Any) -> Any:
+def _relevance_through(ctx: Any, inputs: list[Any], relevance: Sequence[Tensor | None]) -> Sequence[Tensor | None]:
+    """The relevance of the relevance-carrying ``inputs`` (at ``ctx.positions``) through the
+    decomposition ``ctx.path``, for the ``relevance`` of its outputs."""
+    leaves = [inputs[index].detach().requires_grad_() for index in ctx.positions]
+    for index, leaf in zip(ctx.positions, leaves, strict=True):
+        inputs[index] = leaf
+    with torch.enable_grad(), gradient_form(ctx.gradient_form):
+        outputs = ctx.path(*inputs)
+    outputs = (outputs,) if ctx.single else tuple(outputs)
+    pairs = [
+        (output, share) for output, share in zip(outputs, relevance, strict=True)
+        if share is not None and isinstance(output, Tensor) and output.requires_grad
+    ]
+    if not pairs:
+        return [None] * len(leaves)
+    return torch.autograd.grad([output for output, _ in pairs], leaves, [share for _, share in pairs],
+                               allow_unused=True)
+
+
+def decomposed_in_backward(
+    exact: Callable[..., Any], path: Callable[..., Any], *inputs: Any, pieces: Sequence[Piece] | None = None,
+) -> Any:
     """``exact(*inputs)``, whose relevance in backward is that of ``path(*inputs)`` (the same
     operation decomposed into explained parts), computed in backward; see
-    :class:`DecomposedInBackward`."""
-    return DecomposedInBackward.apply(exact, path, *inputs)
+    :class:`DecomposedInBackward`. ``pieces``: independent parts of the operation, decomposed one
+    after the other (one :data:`Piece` each; their outputs must not overlap and must cover the
+    output)."""
+    return DecomposedInBackward.apply(exact, path, pieces, *inputs)

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.autograd.graph import GradientEdge
 
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import carries_relevance, graph_reused
+from fxlrp.relevance.rule_function import carries_relevance, graph_reused, writable_recomputation
 from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
 from fxlrp.relevance.tracing import values_are_traced
 
@@ -213,10 +213,19 @@ def input_times_gradient(
     # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
     gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())
     products = iter(
-        gradient.mul_(value) if in_place else value * gradient
+        gradient.mul_(value) if in_place else _product(value, gradient)
         for value, gradient, in_place in zip(carrying, gradients, _writable(gradients), strict=True)
     )
     return tuple(next(products) if carries_relevance(value) else None for value in inputs)
+
+
+def _product(value: Tensor, gradient: Tensor) -> Tensor:
+    """``value * gradient``, written into ``value`` where it was recomputed for this rule alone
+    (the activation before an MLP's second layer): one input-sized buffer less at backward's peak."""
+    own = None if values_are_traced() else writable_recomputation(value)
+    if own is not None and (own.shape, own.dtype) == (gradient.shape, gradient.dtype):
+        return own.mul_(gradient)
+    return value * gradient
 
 
 def _writable(gradients: Sequence[Tensor]) -> list[bool]:

@@ -1,0 +1,153 @@
+"""Fused attention's decomposition in backward, run piece by piece (groups of heads of samples,
+fxlrp.operations.attention.attention_pieces) so that one piece's scores are alive at a time.
+Pieces must give the relevance of the whole decomposition, and with epsilon 0 that of the fused
+kernel's own backward (the gradient form); float64 throughout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import relative_error
+from torch import Tensor, nn
+
+import fxlrp
+import fxlrp.operations.attention as attention
+from fxlrp.composites import CPLRP, AttnLRP
+from fxlrp.rules import Epsilon
+
+LENGTH = 6
+
+
+class Attention(nn.Module):
+    """``F.scaled_dot_product_attention`` with ``heads`` query heads and ``shared`` key/value heads
+    (grouped-query with ``enable_gqa``, broadcast when 1), one of several masks."""
+
+    def __init__(self, heads: int, shared: int, mask: str) -> None:
+        super().__init__()
+        self.heads, self.shared, self.masking = heads, shared, mask
+        self.pieces = 2 * (shared if shared > 1 else heads)  # one per group of heads reading one key head
+        self.query, self.key, self.value = nn.Linear(5, 3 * heads), nn.Linear(5, 3 * shared), nn.Linear(5, 3 * shared)
+        self.out = nn.Linear(3 * heads, 2)
+        generator = torch.Generator().manual_seed(1)
+        masks = {
+            "none": None,
+            "causal": None,
+            "boolean per sample": torch.rand(2, 1, LENGTH, LENGTH, generator=generator) > 0.3,
+            "additive per head": torch.randn(heads, LENGTH, LENGTH, generator=generator),
+            "boolean shared": torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril(1),
+        }
+        masks["boolean per sample"][..., 0] = True  # every query attends somewhere
+        self.register_buffer("mask", masks[mask])
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch = x.shape[0]
+
+        def heads(values: Tensor, count: int) -> Tensor:
+            return values.reshape(batch, LENGTH, count, 3).transpose(1, 2)
+
+        q = heads(self.query(x), self.heads)
+        k, v = heads(self.key(x), self.shared), heads(self.value(x), self.shared)
+        grouped = {"enable_gqa": True} if 1 < self.shared < self.heads else {}
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, is_causal=self.masking == "causal",
+                                               **grouped)
+        return self.out(mixed.transpose(1, 2).reshape(batch, LENGTH, -1).mean(dim=1))
+
+
+class Unbatched(nn.Module):
+    """Attention on ``[batch, length, features]`` (no head dimension): pieces are samples."""
+
+    pieces = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.project, self.out = nn.Linear(5, 12), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.project(x).chunk(3, dim=-1)
+        return self.out(F.scaled_dot_product_attention(q, k, v).mean(dim=1))
+
+
+MODELS = {
+    "heads": lambda: Attention(4, 4, "none"),
+    "grouped-query": lambda: Attention(4, 2, "causal"),
+    "broadcast key-value": lambda: Attention(4, 1, "boolean per sample"),
+    "additive mask per head": lambda: Attention(4, 4, "additive per head"),
+    "shared boolean mask": lambda: Attention(2, 2, "boolean shared"),
+    "no head dimension": Unbatched,
+}
+
+
+def _relevance(explain: nn.Module, inputs: Tensor) -> Tensor:
+    leaf = inputs.clone().requires_grad_()
+    output = explain(leaf)
+    (relevance,) = torch.autograd.grad(output, leaf, torch.ones_like(output))
+    return relevance
+
+
+@pytest.mark.parametrize("build", MODELS.values(), ids=MODELS.keys())
+@pytest.mark.parametrize("composite", [Epsilon(1e-6), AttnLRP(0.0), CPLRP()], ids=["epsilon", "attnlrp0", "cplrp"])
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_pieces_give_the_relevance_of_the_whole(build, composite, capture, monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = build().double().eval()
+    inputs = torch.randn(2, LENGTH, 5, dtype=torch.float64)
+    explain = fxlrp.convert(model, composite, capture=capture, strict=True)
+    monkeypatch.setattr(attention, "PIECE_SCORES", 1 << 30)
+    whole = _relevance(explain, inputs)
+    pieces = []
+    original = attention.attention_pieces
+
+    def recorded(*args):
+        pieces.append(original(*args))
+        return pieces[-1]
+
+    monkeypatch.setattr(attention, "attention_pieces", recorded)
+    monkeypatch.setattr(attention, "PIECE_SCORES", 1)  # each group of heads of each sample a piece
+    piecewise = _relevance(explain, inputs)
+    assert len(pieces) == 1 and len(pieces[0]) == model.pieces
+    assert relative_error(piecewise, whole) <= 1e-12
+    assert whole.abs().sum() > 0
+
+
+@pytest.mark.parametrize("build", MODELS.values(), ids=MODELS.keys())
+def test_pieces_equal_the_fused_kernels_backward_at_epsilon_0(build, monkeypatch) -> None:
+    """AttnLRP(0) in the gradient form runs the kernel's own backward (q, k: 1/4, v: 1/2): an
+    independent reference for the decomposition run in pieces."""
+    torch.manual_seed(0)
+    model = build().double().eval()
+    inputs = torch.randn(2, LENGTH, 5, dtype=torch.float64)
+    explain = fxlrp.convert(model, AttnLRP(0.0), strict=True)
+    kernel = fxlrp.attribute(explain, inputs, target=1)
+    assert explain.gradient_form
+    monkeypatch.setattr(attention, "PIECE_SCORES", 1)
+    explain.gradient_form = False
+    assert relative_error(fxlrp.attribute(explain, inputs, target=1), kernel) <= 1e-12
+
+
+def test_pieces_follow_the_heads_of_grouped_keys_and_the_mask() -> None:
+    """Where each piece lies: query heads 2h, 2h+1 read key/value head h; a mask of size 1 in a
+    dimension is read whole by every piece."""
+    query = torch.zeros(2, 4, 3, 3)
+    key = value = torch.zeros(2, 2, 3, 3)
+    mask = torch.zeros(1, 4, 3, 3)
+    try:
+        saved, attention.PIECE_SCORES = attention.PIECE_SCORES, 18  # two query heads of one sample
+        pieces = attention.attention_pieces(query, key, value, mask)
+    finally:
+        attention.PIECE_SCORES = saved
+    every = slice(None)
+    assert pieces == [
+        ((slice(0, 1), slice(0, 2), every, every), (slice(0, 1), slice(0, 1), every, every),
+         (slice(0, 1), slice(0, 1), every, every), (every, slice(0, 2), every, every),
+         (slice(0, 1), slice(0, 2), every, every)),
+        ((slice(0, 1), slice(2, 4), every, every), (slice(0, 1), slice(1, 2), every, every),
+         (slice(0, 1), slice(1, 2), every, every), (every, slice(2, 4), every, every),
+         (slice(0, 1), slice(2, 4), every, every)),
+        ((slice(1, 2), slice(0, 2), every, every), (slice(1, 2), slice(0, 1), every, every),
+         (slice(1, 2), slice(0, 1), every, every), (every, slice(0, 2), every, every),
+         (slice(1, 2), slice(0, 2), every, every)),
+        ((slice(1, 2), slice(2, 4), every, every), (slice(1, 2), slice(1, 2), every, every),
+         (slice(1, 2), slice(1, 2), every, every), (every, slice(2, 4), every, every),
+         (slice(1, 2), slice(2, 4), every, every)),
+    ]
