@@ -495,7 +495,12 @@ class Product(Epsilon):
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         shares = super().backward(layer, state, relevance, output)
         receivers = sum(share is not None for share in shares)
-        return tuple(None if share is None else share / receivers for share in shares)
+        if receivers == 1:
+            return shares
+        # The shares are this rule's own fresh tensors: divided in place, unless recorded (a
+        # double backward), which saves an allocation of each factor's size.
+        return tuple(None if share is None else share / receivers if share.requires_grad else share.div_(receivers)
+                     for share in shares)
 
 
 class SoftmaxRule(Epsilon):
