@@ -511,6 +511,8 @@ def document(results: dict[str, dict[str, Any]], threads: int, command: str) -> 
     loads = [record["load"] for record in results.values() if "load" in record]
     load = f"; load average (1 min) at each model's start {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     code = f"fxlrp at commit(s) {', '.join(commits)} plus the working tree of that time" if commits else ""
+    jobs = max((record.get("side_by_side", 1) for record in results.values()), default=1)
+    pace = "one at a time" if jobs == 1 else f"up to {jobs} side by side"
     lines = [
         "# timm coverage",
         "",
@@ -523,7 +525,7 @@ def document(results: dict[str, dict[str, Any]], threads: int, command: str) -> 
         "skipped.",
         "",
         f"Machine: {machine(threads)}{load}. Date: {datetime.date.today().isoformat()}; the models' "
-        f"processes took {wall / 60:.0f} min in all, one at a time, on a machine shared with other work; "
+        f"processes took {wall / 60:.0f} min in all, {pace}, on a machine shared with other work; "
         f"{code}. Rerun: `{command}` (it skips the families cached in out/timm_sweep/results.json; "
         "`--redo` runs them again).",
         "",
@@ -611,6 +613,7 @@ def main(argv: list[str] | None = None) -> None:
                       "detail": f"smallest model has {parameters / 1e6:.0f}M parameters (> 150M)"}
         else:
             record = run_in_subprocess(name, arguments.threads, arguments.timeout, arguments.memory_gb)
+            record["side_by_side"] = max(1, arguments.jobs)  # for the document: timings of shared cores
         with lock:
             results[family] = record
             _write_json(results_path, results)
