@@ -137,17 +137,12 @@ def test_pieces_follow_the_heads_of_grouped_keys_and_the_mask() -> None:
     finally:
         attention.PIECE_SCORES = saved
     every = slice(None)
-    assert pieces == [
-        ((slice(0, 1), slice(0, 2), every, every), (slice(0, 1), slice(0, 1), every, every),
-         (slice(0, 1), slice(0, 1), every, every), (every, slice(0, 2), every, every),
-         (slice(0, 1), slice(0, 2), every, every)),
-        ((slice(0, 1), slice(2, 4), every, every), (slice(0, 1), slice(1, 2), every, every),
-         (slice(0, 1), slice(1, 2), every, every), (every, slice(2, 4), every, every),
-         (slice(0, 1), slice(2, 4), every, every)),
-        ((slice(1, 2), slice(0, 2), every, every), (slice(1, 2), slice(0, 1), every, every),
-         (slice(1, 2), slice(0, 1), every, every), (every, slice(0, 2), every, every),
-         (slice(1, 2), slice(0, 2), every, every)),
-        ((slice(1, 2), slice(2, 4), every, every), (slice(1, 2), slice(1, 2), every, every),
-         (slice(1, 2), slice(1, 2), every, every), (every, slice(2, 4), every, every),
-         (slice(1, 2), slice(2, 4), every, every)),
-    ]
+
+    def piece(sample: int, query_heads: slice, shared_head: slice) -> tuple:
+        samples = slice(sample, sample + 1)
+        query_part = (samples, query_heads, every, every)
+        key_part = (samples, shared_head, every, every)
+        return query_part, key_part, key_part, (every, query_heads, every, every), query_part
+
+    assert pieces == [piece(sample, slice(2 * head, 2 * head + 2), slice(head, head + 1))
+                      for sample in range(2) for head in range(2)]

@@ -133,11 +133,15 @@ def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
     kv_heads = shared.pop() if len(shared) == 1 else 1 if not shared else 0
     if kv_heads == 0 or heads % kv_heads:
         return None
+    if any(tensor is not None and tensor.dim() >= 3 and tensor.shape[-3] not in (1, heads, kv_heads)
+           or tensor is not None and tensor.dim() >= 4 and tensor.shape[-4] not in (1, batch)
+           for tensor in (key, value, mask)):
+        return None
     group = heads // kv_heads if kv_heads > 1 else 1  # size 1: broadcast, every piece reads it whole
     heads_per_piece = min(heads, max(1, PIECE_SCORES // (length * source * group)) * group)
     samples_per_piece = max(1, PIECE_SCORES // (length * source * heads)) if heads_per_piece == heads else 1
 
-    def where(tensor: Tensor | None, first: int, last: int, sample: int, samples: int) -> Index | None:
+    def where(tensor: Tensor | None, first: int, last: int, sample: int) -> Index | None:
         # the piece's heads (dim -3) and samples (dim -4) of a tensor aligned to the query's last dims
         if tensor is None or tensor.dim() < 3:
             return None
@@ -148,19 +152,16 @@ def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
         elif size == kv_heads and size != 1:
             index[-3] = slice(first // group, last // group)
         if tensor.dim() >= 4 and query.dim() >= 4 and tensor.shape[-4] == batch and batch != 1:
-            index[-4] = slice(sample, sample + samples)
+            index[-4] = slice(sample, sample + samples_per_piece)
         return tuple(index)
 
-    if any(tensor is not None and tensor.dim() >= 3 and tensor.shape[-3] not in (1, heads, kv_heads)
-           or tensor is not None and tensor.dim() >= 4 and tensor.shape[-4] not in (1, batch)
-           for tensor in (key, value, mask)):
-        return None
-    return [
-        (*(where(tensor, first, min(first + heads_per_piece, heads), sample, samples_per_piece)
-           for tensor in (query, key, value, mask)),
-         where(query, first, min(first + heads_per_piece, heads), sample, samples_per_piece))
-        for sample in range(0, batch, samples_per_piece) for first in range(0, heads, heads_per_piece)
-    ]
+    pieces = []
+    for sample in range(0, batch, samples_per_piece):
+        for first in range(0, heads, heads_per_piece):
+            last = min(first + heads_per_piece, heads)
+            inputs = tuple(where(tensor, first, last, sample) for tensor in (query, key, value, mask))
+            pieces.append((*inputs, inputs[0]))  # the output lies where the query does
+    return pieces
 
 
 def fused_gradient_shares(

@@ -222,8 +222,8 @@ def input_times_gradient(
 def _product(value: Tensor, gradient: Tensor) -> Tensor:
     """``value * gradient``, written into ``value`` where it was recomputed for this rule alone
     (the activation before an MLP's second layer): one input-sized buffer less at backward's peak."""
-    own = None if values_are_traced() else writable_recomputation(value)
-    if own is not None and (own.shape, own.dtype) == (gradient.shape, gradient.dtype):
+    own = writable_recomputation(value)
+    if own is not None and not values_are_traced() and (own.shape, own.dtype) == (gradient.shape, gradient.dtype):
         return own.mul_(gradient)
     return value * gradient
 
