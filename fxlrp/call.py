@@ -52,8 +52,9 @@ class RelevanceCall:
         *,
         has_parameters: bool = False,
         recomputable: bool = False,
+        softmax_dim: int | None = None,
     ) -> AffineLayer:
-        return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable)
+        return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable, softmax_dim)
 
     def affine(self, layer: AffineLayer, *inputs: Any) -> Tensor:
         """Run ``layer`` on ``inputs`` with this call's rule in backward."""

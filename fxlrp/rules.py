@@ -133,13 +133,18 @@ class Epsilon(StabilisedRule):
         return layer.forward(inputs)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        inputs, root, modified = state
+        inputs, root, _ = state
+        return terms.input_times_gradient(root, inputs, self._quotient(layer, state, relevance, output))
+
+    def _quotient(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Tensor:
+        """``R / s(z)``, a fresh tensor of the output's size."""
+        _, _, modified = state
         if output is None:
             denominator, sign = modified.detach(), None
         else:  # the sign of the kept output is known once a ReLU rectified it
             sign = output.sign
             denominator = output.take().detach()
-        return terms.input_times_gradient(root, inputs, self._scaled(relevance, denominator, layer, sign=sign))
+        return self._scaled(relevance, denominator, layer, sign=sign)
 
 
 class Norm(Epsilon):
@@ -493,8 +498,17 @@ class Product(Epsilon):
         return scaled_gradient(layer.forward(inputs), 1.0 / receivers)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        shares = super().backward(layer, state, relevance, output)
-        receivers = sum(share is not None for share in shares)
+        inputs, root, _ = state
+        factors = [value for value in inputs if carries_relevance(value)]
+        quotient = self._quotient(layer, state, relevance, output)
+        receivers = len(factors)
+        if receivers > 1 and quotient.numel() <= sum(factor.numel() for factor in factors):
+            # 1 / N is taken where it costs least: on the quotient when the output is no larger than
+            # the receiving factors (attention's ``weights @ values``: the output is a value-sized
+            # tensor, the weights length x length). The quotient is this rule's own fresh tensor.
+            quotient = quotient / receivers if quotient.requires_grad else quotient.div_(receivers)
+            return terms.input_times_gradient(root, inputs, quotient)
+        shares = terms.input_times_gradient(root, inputs, quotient)
         if receivers == 1:
             return shares
         # The shares are this rule's own fresh tensors: divided in place, unless recorded (a
@@ -519,6 +533,17 @@ class SoftmaxRule(Epsilon):
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs = state[0]
+        logits = inputs[0]
+        if (layer.softmax_dim is not None and output is not None and carries_relevance(logits)
+                and (logits.shape, logits.dtype) == (relevance.shape, relevance.dtype)):
+            # The formula as it stands, where the softmax says over which dimension it
+            # normalises: the quotient R / s and the softmax's backward (which multiplies by s
+            # again) are not computed - two passes and a buffer fewer over attention's scores.
+            weights = output.take().detach()
+            total = relevance.sum(layer.softmax_dim, keepdim=True)
+            share = torch.addcmul(relevance, weights, total, value=-1.0)
+            share = share * logits.detach() if share.requires_grad else share.mul_(logits.detach())
+            return (_zero_where_infinite(share, logits), *[None] * (len(inputs) - 1))
         shares = super().backward(layer, state, relevance, output)
         return tuple(share if share is None else _zero_where_infinite(share, value)
                      for share, value in zip(shares, inputs, strict=True))

@@ -35,7 +35,18 @@ from fxlrp.relevance.straight_through import Index, Piece, decomposed_in_backwar
 
 def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """The node's rule (AttnLRP's softmax rule by default); the output is marked as attention weights."""
-    return mark(call.affine(call.layer(bind(function, kwargs)), input, *args), ATTENTION)
+    layer = call.layer(bind(function, kwargs), softmax_dim=softmax_dimension(function, input, args, kwargs))
+    return mark(call.affine(layer, input, *args), ATTENTION)
+
+
+def softmax_dimension(function: Any, input: Tensor, args: tuple, kwargs: dict[str, Any]) -> int | None:
+    """The dimension ``function(input, *args, **kwargs)`` normalises over (``F.softmax``,
+    ``torch.softmax``, ``Tensor.softmax`` and ``nn.Softmax``), or None where it is implicit (the
+    deprecated ``dim=None``) or named."""
+    dim = function.dim if isinstance(function, nn.Softmax) else args[0] if args else kwargs.get("dim")
+    if not isinstance(dim, int) or isinstance(dim, bool) or not isinstance(input, Tensor) or input.dim() == 0:
+        return None
+    return dim % input.dim()
 
 
 register(

@@ -27,6 +27,9 @@ class AffineLayer:
     warn_lost_relevance: bool = False
     recomputable: bool = False
     """Cheap to compute again from its input (a normalisation), so its output need not be kept."""
+    softmax_dim: int | None = None
+    """For a softmax: the dimension it normalises over (non-negative), which lets a rule use the
+    softmax's Jacobian in closed form; None elsewhere or where it is not known."""
 
     def __call__(
         self, inputs: Sequence[Any], weight: Tensor | None = None, bias: Tensor | None = None
