@@ -11,12 +11,17 @@ every side). Configurations:
 - ``lxt_attnlrp``: fxlrp as ``attnlrp``, in LXT's environment: the same transformers code as LXT
   runs, so that the two are compared on equal terms;
 - ``lxt``: LXT 2.1's efficient mode, ``monkey_patch(modeling_llama)``, gradient x input of the
-  patched model (transformers 4.54.1, the version LXT needs: it runs in ``.venv-lxt``).
+  patched model (transformers 4.54.1, the version LXT needs: it runs in ``.venv-lxt``). LXT
+  patches classes and module globals; its patch is in force only around its own calls
+  (:class:`LxtPatch`), so the three configurations of LXT's environment share one process and
+  one model.
 
 Both environments load one saved ``state_dict``, so the weights are the same. Time: each
-timing process makes one warm-up call and then ``--repeats`` timed calls (``gxi`` and
-``attnlrp`` interleaved in one process); ``--rounds`` rounds alternate the processes of the two
-environments, so that machine load reaches all configurations alike; medians of all calls.
+timing process makes one warm-up call per configuration and then ``--repeats`` rounds of one
+call each, the order rotating (``gxi`` and ``attnlrp`` in one process; ``lxt_gxi``,
+``lxt_attnlrp`` and ``lxt`` in another); ``--rounds`` rounds alternate the processes of the two
+environments; medians of all calls, and paired ratios: the median over repeats of the ratio of
+two configurations' calls of the same repeat, which ran one after the other.
 Memory: in a fresh process per configuration, after a warm-up call, the peak of the bytes
 torch's allocator handed out during one call (profiler statistics, as benchmarks/measure.py).
 
@@ -46,27 +51,64 @@ MAIN = ("gxi", "attnlrp")
 LXT_UNPATCHED = ("lxt_gxi", "lxt_attnlrp")
 LXT = (*LXT_UNPATCHED, "lxt")
 FXLRP = ("attnlrp", "lxt_attnlrp")
+PAIRS = (("attnlrp", "gxi"), ("lxt_attnlrp", "lxt_gxi"), ("lxt", "lxt_gxi"), ("lxt_attnlrp", "lxt"))
+"""Ratios taken call by call: the two configurations' calls of one repeat ran one after the other."""
 
 
 # -- inside a worker process -----------------------------------------------------------------------
 
 
-def _model(config: dict[str, Any], state: str, lxt: bool) -> Any:
+def _model(config: dict[str, Any], state: str) -> Any:
     import torch
     import transformers
 
-    if lxt:
-        from lxt.efficient import monkey_patch
-        from transformers.models.llama import modeling_llama
-
-        monkey_patch(modeling_llama)  # before the model is built, as LXT's README does
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
     model.load_state_dict(torch.load(state, weights_only=True))
     return model.eval().requires_grad_(False)
 
 
-def _runner(name: str, model: Any, ids: Any, target: int) -> Any:
-    """A call of configuration ``name``: the relevance per token."""
+class LxtPatch:
+    """LXT's efficient-mode patch of ``modeling_llama`` (``monkey_patch``: class methods and module
+    globals), in force only inside ``with patch:``. LXT patches classes, not instances, so LXT,
+    fxlrp and gradient x input can run interleaved in one process on one model: the calls of all
+    three meet the same machine load, and their ratios are taken call by call."""
+
+    def __init__(self) -> None:
+        from lxt.efficient import monkey_patch
+        from lxt.efficient.models import get_default_map
+        from transformers.models.llama import modeling_llama
+
+        targets = list(get_default_map(modeling_llama))
+        before = [dict(vars(target)) for target in targets]
+        monkey_patch(modeling_llama)
+        missing = object()
+        self.changes = [
+            (target, {name: (before_target.get(name, missing), value) for name, value in vars(target).items()
+                      if before_target.get(name, missing) is not value})
+            for target, before_target in zip(targets, before, strict=True)
+        ]
+        self.missing = missing
+        self._set(original=True)
+
+    def _set(self, original: bool) -> None:
+        for target, changed in self.changes:
+            for name, (old, new) in changed.items():
+                value = old if original else new
+                if value is self.missing:
+                    delattr(target, name)
+                else:
+                    setattr(target, name, value)
+
+    def __enter__(self) -> None:
+        self._set(original=False)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._set(original=True)
+
+
+def _runner(name: str, model: Any, ids: Any, target: int, patch: LxtPatch | None = None) -> Any:
+    """A call of configuration ``name``: the relevance per token (``lxt``: gradient x input with
+    LXT's patch in force)."""
     import torch
 
     if name in FXLRP:
@@ -94,6 +136,12 @@ def _runner(name: str, model: Any, ids: Any, target: int) -> Any:
         logit.backward()
         return (embeddings * embeddings.grad).sum(-1).detach()
 
+    if name == "lxt":
+        def lxt() -> torch.Tensor:
+            with patch:
+                return gradient_times_input()
+
+        return lxt
     return gradient_times_input
 
 
@@ -102,7 +150,7 @@ def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
 
     torch.set_num_threads(arguments.threads)
     config = QUICK if arguments.quick else CONFIG
-    model = _model(config, arguments.state, lxt=arguments.names == ["lxt"])  # patched for LXT alone
+    model = _model(config, arguments.state)
     ids = torch.randint(3, config["vocab_size"], (1, arguments.length), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         target = int(model(input_ids=ids, logits_to_keep=1).logits[0, -1].argmax())
@@ -113,7 +161,8 @@ def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     model, ids, target = _setup(arguments)
-    runs = {name: _runner(name, model, ids, target) for name in arguments.names}
+    patch = LxtPatch() if "lxt" in arguments.names else None
+    runs = {name: _runner(name, model, ids, target, patch) for name in arguments.names}
     relevance = {name: run().tolist() for name, run in runs.items()}  # warm-up, kept for the check
     times: dict[str, list[float]] = {name: [] for name in runs}
     order = list(runs)
@@ -130,7 +179,8 @@ def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.allocator import allocated_peak_of_call
 
     model, ids, target = _setup(arguments)
-    run = _runner(arguments.names[0], model, ids, target)
+    patch = LxtPatch() if "lxt" in arguments.names else None
+    run = _runner(arguments.names[0], model, ids, target, patch)
     run()
     return {"allocated_mb": allocated_peak_of_call(run)}
 
@@ -172,7 +222,7 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
         relevance: dict[str, list] = {}
         versions: dict[str, str] = {}
         for _ in range(arguments.rounds):
-            for python, names in ((sys.executable, MAIN), (LXT_PYTHON, ("lxt",)), (LXT_PYTHON, LXT_UNPATCHED)):
+            for python, names in ((sys.executable, MAIN), (LXT_PYTHON, LXT)):
                 result = _spawn(python, "time", names, arguments, state)
                 for name in names:
                     times[name] += result["times"][name]
@@ -183,6 +233,8 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
     return {
         "config": config, "length": arguments.length, "threads": arguments.threads,
         "seconds": {name: statistics.median(values) for name, values in times.items()},
+        "paired": {f"{name} / {base}": statistics.median(a / b for a, b in zip(times[name], times[base], strict=True))
+                   for name, base in PAIRS},
         "times": times, "allocated_mb": memory, "versions": versions,
         "attnlrp_vs_lxt_relative_error": _relative_error(relevance["attnlrp"], relevance["lxt"]),
         "same_environment_relative_error": _relative_error(relevance["lxt_attnlrp"], relevance["lxt"]),
@@ -248,6 +300,8 @@ def main() -> None:
         with open(arguments.json, "w") as file:
             json.dump(report, file, indent=1)
     print(table(report))
+    print("Paired ratios (median over repeats of the ratio of adjacent calls): " + ", ".join(
+        f"{pair} {ratio:.3f}" for pair, ratio in report["paired"].items()))
     print(f"AttnLRP vs LXT relative error: {report['attnlrp_vs_lxt_relative_error']:.1e} "
           f"(same environment: {report.get('same_environment_relative_error', float('nan')):.1e}); "
           f"{report['cpu']}, {report['threads']} threads; load {report['load_average']}")
