@@ -78,6 +78,37 @@ def test_softmax_rule_matches_formula_and_jacobian_form() -> None:
     assert relative_error(actual, dense) < TOLERANCE
 
 
+class SoftmaxSpelled(nn.Module):
+    """A softmax over ``dim``, written one of the ways models write it."""
+
+    def __init__(self, spelling: str, dim: int) -> None:
+        super().__init__()
+        self.spelling, self.dim = spelling, dim
+        self.module = nn.Softmax(dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.spelling == "F.softmax":
+            return F.softmax(x, self.dim)
+        if self.spelling == "torch.softmax(dim=)":
+            return torch.softmax(x, dim=self.dim)
+        if self.spelling == "Tensor.softmax":
+            return x.softmax(self.dim)
+        return self.module(x)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -2, 2])
+@pytest.mark.parametrize("spelling", ["F.softmax", "torch.softmax(dim=)", "Tensor.softmax", "nn.Softmax"])
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_softmax_rule_over_any_dimension(spelling: str, dim: int, capture: str) -> None:
+    # The rule's closed form sums over the dimension the softmax names: the dense reference is
+    # x * J^T (R / s) with the Jacobian of the softmax over that dimension.
+    x, relevance = random(2, 3, 4), random(2, 3, 4, seed=1)
+    explain = fxlrp.convert(SoftmaxSpelled(spelling, dim), capture=capture)
+    [actual] = explained_relevance(explain, [x], relevance)
+    [dense] = epsilon_reference(lambda value: torch.softmax(value, dim=dim), [x], relevance, 0.0)
+    assert relative_error(actual, dense) < TOLERANCE
+
+
 def test_softmax_masked_inputs_get_no_relevance_and_no_nan() -> None:
     x = random(4, 5)
     x[:, 0] = float("-inf")
