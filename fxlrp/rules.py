@@ -500,21 +500,24 @@ class Product(Epsilon):
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs, root, _ = state
         factors = [value for value in inputs if carries_relevance(value)]
-        quotient = self._quotient(layer, state, relevance, output)
         receivers = len(factors)
-        if receivers > 1 and quotient.numel() <= sum(factor.numel() for factor in factors):
-            # 1 / N is taken where it costs least: on the quotient when the output is no larger than
-            # the receiving factors (attention's ``weights @ values``: the output is a value-sized
-            # tensor, the weights length x length). The quotient is this rule's own fresh tensor.
-            quotient = quotient / receivers if quotient.requires_grad else quotient.div_(receivers)
-            return terms.input_times_gradient(root, inputs, quotient)
+        quotient = self._quotient(layer, state, relevance, output)
+        # 1 / N is taken where it costs least: on the quotient when the output is no larger than
+        # the receiving factors (attention's ``weights @ values``: the output is value-sized, the
+        # weights length x length), else on the shares.
+        on_quotient = receivers > 1 and quotient.numel() <= sum(factor.numel() for factor in factors)
+        if on_quotient:
+            quotient = _divided(quotient, receivers)
         shares = terms.input_times_gradient(root, inputs, quotient)
-        if receivers == 1:
+        if receivers == 1 or on_quotient:
             return shares
-        # The shares are this rule's own fresh tensors: divided in place, unless recorded (a
-        # double backward), which saves an allocation of each factor's size.
-        return tuple(None if share is None else share / receivers if share.requires_grad else share.div_(receivers)
-                     for share in shares)
+        return tuple(None if share is None else _divided(share, receivers) for share in shares)
+
+
+def _divided(tensor: Tensor, divisor: int) -> Tensor:
+    """``tensor / divisor`` for a rule's own fresh tensor: in place (no allocation of its size),
+    unless recorded (a double backward needs it unchanged)."""
+    return tensor / divisor if tensor.requires_grad else tensor.div_(divisor)
 
 
 class SoftmaxRule(Epsilon):
@@ -531,22 +534,29 @@ class SoftmaxRule(Epsilon):
     def __init__(self) -> None:
         super().__init__(0.0)
 
-    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        inputs = state[0]
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         logits = inputs[0]
-        if (layer.softmax_dim is not None and output is not None and carries_relevance(logits)
-                and (logits.shape, logits.dtype) == (relevance.shape, relevance.dtype)):
-            # The formula as it stands, where the softmax says over which dimension it
-            # normalises: the quotient R / s and the softmax's backward (which multiplies by s
-            # again) are not computed - two passes and a buffer fewer over attention's scores.
-            weights = output.take().detach()
-            total = relevance.sum(layer.softmax_dim, keepdim=True)
-            share = torch.addcmul(relevance, weights, total, value=-1.0)
-            share = share * logits.detach() if share.requires_grad else share.mul_(logits.detach())
-            return (_zero_where_infinite(share, logits), *[None] * (len(inputs) - 1))
-        shares = super().backward(layer, state, relevance, output)
-        return tuple(share if share is None else _zero_where_infinite(share, value)
-                     for share, value in zip(shares, inputs, strict=True))
+        if layer.softmax_dim is None or not carries_relevance(logits):
+            return super().forward(layer, inputs, prepared)
+        with torch.no_grad():  # the closed form below reads the logits and the kept output only
+            output = layer.forward(inputs)
+        return output, (inputs, None, None)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
+        inputs, root, _ = state
+        if root is not None:  # the softmax's dimension is not known: x * J^T (R / s) through autograd
+            shares = super().backward(layer, state, relevance, output)
+            return tuple(share if share is None else _zero_where_infinite(share, value)
+                         for share, value in zip(shares, inputs, strict=True))
+        # The formula as it stands, over the dimension the softmax names: the quotient R / s and
+        # the softmax's backward (which multiplies by s again) are not computed - two passes and a
+        # buffer fewer over attention's scores.
+        logits = inputs[0].detach()
+        weights = output.take().detach()
+        total = relevance.sum(layer.softmax_dim, keepdim=True)
+        share = torch.addcmul(relevance, weights, total, value=-1.0)
+        share = share * logits if share.requires_grad else share.mul_(logits)
+        return (_zero_where_infinite(share, logits), *[None] * (len(inputs) - 1))
 
     def __repr__(self) -> str:
         return "SoftmaxRule()"

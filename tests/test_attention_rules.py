@@ -109,6 +109,22 @@ def test_softmax_rule_over_any_dimension(spelling: str, dim: int, capture: str) 
     assert relative_error(actual, dense) < TOLERANCE
 
 
+class UpcastSoftmax(nn.Module):
+    """Llama's eager attention: the softmax taken in float32 whatever the scores' dtype."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.softmax(x, dim=-1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_softmax_rule_with_a_cast_output(capture: str) -> None:
+    x, relevance = random(2, 3, 4).float(), random(2, 3, 4, seed=1)
+    [actual] = explained_relevance(fxlrp.convert(UpcastSoftmax(), capture=capture), [x], relevance)
+    assert actual.dtype == torch.float32
+    # float32 input: the formula in float64 on the same values, to float32's rounding
+    assert relative_error(actual.double(), softmax_reference(x.double(), relevance)) < 1e-6
+
+
 def test_softmax_masked_inputs_get_no_relevance_and_no_nan() -> None:
     x = random(4, 5)
     x[:, 0] = float("-inf")
