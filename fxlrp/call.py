@@ -8,6 +8,7 @@ from typing import Any
 from torch import Tensor
 
 from fxlrp.relevance import AffineLayer, apply_rule
+from fxlrp.relevance.form import gradient_form_active
 
 
 class RelevanceCall:
@@ -38,11 +39,12 @@ class RelevanceCall:
         self.inner_calls: dict[tuple[int, str, bool, bool], tuple[Any, RelevanceCall]] = {}
         """Calls of the operations inside a part run eagerly, by module, operation, first-layer flag
         and whether several factors of a product carry relevance."""
+        self._native_for: tuple[Any, bool] = (None, False)
 
     def __getstate__(self) -> dict[str, Any]:
         # The caches are keyed by the ids of tensors and modules of this process: a copy
         # (copy.deepcopy, pickle, torch.save) starts without them and fills them from its own.
-        return {**self.__dict__, "_cache": {}, "inner_calls": {}}
+        return {**self.__dict__, "_cache": {}, "inner_calls": {}, "_native_for": (None, False)}
 
     def layer(
         self,
@@ -55,6 +57,21 @@ class RelevanceCall:
         softmax_dim: int | None = None,
     ) -> AffineLayer:
         return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable, softmax_dim)
+
+    def runs_natively(self) -> bool:
+        """Whether the operation's own call is this call's relevance function now: in the gradient
+        form (:mod:`fxlrp.relevance.form`), for a rule whose gradient form is the native gradient
+        (LRP-0, the z-rule: :meth:`~fxlrp.rules.Rule.gradient_is_native`). :meth:`affine` would
+        run the operation unchanged then; the caller skips building its layer. This is asked at
+        every call of an operation in code run eagerly, so the rule's answer is kept."""
+        if not gradient_form_active():
+            return False
+        rule, native = self._native_for
+        if rule is not self.rule:
+            native = (self.rule is not None and not self.warn_lost_relevance
+                      and getattr(self.rule, "gradient_is_native", bool)())
+            self._native_for = (self.rule, native)
+        return native
 
     def affine(self, layer: AffineLayer, *inputs: Any) -> Tensor:
         """Run ``layer`` on ``inputs`` with this call's rule in backward."""

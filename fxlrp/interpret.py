@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
@@ -41,7 +40,6 @@ from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import intercepted_calls
 from fxlrp.module_state import ModuleState
-from fxlrp.nodes import detached_state
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
@@ -88,7 +86,6 @@ class LayerRunner:
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
-        self.state = detached_state(module)
         self._names: dict[str, dict[int, str]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -106,9 +103,27 @@ class LayerRunner:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         written = ModuleState(self.module)
         try:
-            return functional_call(self.module, self.state, args, kwargs)
+            _detach_parameters(written.modules)
+            return self.module(*args, **kwargs)
         finally:
             written.restore()
+
+
+def _detach_parameters(modules: list[nn.Module]) -> None:
+    """Put detached twins (shared storage) in the place of the modules' parameters and buffers
+    that require gradients, for one run: they carry no relevance and get no gradient. Tied
+    parameters get one twin, so they stay tied. The caller's :class:`ModuleState` puts the
+    originals back. (What ``torch.func.functional_call`` does, at a small part of its cost: it
+    runs at every run of an eager part, and parameters that require no gradient are left alone.)"""
+    twins: dict[int, Tensor] = {}
+    for module in modules:
+        for tensors in (module._parameters, module._buffers):
+            for name, value in tensors.items():
+                if value is not None and value.requires_grad:
+                    twin = twins.get(id(value))
+                    if twin is None:
+                        twin = twins[id(value)] = value.detach()
+                    tensors[name] = twin
 
 
 def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[LayerRunner, dict[str, Any]]:
@@ -254,22 +269,59 @@ class Interpretation:
         )
 
 
-def _lookup(function: Any) -> tuple[Operation | None, Any, str | None]:
-    """The operation of a torch function or Tensor method, the callable to run for it, and for
-    an in-place method the name of its out-of-place twin."""
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """How :class:`RelevanceMode` handles the calls of one torch function or Tensor method."""
+
+    operation: Operation | None
+    """Its operation in the registry (for an in-place method, its out-of-place twin's)."""
+    twin: Any = None
+    """For an in-place method (``add_``, ``+=``): the out-of-place method run in its place."""
+    in_place: str | None = None
+    """For an in-place method: its name."""
+    write: bool = False
+    """An in-place write that replaces or moves values (:data:`WRITES`)."""
+    source: bool = False
+    """Relevance starts at its output even when no argument carries any (an embedding lookup)."""
+
+
+def _lookup(function: Any) -> Dispatch:
+    """How calls of a torch function or Tensor method are handled."""
+    name = getattr(function, "__name__", None)
+    method = name is not None and getattr(torch.Tensor, name, None) is function
+    if method and name in WRITES:
+        return Dispatch(None, write=True)
     operation = REGISTRY.for_function(function)
     if operation is not None:
-        return operation, function, None
-    name = getattr(function, "__name__", None)
-    if name is None or getattr(torch.Tensor, name, None) is not function:
-        return None, function, None
+        return Dispatch(operation, source=operation.source)
+    if not method:
+        return Dispatch(None)
     operation = REGISTRY.for_method(name)
     if operation is not None:
-        return operation, function, None
+        return Dispatch(operation)
     twin = AUGMENTED_ASSIGNMENTS.get(name) or out_of_place_method(name)
     if twin is not None and REGISTRY.for_method(twin) is not None:
-        return REGISTRY.for_method(twin), getattr(torch.Tensor, twin), name
-    return None, function, None
+        return Dispatch(REGISTRY.for_method(twin), getattr(torch.Tensor, twin), name)
+    return Dispatch(None)
+
+
+_dispatches: dict[Any, Dispatch] = {}
+_dispatches_made_for: list[int] = [-1]
+
+
+def dispatch_of(function: Any) -> Dispatch:
+    """:func:`_lookup`, made once per function (this runs at every torch call of code run
+    eagerly); made again once the registry has changed."""
+    if _dispatches_made_for[0] != REGISTRY.version:
+        _dispatches.clear()
+        _dispatches_made_for[0] = REGISTRY.version
+    try:
+        dispatch = _dispatches.get(function)
+    except TypeError:  # not hashable
+        return _lookup(function)
+    if dispatch is None:
+        dispatch = _dispatches[function] = _lookup(function)
+    return dispatch
 
 
 class RelevanceMode(TorchFunctionMode):
@@ -282,14 +334,17 @@ class RelevanceMode(TorchFunctionMode):
     def __torch_function__(self, function, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         interpretation = self.interpretation
-        if not interpretation.active or not _arguments_carry(args, kwargs):
-            source = REGISTRY.for_function(function) if interpretation.active else None
-            if source is not None and source.source:  # an embedding lookup: relevance starts here
-                return interpretation.run(source, function, args, kwargs)
+        if not interpretation.active:
             return function(*args, **kwargs)
-        if getattr(function, "__name__", None) in WRITES and getattr(Tensor, function.__name__) is function:
+        dispatch = dispatch_of(function)
+        if not _arguments_carry(args, kwargs):
+            if dispatch.source:  # an embedding lookup: relevance starts here
+                return interpretation.run(dispatch.operation, function, args, kwargs)
+            return function(*args, **kwargs)
+        if dispatch.write:
             return _write(function, args, kwargs)
-        operation, runnable, in_place = _lookup(function)
+        operation, in_place = dispatch.operation, dispatch.in_place
+        runnable = function if in_place is None else dispatch.twin
         observer = Interpretation.observer
         if operation is None:
             result = function(*args, **kwargs)

@@ -30,7 +30,7 @@ class ModuleState:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.modules = list({id(module): module for module in model.modules()}.values())
+        self.modules = _modules_of(model)
         self.attributes = [dict(vars(module)) for module in self.modules]
         # This runs around every run of an eager part (about fifteen containers per module, most
         # of them torch's empty hook dicts): empty containers are only checked for staying empty,
@@ -68,6 +68,19 @@ class ModuleState:
 
 
 _MISSING = object()
+
+
+def _modules_of(model: nn.Module) -> list[nn.Module]:
+    """``model`` and every module inside it, once each (``model.modules()`` without the qualified
+    names it builds and discards: this runs at every run of an eager part)."""
+    found = {id(model): model}
+    pending = [model]
+    while pending:
+        for child in pending.pop()._modules.values():
+            if child is not None and id(child) not in found:
+                found[id(child)] = child
+                pending.append(child)
+    return list(found.values())
 
 
 def _shallow_copy(container: dict | list | set) -> dict | list | set:

@@ -94,6 +94,8 @@ class Registry:
         self._by_module: dict[type, Operation] = {}
         self._by_base_module: dict[type, Operation] = {}
         self._concrete_args: dict[type, dict[str, Any]] = {}
+        self.version = 0
+        """Counts the changes of the registry (lookups made from it know when to be made again)."""
 
     def register(self, operation: Operation) -> Operation:
         if operation.name in self.operations:
@@ -110,6 +112,7 @@ class Registry:
 
     def _index(self, operation: Operation) -> Operation:
         self.operations[operation.name] = operation
+        self.version += 1
         for function in operation.functions:
             self._by_function[id(function)] = operation
             self._functions[id(function)] = function  # keeps the id valid

@@ -70,6 +70,11 @@ class Rule:
         """The layer's output, whose autograd backward is the rule in the gradient form."""
         raise NotImplementedError
 
+    def gradient_is_native(self) -> bool:
+        """Whether :meth:`gradient_forward` is the layer's own operation (its native gradient is
+        the rule in the gradient form): then the operation runs as it is, with no rule machinery."""
+        return False
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={value!r}" for name, value in vars(self).items() if not name.startswith("_"))
         return f"{type(self).__name__}({fields})"
@@ -131,6 +136,9 @@ class Epsilon(StabilisedRule):
 
     def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
         return layer.forward(inputs)
+
+    def gradient_is_native(self) -> bool:
+        return self.has_gradient_form()  # LRP-0: g_x = J^T g_z
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs, root, _ = state
@@ -496,6 +504,9 @@ class Product(Epsilon):
     def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
         receivers = sum(carries_relevance(value) for value in inputs)
         return scaled_gradient(layer.forward(inputs), 1.0 / receivers)
+
+    def gradient_is_native(self) -> bool:
+        return False  # the gradient is divided among the factors
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs, root, _ = state

@@ -21,6 +21,8 @@ def bind(function: Callable[..., Tensor], kwargs: dict[str, Any]) -> Callable[..
 def affine(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
     """A parameterless operation that is linear in every relevance-carrying argument (sum,
     mean, add, pooling, scatter sums); other arguments act as constants (biases)."""
+    if call.runs_natively():
+        return function(*args, **kwargs)
     return call.affine(call.layer(bind(function, kwargs)), *args)
 
 
@@ -35,6 +37,8 @@ def weighted(
 ) -> Tensor:
     """A layer ``function(input, weight, bias, *settings, **kwargs)``: linear, convolution,
     transposed convolution."""
+    if call.runs_natively():
+        return function(input, weight, bias, *settings, **kwargs)
 
     def layer_function(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
         return function(x, w, b, *settings, **kwargs)

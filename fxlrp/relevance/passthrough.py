@@ -62,6 +62,8 @@ def apply_pass(
     if gradient_form_active():
         if not linear:
             return IdentityRuleGradient.apply(function, shares, *inputs)
+        if receivers is None and len(carrying) == 1:
+            return function(*inputs)  # the one relevance-carrying input takes its gradient unchanged
         # Linear in each receiver: R_i = share R is share times the gradient in the gradient form.
         held = [value.detach() if share == 0.0 and carries_relevance(value) else value
                 for value, share in zip(inputs, shares, strict=True)]
