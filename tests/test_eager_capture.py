@@ -407,3 +407,71 @@ def test_an_optional_input_left_none_takes_the_models_none_branch(call: str) -> 
     assert torch.equal(explain(x, *args, **kwargs), model(x, *args, **kwargs))
     taking, _, _ = explain.explainer_for(x, *args, **kwargs)
     assert taking.explainer_for(x, *args, **kwargs)[0] is taking  # traced once per set of missing inputs
+
+
+class TiedLanguageModel(nn.Module):
+    """Output weights tied to the embedding's (checked in forward), parameters that require
+    gradients (as a model fresh from its constructor), and a branch on the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(7, 5)
+        self.hidden = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 7, bias=False)
+        self.head.weight = self.tokens.weight
+
+    def forward(self, ids):
+        if self.head.weight is not self.tokens.weight:
+            raise AssertionError("the tied weights were untied")
+        hidden = torch.relu(self.hidden(self.tokens(ids)))
+        if int(ids[:, -1].max()) > 3:
+            hidden = hidden * 2
+        return self.head(hidden)[:, -1]
+
+
+def test_parameters_are_detached_for_an_eager_run_tied_ones_together_and_put_back() -> None:
+    torch.manual_seed(5)
+    model = TiedLanguageModel().double().eval()
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    ids = torch.tensor([[1, 5, 6], [2, 0, 4]])
+    explain = fxlrp.convert(model, LRP0)
+    relevance = fxlrp.attribute(explain, ids, target=2)
+    embedded = model.tokens(ids).detach().requires_grad_()
+    hidden = torch.relu(model.hidden(embedded)) * 2
+    output = model.head(hidden)[:, -1]
+    [gradient] = torch.autograd.grad(output, [embedded], onehot_relevance(output, 2) / output.detach())
+    assert relative_error(relevance, (embedded * gradient).detach().sum(dim=-1)) < 1e-12
+    assert dict(model.named_parameters(remove_duplicate=False)) == parameters  # the same objects
+    assert model.head.weight is model.tokens.weight
+    assert all(isinstance(parameter, nn.Parameter) and parameter.requires_grad and parameter.grad is None
+               for parameter in model.parameters())
+
+
+class Positive(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, x):
+        if x.sum() > -1e9:  # torch.fx cannot trace this
+            x = torch.positive(x)
+        return self.layer(x)
+
+
+def test_an_operation_registered_after_an_eager_run_is_used_at_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """How an eager part handles each torch function is looked up once; a change of the registry
+    (an integration loaded later, a user's extension) must reach the next run."""
+    from fxlrp.errors import UnsupportedOperationError
+    from fxlrp.registry import REGISTRY
+
+    for name in ("operations", "_by_function", "_functions", "_by_method", "_by_module", "_by_base_module"):
+        monkeypatch.setattr(REGISTRY, name, dict(getattr(REGISTRY, name)))
+    torch.manual_seed(2)
+    model = Positive().double().eval()
+    x = torch.randn(2, 4, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0)
+    with pytest.raises(UnsupportedOperationError, match="positive"):
+        fxlrp.attribute(explain, x, target=1)
+    REGISTRY.extend("view", functions=(torch.positive,))
+    [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
