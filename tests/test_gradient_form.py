@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import relative_error
+from conftest import onehot_relevance, relative_error
 from torch import Tensor, nn
 
 import fxlrp
@@ -303,3 +303,35 @@ def test_the_fallback_signal_passes_through_a_backward_pass() -> None:
         y = Raising.apply(x).sum()
         with pytest.raises(GradientFormUnavailable):
             torch.autograd.grad(y, x)
+
+
+class TwoBranches(nn.Module):
+    """``a(x) + b(x)``; ``branch``: a branch on the input's value (the part runs eagerly)."""
+
+    def __init__(self, branch: bool) -> None:
+        super().__init__()
+        self.a, self.b, self.branch = nn.Linear(4, 3), nn.Linear(4, 3), branch
+
+    def forward(self, x):
+        if self.branch and x.sum() < -1e9:
+            x = x * 2
+        return self.a(x) + self.b(x)
+
+
+@pytest.mark.parametrize("branch", [False, True], ids=["fx", "eager"])
+def test_a_rule_whose_gradient_form_is_not_the_gradient_is_applied_in_the_gradient_form(branch: bool) -> None:
+    """Layers whose rule's gradient form is their native gradient (LRP-0) run as they are in the
+    gradient form; a rule with another gradient form (here: ``b`` held constant) must still be
+    applied. Reference: gradient x input of ``a(x) + b(x).detach()``, seeded with ``R / y``."""
+    from fxlrp.rules import AttentionAsConstant
+
+    torch.manual_seed(4)
+    model = TwoBranches(branch).double().eval()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    explain = fxlrp.convert(model, Composite(Epsilon(0.0), name_rules={"b": AttentionAsConstant()}))
+    assert explain.gradient_form
+    relevance = fxlrp.attribute(explain, x, target=1)
+    leaf = x.clone().requires_grad_()
+    output = model.a(leaf) + model.b(leaf).detach()
+    [gradient] = torch.autograd.grad(output, [leaf], onehot_relevance(output, 1) / output.detach())
+    assert relative_error(relevance, leaf.detach() * gradient) < 1e-12
