@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -35,7 +35,7 @@ class RelevanceCall:
         self.composite = composite
         self.strict = strict
         self.sole_consumer = sole_consumer
-        self._cache: dict[str, tuple[tuple[Any, ...], Any, tuple[Any, ...]]] = {}
+        self._cache: dict[Hashable, tuple[tuple[Any, ...], Any, tuple[Any, ...]]] = {}
         self.inner_calls: dict[tuple[int, str, bool, bool], tuple[Any, RelevanceCall]] = {}
         """Calls of the operations inside a part run eagerly, by module, operation, first-layer flag
         and whether several factors of a product carry relevance."""
@@ -77,7 +77,7 @@ class RelevanceCall:
         """Run ``layer`` on ``inputs`` with this call's rule in backward."""
         return apply_rule(layer, self.rule, self._prepare(layer), *inputs)
 
-    def cached(self, slot: str, tensors: Sequence[Tensor | None], compute: Callable[[], Any]) -> Any:
+    def cached(self, slot: Hashable, tensors: Sequence[Tensor | None], compute: Callable[[], Any]) -> Any:
         """``compute()``, computed again only when one of ``tensors`` is replaced or changed in
         place. For work that depends on parameters alone (a rule's weight transforms,
         BatchNorm's scale and shift), so that it runs once per conversion, not once per call."""

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import repeat
 from typing import Any, ClassVar
 
 import torch
@@ -66,6 +68,10 @@ def _arguments_carry(args: tuple, kwargs: dict) -> bool:
 def _carries(value: Any) -> bool:
     """Whether a relevance-carrying tensor is inside nested tuples, lists and dicts (stops at the
     first one)."""
+    if isinstance(value, Tensor):
+        return value.requires_grad
+    if type(value) is torch.Size or not isinstance(value, (tuple, list, dict)):
+        return False  # (a shape, a dtype: what most property reads of tensors return)
     pending = [value]
     while pending:
         item = pending.pop()
@@ -360,7 +366,7 @@ class RelevanceMode(TorchFunctionMode):
             # only for a flag given by position (binding costs, and most calls have no flag).
             if kwargs.get("inplace") is True:
                 kwargs = {**kwargs, "inplace": False}
-            elif any(value is True for value in args[1:]):
+            elif len(args) > 1 and any(map(operator.is_, args[1:], repeat(True))):
                 arguments = without_inplace_flag(runnable, args, kwargs)
                 if arguments is not None:
                     input_name = next(iter(arguments))

@@ -106,7 +106,7 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
         mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
         masked = kwargs.get("is_causal", False) or mask is not None
         # the same for every call of this site with these roles: resolved once
-        shares = call.cached(f"fused gradient shares {roles} {carrying} {masked}", (),
+        shares = call.cached(("fused gradient shares", roles, carrying, masked), (),
                              lambda: fused_gradient_shares(call, roles, carrying, masked))
         if shares is not None:
             held = [value if not carrying[index] else scaled_gradient(value, shares[index]) if shares[index]

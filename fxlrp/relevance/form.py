@@ -123,7 +123,6 @@ class IdentityRuleGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx, function: Callable[..., Tensor], shares: tuple[float, ...], *inputs: Any) -> Tensor:
         ctx.function, ctx.shares = function, shares
-        ctx.ratio = _ratio_of(function) if len(inputs) == 1 else None
         ctx.positions = [index for index, value in enumerate(inputs) if isinstance(value, Tensor)]
         ctx.others = [None if isinstance(value, Tensor) else value for value in inputs]
         ctx.save_for_backward(*(inputs[index] for index in ctx.positions))
@@ -166,8 +165,10 @@ def _activation_ratio(
     x = inputs[receivers[0]]
     if x.shape != gradient.shape:
         return None, None
-    if ctx.ratio is not None:
-        ratio = ctx.ratio(x)
+    closed_form = _ratio_of(ctx.function) if len(inputs) == 1 else None  # (looked up where it is used:
+    # many activations' relevance never comes back, as the square inside a norm's held statistic)
+    if closed_form is not None:
+        ratio = closed_form(x)
         # An input of exactly 0 gets 0, as f(x) / x does (the rule before it drops the relevance
         # of a zero output): looked for by a read-only pass, written only where there are any.
         if not known_on_host(x, torch.all):

@@ -58,12 +58,14 @@ def apply_pass(
     carrying = [i for i in positions if carries_relevance(inputs[i])]
     if not torch.is_grad_enabled() or not carrying:
         return function(*inputs)
+    gradient = gradient_form_active()
+    if gradient and linear and len(carrying) == 1 and (len(positions) == len(inputs) or not any(
+            carries_relevance(value) for index, value in enumerate(inputs) if index not in positions)):
+        return function(*inputs)  # the one relevance-carrying input takes its gradient unchanged
     shares = tuple(1.0 / len(carrying) if i in carrying else 0.0 for i in range(len(inputs)))
-    if gradient_form_active():
+    if gradient:
         if not linear:
             return IdentityRuleGradient.apply(function, shares, *inputs)
-        if receivers is None and len(carrying) == 1:
-            return function(*inputs)  # the one relevance-carrying input takes its gradient unchanged
         # Linear in each receiver: R_i = share R is share times the gradient in the gradient form.
         held = [value.detach() if share == 0.0 and carries_relevance(value) else value
                 for value, share in zip(inputs, shares, strict=True)]
