@@ -10,6 +10,7 @@ part torch.fx cannot trace - and the user's model must come out of either as it 
 from __future__ import annotations
 
 import operator
+from itertools import chain
 from typing import Any
 
 from torch import nn
@@ -35,10 +36,11 @@ class ModuleState:
         # This runs around every run of an eager part (about fifteen containers per module, most
         # of them torch's empty hook dicts): empty containers are only checked for staying empty,
         # and comparisons are made by identity in C (map(operator.is_, ...)), not in Python loops.
-        containers = {id(value): value for attributes in self.attributes for value in attributes.values()
-                      if isinstance(value, _CONTAINERS)}
-        self.empty = [value for value in containers.values() if not value]
-        self.contents = [(value, _shallow_copy(value)) for value in containers.values() if value]
+        # (A container two modules share is listed twice: restoring it twice is restoring it.)
+        containers = [value for value in chain.from_iterable(map(dict.values, self.attributes))
+                      if isinstance(value, _CONTAINERS)]
+        self.empty = [value for value in containers if not value]
+        self.contents = [(value, _shallow_copy(value)) for value in containers if value]
 
     def restore(self) -> dict[str, Any]:
         """Put every module's attributes back; return the attributes the root gained meanwhile
@@ -53,8 +55,8 @@ class ModuleState:
             for name, value in before.items():
                 if now.get(name, _MISSING) is not value:
                     now[name] = value
-        for container in self.empty:
-            if container:
+        if any(self.empty):
+            for container in self.empty:
                 container.clear()
         for container, contents in self.contents:
             if _same_contents(container, contents):
