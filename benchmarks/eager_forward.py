@@ -32,9 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import fxlrp  # noqa: E402
-from benchmarks.llama_cost import CONFIG, LxtPatch  # noqa: E402
-from fxlrp.composites import AttnLRP  # noqa: E402
+from benchmarks.llama_cost import CONFIG, LxtPatch, next_token_explainer  # noqa: E402
 from fxlrp.relevance.form import gradient_form  # noqa: E402
 from fxlrp.relevance.sources import sources_collected  # noqa: E402
 
@@ -52,16 +50,7 @@ def forwards(length: int) -> dict[str, Any]:
     model = model.eval().requires_grad_(False)
     ids = torch.randint(3, CONFIG["vocab_size"], (1, length), generator=torch.Generator().manual_seed(1))
     embedding = model.get_input_embeddings()
-
-    class NextToken(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=ids, logits_to_keep=1).logits[:, -1]
-
-    explain = fxlrp.convert(NextToken(), AttnLRP(0.0))
+    explain = next_token_explainer(model)
     assert explain.gradient_form
 
     def plain() -> torch.Tensor:

@@ -106,6 +106,25 @@ class LxtPatch:
         self._set(original=True)
 
 
+def next_token_explainer(model: Any) -> Any:
+    """``fxlrp.convert`` with ``AttnLRP(0.0)`` of the model's logits at the last position (the LM
+    head run for that position only)."""
+    import torch
+
+    import fxlrp
+    from fxlrp.composites import AttnLRP
+
+    class NextToken(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=ids, logits_to_keep=1).logits[:, -1]
+
+    return fxlrp.convert(NextToken(), AttnLRP(0.0))
+
+
 def _runner(name: str, model: Any, ids: Any, target: int, patch: LxtPatch | None = None) -> Any:
     """A call of configuration ``name``: the relevance per token (``lxt``: gradient x input with
     LXT's patch in force)."""
@@ -113,17 +132,8 @@ def _runner(name: str, model: Any, ids: Any, target: int, patch: LxtPatch | None
 
     if name in FXLRP:
         import fxlrp
-        from fxlrp.composites import AttnLRP
 
-        class NextToken(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
-
-            def forward(self, ids: torch.Tensor) -> torch.Tensor:
-                return self.model(input_ids=ids, logits_to_keep=1).logits[:, -1]
-
-        explain = fxlrp.convert(NextToken(), AttnLRP(0.0))
+        explain = next_token_explainer(model)
         return lambda: fxlrp.attribute(explain, ids, target=target)
 
     embedding = model.get_input_embeddings()
