@@ -123,6 +123,7 @@ def _detach_parameters(modules: list[nn.Module]) -> None:
     runs at every run of an eager part, and parameters that require no gradient are left alone.)"""
     twins: dict[int, Tensor] = {}
     for module in modules:
+        swapped = False
         for tensors in (module._parameters, module._buffers):
             for name, value in tensors.items():
                 if value is not None and value.requires_grad:
@@ -130,6 +131,11 @@ def _detach_parameters(modules: list[nn.Module]) -> None:
                     if twin is None:
                         twin = twins[id(value)] = value.detach()
                     tensors[name] = twin
+                    swapped = True
+        if swapped and isinstance(module, nn.RNNBase):
+            # A recurrent layer hands its kernel its own list of its parameters, made when they
+            # are set: made again from the twins (ModuleState puts the module's list back).
+            module._init_flat_weights()
 
 
 def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[LayerRunner, dict[str, Any]]:

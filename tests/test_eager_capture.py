@@ -186,8 +186,8 @@ def test_token_ids_through_an_eager_model_and_the_model_is_untouched() -> None:
 
 
 def test_an_lstm_run_eagerly_keeps_its_own_flat_weights() -> None:
-    """Running a module with swapped (detached) parameters makes nn.LSTM rebuild its list of flat
-    weights; the list must point at the model's own parameters again afterwards."""
+    """An eager run gives nn.LSTM's kernel detached parameters (its own list of flat weights is
+    made again from them); the list must point at the model's own parameters again afterwards."""
 
     class Recurrent(nn.Module):
         def __init__(self) -> None:
@@ -195,6 +195,8 @@ def test_an_lstm_run_eagerly_keeps_its_own_flat_weights() -> None:
             self.lstm = nn.LSTM(3, 4, batch_first=True)
 
         def forward(self, x):
+            if any(weight.requires_grad for weight in self.lstm._flat_weights):
+                raise AssertionError("the recurrent kernel was given the model's own parameters")
             out, _ = self.lstm(x)
             return out[:, -1] if out.sum() > -1e9 else out[:, 0]  # torch.fx cannot trace this
 
