@@ -165,8 +165,9 @@ def _activation_ratio(
     x = inputs[receivers[0]]
     if x.shape != gradient.shape:
         return None, None
-    closed_form = _ratio_of(ctx.function) if len(inputs) == 1 else None  # (looked up where it is used:
-    # many activations' relevance never comes back, as the square inside a norm's held statistic)
+    # Looked up here, where it is used: the relevance of many activations never comes back (the
+    # square inside a norm's statistic, which is held constant).
+    closed_form = _ratio_of(ctx.function) if len(inputs) == 1 else None
     if closed_form is not None:
         ratio = closed_form(x)
         # An input of exactly 0 gets 0, as f(x) / x does (the rule before it drops the relevance
