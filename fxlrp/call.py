@@ -39,12 +39,11 @@ class RelevanceCall:
         self.inner_calls: dict[tuple[int, str, bool, bool], tuple[Any, RelevanceCall]] = {}
         """Calls of the operations inside a part run eagerly, by module, operation, first-layer flag
         and whether several factors of a product carry relevance."""
-        self._native_for: tuple[Any, bool] = (None, False)
 
     def __getstate__(self) -> dict[str, Any]:
         # The caches are keyed by the ids of tensors and modules of this process: a copy
         # (copy.deepcopy, pickle, torch.save) starts without them and fills them from its own.
-        return {**self.__dict__, "_cache": {}, "inner_calls": {}, "_native_for": (None, False)}
+        return {**self.__dict__, "_cache": {}, "inner_calls": {}}
 
     def layer(
         self,
@@ -63,15 +62,11 @@ class RelevanceCall:
         form (:mod:`fxlrp.relevance.form`), for a rule whose gradient form is the native gradient
         (LRP-0, the z-rule: :meth:`~fxlrp.rules.Rule.gradient_is_native`). :meth:`affine` would
         run the operation unchanged then; the caller skips building its layer. This is asked at
-        every call of an operation in code run eagerly, so the rule's answer is kept."""
-        if not gradient_form_active():
+        every call of an operation in code run eagerly."""
+        if not gradient_form_active() or self.rule is None or self.warn_lost_relevance:
             return False
-        rule, native = self._native_for
-        if rule is not self.rule:
-            native = (self.rule is not None and not self.warn_lost_relevance
-                      and getattr(self.rule, "gradient_is_native", bool)())
-            self._native_for = (self.rule, native)
-        return native
+        native = getattr(self.rule, "gradient_is_native", None)  # (a rule of the user's may lack it)
+        return native is not None and native()
 
     def affine(self, layer: AffineLayer, *inputs: Any) -> Tensor:
         """Run ``layer`` on ``inputs`` with this call's rule in backward."""

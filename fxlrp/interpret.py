@@ -312,21 +312,22 @@ def _lookup(function: Any) -> Dispatch:
     if operation is not None:
         return Dispatch(operation)
     twin = AUGMENTED_ASSIGNMENTS.get(name) or out_of_place_method(name)
-    if twin is not None and REGISTRY.for_method(twin) is not None:
-        return Dispatch(REGISTRY.for_method(twin), getattr(torch.Tensor, twin), name)
-    return Dispatch(None)
+    operation = None if twin is None else REGISTRY.for_method(twin)
+    return Dispatch(None) if operation is None else Dispatch(operation, getattr(torch.Tensor, twin), name)
 
 
 _dispatches: dict[Any, Dispatch] = {}
-_dispatches_made_for: list[int] = [-1]
+_dispatches_version = -1
+"""The registry's version :data:`_dispatches` were made from."""
 
 
 def dispatch_of(function: Any) -> Dispatch:
     """:func:`_lookup`, made once per function (this runs at every torch call of code run
     eagerly); made again once the registry has changed."""
-    if _dispatches_made_for[0] != REGISTRY.version:
+    global _dispatches_version
+    if _dispatches_version != REGISTRY.version:
         _dispatches.clear()
-        _dispatches_made_for[0] = REGISTRY.version
+        _dispatches_version = REGISTRY.version
     try:
         dispatch = _dispatches.get(function)
     except TypeError:  # not hashable

@@ -59,8 +59,7 @@ def apply_pass(
     if not torch.is_grad_enabled() or not carrying:
         return function(*inputs)
     gradient = gradient_form_active()
-    if gradient and linear and len(carrying) == 1 and (len(positions) == len(inputs) or not any(
-            carries_relevance(value) for index, value in enumerate(inputs) if index not in positions)):
+    if gradient and linear and len(carrying) == 1 and sum(map(carries_relevance, inputs)) == 1:
         return function(*inputs)  # the one relevance-carrying input takes its gradient unchanged
     shares = tuple(1.0 / len(carrying) if i in carrying else 0.0 for i in range(len(inputs)))
     if gradient:
