@@ -92,7 +92,8 @@ class StabilisedRule(Rule):
         self._stabiliser = terms.Stabiliser.of(stabilizer)
         self._zero = frozenset(self.zero_params)
 
-    def _scaled(self, relevance: Tensor, denominator: Tensor, layer: AffineLayer, **how: Any) -> Tensor:
+    def scaled(self, relevance: Tensor, denominator: Tensor, layer: AffineLayer, **how: Any) -> Tensor:
+        """``R / s(z)`` with this rule's stabiliser ``s``, a fresh tensor (see :func:`fxlrp.relevance.terms.scaled`)."""
         return terms.scaled(relevance, denominator, self._stabiliser, warn_lost_relevance=layer.warn_lost_relevance,
                             **how)
 
@@ -152,7 +153,7 @@ class Epsilon(StabilisedRule):
         else:  # the sign of the kept output is known once a ReLU rectified it
             sign = output.sign
             denominator = output.take().detach()
-        return self._scaled(relevance, denominator, layer, sign=sign)
+        return self.scaled(relevance, denominator, layer, sign=sign)
 
 
 class Norm(Epsilon):
@@ -216,7 +217,7 @@ class TwoHalves(StabilisedRule):
             if weight is None:
                 continue
             half = terms.signed_terms(layer, split, variants, for_positive_inputs, for_negative_inputs)
-            share = self._scaled(relevance, terms.total(half), layer, sign=sign, owned=True)
+            share = self.scaled(relevance, terms.total(half), layer, sign=sign, owned=True)
             if not (isinstance(weight, float) and weight == 1.0):
                 share.mul_(weight)
             outputs += half
@@ -380,7 +381,7 @@ class ZBox(StabilisedRule):
         own = (modified if output is None else output.take()).detach()
         with torch.enable_grad():
             low_term, high_term = layer(lows, *prepared["positive"]), layer(highs, *prepared["negative"])
-        scaled = self._scaled(relevance, own - low_term.detach() - high_term.detach(), layer)
+        scaled = self.scaled(relevance, own - low_term.detach() - high_term.detach(), layer)
         # one pass of autograd for the three terms (each reaches only its own leaves)
         shares = terms.input_times_gradient([own_root, low_term, high_term], [*inputs, *lows, *highs], [scaled] * 3)
         count = len(inputs)
@@ -405,7 +406,7 @@ class InputIndependent(StabilisedRule):
         with torch.enable_grad():
             on_ones = layer(ones, *parameters)
         # x_j = 1: the input-times-gradient product is the gradient itself.
-        return terms.input_times_gradient(on_ones, ones, self._scaled(relevance, on_ones.detach(), layer))
+        return terms.input_times_gradient(on_ones, ones, self.scaled(relevance, on_ones.detach(), layer))
 
 
 class Flat(InputIndependent):
@@ -562,12 +563,21 @@ class SoftmaxRule(Epsilon):
         # The formula as it stands, over the dimension the softmax names: the quotient R / s and
         # the softmax's backward (which multiplies by s again) are not computed - two passes and a
         # buffer fewer over attention's scores.
-        logits = inputs[0].detach()
-        weights = output.take().detach()
-        total = relevance.sum(layer.softmax_dim, keepdim=True)
-        share = torch.addcmul(relevance, weights, total, value=-1.0)
+        share = self.closed_form(relevance, output.take().detach(), inputs[0].detach(), layer.softmax_dim)
+        return (share, *[None] * (len(inputs) - 1))
+
+    @staticmethod
+    def closed_form(relevance: Tensor, weights: Tensor, logits: Tensor, dim: int, owned: bool = False) -> Tensor:
+        """``x * (R - s * sum R)`` over ``dim`` for the softmax's ``weights`` ``s`` of its ``logits``
+        ``x``; 0 where a logit is ``-inf``. ``owned``: ``relevance`` is the caller's own fresh
+        tensor, which the result may overwrite."""
+        total = relevance.sum(dim, keepdim=True)
+        if owned and not relevance.requires_grad:
+            share = relevance.addcmul_(weights, total, value=-1.0)
+        else:
+            share = torch.addcmul(relevance, weights, total, value=-1.0)
         share = share * logits if share.requires_grad else share.mul_(logits)
-        return (_zero_where_infinite(share, logits), *[None] * (len(inputs) - 1))
+        return _zero_where_infinite(share, logits)
 
     def __repr__(self) -> str:
         return "SoftmaxRule()"

@@ -5,6 +5,8 @@ kernel's own backward (the gradient form); float64 throughout."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,6 +78,8 @@ MODELS = {
     "shared boolean mask": lambda: Attention(2, 2, "boolean shared"),
     "no head dimension": Unbatched,
 }
+CLOSED_FORM_MODELS = {"heads": MODELS["heads"], "no head dimension": MODELS["no head dimension"]}
+"""Attention whose relevance has a closed form: no mask, queries, keys and values of the same heads."""
 
 
 def _relevance(explain: nn.Module, inputs: Tensor) -> Tensor:
@@ -113,7 +117,9 @@ def test_pieces_give_the_relevance_of_the_whole(build, composite, capture, monke
 @pytest.mark.parametrize("build", MODELS.values(), ids=MODELS.keys())
 def test_pieces_equal_the_fused_kernels_backward_at_epsilon_0(build, monkeypatch) -> None:
     """AttnLRP(0) in the gradient form runs the kernel's own backward (q, k: 1/4, v: 1/2): an
-    independent reference for the decomposition run in pieces."""
+    independent reference for the decomposition run in pieces, in closed form without a mask and
+    with queries, keys and values of the same heads (attention.attention_relevance), else run
+    under the interpretation."""
     torch.manual_seed(0)
     model = build().double().eval()
     inputs = torch.randn(2, LENGTH, 5, dtype=torch.float64)
@@ -121,8 +127,12 @@ def test_pieces_equal_the_fused_kernels_backward_at_epsilon_0(build, monkeypatch
     kernel = fxlrp.attribute(explain, inputs, target=1)
     assert explain.gradient_form
     monkeypatch.setattr(attention, "PIECE_SCORES", 1)
+    closed_forms = []
+    original = attention.attention_relevance
+    monkeypatch.setattr(attention, "attention_relevance", lambda *args: closed_forms.append(1) or original(*args))
     explain.gradient_form = False
     assert relative_error(fxlrp.attribute(explain, inputs, target=1), kernel) <= 1e-12
+    assert len(closed_forms) == (model.pieces if build in CLOSED_FORM_MODELS.values() else 0)
 
 
 def test_pieces_follow_the_heads_of_grouped_keys_and_the_mask() -> None:
@@ -146,3 +156,36 @@ def test_pieces_follow_the_heads_of_grouped_keys_and_the_mask() -> None:
 
     assert pieces == [piece(sample, slice(2 * head, 2 * head + 2), slice(head, head + 1))
                       for sample in range(2) for head in range(2)]
+
+
+
+@pytest.mark.parametrize("build", CLOSED_FORM_MODELS.values(), ids=CLOSED_FORM_MODELS.keys())
+@pytest.mark.parametrize("composite", [AttnLRP(0.25), CPLRP(0.25), Epsilon(0.25)], ids=["attnlrp", "cplrp", "epsilon"])
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_closed_form_equals_the_decomposition_run_under_the_interpretation(build, composite, capture,
+                                                                           monkeypatch) -> None:
+    """Unmasked attention in the relevance form takes the decomposition's relevance in closed form
+    (attention.attention_relevance); the decomposition run operation by operation under the
+    interpretation, each with its own rule, is the reference. A large epsilon, so that each
+    stabiliser's place shows (the products' denominators are their outputs, the scale passes)."""
+    torch.manual_seed(0)
+    model = build().double().eval()
+    inputs = torch.randn(2, LENGTH, 5, dtype=torch.float64)
+    closed_forms = []
+    original = attention.attention_relevance
+
+    def counted(*args):
+        closed_forms.append(args[0])
+        return original(*args)
+
+    monkeypatch.setattr(attention, "attention_relevance", counted)
+    monkeypatch.setattr(attention, "PIECE_SCORES", 1)
+    closed = _relevance(fxlrp.convert(model, composite, capture=capture, strict=True), inputs)
+    assert len(closed_forms) == model.pieces
+    rules = attention.attention_rules
+    monkeypatch.setattr(attention, "attention_rules", lambda *args: replace(rules(*args), closed_form=False))
+    interpreted = _relevance(fxlrp.convert(model, composite, capture=capture, strict=True), inputs)
+    assert len(closed_forms) == model.pieces
+    assert relative_error(closed, interpreted) <= 1e-12
+    assert closed.abs().sum() > 0
+

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -27,10 +28,12 @@ from fxlrp.interpret import Interpretation, interpret
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register
+from fxlrp.relevance import AffineLayer
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
 from fxlrp.relevance.roles import ATTENTION, mark, role_of
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import Index, Piece, decomposed_in_backward
+from fxlrp.rules import Epsilon
 
 
 def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
@@ -96,18 +99,21 @@ def decomposed_attention(
 def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any, **kwargs: Any) -> Tensor:
     """Fused attention: values of the kernel, relevance through :func:`decomposed_attention`; in
     the gradient form, the kernel's own backward with the decomposition's shares
-    (:func:`fused_gradient_shares`)."""
+    (:attr:`AttentionRules.gradient_shares`); in the relevance form, the decomposition's relevance
+    in closed form where its rules have one (:func:`attention_relevance`), else the
+    decomposition run under the interpretation in backward."""
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return function(*args, **kwargs)
+    factors = args[:3]
+    roles = tuple(role_of(value) for value in factors)
+    carrying = tuple(carries_relevance(value) for value in factors)
+    mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+    masked = kwargs.get("is_causal", False) or mask is not None
+    # the same for every call of this site with these roles: resolved once
+    rules = call.cached(("attention rules", roles, carrying, masked), (),
+                        lambda: attention_rules(call, roles, carrying, masked))
     if gradient_form_active():
-        factors = args[:3]
-        roles = tuple(role_of(value) for value in factors)
-        carrying = tuple(carries_relevance(value) for value in factors)
-        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-        masked = kwargs.get("is_causal", False) or mask is not None
-        # the same for every call of this site with these roles: resolved once
-        shares = call.cached(("fused gradient shares", roles, carrying, masked), (),
-                             lambda: fused_gradient_shares(call, roles, carrying, masked))
+        shares = rules.gradient_shares
         if shares is not None:
             held = [value if not carrying[index] else scaled_gradient(value, shares[index]) if shares[index]
                     else value.detach() for index, value in enumerate(factors)]
@@ -115,9 +121,148 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     if len(args) < 4:  # the mask positional, so that each piece gets its part of it
         kwargs = dict(kwargs)
         args = (*args, kwargs.pop("attn_mask", None))
+    closed_form = None
+    if rules.closed_form and _plain_heads(*args[:3]) and not kwargs.get("enable_gqa", False):
+        layer = AffineLayer(torch.matmul, warn_lost_relevance=call.warn_lost_relevance)
+        closed_form = partial(attention_relevance, rules, layer, kwargs.get("scale"))
     return decomposed_in_backward(
         partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args,
-        pieces=attention_pieces(*args[:4]))
+        pieces=attention_pieces(*args[:4]), closed_form=closed_form)
+
+
+def _plain_heads(query: Tensor, key: Tensor, value: Tensor) -> bool:
+    """Queries, keys and values of the same samples and heads, none broadcast (each piece of the
+    decomposition then reads its own part of each)."""
+    return query.dim() >= 3 and query.shape[:-2] == key.shape[:-2] == value.shape[:-2]
+
+
+@dataclass(frozen=True)
+class AttentionRules:
+    """The rules the parts of :func:`decomposed_attention` are given in one call (the ones the
+    interpretation gives them, so composites that change them are followed) and what follows
+    from them: which factors receive relevance, in which shares."""
+
+    softmax: Any
+    scores: Any
+    """The rule of ``q @ k^T``; None where the attention weights carry no relevance."""
+    mixing: Any
+    """The rule of ``weights @ v``."""
+    query_key: tuple[float, float]
+    """The shares of ``q`` and ``k`` in the relevance of ``q @ k^T`` (``1 / N`` for each of the
+    ``N`` receivers, 0 for a factor that is a constant by role)."""
+    weights_value: tuple[float, float]
+    """The shares of the weights and of ``v`` in the relevance of ``weights @ v``."""
+    gradient_shares: tuple[float, float, float] | None
+    """The shares of the fused kernel's gradients of ``q, k, v`` that equal relevance through the
+    decomposition in the gradient form (:mod:`fxlrp.relevance.form`), or None if its rules have
+    no gradient form there.
+
+    In that form each product passes its gradient to each receiving factor times ``1 / N``
+    (AttnLRP's uniform rule: 1/2), the softmax rule is the softmax's gradient, and the scale and
+    the mask additions are gradients too, so the decomposition's backward is the fused kernel's
+    with ``q`` and ``k`` scaled by the product of the two products' shares (1/4) and ``v`` by
+    its share (1/2). With attention weights held constant (CP-LRP) ``v`` takes all and ``q, k``
+    none."""
+    closed_form: bool
+    """Whether :func:`attention_relevance` computes the decomposition's relevance in the
+    relevance form: no mask, the epsilon rule or the Product rule (without ``zero_params``) on
+    both products and, where the weights receive relevance, AttnLRP's softmax rule."""
+
+
+def attention_rules(
+    call: RelevanceCall, roles: tuple[str | None, ...], carrying: tuple[bool, ...], masked: bool,
+) -> AttentionRules:
+    """The :class:`AttentionRules` of ``q, k, v`` of these ``roles``, these relevance-``carrying``,
+    with a mask or not."""
+    interpretation = Interpretation(call)
+    # q k^T is the decomposition's first operation: the first layer if the call may hold it
+    scores_first = interpretation.first_layer_pending and interpretation.composite.counts_as_first_layer(
+        "matmul", REGISTRY.operations["matmul"].weighted)
+
+    def rule(operation: str, factors: int, first: bool = False) -> Any:
+        return interpretation.rule_for(REGISTRY.operations[operation], None, first, factors)
+
+    def shares(product: Any, factor_roles: tuple[str | None, str | None], carried: tuple[bool, bool]):
+        chosen = receiving(product, factor_roles, tuple(index for index in range(2) if carried[index]))
+        return tuple(1.0 / len(chosen) if index in chosen else 0.0 for index in range(2))
+
+    softmax_rule = rule("softmax", 0)
+    weights_carry = (carrying[0] or carrying[1]) and not isinstance(softmax_rule, AttentionAsConstant)
+    mixing_rule = rule("matmul", weights_carry + carrying[2])
+    to_weights, to_value = shares(mixing_rule, (ATTENTION, roles[2]), (weights_carry, carrying[2]))
+    scores_rule = rule("matmul", carrying[0] + carrying[1], scores_first) if weights_carry else None
+    to_query, to_key = shares(scores_rule, roles[:2], carrying[:2]) if weights_carry else (0.0, 0.0)
+    if not weights_carry:
+        gradient_shares = (0.0, 0.0, to_value) if mixing_rule.has_gradient_form() else None
+    elif all(needed.has_gradient_form() for needed in
+             [softmax_rule, scores_rule, mixing_rule] + ([rule("add", 0)] if masked else [])):
+        gradient_shares = (to_query * to_weights, to_key * to_weights, to_value)
+    else:
+        gradient_shares = None
+    closed_form = (not masked and all(carrying) and _epsilon_rule(mixing_rule)
+                   and (not to_weights or type(softmax_rule) is SoftmaxRule and _epsilon_rule(scores_rule)))
+    return AttentionRules(softmax_rule, scores_rule, mixing_rule, (to_query, to_key), (to_weights, to_value),
+                          gradient_shares, closed_form)
+
+
+def _epsilon_rule(rule: Any) -> bool:
+    """The epsilon rule or the Product rule itself (a subclass may change what they compute)."""
+    return type(rule) in (Epsilon, Product) and not rule.zero_params
+
+
+def attention_relevance(
+    rules: AttentionRules, layer: AffineLayer, scale: float | None, inputs: list[Any], relevance: Sequence[Tensor],
+) -> list[Tensor | None]:
+    r"""The relevance of ``q, k, v`` (``inputs``) through :func:`decomposed_attention` without a
+    mask, for the ``relevance`` ``R`` of its output, in closed form: the same rules (``rules``)
+    as the decomposition run under the interpretation, without running the interpretation.
+
+    With ``S = q k^T``, ``A = softmax(S * scale)``, ``o = A v``, shares ``a_A, a_v`` of the
+    mixing product and ``a_q, a_k`` of the scores' product, and each product's stabiliser ``s``:
+
+    .. math::
+        Z = R / s(o), \quad R_v = a_v \, v \odot (A^T Z), \quad R_A = a_A \, A \odot (Z v^T),
+
+        R_S = (S \cdot \mathrm{scale}) \odot (R_A - A \textstyle\sum_j R_A),
+
+        Y = R_S / s(S), \quad R_q = a_q \, q \odot (Y k), \quad R_k = a_k \, k \odot (Y^T q).
+
+    (the softmax rule; the product with the scale passes relevance unchanged). Every
+    intermediate is the piece's own: products and quotients are written into them.
+    """
+    query, key, value = inputs[:3]
+    (output_relevance,) = relevance
+    to_weights, to_value = rules.weights_value
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1))
+    logits = scores * scale
+    weights = torch.softmax(logits, dim=-1)
+    quotient = rules.mixing.scaled(output_relevance, torch.matmul(weights, value), layer)
+    value_relevance = None
+    if to_value:
+        value_relevance = _times(torch.matmul(weights.transpose(-2, -1), quotient), value, to_value)
+    if not to_weights:
+        return [None, None, value_relevance]
+    weight_relevance = _times(torch.matmul(quotient, value.transpose(-2, -1)), weights, to_weights)
+    del quotient
+    logit_relevance = SoftmaxRule.closed_form(weight_relevance, weights, logits, -1, owned=True)
+    del weights, logits
+    quotient = rules.scores.scaled(logit_relevance, scores, layer)
+    del scores, logit_relevance
+    to_query, to_key = rules.query_key
+    return [
+        _times(torch.matmul(quotient, key), query, to_query) if to_query else None,
+        _times(torch.matmul(quotient.transpose(-2, -1), query), key, to_key) if to_key else None,
+        value_relevance,
+    ]
+
+
+def _times(gradient: Tensor, factor: Tensor, share: float) -> Tensor:
+    """``share * factor * gradient`` for a fresh ``gradient``, written into it unless recorded."""
+    if gradient.requires_grad:
+        return gradient * factor * share if share != 1.0 else gradient * factor
+    gradient.mul_(factor)
+    return gradient.mul_(share) if share != 1.0 else gradient
 
 
 PIECE_SCORES = 1 << 19
@@ -173,47 +318,6 @@ def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
             inputs = tuple(where(tensor, first, last, sample) for tensor in (query, key, value, mask))
             pieces.append((*inputs, inputs[0]))  # the output lies where the query does
     return pieces
-
-
-def fused_gradient_shares(
-    call: RelevanceCall, roles: tuple[str | None, ...], carrying: tuple[bool, ...], masked: bool,
-) -> tuple[float, float, float] | None:
-    """The shares of the fused kernel's gradients of ``q, k, v`` (of these ``roles``, these
-    relevance-``carrying``, with a mask or not) that equal relevance through
-    :func:`decomposed_attention` in the gradient form (:mod:`fxlrp.relevance.form`), or None if
-    its rules have no gradient form there.
-
-    In that form each product passes its gradient to each receiving factor times ``1 / N``
-    (AttnLRP's uniform rule: 1/2), the softmax rule is the softmax's gradient, and the scale and
-    the mask additions are gradients too, so the decomposition's backward is the fused kernel's
-    with ``q`` and ``k`` scaled by the product of the two products' shares (1/4) and ``v`` by
-    its share (1/2). With attention weights held constant (CP-LRP) ``v`` takes all and ``q, k``
-    none. The rules are the ones the decomposition would be given
-    (:class:`~fxlrp.interpret.Interpretation`), so composites that change them are followed.
-    """
-    interpretation = Interpretation(call)
-    # q k^T is the decomposition's first operation: the first layer if the call may hold it
-    scores_first = interpretation.first_layer_pending and interpretation.composite.counts_as_first_layer(
-        "matmul", REGISTRY.operations["matmul"].weighted)
-
-    def rule(operation: str, factors: int, first: bool = False) -> Any:
-        return interpretation.rule_for(REGISTRY.operations[operation], None, first, factors)
-
-    def shares(product: Any, factor_roles: tuple[str | None, str | None], carried: tuple[bool, bool]) -> list[float]:
-        chosen = receiving(product, factor_roles, tuple(index for index in range(2) if carried[index]))
-        return [1.0 / len(chosen) if index in chosen else 0.0 for index in range(2)]
-
-    weights_carry = (carrying[0] or carrying[1]) and not isinstance(rule("softmax", 0), AttentionAsConstant)
-    mixing_rule = rule("matmul", weights_carry + carrying[2])
-    to_weights, to_value = shares(mixing_rule, (ATTENTION, roles[2]), (weights_carry, carrying[2]))
-    if not weights_carry:
-        return (0.0, 0.0, to_value) if mixing_rule.has_gradient_form() else None
-    scores_rule = rule("matmul", carrying[0] + carrying[1], scores_first)
-    needed = [rule("softmax", 0), scores_rule, mixing_rule] + ([rule("add", 0)] if masked else [])
-    if not all(needed_rule.has_gradient_form() for needed_rule in needed):
-        return None
-    to_query, to_key = shares(scores_rule, roles[:2], carrying[:2])
-    return to_query * to_weights, to_key * to_weights, to_value
 
 
 register(

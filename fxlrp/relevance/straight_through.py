@@ -16,6 +16,8 @@ Piece = tuple[Index | None, ...]
 """Where a piece of an operation lies in its inputs and, last, in its output: one index per input
 (None: the whole input, which the piece then shares with other pieces; inputs past the last index
 given are whole too) and one of the output."""
+ClosedForm = Callable[[list[Any], Sequence[Tensor | None]], Sequence[Tensor | None]]
+"""``(inputs, relevance of the outputs) -> relevance of the relevance-carrying inputs``, in order."""
 
 
 class DecomposedInBackward(torch.autograd.Function):
@@ -30,13 +32,15 @@ class DecomposedInBackward(torch.autograd.Function):
     layer) live only while relevance passes through that layer instead of from forward to
     backward. An operation made of independent pieces (attention: each head of each sample) may
     name them: the decomposition then runs piece after piece, so that only one piece's
-    intermediates are alive at a time.
+    intermediates are alive at a time. Where the relevance of the decomposition has a closed form
+    (fused attention under the epsilon and softmax rules), ``closed_form(inputs, relevance)`` gives
+    it without running the decomposition.
     """
 
     @staticmethod
-    def forward(ctx, exact: Callable[..., Any], path: Callable[..., Any], pieces: Sequence[Piece] | None,
-                *inputs: Any) -> Any:
-        ctx.path, ctx.pieces = path, pieces
+    def forward(ctx, exact: Callable[..., Any], path: Callable[..., Any], closed_form: ClosedForm | None,
+                pieces: Sequence[Piece] | None, *inputs: Any) -> Any:
+        ctx.path, ctx.closed_form, ctx.pieces = path, closed_form, pieces
         ctx.gradient_form = gradient_form_active()  # backward may run on another thread (CUDA)
         ctx.positions = [index for index, value in enumerate(inputs) if carries_relevance(value)]
         # (aliases: the Python objects may be given other tensors later, see RuleFunction.forward)
@@ -57,7 +61,7 @@ class DecomposedInBackward(torch.autograd.Function):
             shares = _relevance_through(ctx, inputs, relevance)
             for index, share in zip(ctx.positions, shares, strict=True):
                 result[index] = share
-            return (None, None, None, *result)
+            return (None, None, None, None, *result)
         for piece in ctx.pieces:
             *where, where_out = piece
             where = [*where, *[None] * (len(inputs) - len(where))]
@@ -72,12 +76,14 @@ class DecomposedInBackward(torch.autograd.Function):
                     result[index] = torch.zeros_like(inputs[index])
                 whole = result[index]
                 (whole if where[index] is None else whole[where[index]]).add_(share)
-        return (None, None, None, *result)
+        return (None, None, None, None, *result)
 
 
 def _relevance_through(ctx: Any, inputs: list[Any], relevance: Sequence[Tensor | None]) -> Sequence[Tensor | None]:
     """The relevance of the relevance-carrying ``inputs`` (at ``ctx.positions``) through the
     decomposition ``ctx.path``, for the ``relevance`` of its outputs."""
+    if ctx.closed_form is not None:
+        return ctx.closed_form(inputs, relevance)
     leaves = [inputs[index].detach().requires_grad_() for index in ctx.positions]
     for index, leaf in zip(ctx.positions, leaves, strict=True):
         inputs[index] = leaf
@@ -96,10 +102,12 @@ def _relevance_through(ctx: Any, inputs: list[Any], relevance: Sequence[Tensor |
 
 def decomposed_in_backward(
     exact: Callable[..., Any], path: Callable[..., Any], *inputs: Any, pieces: Sequence[Piece] | None = None,
+    closed_form: ClosedForm | None = None,
 ) -> Any:
     """``exact(*inputs)``, whose relevance in backward is that of ``path(*inputs)`` (the same
     operation decomposed into explained parts), computed in backward; see
     :class:`DecomposedInBackward`. ``pieces``: independent parts of the operation, decomposed one
     after the other (one :data:`Piece` each; their outputs must not overlap and must cover the
-    output)."""
-    return DecomposedInBackward.apply(exact, path, pieces, *inputs)
+    output). ``closed_form``: the relevance of ``path`` computed without running it, see
+    :class:`DecomposedInBackward`."""
+    return DecomposedInBackward.apply(exact, path, closed_form, pieces, *inputs)
