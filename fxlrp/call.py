@@ -54,8 +54,10 @@ class RelevanceCall:
         has_parameters: bool = False,
         recomputable: bool = False,
         softmax_dim: int | None = None,
+        input_gradient: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> AffineLayer:
-        return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable, softmax_dim)
+        return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable, softmax_dim,
+                           input_gradient)
 
     def runs_natively(self) -> bool:
         """Whether the operation's own call is this call's relevance function now: in the gradient

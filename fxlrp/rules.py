@@ -126,8 +126,8 @@ class Epsilon(StabilisedRule):
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         if prepared is None:
-            output = layer.forward(inputs)
-            return output, (inputs, gradient_root(output), None)
+            output, root = terms.output_and_root(layer, inputs)
+            return output, (inputs, root, None)
         modified = layer(inputs, *prepared)
         return terms.original_output(layer, inputs), (inputs, gradient_root(modified), modified)
 

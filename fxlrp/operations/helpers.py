@@ -33,17 +33,20 @@ def weighted(
     weight: Tensor,
     bias: Tensor | None = None,
     *settings: Any,
+    input_gradient: Callable[[Tensor, Tensor], Tensor] | None = None,
     **kwargs: Any,
 ) -> Tensor:
     """A layer ``function(input, weight, bias, *settings, **kwargs)``: linear, convolution,
-    transposed convolution."""
+    transposed convolution; ``input_gradient``: its vector-Jacobian product in closed form, if it
+    has one (see :attr:`fxlrp.relevance.AffineLayer.input_gradient`)."""
     if call.runs_natively():
         return function(input, weight, bias, *settings, **kwargs)
 
     def layer_function(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
         return function(x, w, b, *settings, **kwargs)
 
-    return call.affine(call.layer(layer_function, weight, bias, has_parameters=True), input)
+    layer = call.layer(layer_function, weight, bias, has_parameters=True, input_gradient=input_gradient)
+    return call.affine(layer, input)
 
 
 def passes(

@@ -24,7 +24,12 @@ def linear(call: RelevanceCall, function: Any, input: Tensor, *args: Any, **kwar
     rounds differently from the model's own forward, which runs without gradients."""
     if input.dim() > 2 and not input.is_contiguous():
         input = input.contiguous()
-    return weighted(call, function, input, *args, **kwargs)
+    return weighted(call, function, input, *args, input_gradient=linear_input_gradient, **kwargs)
+
+
+def linear_input_gradient(gradient: Tensor, weight: Tensor) -> Tensor:
+    """``F.linear``'s vector-Jacobian product in its input: ``g @ W`` (``y = x W^T + b``)."""
+    return gradient.matmul(weight)
 
 
 def linear_module(module: nn.Linear, parameters: dict[str, Any]):

@@ -24,13 +24,26 @@ from torch import Tensor
 from torch.autograd.graph import GradientEdge
 
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import carries_relevance, graph_reused, writable_recomputation
+from fxlrp.relevance.rule_function import carries_relevance, gradient_root, graph_reused, writable_recomputation
 from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
 from fxlrp.relevance.tracing import values_are_traced
 
 Parameters = tuple[Tensor | None, Tensor | None]
 """``(weight, bias)`` of a modified copy of a layer."""
-Root = Tensor | GradientEdge
+
+
+@dataclass(frozen=True)
+class LayerGradient:
+    """A rule's gradient root where the layer gives its vector-Jacobian product in closed form
+    (:attr:`AffineLayer.input_gradient`, with the layer's own weight): no inner graph is kept."""
+
+    layer: AffineLayer
+
+    def of(self, gradient: Tensor) -> Tensor:
+        return self.layer.input_gradient(gradient, self.layer.weight)
+
+
+Root = Tensor | GradientEdge | LayerGradient
 """Where a vector-Jacobian product starts: an output, or its gradient edge (which does not keep
 the output's values alive)."""
 ZeroParams = str | Iterable[str] | None
@@ -157,6 +170,20 @@ def total(terms: Sequence[Tensor]) -> Tensor:
     return terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
 
 
+def output_and_root(layer: AffineLayer, inputs: Sequence[Any]) -> tuple[Tensor, Root]:
+    """The layer's output and where :func:`input_times_gradient` starts from for it: the
+    layer's own vector-Jacobian product where it has one in closed form and the first input is
+    the only one carrying relevance (computed without an inner graph), else the output's
+    gradient edge. Not under autocast, whose casts the inner graph records."""
+    if (layer.input_gradient is not None and carries_relevance(inputs[0])
+            and not any(carries_relevance(value) for value in inputs[1:])
+            and not torch.is_autocast_enabled(inputs[0].device.type)):
+        with torch.no_grad():
+            return layer.forward(inputs), LayerGradient(layer)
+    output = layer.forward(inputs)
+    return output, gradient_root(output)
+
+
 def original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
     """The layer's own output, where a rule's terms are modified copies (no graph needed)."""
     with torch.no_grad():
@@ -210,8 +237,11 @@ def input_times_gradient(
     the products may be written into them.
     """
     carrying = [value for value in inputs if carries_relevance(value)]
-    # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
-    gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())
+    if isinstance(output, LayerGradient):
+        gradients = (output.of(scaled_relevance),)
+    else:
+        # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
+        gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())
     products = iter(
         gradient.mul_(value) if in_place else _product(value, gradient)
         for value, gradient, in_place in zip(carrying, gradients, _writable(gradients), strict=True)
