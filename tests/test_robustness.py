@@ -248,6 +248,29 @@ def test_low_precision_relevance_is_finite_and_agrees_with_float32(name: str, dt
         assert correlation(relevance, reference).min() > BOUNDS[name, dtype], composite
 
 
+def test_a_forward_under_autocast_may_go_backward_outside_it() -> None:
+    """The epsilon rule on a linear layer keeps no inner graph where it applies the layer's own
+    vector-Jacobian product (terms.output_and_root); under autocast it keeps the graph, whose
+    casts make a backward run outside autocast (bfloat16 relevance, float32 weights) work and give
+    what the backward inside it gives."""
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)).eval()
+    explain = fxlrp.convert(model, Epsilon(1e-6))
+    x = torch.randn(4, 6)
+
+    def relevance(backward_inside: bool) -> torch.Tensor:
+        leaf = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = explain(leaf)
+            if backward_inside:
+                return torch.autograd.grad(output, leaf, torch.ones_like(output))[0]
+        return torch.autograd.grad(output, leaf, torch.ones_like(output))[0]
+
+    inside, outside = relevance(True), relevance(False)
+    assert bool(outside.isfinite().all()) and outside.abs().sum() > 0
+    assert torch.equal(outside, inside)
+
+
 @pytest.mark.parametrize("rule", [ZPlus(), AlphaBeta(2.0, 1.0), Epsilon(1e-6), Epsilon(1e-9)],
                          ids=["zplus", "alpha2beta1", "epsilon", "epsilon flushed"])
 def test_stabilisers_in_float16_give_no_nan(rule) -> None:
