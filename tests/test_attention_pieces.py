@@ -77,9 +77,12 @@ MODELS = {
     "additive mask per head": lambda: Attention(4, 4, "additive per head"),
     "shared boolean mask": lambda: Attention(2, 2, "boolean shared"),
     "no head dimension": Unbatched,
+    "causal": lambda: Attention(4, 4, "causal"),
 }
-CLOSED_FORM_MODELS = {"heads": MODELS["heads"], "no head dimension": MODELS["no head dimension"]}
-"""Attention whose relevance has a closed form: no mask, queries, keys and values of the same heads."""
+CLOSED_FORM_MODELS = {name: MODELS[name] for name in (
+    "heads", "no head dimension", "causal", "additive mask per head", "shared boolean mask", "grouped-query")}
+"""Attention whose relevance has a closed form: queries, keys and values of the same heads or of
+groups of query heads, not broadcast."""
 
 
 def _relevance(explain: nn.Module, inputs: Tensor) -> Tensor:

@@ -86,14 +86,21 @@ def decomposed_attention(
         repeats = query.shape[-3] // key.shape[-3]
         key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
     scores = torch.matmul(query, key.transpose(-2, -1)) * scale
-    if is_causal:
-        length, source = query.shape[-2], key.shape[-2]
-        causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
-        scores = scores + additive_mask(causal, True, scores.dtype)
-    mask = additive_mask(attn_mask, True, scores.dtype)
-    if mask is not None:
+    for mask in attention_masks(query, key, attn_mask, is_causal, scores.dtype):
         scores = scores + mask
     return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
+def attention_masks(query: Tensor, key: Tensor, attn_mask: Tensor | None, is_causal: bool,
+                    dtype: torch.dtype) -> list[Tensor]:
+    """The float masks added to attention's scores, in order: the causal one, then ``attn_mask``."""
+    masks = []
+    if is_causal:
+        length, source = query.shape[-2], key.shape[-2]
+        masks.append(additive_mask(torch.ones(length, source, dtype=torch.bool, device=query.device).tril(),
+                                   True, dtype))
+    mask = additive_mask(attn_mask, True, dtype)
+    return masks if mask is None else [*masks, mask]
 
 
 def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any, **kwargs: Any) -> Tensor:
@@ -122,18 +129,24 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
         kwargs = dict(kwargs)
         args = (*args, kwargs.pop("attn_mask", None))
     closed_form = None
-    if rules.closed_form and _plain_heads(*args[:3]) and not kwargs.get("enable_gqa", False):
+    is_causal = kwargs.get("is_causal", False)
+    if (rules.closed_form and _own_heads(*args[:3], kwargs.get("enable_gqa", False))
+            and not (is_causal and args[3] is not None)):  # (torch takes one of the two: one sum with a mask)
         layer = AffineLayer(torch.matmul, warn_lost_relevance=call.warn_lost_relevance)
-        closed_form = partial(attention_relevance, rules, layer, kwargs.get("scale"))
+        closed_form = partial(attention_relevance, rules, layer, kwargs.get("scale"), is_causal)
     return decomposed_in_backward(
         partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args,
         pieces=attention_pieces(*args[:4]), closed_form=closed_form)
 
 
-def _plain_heads(query: Tensor, key: Tensor, value: Tensor) -> bool:
-    """Queries, keys and values of the same samples and heads, none broadcast (each piece of the
-    decomposition then reads its own part of each)."""
-    return query.dim() >= 3 and query.shape[:-2] == key.shape[:-2] == value.shape[:-2]
+def _own_heads(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> bool:
+    """Queries, keys and values of the same samples and heads, or keys and values of groups of
+    query heads (grouped-query attention), none broadcast: each piece of the decomposition then
+    reads its own part of each."""
+    if query.dim() < 3 or not query.shape[:-3] == key.shape[:-3] == value.shape[:-3]:
+        return False
+    heads, shared = query.shape[-3], key.shape[-3]
+    return value.shape[-3] == shared and (heads == shared or enable_gqa and heads % shared == 0)
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,8 @@ class AttentionRules:
     ``N`` receivers, 0 for a factor that is a constant by role)."""
     weights_value: tuple[float, float]
     """The shares of the weights and of ``v`` in the relevance of ``weights @ v``."""
+    add: Any
+    """The rule of the mask's addition to the scores; None without a mask."""
     gradient_shares: tuple[float, float, float] | None
     """The shares of the fused kernel's gradients of ``q, k, v`` that equal relevance through the
     decomposition in the gradient form (:mod:`fxlrp.relevance.form`), or None if its rules have
@@ -165,8 +180,9 @@ class AttentionRules:
     none."""
     closed_form: bool
     """Whether :func:`attention_relevance` computes the decomposition's relevance in the
-    relevance form: no mask, the epsilon rule or the Product rule (without ``zero_params``) on
-    both products and, where the weights receive relevance, AttnLRP's softmax rule."""
+    relevance form: the epsilon rule or the Product rule (without ``zero_params``) on both
+    products and the mask's addition and, where the weights receive relevance, AttnLRP's softmax
+    rule."""
 
 
 def attention_rules(
@@ -192,17 +208,19 @@ def attention_rules(
     to_weights, to_value = shares(mixing_rule, (ATTENTION, roles[2]), (weights_carry, carrying[2]))
     scores_rule = rule("matmul", carrying[0] + carrying[1], scores_first) if weights_carry else None
     to_query, to_key = shares(scores_rule, roles[:2], carrying[:2]) if weights_carry else (0.0, 0.0)
+    add_rule = rule("add", 0) if masked else None
     if not weights_carry:
         gradient_shares = (0.0, 0.0, to_value) if mixing_rule.has_gradient_form() else None
     elif all(needed.has_gradient_form() for needed in
-             [softmax_rule, scores_rule, mixing_rule] + ([rule("add", 0)] if masked else [])):
+             [softmax_rule, scores_rule, mixing_rule] + ([add_rule] if masked else [])):
         gradient_shares = (to_query * to_weights, to_key * to_weights, to_value)
     else:
         gradient_shares = None
-    closed_form = (not masked and all(carrying) and _epsilon_rule(mixing_rule)
-                   and (not to_weights or type(softmax_rule) is SoftmaxRule and _epsilon_rule(scores_rule)))
+    closed_form = (all(carrying) and _epsilon_rule(mixing_rule)
+                   and (not to_weights or type(softmax_rule) is SoftmaxRule and _epsilon_rule(scores_rule)
+                        and (not masked or _epsilon_rule(add_rule))))
     return AttentionRules(softmax_rule, scores_rule, mixing_rule, (to_query, to_key), (to_weights, to_value),
-                          gradient_shares, closed_form)
+                          add_rule, gradient_shares, closed_form)
 
 
 def _epsilon_rule(rule: Any) -> bool:
@@ -211,31 +229,56 @@ def _epsilon_rule(rule: Any) -> bool:
 
 
 def attention_relevance(
-    rules: AttentionRules, layer: AffineLayer, scale: float | None, inputs: list[Any], relevance: Sequence[Tensor],
+    rules: AttentionRules, layer: AffineLayer, scale: float | None, is_causal: bool, inputs: list[Any],
+    relevance: Sequence[Tensor],
 ) -> list[Tensor | None]:
-    r"""The relevance of ``q, k, v`` (``inputs``) through :func:`decomposed_attention` without a
-    mask, for the ``relevance`` ``R`` of its output, in closed form: the same rules (``rules``)
-    as the decomposition run under the interpretation, without running the interpretation.
+    r"""The relevance of ``q, k, v`` (the first three ``inputs``, the fourth a mask or None)
+    through :func:`decomposed_attention` with at most one mask, for the ``relevance`` ``R`` of its
+    output, in closed form: the same rules (``rules``) as the decomposition run under the
+    interpretation, without running the interpretation.
 
-    With ``S = q k^T``, ``A = softmax(S * scale)``, ``o = A v``, shares ``a_A, a_v`` of the
-    mixing product and ``a_q, a_k`` of the scores' product, and each product's stabiliser ``s``:
+    With ``S = q k^T``, logits ``L = S * scale + m`` (``m``: the mask, added under the sum's
+    rule), ``A = softmax(L)``, ``o = A v``, shares ``a_A, a_v`` of the mixing product and
+    ``a_q, a_k`` of the scores' product, and each rule's stabiliser ``s``:
 
     .. math::
         Z = R / s(o), \quad R_v = a_v \, v \odot (A^T Z), \quad R_A = a_A \, A \odot (Z v^T),
 
-        R_S = (S \cdot \mathrm{scale}) \odot (R_A - A \textstyle\sum_j R_A),
+        R_L = L \odot (R_A - A \textstyle\sum_j R_A), \quad
+        R_{S \cdot \mathrm{scale}} = (S \cdot \mathrm{scale}) \odot R_L / s(L),
 
-        Y = R_S / s(S), \quad R_q = a_q \, q \odot (Y k), \quad R_k = a_k \, k \odot (Y^T q).
+        Y = R_{S \cdot \mathrm{scale}} / s(S), \quad R_q = a_q \, q \odot (Y k),
+        \quad R_k = a_k \, k \odot (Y^T q)
 
-    (the softmax rule; the product with the scale passes relevance unchanged). Every
-    intermediate is the piece's own: products and quotients are written into them.
+    (the softmax rule, 0 where the mask is ``-inf``; without a mask ``R_L`` goes to ``S * scale``
+    as it is, and the product with the scale passes relevance unchanged). Under grouped-query
+    attention keys and values are repeated for their groups of query heads, and the relevance of
+    the copies summed. Every intermediate is the piece's own: products and quotients are written
+    into them.
     """
-    query, key, value = inputs[:3]
+    query, key, value, attn_mask = inputs[:4]
+    repeats = query.shape[-3] // key.shape[-3]
+    if repeats == 1:
+        return _relevance_of_heads(rules, layer, scale, is_causal, query, key, value, attn_mask, relevance)
+    # grouped-query attention: each key and value head serves ``repeats`` query heads
+    key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
+    shares = _relevance_of_heads(rules, layer, scale, is_causal, query, key, value, attn_mask, relevance)
+    return [share if index == 0 or share is None else share.unflatten(-3, (-1, repeats)).sum(-3)
+            for index, share in enumerate(shares)]
+
+
+def _relevance_of_heads(
+    rules: AttentionRules, layer: AffineLayer, scale: float | None, is_causal: bool, query: Tensor, key: Tensor,
+    value: Tensor, attn_mask: Tensor | None, relevance: Sequence[Tensor],
+) -> list[Tensor | None]:
+    """:func:`attention_relevance` for keys and values of the queries' own heads."""
     (output_relevance,) = relevance
     to_weights, to_value = rules.weights_value
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     scores = torch.matmul(query, key.transpose(-2, -1))
-    logits = scores * scale
+    scaled = scores * scale
+    masks = attention_masks(query, key, attn_mask, is_causal, scaled.dtype)
+    logits = scaled + masks[0] if masks else scaled
     weights = torch.softmax(logits, dim=-1)
     quotient = rules.mixing.scaled(output_relevance, torch.matmul(weights, value), layer)
     value_relevance = None
@@ -246,7 +289,10 @@ def attention_relevance(
     weight_relevance = _times(torch.matmul(quotient, value.transpose(-2, -1)), weights, to_weights)
     del quotient
     logit_relevance = SoftmaxRule.closed_form(weight_relevance, weights, logits, -1, owned=True)
-    del weights, logits
+    del weights
+    if masks:  # the scaled scores' share of the sum with the mask
+        logit_relevance = _times(rules.add.scaled(logit_relevance, logits, layer), scaled, 1.0)
+    del logits, scaled
     quotient = rules.scores.scaled(logit_relevance, scores, layer)
     del scores, logit_relevance
     to_query, to_key = rules.query_key
