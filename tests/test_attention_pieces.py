@@ -192,3 +192,35 @@ def test_closed_form_equals_the_decomposition_run_under_the_interpretation(build
     assert relative_error(closed, interpreted) <= 1e-12
     assert closed.abs().sum() > 0
 
+
+
+class PositionalCausal(nn.Module):
+    """``F.scaled_dot_product_attention(q, k, v, None, 0.0, True)``: ``is_causal`` by position."""
+
+    def __init__(self, positional: bool) -> None:
+        super().__init__()
+        self.positional = positional
+        self.project, self.out = nn.Linear(5, 12), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.project(x).chunk(3, dim=-1)
+        if self.positional:
+            mixed = F.scaled_dot_product_attention(q, k, v, None, 0.0, True)
+        else:
+            mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(mixed.mean(dim=1))
+
+
+@pytest.mark.parametrize("composite", [AttnLRP(0.25), AttnLRP(0.0)], ids=["relevance form", "gradient form"])
+def test_attention_arguments_given_by_position_are_read(composite) -> None:
+    """``is_causal`` given by position takes the causal mask as given by name does (the closed
+    form and the gradient form's shares read it either way)."""
+    torch.manual_seed(0)
+    inputs = torch.randn(2, LENGTH, 5, dtype=torch.float64)
+    by_name = PositionalCausal(False).double().eval()
+    by_position = PositionalCausal(True).double().eval()
+    by_position.load_state_dict(by_name.state_dict())
+    expected = fxlrp.attribute(fxlrp.convert(by_name, composite, strict=True), inputs, target=1)
+    actual = fxlrp.attribute(fxlrp.convert(by_position, composite, strict=True), inputs, target=1)
+    assert relative_error(actual, expected) <= 1e-12
+    assert expected.abs().sum() > 0

@@ -114,8 +114,8 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     factors = args[:3]
     roles = tuple(role_of(value) for value in factors)
     carrying = tuple(carries_relevance(value) for value in factors)
-    mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-    masked = kwargs.get("is_causal", False) or mask is not None
+    mask, is_causal = _argument(args, kwargs, "attn_mask", None), _argument(args, kwargs, "is_causal", False)
+    masked = is_causal or mask is not None
     # the same for every call of this site with these roles: resolved once
     rules = call.cached(("attention rules", roles, carrying, masked), (),
                         lambda: attention_rules(call, roles, carrying, masked))
@@ -129,14 +129,23 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
         kwargs = dict(kwargs)
         args = (*args, kwargs.pop("attn_mask", None))
     closed_form = None
-    is_causal = kwargs.get("is_causal", False)
-    if (rules.closed_form and _own_heads(*args[:3], kwargs.get("enable_gqa", False))
-            and not (is_causal and args[3] is not None)):  # (torch takes one of the two: one sum with a mask)
+    if (rules.closed_form and _own_heads(*args[:3], _argument(args, kwargs, "enable_gqa", False))
+            and not (is_causal and mask is not None)):  # (torch takes one of the two: one sum with a mask)
         layer = AffineLayer(torch.matmul, warn_lost_relevance=call.warn_lost_relevance)
-        closed_form = partial(attention_relevance, rules, layer, kwargs.get("scale"), is_causal)
+        closed_form = partial(attention_relevance, rules, layer, _argument(args, kwargs, "scale", None), is_causal)
     return decomposed_in_backward(
         partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args,
         pieces=attention_pieces(*args[:4]), closed_form=closed_form)
+
+
+_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+"""``F.scaled_dot_product_attention``'s arguments in their order."""
+
+
+def _argument(args: tuple, kwargs: dict[str, Any], name: str, default: Any) -> Any:
+    """An argument of ``F.scaled_dot_product_attention``, given by name or by position."""
+    position = _ARGUMENTS.index(name)
+    return kwargs[name] if name in kwargs else args[position] if len(args) > position else default
 
 
 def _own_heads(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> bool:
