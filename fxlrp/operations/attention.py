@@ -131,8 +131,7 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     closed_form = None
     if (rules.closed_form and _own_heads(*args[:3], _argument(args, kwargs, "enable_gqa", False))
             and not (is_causal and mask is not None)):  # (torch takes one of the two: one sum with a mask)
-        layer = AffineLayer(torch.matmul, warn_lost_relevance=call.warn_lost_relevance)
-        closed_form = partial(attention_relevance, rules, layer, _argument(args, kwargs, "scale", None), is_causal)
+        closed_form = partial(attention_relevance, rules, _argument(args, kwargs, "scale", None), is_causal)
     return decomposed_in_backward(
         partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args,
         pieces=attention_pieces(*args[:4]), closed_form=closed_form)
@@ -164,7 +163,6 @@ class AttentionRules:
     interpretation gives them, so composites that change them are followed) and what follows
     from them: which factors receive relevance, in which shares."""
 
-    softmax: Any
     scores: Any
     """The rule of ``q @ k^T``; None where the attention weights carry no relevance."""
     mixing: Any
@@ -187,6 +185,8 @@ class AttentionRules:
     with ``q`` and ``k`` scaled by the product of the two products' shares (1/4) and ``v`` by
     its share (1/2). With attention weights held constant (CP-LRP) ``v`` takes all and ``q, k``
     none."""
+    layer: AffineLayer
+    """The products as a layer, for their rules' quotients (which may warn of lost relevance)."""
     closed_form: bool
     """Whether :func:`attention_relevance` computes the decomposition's relevance in the
     relevance form: the epsilon rule or the Product rule (without ``zero_params``) on both
@@ -228,8 +228,9 @@ def attention_rules(
     closed_form = (all(carrying) and _epsilon_rule(mixing_rule)
                    and (not to_weights or type(softmax_rule) is SoftmaxRule and _epsilon_rule(scores_rule)
                         and (not masked or _epsilon_rule(add_rule))))
-    return AttentionRules(softmax_rule, scores_rule, mixing_rule, (to_query, to_key), (to_weights, to_value),
-                          add_rule, gradient_shares, closed_form)
+    layer = AffineLayer(torch.matmul, warn_lost_relevance=call.warn_lost_relevance)
+    return AttentionRules(scores_rule, mixing_rule, (to_query, to_key), (to_weights, to_value), add_rule,
+                          gradient_shares, layer, closed_form)
 
 
 def _epsilon_rule(rule: Any) -> bool:
@@ -238,8 +239,7 @@ def _epsilon_rule(rule: Any) -> bool:
 
 
 def attention_relevance(
-    rules: AttentionRules, layer: AffineLayer, scale: float | None, is_causal: bool, inputs: list[Any],
-    relevance: Sequence[Tensor],
+    rules: AttentionRules, scale: float | None, is_causal: bool, inputs: list[Any], relevance: Sequence[Tensor],
 ) -> list[Tensor | None]:
     r"""The relevance of ``q, k, v`` (the first three ``inputs``, the fourth a mask or None)
     through :func:`decomposed_attention` with at most one mask, for the ``relevance`` ``R`` of its
@@ -268,21 +268,22 @@ def attention_relevance(
     query, key, value, attn_mask = inputs[:4]
     repeats = query.shape[-3] // key.shape[-3]
     if repeats == 1:
-        return _relevance_of_heads(rules, layer, scale, is_causal, query, key, value, attn_mask, relevance)
+        return _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance)
     # grouped-query attention: each key and value head serves ``repeats`` query heads
     key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
-    shares = _relevance_of_heads(rules, layer, scale, is_causal, query, key, value, attn_mask, relevance)
+    shares = _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance)
     return [share if index == 0 or share is None else share.unflatten(-3, (-1, repeats)).sum(-3)
             for index, share in enumerate(shares)]
 
 
 def _relevance_of_heads(
-    rules: AttentionRules, layer: AffineLayer, scale: float | None, is_causal: bool, query: Tensor, key: Tensor,
-    value: Tensor, attn_mask: Tensor | None, relevance: Sequence[Tensor],
+    rules: AttentionRules, scale: float | None, is_causal: bool, query: Tensor, key: Tensor, value: Tensor,
+    attn_mask: Tensor | None, relevance: Sequence[Tensor],
 ) -> list[Tensor | None]:
     """:func:`attention_relevance` for keys and values of the queries' own heads."""
     (output_relevance,) = relevance
     to_weights, to_value = rules.weights_value
+    layer = rules.layer
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     scores = torch.matmul(query, key.transpose(-2, -1))
     scaled = scores * scale
@@ -290,17 +291,18 @@ def _relevance_of_heads(
     logits = scaled + masks[0] if masks else scaled
     weights = torch.softmax(logits, dim=-1)
     quotient = rules.mixing.scaled(output_relevance, torch.matmul(weights, value), layer)
-    value_relevance = None
-    if to_value:
-        value_relevance = _times(torch.matmul(weights.transpose(-2, -1), quotient), value, to_value)
+    # The uniform rule's 1 / N is the same for every receiver: taken once on the quotient, which
+    # has the output's size, not on the weights' shares (length x length) and the values'.
+    quotient = _times(quotient, None, to_weights or to_value)
+    value_relevance = _times(torch.matmul(weights.transpose(-2, -1), quotient), value) if to_value else None
     if not to_weights:
         return [None, None, value_relevance]
-    weight_relevance = _times(torch.matmul(quotient, value.transpose(-2, -1)), weights, to_weights)
+    weight_relevance = _times(torch.matmul(quotient, value.transpose(-2, -1)), weights)
     del quotient
     logit_relevance = SoftmaxRule.closed_form(weight_relevance, weights, logits, -1, owned=True)
     del weights
     if masks:  # the scaled scores' share of the sum with the mask
-        logit_relevance = _times(rules.add.scaled(logit_relevance, logits, layer), scaled, 1.0)
+        logit_relevance = _times(rules.add.scaled(logit_relevance, logits, layer), scaled)
     del logits, scaled
     quotient = rules.scores.scaled(logit_relevance, scores, layer)
     del scores, logit_relevance
@@ -312,12 +314,15 @@ def _relevance_of_heads(
     ]
 
 
-def _times(gradient: Tensor, factor: Tensor, share: float) -> Tensor:
-    """``share * factor * gradient`` for a fresh ``gradient``, written into it unless recorded."""
-    if gradient.requires_grad:
-        return gradient * factor * share if share != 1.0 else gradient * factor
-    gradient.mul_(factor)
-    return gradient.mul_(share) if share != 1.0 else gradient
+def _times(gradient: Tensor, factor: Tensor | None, share: float = 1.0) -> Tensor:
+    """``share * factor * gradient`` (no ``factor``: ``share * gradient``) for a fresh ``gradient``,
+    written into it unless recorded."""
+    in_place = not gradient.requires_grad
+    if factor is not None:
+        gradient = gradient.mul_(factor) if in_place else gradient * factor
+    if share == 1.0:
+        return gradient
+    return gradient.mul_(share) if in_place else gradient * share
 
 
 PIECE_SCORES = 1 << 19

@@ -45,7 +45,7 @@ class LayerGradient:
 
 Root = Tensor | GradientEdge | LayerGradient
 """Where a vector-Jacobian product starts: an output, or its gradient edge (which does not keep
-the output's values alive)."""
+the output's values alive), or the layer's own product in closed form (:class:`LayerGradient`)."""
 ZeroParams = str | Iterable[str] | None
 PARAMETER_NAMES = ("weight", "bias")
 
@@ -229,7 +229,8 @@ def scaled(
 def input_times_gradient(
     output: Root | Sequence[Root], inputs: Sequence[Any], scaled_relevance: Tensor | Sequence[Tensor]
 ) -> tuple[Tensor | None, ...]:
-    """``R_j = x_j * sum_k w_jk s_k`` for each relevance-carrying input, with the native VJP.
+    """``R_j = x_j * sum_k w_jk s_k`` for each relevance-carrying input, with the native VJP (or the
+    layer's own, :class:`LayerGradient`).
 
     ``output`` (a tensor or its gradient edge) and ``scaled_relevance`` may be sequences (one
     ``s`` per term of a formula); the gradients of all terms are summed by autograd in one call.
