@@ -108,6 +108,14 @@ class Composite:
             return weighted
         return operation in self.first_layer_operations
 
+    def chooses_by_module(self) -> bool:
+        """Whether the module a call belongs to can change its rule: name or type rules, or a
+        subclass that chooses on its own. Code run eagerly follows module calls only then (a
+        forward hook on every module call of the run costs Python at each)."""
+        own = type(self)
+        return bool(self.name_rules or self.type_rules) or (own.rule_for is not Composite.rule_for
+                                                            or own._chosen_rule is not Composite._chosen_rule)
+
     def resolve(self, site: Site, operation: Operation) -> Rule | None:
         """The rule of one call of ``operation`` at ``site``: the one place a rule is chosen, for
         the captured graph and for code run eagerly alike.

@@ -472,13 +472,15 @@ def interpret(call: RelevanceCall, function: Callable[..., Any], *args: Any, **k
 
 def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``function`` under :class:`RelevanceMode`; for a :class:`LayerRunner` the composite's
-    name and type rules follow the module calls inside it. With ``call.strict``, operations
+    name and type rules follow the module calls inside it (where it has any: following costs a
+    hook call at every module call). With ``call.strict``, operations
     without a rule are named together once the run is over."""
-    context = None
-    if isinstance(function, LayerRunner):
+    interpretation = Interpretation(call)
+    if isinstance(function, LayerRunner) and interpretation.composite.chooses_by_module():
         prefix = call.site.module_name + "." if call.site is not None and call.site.module_name else ""
-        context = ModuleContext(function.module_names(prefix))
-    interpretation = Interpretation(call, context)
+        context = interpretation.context = ModuleContext(function.module_names(prefix))
+    else:
+        context = None
     with contextlib.ExitStack() as stack:
         if context is not None:
             stack.enter_context(context.followed())

@@ -89,12 +89,24 @@ class Network(nn.Module):
         return self.classifier(torch.flatten(self.pool(features), 1) + features.mean())
 
 
+class OwnChoice(Composite):
+    """A composite that chooses by module name in code of its own, with no name or type rules."""
+
+    def __init__(self) -> None:
+        super().__init__(Epsilon(0.25))
+        self.second_conv = ZPlus()
+
+    def rule_for(self, site):
+        return self.second_conv if site.module_name == "features.2" else super().rule_for(site)
+
+
 COMPOSITES = {
     "EpsilonPlusFlat": lambda: EpsilonPlusFlat(),
     "EpsilonGammaBox": lambda: EpsilonGammaBox(-1.0, 1.0),
     "name and type rules": lambda: Composite(
         Epsilon(0.25), name_rules={"features.2": ZPlus()}, type_rules={nn.Linear: Epsilon(0.5)},
         operation_rules={"mean": Epsilon(0.1)}),
+    "a subclass's own choice by module": OwnChoice,
 }
 
 
