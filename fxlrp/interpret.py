@@ -244,7 +244,13 @@ class Interpretation:
         entry = self.call.inner_calls.get(key)
         if entry is None or entry[0] is not module:
             rule = self.rule_for(operation, module, first, relevance_factors)
-            call = RelevanceCall(rule, self.call.warn_lost_relevance, site=self.call.site,
+            site = self.call.site
+            if site is not None and site.is_first_layer != first:
+                # An operation that chooses rules for parts of its own (fused attention's q k^T, a
+                # message-passing layer run inside) asks its call whether it holds the first layer:
+                # this call's answer, not that of the part run eagerly as a whole.
+                site = dataclasses.replace(site, is_first_layer=first)
+            call = RelevanceCall(rule, self.call.warn_lost_relevance, site=site,
                                  composite=self.call.composite, strict=self.call.strict)
             entry = self.call.inner_calls[key] = (module, call)
         return entry[1]

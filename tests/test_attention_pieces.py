@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 import fxlrp
 import fxlrp.operations.attention as attention
-from fxlrp.composites import CPLRP, AttnLRP
+from fxlrp.composites import CPLRP, AttnLRP, Composite
 from fxlrp.rules import Epsilon
 
 LENGTH = 6
@@ -224,3 +224,15 @@ def test_attention_arguments_given_by_position_are_read(composite) -> None:
     actual = fxlrp.attribute(fxlrp.convert(by_position, composite, strict=True), inputs, target=1)
     assert relative_error(actual, expected) <= 1e-12
     assert expected.abs().sum() > 0
+
+
+def test_a_first_layer_rule_reaches_attention_run_eagerly_only_where_the_graph_gives_it() -> None:
+    # The query projection is the first layer; fused attention's q k^T is not. Run eagerly as a
+    # whole, the model's one node holds the first layer, which its first linear layer takes.
+    torch.manual_seed(5)
+    model = Attention(2, 2, "none").double().eval()
+    composite = Composite(Epsilon(0.25), first_layer=Epsilon(0.5))
+    inputs = torch.randn(2, LENGTH, 5, dtype=torch.float64)
+    graph = fxlrp.convert(model, composite, capture="fx", strict=True)
+    eager = fxlrp.convert(model, composite, capture="eager", strict=True)
+    assert relative_error(_relevance(eager, inputs), _relevance(graph, inputs)) < 1e-12
