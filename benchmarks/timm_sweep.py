@@ -221,7 +221,7 @@ def _check(model: Any, x: Any, expected: Any, strict: bool, record: dict[str, An
         start = time.perf_counter()
         explain = fxlrp.convert(model, strict=strict, capture="auto")
         record[prefix + "convert_s"] = time.perf_counter() - start
-        report = explain.report()
+        report = explain.report(x)  # the graph this call runs (traced for the inputs it leaves at None)
         record[prefix + "capture"] = _capture_path(report)
         record[prefix + "eager_modules"] = dict(report.eager_modules)
         rows = [row for row in report.rows if row.handling != "eager"]

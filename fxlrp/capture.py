@@ -97,6 +97,9 @@ class Capture:
     optional_inputs: tuple[str, ...] = ()
     """Inputs whose default is None that the graph uses as tensors (``mask=None``): torch.fx traced
     them as given, so a call passing None needs a graph traced with that None."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Flags the graph was traced with fixed at their defaults (``is_causal: bool = False``, a
+    ``mode: str``): a call passing other values needs a graph traced with those."""
 
 
 def capture(
@@ -120,7 +123,13 @@ def capture(
     if path == "eager":
         return Capture(whole_model_graph(model), eager_modules={"": "capture='eager' was asked for"})
     leaves = (*leaf_functions, *REGISTRY.leaf_functions())
-    concrete_args = {**REGISTRY.fixed_arguments(model), **(concrete_args or {})} or None
+    concrete_args = {**REGISTRY.fixed_arguments(model), **(concrete_args or {})}
+    # A flag (``is_causal: bool = False``) is a setting, not an input: traced as a symbolic value,
+    # any ``if`` on it fails the trace. Traced at its default; a call passing another value gets a
+    # graph traced with that value (Explainer.explainer_for).
+    settings = {name: parameter.default for name, parameter in inspect.signature(model.forward).parameters.items()
+                if isinstance(parameter.default, (bool, str)) and name not in concrete_args}
+    concrete_args = {**settings, **concrete_args} or None
     eager: dict[str, str] = {}
     while True:
         tracer = RelevanceTracer(is_explained_module, leaves, eager)
@@ -145,7 +154,8 @@ def capture(
         optional = tuple(node.target for node in graph.nodes
                          if node.op == "placeholder" and node.target in parameters and node.users
                          and parameters[node.target].default is None and node.target not in (concrete_args or {}))
-        return Capture(graph, {name: value for name, value in added.items() if name in named}, eager, optional)
+        return Capture(graph, {name: value for name, value in added.items() if name in named}, eager, optional,
+                       settings)
 
 
 def whole_model_graph(model: nn.Module) -> fx.Graph:

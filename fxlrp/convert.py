@@ -74,9 +74,9 @@ def convert(
     explainer = Explainer(graph_module, Report(type(model).__name__, rewriter.reports, captured.eager_modules))
     # Nodes without a rule let relevance follow the gradient, which the gradient form would change.
     explainer.gradient_form = composite_has_gradient_form(composite) and explainer.report().coverage == 1.0
-    if captured.optional_inputs or concrete_args:
+    if captured.optional_inputs or captured.settings or concrete_args:
         retrace = partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
                           fold_batch_norm=fold_batch_norm, capture=capture)
         explainer.bind_inputs(inspect.signature(model.forward), captured.optional_inputs, concrete_args or {},
-                              retrace)
+                              retrace, captured.settings)
     return explainer

@@ -41,31 +41,38 @@ class Explainer(nn.Module):
         self._signature: inspect.Signature | None = None
 
     def bind_inputs(self, signature: inspect.Signature, optional_inputs: tuple[str, ...],
-                    concrete_args: dict[str, Any], retrace: Callable[..., Explainer]) -> None:
+                    concrete_args: dict[str, Any], retrace: Callable[..., Explainer],
+                    settings: dict[str, Any] | None = None) -> None:
         """Calls are bound to the model's ``signature`` and passed on by position (torch.fx renames
         inputs it was given concrete values for). ``optional_inputs`` default to None and the graph
-        uses them as tensors: torch.fx traced ``if mask is not None:`` as taken. A call passing
-        None for some of them runs a graph traced with those None (``retrace(concrete_args=...)``,
-        made at the first such call and kept), as the model's own code takes its ``mask is None``
-        branch."""
+        uses them as tensors: torch.fx traced ``if mask is not None:`` as taken. ``settings`` are
+        flags the graph was traced with fixed at these values (``is_causal=False``). A call passing
+        None for some optional inputs or other values for settings runs a graph traced with those
+        (``retrace(concrete_args=...)``, made at the first such call and kept), as the model's own
+        code takes its ``mask is None`` or ``if is_causal:`` branch."""
         self._signature, self._optional_inputs = signature, optional_inputs
         self._concrete_args, self._retrace = concrete_args, retrace
-        self._traced_without: dict[frozenset[str], Explainer] = {}
+        self._settings = settings or {}
+        self._traced_for: dict[tuple[frozenset[str], frozenset[tuple[str, Any]]], Explainer] = {}
 
     def explainer_for(self, *args: Any, **kwargs: Any) -> tuple[Explainer, tuple[Any, ...], dict[str, Any]]:
         """The explainer whose graph this call takes, with the call's arguments for its graph: this
-        one, or one traced with the optional inputs the call leaves None (see :meth:`bind_inputs`)."""
+        one, or one traced with the optional inputs the call leaves None and the settings it
+        changes (see :meth:`bind_inputs`)."""
         if self._signature is None:
             return self, args, kwargs
         arguments = self._signature.bind(*args, **kwargs)
         arguments.apply_defaults()
-        missing = frozenset(name for name in self._optional_inputs if arguments.arguments.get(name) is None)
-        if not missing:
+        given = arguments.arguments
+        missing = frozenset(name for name in self._optional_inputs if given.get(name) is None)
+        changed = frozenset(_changed_settings(self._settings, given))
+        if not missing and not changed:
             return self, arguments.args, arguments.kwargs
-        if missing not in self._traced_without:
-            fixed = {**self._concrete_args, **dict.fromkeys(missing)}
-            self._traced_without[missing] = self._retrace(concrete_args=fixed)
-        return self._traced_without[missing], arguments.args, arguments.kwargs
+        key = (missing, changed)
+        if key not in self._traced_for:
+            fixed = {**self._concrete_args, **dict.fromkeys(missing), **dict(changed)}
+            self._traced_for[key] = self._retrace(concrete_args=fixed)
+        return self._traced_for[key], arguments.args, arguments.kwargs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         explainer, args, kwargs = self.explainer_for(*args, **kwargs)
@@ -94,8 +101,12 @@ class Explainer(nn.Module):
         refuse_to_move(self, fn)
         return self
 
-    def report(self) -> Report:
-        """Every node of the model with its canonical operation, handling, rule and source."""
+    def report(self, *args: Any, **kwargs: Any) -> Report:
+        """Every node of the model with its canonical operation, handling, rule and source; given
+        a call's inputs, those of the graph that call runs (one traced for the optional inputs it
+        leaves None and the settings it gives, see :meth:`bind_inputs`)."""
+        if args or kwargs:
+            return self.explainer_for(*args, **kwargs)[0]._report
         return self._report
 
     def _graph_nodes(self, names: Sequence[str]) -> dict[str, fx.Node]:
@@ -116,6 +127,21 @@ class Explainer(nn.Module):
                 f"those of explain.report() (e.g. {listing}, ...)"
             )
         return {name: by_name[name] for name in names}
+
+
+def _changed_settings(settings: dict[str, Any], given: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` of the settings a call gives values other than those traced."""
+    for name, traced in settings.items():
+        value = given.get(name, traced)
+        if value is traced or (type(value) is type(traced) and value == traced):
+            continue
+        if not isinstance(value, (bool, str, int, float, type(None))):
+            raise TypeError(
+                f"{name}={type(value).__name__} was given where the model's forward has the setting "
+                f"{name}={traced!r}: fxlrp traces a model with each such setting fixed to a Python value (a bool, "
+                f"str or number). Pass one, or convert with concrete_args={{{name!r}: ...}} or capture='eager'."
+            )
+        yield name, value
 
 
 class _Recorder(fx.Interpreter):

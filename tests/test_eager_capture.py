@@ -421,6 +421,50 @@ def test_an_optional_input_left_none_takes_the_models_none_branch(call: str) -> 
     assert torch.equal(explain(x, *args, **kwargs), model(x, *args, **kwargs))
     taking, _, _ = explain.explainer_for(x, *args, **kwargs)
     assert taking.explainer_for(x, *args, **kwargs)[0] is taking  # traced once per set of missing inputs
+    # the report of this call is that of the graph it runs: the mask's product only where a mask is given
+    products = [row for row in explain.report(x, *args, **kwargs).rows if row.operation == "mul"]
+    assert bool(products) == (call in ("positional", "keyword"))
+    assert [row for row in explain.report().rows if row.operation == "mul"]  # traced with a mask
+
+
+class MaskAndFlags(nn.Module):
+    """timm's ViT: ``forward(x, attn_mask=None, is_causal=False)`` with ``if attn_mask is not None or
+    is_causal:``, and a ``str`` setting. Traced with the flags as symbolic values the ``if`` fails
+    once ``attn_mask`` is None; they are settings, traced at the values of the call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, x, attn_mask=None, is_causal: bool = False, pool: str = "sum"):
+        if attn_mask is not None or is_causal:
+            keep = torch.ones_like(x).tril() if attn_mask is None else attn_mask.to(x.dtype)
+            x = x * keep
+        hidden = torch.relu(self.layer(x))
+        return hidden.sum(1) if pool == "sum" else hidden.amax(1)
+
+
+@pytest.mark.parametrize("settings", [{}, {"is_causal": True}, {"pool": "max"}, {"is_causal": True, "pool": "max"},
+                                      {"is_causal": False}])
+def test_flags_are_traced_at_the_value_each_call_gives(settings: dict) -> None:
+    torch.manual_seed(7)
+    model = MaskAndFlags().double().eval()
+    x = torch.randn(4, 4, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0)
+    assert explain.report(x, **settings).eager_modules == {}  # the graph takes every call, no eager part
+    taking, _, _ = explain.explainer_for(x, **settings)
+    [expected] = gradient_times_input(lambda leaf: model(leaf, **settings), [x], lambda out: out.unsqueeze(1),
+                                      lambda out: onehot_relevance(out, 0))
+    relevance = fxlrp.attribute(lambda leaf: explain(leaf, **settings).unsqueeze(1), x, target=0)
+    assert relative_error(relevance, expected) < 1e-12
+    assert torch.equal(explain(x, **settings), model(x, **settings))
+    assert taking.explainer_for(x, **settings)[0] is taking  # traced once per set of values
+
+
+def test_a_tensor_given_for_a_flag_is_refused_with_what_to_do() -> None:
+    explain = fxlrp.convert(MaskAndFlags().eval(), LRP0)
+    with pytest.raises(TypeError, match=r"is_causal=Tensor was given where .* is_causal=False.*concrete_args"):
+        explain(torch.randn(4, 4), is_causal=torch.tensor(True))
 
 
 class TiedLanguageModel(nn.Module):
