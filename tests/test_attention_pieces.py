@@ -40,7 +40,7 @@ class Attention(nn.Module):
             "boolean shared": torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril(1),
         }
         masks["boolean per sample"][..., 0] = True  # every query attends somewhere
-        self.register_buffer("mask", masks[mask])
+        self.register_buffer("mask", masks.get(mask))
 
     def forward(self, x: Tensor) -> Tensor:
         batch = x.shape[0]
@@ -51,7 +51,10 @@ class Attention(nn.Module):
         q = heads(self.query(x), self.heads)
         k, v = heads(self.key(x), self.shared), heads(self.value(x), self.shared)
         grouped = {"enable_gqa": True} if 1 < self.shared < self.heads else {}
-        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, is_causal=self.masking == "causal",
+        mask = self.mask
+        if self.masking == "bias from the input":  # relevance-carrying, shared by the heads (SAM's relative positions)
+            mask = (x @ x.transpose(1, 2)).unsqueeze(1) * 0.3
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.masking == "causal",
                                                **grouped)
         return self.out(mixed.transpose(1, 2).reshape(batch, LENGTH, -1).mean(dim=1))
 
@@ -78,9 +81,12 @@ MODELS = {
     "shared boolean mask": lambda: Attention(2, 2, "boolean shared"),
     "no head dimension": Unbatched,
     "causal": lambda: Attention(4, 4, "causal"),
+    "bias from the input": lambda: Attention(4, 4, "bias from the input"),
+    "grouped-query, bias from the input": lambda: Attention(4, 2, "bias from the input"),
 }
 CLOSED_FORM_MODELS = {name: MODELS[name] for name in (
-    "heads", "no head dimension", "causal", "additive mask per head", "shared boolean mask", "grouped-query")}
+    "heads", "no head dimension", "causal", "additive mask per head", "shared boolean mask", "grouped-query",
+    "bias from the input", "grouped-query, bias from the input")}
 """Attention whose relevance has a closed form: queries, keys and values of the same heads or of
 groups of query heads, not broadcast."""
 

@@ -119,12 +119,24 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     # the same for every call of this site with these roles: resolved once
     rules = call.cached(("attention rules", roles, carrying, masked), (),
                         lambda: attention_rules(call, roles, carrying, masked))
+    # A mask computed from the input (SAM's relative positions) carries relevance: the sum with the
+    # scaled scores hands it the share of the logits (the weights' share of the mixing product).
+    mask_carries = carries_relevance(mask)
     if gradient_form_active():
         shares = rules.gradient_shares
-        if shares is not None:
+        # (with q and k constant, the mask alone would make the weights carry: rules resolved without)
+        if shares is not None and not (mask_carries and not (carrying[0] or carrying[1])):
             held = [value if not carrying[index] else scaled_gradient(value, shares[index]) if shares[index]
                     else value.detach() for index, value in enumerate(factors)]
-            return function(*held, *args[3:], **kwargs)
+            rest, kwargs = list(args[3:]), dict(kwargs)
+            if mask_carries:
+                to_weights = rules.weights_value[0]
+                held_mask = scaled_gradient(mask, to_weights) if to_weights else mask.detach()
+                if "attn_mask" in kwargs:
+                    kwargs["attn_mask"] = held_mask
+                else:
+                    rest[0] = held_mask
+            return function(*held, *rest, **kwargs)
     if len(args) < 4:  # the mask positional, so that each piece gets its part of it
         kwargs = dict(kwargs)
         args = (*args, kwargs.pop("attn_mask", None))
@@ -272,7 +284,7 @@ def attention_relevance(
     # grouped-query attention: each key and value head serves ``repeats`` query heads
     key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
     shares = _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance)
-    return [share if index == 0 or share is None else share.unflatten(-3, (-1, repeats)).sum(-3)
+    return [share.unflatten(-3, (-1, repeats)).sum(-3) if index in (1, 2) and share is not None else share
             for index, share in enumerate(shares)]
 
 
@@ -280,7 +292,10 @@ def _relevance_of_heads(
     rules: AttentionRules, scale: float | None, is_causal: bool, query: Tensor, key: Tensor, value: Tensor,
     attn_mask: Tensor | None, relevance: Sequence[Tensor],
 ) -> list[Tensor | None]:
-    """:func:`attention_relevance` for keys and values of the queries' own heads."""
+    """:func:`attention_relevance` for keys and values of the queries' own heads: the relevance
+    of ``q, k, v`` and, where it carries relevance (a bias computed from the input, as SAM's
+    relative positions), of ``attn_mask``."""
+    mask_carries = isinstance(attn_mask, Tensor) and attn_mask.requires_grad
     (output_relevance,) = relevance
     to_weights, to_value = rules.weights_value
     layer = rules.layer
@@ -296,13 +311,17 @@ def _relevance_of_heads(
     quotient = _times(quotient, None, to_weights or to_value)
     value_relevance = _times(torch.matmul(weights.transpose(-2, -1), quotient), value) if to_value else None
     if not to_weights:
-        return [None, None, value_relevance]
+        return [None, None, value_relevance, *([None] if mask_carries else [])]
     weight_relevance = _times(torch.matmul(quotient, value.transpose(-2, -1)), weights)
     del quotient
     logit_relevance = SoftmaxRule.closed_form(weight_relevance, weights, logits, -1, owned=True)
     del weights
-    if masks:  # the scaled scores' share of the sum with the mask
-        logit_relevance = _times(rules.add.scaled(logit_relevance, logits, layer), scaled)
+    mask_relevance = None
+    if masks:  # the scaled scores' share of the sum with the mask, and the mask's where it carries relevance
+        quotient = rules.add.scaled(logit_relevance, logits, layer)
+        if mask_carries:
+            mask_relevance = (quotient * masks[-1]).sum_to_size(attn_mask.shape)
+        logit_relevance = _times(quotient, scaled)
     del logits, scaled
     quotient = rules.scores.scaled(logit_relevance, scores, layer)
     del scores, logit_relevance
@@ -311,6 +330,7 @@ def _relevance_of_heads(
         _times(torch.matmul(quotient, key), query, to_query) if to_query else None,
         _times(torch.matmul(quotient.transpose(-2, -1), query), key, to_key) if to_key else None,
         value_relevance,
+        *([mask_relevance] if mask_carries else []),
     ]
 
 
