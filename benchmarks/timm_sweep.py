@@ -174,7 +174,7 @@ def unsupported_operations(message: str) -> list[str]:
 
 class OperationCounter:
     """Counts the torch operations eager parts run on relevance-carrying tensors. Only calls
-    made by the part's own code are counted (an interpretation with a module context): an
+    made by the part's own code are counted (an interpretation that runs a module): an
     operation fxlrp explains through a decomposition of its own (fused attention) is one
     operation, as it is one node of a graph."""
 
@@ -183,7 +183,7 @@ class OperationCounter:
         self.without_rule: Counter[str] = Counter()
 
     def __call__(self, interpretation: Any, name: str, has_rule: bool) -> None:
-        if interpretation.context is None or interpretation.site.operation != "eager":
+        if not interpretation.runs_module or interpretation.site.operation != "eager":
             return
         self.total += 1
         if not has_rule:

@@ -196,6 +196,9 @@ class Interpretation:
         # The first operation the composite counts as a first layer is the first layer, as in the
         # captured graph (the first such node in execution order).
         self.first_layer_pending = self.site.is_first_layer
+        self.runs_module = False
+        """Whether this runs a module's own code (a part run eagerly), not a decomposition of
+        fxlrp's (fused attention's, in backward)."""
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -482,7 +485,8 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: An
     hook call at every module call). With ``call.strict``, operations
     without a rule are named together once the run is over."""
     interpretation = Interpretation(call)
-    if isinstance(function, LayerRunner) and interpretation.composite.chooses_by_module():
+    interpretation.runs_module = isinstance(function, LayerRunner)
+    if interpretation.runs_module and interpretation.composite.chooses_by_module():
         prefix = call.site.module_name + "." if call.site is not None and call.site.module_name else ""
         context = interpretation.context = ModuleContext(function.module_names(prefix))
     else:

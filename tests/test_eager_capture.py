@@ -533,3 +533,39 @@ def test_an_operation_registered_after_an_eager_run_is_used_at_the_next(monkeypa
     REGISTRY.extend("view", functions=(torch.positive,))
     [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
     assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
+
+
+def test_the_observer_sees_each_call_of_a_part_run_eagerly_as_the_module_code_makes_it() -> None:
+    # benchmarks/timm_sweep.py counts coverage of eager parts this way: every torch call of the
+    # module's own code whose result carries relevance, seen from an interpretation that runs a
+    # module (not one of fxlrp's decompositions). The reference count: the same forward under a
+    # plain TorchFunctionMode, an input that requires grad standing for relevance.
+    from torch.overrides import TorchFunctionMode
+
+    from fxlrp.interpret import Interpretation
+
+    class Counting(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def __torch_function__(self, function, types, args=(), kwargs=None):
+            result = function(*args, **(kwargs or {}))
+            if isinstance(result, torch.Tensor) and result.requires_grad:
+                self.calls.append(getattr(function, "__name__", str(function)))
+            return result
+
+    torch.manual_seed(3)
+    model = Network(branch=True).eval().requires_grad_(False)
+    x = torch.rand(1, 3, 7, 7)
+    leaf = x.clone().requires_grad_()
+    with Counting() as reference:
+        model(leaf)
+    seen: list[tuple[bool, str]] = []
+    Interpretation.observer = lambda interpretation, name, has_rule: seen.append((interpretation.runs_module, name))
+    try:
+        fxlrp.attribute(fxlrp.convert(model, capture="eager"), x, target=0)
+    finally:
+        Interpretation.observer = None
+    assert len(reference.calls) > 5
+    assert len([name for runs_module, name in seen if runs_module]) == len(reference.calls)
