@@ -242,3 +242,46 @@ def test_a_first_layer_rule_reaches_attention_run_eagerly_only_where_the_graph_g
     graph = fxlrp.convert(model, composite, capture="fx", strict=True)
     eager = fxlrp.convert(model, composite, capture="eager", strict=True)
     assert relative_error(_relevance(eager, inputs), _relevance(graph, inputs)) < 1e-12
+
+
+class MultiheadWithInputBias(nn.Module):
+    """``nn.MultiheadAttention`` given an additive mask computed from the input (a relevance-carrying
+    bias, by keyword or by position), or the same computation written with
+    ``F.scaled_dot_product_attention`` (``fused=True``): the two must be explained alike."""
+
+    def __init__(self, fused: bool, by_keyword: bool = True) -> None:
+        super().__init__()
+        self.fused, self.by_keyword = fused, by_keyword
+        self.attention = nn.MultiheadAttention(6, 2, batch_first=True)
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = (x @ x.transpose(1, 2)) * 0.3  # [batch, length, length], the same for both heads
+        if not self.fused:
+            mask = bias.repeat_interleave(2, 0)  # [batch * heads, length, length]
+            if self.by_keyword:
+                mixed, _ = self.attention(x, x, x, attn_mask=mask, need_weights=False)
+            else:
+                mixed, _ = self.attention(x, x, x, None, False, mask)
+            return self.out(mixed.mean(1))
+        weight, bias_in = self.attention.in_proj_weight, self.attention.in_proj_bias
+        q, k, v = (F.linear(x, w, b).unflatten(-1, (2, 3)).transpose(1, 2)
+                   for w, b in zip(weight.chunk(3), bias_in.chunk(3), strict=True))
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(1)).transpose(1, 2).flatten(2)
+        mixed = self.attention.out_proj(mixed)
+        return self.out(mixed.mean(1))
+
+
+@pytest.mark.parametrize("by_keyword", [True, False], ids=["keyword", "positional"])
+@pytest.mark.parametrize("composite", [AttnLRP(0.25), CPLRP(0.25), AttnLRP(0.0)], ids=["attnlrp", "cplrp", "attnlrp0"])
+@pytest.mark.parametrize("capture", ["fx", "eager"])  # eager: F.multi_head_attention_forward, called by keyword
+def test_multihead_attention_gives_a_relevance_carrying_mask_its_share(by_keyword: bool, composite, capture) -> None:
+    torch.manual_seed(4)
+    module = MultiheadWithInputBias(fused=False, by_keyword=by_keyword).double().eval()
+    fused = MultiheadWithInputBias(fused=True).double().eval()
+    fused.load_state_dict(module.state_dict())
+    inputs = torch.randn(2, LENGTH, 6, dtype=torch.float64)
+    assert torch.allclose(module(inputs), fused(inputs), rtol=0, atol=1e-12)
+    expected = fxlrp.attribute(fxlrp.convert(fused, composite, strict=True), inputs, target=1)
+    relevance = fxlrp.attribute(fxlrp.convert(module, composite, strict=True, capture=capture), inputs, target=1)
+    assert relative_error(relevance, expected) <= 1e-10

@@ -11,6 +11,7 @@ values of the fused kernel.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -500,13 +501,29 @@ def decomposed_multi_head_attention_forward(
                                            attn_mask, average_attn_weights, is_causal)
 
 
+def _positional(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+    """The arguments of a call, all by position: a mask given by keyword and computed from the
+    input carries relevance, which the decomposition hands back to positional inputs only."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return list(bound.args)
+
+
+_MULTI_HEAD_ATTENTION_FORWARD = inspect.signature(decomposed_multi_head_attention_forward)
+_MULTI_HEAD_ATTENTION = inspect.signature(nn.MultiheadAttention.forward)
+
+
 def multi_head_attention_forward(call: RelevanceCall, function: Any, *args: Any, **kwargs: Any) -> Any:
     """``F.multi_head_attention_forward``: its own values; relevance through its decomposition."""
     if not torch.is_grad_enabled() or not any(carries_relevance(value) for value in args[:3]):
         return function(*args, **kwargs)
-    exact = partial(function, **{**kwargs, "training": False})
-    path = partial(interpret, call, decomposed_multi_head_attention_forward, **kwargs)
-    return decomposed_in_backward(exact, path, *args)
+    inputs = _positional(_MULTI_HEAD_ATTENTION_FORWARD, args, kwargs)
+    training = list(_MULTI_HEAD_ATTENTION_FORWARD.parameters).index("training")
+
+    def exact(*values: Any) -> Any:  # inference semantics: no dropout
+        return function(*values[:training], False, *values[training + 1:])
+
+    return decomposed_in_backward(exact, partial(interpret, call, decomposed_multi_head_attention_forward), *inputs)
 
 
 register(
@@ -526,7 +543,8 @@ def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwarg
     module, parameters = function.args
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return module(*args, **kwargs)
-    return decomposed_in_backward(partial(module, **kwargs), partial(interpret, call, function, **kwargs), *args)
+    inputs = _positional(_MULTI_HEAD_ATTENTION, (module, *args), kwargs)[1:]
+    return decomposed_in_backward(module, partial(interpret, call, function), *inputs)
 
 
 def multi_head_attention_module(module: nn.MultiheadAttention, parameters: dict[str, Any]):
