@@ -39,6 +39,7 @@ EAGER = register(
         Kind.NATIVE,
         relevance=run_eagerly,
         module_function=layer_runner,
+        holds_layers=True,
         description="a module torch.fx cannot trace, run eagerly: each torch operation inside gets the "
         "rule the registry and the composite give it, decided as it runs",
     )

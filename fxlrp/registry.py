@@ -71,6 +71,10 @@ class Operation:
     """Whether relevance starts at its output although its arguments carry none (an embedding
     lookup of token ids, the input layer of a language model): code run eagerly routes its calls
     to ``relevance`` even then."""
+    holds_layers: bool = False
+    """Whether it runs a module's own code, whose layers the composite's rules reach one by one (a
+    part run eagerly, a PyG message-passing layer): the first layer may be inside, and is found as
+    that code runs."""
     factors: Callable[[Sequence[Any]], Sequence[Any]] | None = None
     """For a product (``a * b``, ``a @ b``, ``einsum``): its factors among a call's positional
     arguments (``lambda args: args[:2]``). Where two or more carry relevance, the rule the call is

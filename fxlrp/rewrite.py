@@ -124,9 +124,11 @@ class Rewriter:
             if node not in carrying:  # a layer that relevance reaches, not a parameter transform
                 continue
             operation = self._operation_of(node)
-            if operation is EAGER:  # the first layer may be inside: it is found as the part runs
+            if operation is None:
+                continue
+            if operation.holds_layers:  # the first layer may be inside: it is found as the code runs
                 return node
-            if operation is not None and self.composite.counts_as_first_layer(operation.name, operation.weighted):
+            if self.composite.counts_as_first_layer(operation.name, operation.weighted):
                 return node
         return None
 

@@ -140,3 +140,19 @@ def test_plain_index_select_after_pyg_import() -> None:
     leaf = x.clone().requires_grad_()
     model(leaf, index)[1].backward()
     torch.testing.assert_close(relevance, leaf.grad * x, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["gcn", "sage_mean", "gat"])
+def test_the_first_layer_rule_reaches_inside_the_first_message_passing_layer(layer: str) -> None:
+    # EpsilonPlusFlat's Flat belongs to the first linear layer the input meets: inside the first
+    # message-passing layer, where the model run eagerly as a whole also puts it (not the head).
+    from fxlrp.composites import EpsilonPlusFlat
+
+    torch.manual_seed(0)
+    model = Stack(layer).double().eval()
+    x, edge_index = random_graph(12, 30)
+    graph = fxlrp.convert(model, EpsilonPlusFlat(), capture="fx")
+    assert "Flat" not in [row.rule for row in graph.report().rows if row.name == "head"][0]
+    expected = fxlrp.attribute(fxlrp.convert(model, EpsilonPlusFlat(), capture="eager"), (x, edge_index), target=1)
+    relevance = fxlrp.attribute(graph, (x, edge_index), target=1)
+    torch.testing.assert_close(relevance[0], expected[0], rtol=1e-12, atol=1e-14)

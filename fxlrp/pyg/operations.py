@@ -38,6 +38,7 @@ register(
         relevance=message_passing,
         module_function=layer_runner,
         weighted=True,
+        holds_layers=True,
         description="PyG message-passing layer (any MessagePassing subclass), run with its parts explained",
     )
 )
