@@ -79,7 +79,8 @@ class Composite:
     ``first_layer_operations`` says which canonical operations can be the first layer (e.g.
     ``{"conv", "conv_transpose"}`` for a rule meant for pixels); None means any weighted layer.
     The first layer is the first such node in execution order, and only that call of a module
-    that is called several times.
+    that is called several times. A node that runs a module's own code (a part run eagerly, a PyG
+    message-passing layer) holds it if it comes first: it goes to the first such operation inside.
     """
 
     def __init__(
