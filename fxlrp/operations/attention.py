@@ -78,7 +78,7 @@ def additive_mask(mask: Tensor | None, allowed_when_true: bool, dtype: torch.dty
 
 def decomposed_attention(
     query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+    is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False,
 ) -> Tensor:
     """``softmax(q k^T * scale + mask) @ v`` in plain torch, as ``F.scaled_dot_product_attention``
     computes it (boolean masks: True = may attend). Dropout is off: explanations are of inference."""
@@ -90,6 +90,10 @@ def decomposed_attention(
     for mask in attention_masks(query, key, attn_mask, is_causal, scores.dtype):
         scores = scores + mask
     return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
+_ATTENTION = inspect.signature(decomposed_attention)
+"""``F.scaled_dot_product_attention``'s arguments (torch's own function has no signature to read)."""
 
 
 def attention_masks(query: Tensor, key: Tensor, attn_mask: Tensor | None, is_causal: bool,
@@ -112,10 +116,12 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     decomposition run under the interpretation in backward."""
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return function(*args, **kwargs)
-    factors = args[:3]
+    # every argument by position (the mask, so that each piece gets its part of it), scale and
+    # enable_gqa by keyword, as torch takes them
+    args, kwargs = _bound(_ATTENTION, args, kwargs)
+    factors, mask, is_causal = args[:3], args[3], args[5]
     roles = tuple(role_of(value) for value in factors)
     carrying = tuple(carries_relevance(value) for value in factors)
-    mask, is_causal = _argument(args, kwargs, "attn_mask", None), _argument(args, kwargs, "is_causal", False)
     masked = is_causal or mask is not None
     # the same for every call of this site with these roles: resolved once
     rules = call.cached(("attention rules", roles, carrying, masked), (),
@@ -129,35 +135,26 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
         if shares is not None and not (mask_carries and not (carrying[0] or carrying[1])):
             held = [value if not carrying[index] else scaled_gradient(value, shares[index]) if shares[index]
                     else value.detach() for index, value in enumerate(factors)]
-            rest, kwargs = list(args[3:]), dict(kwargs)
             if mask_carries:
                 to_weights = rules.weights_value[0]
-                held_mask = scaled_gradient(mask, to_weights) if to_weights else mask.detach()
-                if "attn_mask" in kwargs:
-                    kwargs["attn_mask"] = held_mask
-                else:
-                    rest[0] = held_mask
-            return function(*held, *rest, **kwargs)
-    if len(args) < 4:  # the mask positional, so that each piece gets its part of it
-        kwargs = dict(kwargs)
-        args = (*args, kwargs.pop("attn_mask", None))
+                mask = scaled_gradient(mask, to_weights) if to_weights else mask.detach()
+            return function(*held, mask, *args[4:], **kwargs)
     closed_form = None
-    if (rules.closed_form and _own_heads(*args[:3], _argument(args, kwargs, "enable_gqa", False))
+    if (rules.closed_form and _own_heads(*factors, kwargs["enable_gqa"])
             and not (is_causal and mask is not None)):  # (torch takes one of the two: one sum with a mask)
-        closed_form = partial(attention_relevance, rules, _argument(args, kwargs, "scale", None), is_causal)
+        closed_form = partial(attention_relevance, rules, kwargs["scale"], is_causal)
     return decomposed_in_backward(
         partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args,
         pieces=attention_pieces(*args[:4]), closed_form=closed_form)
 
 
-_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-"""``F.scaled_dot_product_attention``'s arguments in their order."""
-
-
-def _argument(args: tuple, kwargs: dict[str, Any], name: str, default: Any) -> Any:
-    """An argument of ``F.scaled_dot_product_attention``, given by name or by position."""
-    position = _ARGUMENTS.index(name)
-    return kwargs[name] if name in kwargs else args[position] if len(args) > position else default
+def _bound(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A call's arguments with their defaults, by position where the signature allows: the
+    decomposition hands relevance back to positional inputs only (a mask given by keyword and
+    computed from the input carries relevance), and a piece of it takes its part of each."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.args, bound.kwargs
 
 
 def _own_heads(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> bool:
@@ -501,14 +498,6 @@ def decomposed_multi_head_attention_forward(
                                            attn_mask, average_attn_weights, is_causal)
 
 
-def _positional(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-    """The arguments of a call, all by position: a mask given by keyword and computed from the
-    input carries relevance, which the decomposition hands back to positional inputs only."""
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return list(bound.args)
-
-
 _MULTI_HEAD_ATTENTION_FORWARD = inspect.signature(decomposed_multi_head_attention_forward)
 _MULTI_HEAD_ATTENTION = inspect.signature(nn.MultiheadAttention.forward)
 
@@ -517,7 +506,7 @@ def multi_head_attention_forward(call: RelevanceCall, function: Any, *args: Any,
     """``F.multi_head_attention_forward``: its own values; relevance through its decomposition."""
     if not torch.is_grad_enabled() or not any(carries_relevance(value) for value in args[:3]):
         return function(*args, **kwargs)
-    inputs = _positional(_MULTI_HEAD_ATTENTION_FORWARD, args, kwargs)
+    inputs, _ = _bound(_MULTI_HEAD_ATTENTION_FORWARD, args, kwargs)
     training = list(_MULTI_HEAD_ATTENTION_FORWARD.parameters).index("training")
 
     def exact(*values: Any) -> Any:  # inference semantics: no dropout
@@ -543,8 +532,8 @@ def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwarg
     module, parameters = function.args
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return module(*args, **kwargs)
-    inputs = _positional(_MULTI_HEAD_ATTENTION, (module, *args), kwargs)[1:]
-    return decomposed_in_backward(module, partial(interpret, call, function), *inputs)
+    inputs, _ = _bound(_MULTI_HEAD_ATTENTION, (module, *args), kwargs)
+    return decomposed_in_backward(module, partial(interpret, call, function), *inputs[1:])
 
 
 def multi_head_attention_module(module: nn.MultiheadAttention, parameters: dict[str, Any]):
