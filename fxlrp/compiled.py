@@ -83,6 +83,8 @@ class CompiledExplanation:
             raise ValueError("fxlrp.compile explains floating-point inputs (images, features); none was given "
                              "(token ids: use fxlrp.attribute)")
         target_kind, target_tensor = _target_argument(target, values)
+        if getattr(self.explain, "follow_model", lambda: False)():  # the model changed: traces of the old one
+            self._entries.clear()
         key = (tuple(_key_of(value) for value in values), target_kind, _key_of(target_tensor), _autocast_state(values))
         entry = self._entries.get(key)
         if entry is None:

@@ -6,7 +6,7 @@ import inspect
 from functools import partial
 from typing import Any
 
-from torch import nn
+from torch import fx, nn
 
 import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.canonicalise import canonicalise_in_place
@@ -14,6 +14,7 @@ from fxlrp.capture import capture as capture_model
 from fxlrp.composites import Composite, as_composite
 from fxlrp.explainer import Explainer
 from fxlrp.fold_batchnorm import fold_batch_norms
+from fxlrp.model_snapshot import ModelSnapshot
 from fxlrp.registry import REGISTRY
 from fxlrp.relevance.form import composite_has_gradient_form
 from fxlrp.report import Report
@@ -24,6 +25,10 @@ from fxlrp.scatter_library import all_scatter_functions
 
 def _is_explained_module(module: nn.Module) -> bool:
     return REGISTRY.for_module(module) is not None
+
+
+def _called_modules(graph: fx.Graph) -> set[str]:
+    return {node.target for node in graph.nodes if node.op == "call_module"}
 
 
 def convert(
@@ -65,8 +70,12 @@ def convert(
     composite = as_composite(composite)
     captured = capture_model(model, _is_explained_module, all_scatter_functions(), concrete_args, capture)
     graph = captured.graph
-    in_place_modules = canonicalise_in_place(graph, dict(model.named_modules()))
-    modules = fold_batch_norms(graph, dict(model.named_modules())) if fold_batch_norm else None
+    original = dict(model.named_modules())
+    in_place_modules = canonicalise_in_place(graph, original)
+    called = _called_modules(graph)
+    modules = fold_batch_norms(graph, original) if fold_batch_norm else original
+    # Folded BatchNorms left the graph; the layers they went into became copies with new tensors.
+    folded = called - _called_modules(graph) | {name for name in called if modules[name] is not original[name]}
     rewriter = Rewriter(model, graph, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
                         in_place_modules=in_place_modules, modules=modules, constants=captured.constants,
                         eager_modules=captured.eager_modules)
@@ -74,9 +83,11 @@ def convert(
     explainer = Explainer(graph_module, Report(type(model).__name__, rewriter.reports, captured.eager_modules))
     # Nodes without a rule let relevance follow the gradient, which the gradient form would change.
     explainer.gradient_form = composite_has_gradient_form(composite) and explainer.report().coverage == 1.0
+    explainer.converted_from(
+        ModelSnapshot(model, [original[name] for name in sorted(folded)]),
+        partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
+                fold_batch_norm=fold_batch_norm, capture=capture))
     if captured.optional_inputs or captured.settings or concrete_args:
-        retrace = partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
-                          fold_batch_norm=fold_batch_norm, capture=capture)
         explainer.bind_inputs(inspect.signature(model.forward), captured.optional_inputs, concrete_args or {},
-                              retrace, captured.settings)
+                              captured.settings)
     return explainer

@@ -17,12 +17,14 @@ from fxlrp.input_checks import (
     refuse_non_finite_output,
     refuse_non_finite_relevance,
 )
+from fxlrp.model_snapshot import ModelSnapshot
 from fxlrp.nodes import original_node_name
 from fxlrp.placement import refuse_to_move
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
 from fxlrp.relevance.stabilise import divide_dropping_zeros
+from fxlrp.relevance.tracing import values_are_traced
 from fxlrp.report import Report
 
 
@@ -39,26 +41,61 @@ class Explainer(nn.Module):
         self.gradient_form = False
         """Whether :func:`attribute` may explain in the gradient form (:mod:`fxlrp.relevance.form`)."""
         self._signature: inspect.Signature | None = None
+        self._concrete_args: dict[str, Any] = {}
+        self._traced_for: dict[tuple[frozenset[str], frozenset[tuple[str, Any]]], Explainer] = {}
+        self._snapshot: ModelSnapshot | None = None
+        self._convert_again: Callable[..., Explainer] | None = None
+
+    def converted_from(self, snapshot: ModelSnapshot, convert_again: Callable[..., Explainer]) -> None:
+        """What the explainer was converted from, and how to convert it again
+        (``convert_again(concrete_args=...)``): see :meth:`follow_model`."""
+        self._snapshot, self._convert_again = snapshot, convert_again
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (pickle, copy.deepcopy, torch.save) explains the model as it was copied: its
+        # modules are its own, so there is nothing to follow, and the file needs no more of the
+        # model than the graph does. A graph traced for settings keeps how to trace others.
+        state = {**self.__dict__, "_snapshot": None}
+        if self._signature is None:
+            state["_convert_again"] = None
+        return state
+
+    def follow_model(self) -> bool:
+        """Convert the model again if it changed since conversion in a way the graph does not
+        follow by itself (a submodule or parameter replaced, an attribute the trace read as a
+        constant, BatchNorm's statistics or the parameters it was folded into; see
+        :mod:`fxlrp.model_snapshot`): explanations are always of the model as it is now. Runs
+        before every call, but not inside a trace (:func:`fxlrp.compile` checks before tracing); values
+        changed in place are shared and need nothing. Returns whether it converted again."""
+        if self._snapshot is None or values_are_traced() or self._snapshot.change() is None:
+            return False
+        fresh = self._convert_again(concrete_args=self._concrete_args or None)
+        self.graph_module = fresh.graph_module
+        for name in ("_report", "gradient_form", "_signature", "_concrete_args", "_traced_for", "_snapshot",
+                     "_optional_inputs", "_settings"):
+            if hasattr(fresh, name):
+                setattr(self, name, getattr(fresh, name))
+        return True
 
     def bind_inputs(self, signature: inspect.Signature, optional_inputs: tuple[str, ...],
-                    concrete_args: dict[str, Any], retrace: Callable[..., Explainer],
-                    settings: dict[str, Any] | None = None) -> None:
+                    concrete_args: dict[str, Any], settings: dict[str, Any] | None = None) -> None:
         """Calls are bound to the model's ``signature`` and passed on by position (torch.fx renames
         inputs it was given concrete values for). ``optional_inputs`` default to None and the graph
         uses them as tensors: torch.fx traced ``if mask is not None:`` as taken. ``settings`` are
         flags the graph was traced with fixed at these values (``is_causal=False``). A call passing
         None for some optional inputs or other values for settings runs a graph traced with those
-        (``retrace(concrete_args=...)``, made at the first such call and kept), as the model's own
-        code takes its ``mask is None`` or ``if is_causal:`` branch."""
+        (converted again with those ``concrete_args``, at the first such call, and kept), as the
+        model's own code takes its ``mask is None`` or ``if is_causal:`` branch."""
         self._signature, self._optional_inputs = signature, optional_inputs
-        self._concrete_args, self._retrace = concrete_args, retrace
+        self._concrete_args = concrete_args
         self._settings = settings or {}
-        self._traced_for: dict[tuple[frozenset[str], frozenset[tuple[str, Any]]], Explainer] = {}
 
     def explainer_for(self, *args: Any, **kwargs: Any) -> tuple[Explainer, tuple[Any, ...], dict[str, Any]]:
         """The explainer whose graph this call takes, with the call's arguments for its graph: this
         one, or one traced with the optional inputs the call leaves None and the settings it
-        changes (see :meth:`bind_inputs`)."""
+        changes (see :meth:`bind_inputs`); first converted again if the model changed
+        (:meth:`follow_model`)."""
+        self.follow_model()
         if self._signature is None:
             return self, args, kwargs
         arguments = self._signature.bind(*args, **kwargs)
@@ -71,7 +108,7 @@ class Explainer(nn.Module):
         key = (missing, changed)
         if key not in self._traced_for:
             fixed = {**self._concrete_args, **dict.fromkeys(missing), **dict(changed)}
-            self._traced_for[key] = self._retrace(concrete_args=fixed)
+            self._traced_for[key] = self._convert_again(concrete_args=fixed)
         return self._traced_for[key], arguments.args, arguments.kwargs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -107,6 +144,7 @@ class Explainer(nn.Module):
         leaves None and the settings it gives, see :meth:`bind_inputs`)."""
         if args or kwargs:
             return self.explainer_for(*args, **kwargs)[0]._report
+        self.follow_model()
         return self._report
 
     def _graph_nodes(self, names: Sequence[str]) -> dict[str, fx.Node]:
