@@ -151,6 +151,53 @@ def test_rule_equals_dense_formula(rule_name: str, layer_name: str, bias: bool, 
     assert relative_error(actual, expected) < 1e-12, relative_error(actual, expected)
 
 
+class WeightProduct(nn.Module):
+    """A dense layer written as a product with parameters: ``spelling(x, *weights)``."""
+
+    def __init__(self, spelling: Callable[..., Tensor], *shapes: tuple[int, ...]) -> None:
+        super().__init__()
+        self.spelling = spelling
+        self.weights = nn.ParameterList(nn.Parameter(torch.randn(shape)) for shape in shapes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.spelling(x, *self.weights)
+
+
+PRODUCT_LAYERS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "matmul": (lambda: WeightProduct(lambda x, w: x @ w.T, (5, 7)), (3, 7)),
+    "matmul_weight_first": (lambda: WeightProduct(lambda x, w: (w @ x.transpose(-1, -2)).transpose(-1, -2), (5, 7)),
+                            (2, 3, 7)),
+    "einsum": (lambda: WeightProduct(lambda x, w: torch.einsum("bi,oi->bo", x, w), (5, 7)), (3, 7)),
+    "einsum_ellipsis_weight_first": (
+        lambda: WeightProduct(lambda x, w: torch.einsum("oi,...i->...o", w, x), (5, 7)), (2, 3, 7)),
+    "einsum_implicit_output": (lambda: WeightProduct(lambda x, w: torch.einsum("bci,io", x, w), (7, 5)), (2, 3, 7)),
+    "einsum_two_weights": (
+        lambda: WeightProduct(lambda x, a, b: torch.einsum("bi,ij,jo->bo", x, a, b), (7, 4), (4, 5)), (3, 7)),
+}
+
+
+@pytest.mark.parametrize("layer_name", list(PRODUCT_LAYERS))
+@pytest.mark.parametrize("rule_name", list(RULES))
+def test_rule_on_products_with_parameters_equals_dense_formula(rule_name: str, layer_name: str) -> None:
+    """A matrix product or einsum of the input with parameters is a dense layer whose weight is
+    the constant factor (several constant operands: their contraction): rules that change
+    weights (z+, gamma, flat, ...) change that one."""
+    torch.manual_seed(zlib.crc32(f"{rule_name} {layer_name}".encode()))
+    build, shape = PRODUCT_LAYERS[layer_name]
+    layer = build().double()
+    x = torch.randn(shape, dtype=torch.float64)
+    make_rule, dense = RULES[rule_name]
+    with torch.no_grad():
+        output = layer(x)
+    relevance = torch.randn_like(output)
+    (actual,) = explained_relevance(fxlrp.convert(layer, make_rule(1.5)), [x], relevance)
+    (J,) = dense_jacobians(layer, [x])
+    expected = dense(J, torch.zeros(output.numel(), dtype=torch.float64), x.reshape(-1), relevance.reshape(-1),
+                     low=torch.full_like(x, -2.0).reshape(-1), high=torch.full_like(x, 1.5).reshape(-1)).reshape(x.shape)
+    assert expected.abs().sum() > 0
+    assert relative_error(actual, expected) < 1e-12, relative_error(actual, expected)
+
+
 class Residual(nn.Module):
     def forward(self, a: Tensor, b: Tensor) -> Tensor:
         return a + b

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.call import RelevanceCall
-from fxlrp.operations.helpers import affine, bind
+from fxlrp.operations.helpers import bind
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
 from fxlrp.relevance.roles import role_of
@@ -113,11 +113,59 @@ def einsum_operands(args: Sequence[Any]) -> Sequence[Any]:
 
 def einsum(call: RelevanceCall, function: Any, equation: str, *operands: Any, **kwargs: Any) -> Tensor:
     """``torch.einsum``: linear in each operand; the :class:`Product` rule when several carry
-    relevance, the composite's rule (constant operands as weights) when one does."""
+    relevance; when one does, a layer whose weight is the constant operand (several constant
+    operands contracted into one weight), under the composite's rule - z+, gamma, flat act on
+    that weight as on ``F.linear``'s."""
     operands = listed(operands)
-    if sum(map(carries_relevance, operands)) >= 2:
+    carrying = [position for position, value in enumerate(operands) if carries_relevance(value)]
+    if len(carrying) >= 2:
         return multilinear(call, function, equation, *operands, **kwargs)
-    return affine(call, function, equation, *operands, **kwargs)
+    if not carrying or call.runs_natively():
+        return function(equation, *operands, **kwargs)
+    [position] = carrying
+    inputs, weight_subscripts, output = _weight_equation(equation, [operand.dim() for operand in operands], position)
+    constants = [operand for index, operand in enumerate(operands) if index != position]
+    if len(constants) == 1:
+        weight = constants[0]
+    else:  # contracted once per parameter change, as rules transform weights
+        weight = call.cached(("einsum weight", equation), constants, lambda: torch.einsum(
+            ",".join(subscripts for index, subscripts in enumerate(inputs) if index != position)
+            + "->" + weight_subscripts, *constants))
+    joined = f"{inputs[position]},{weight_subscripts}->{output}"
+
+    def layer_function(x: Tensor, w: Tensor, b: Any) -> Tensor:
+        if w is weight:  # the layer's own output: the model's own call, for its exact values
+            return function(equation, *operands[:position], x, *operands[position + 1:], **kwargs)
+        return function(joined, x, w, **kwargs)
+
+    return call.affine(call.layer(layer_function, weight, None, has_parameters=True), operands[position])
+
+
+def _weight_equation(equation: str, ranks: list[int], position: int) -> tuple[list[str], str, str]:
+    """The einsum's operand subscripts (``...`` written out), the subscripts of the one weight
+    its constant operands (all but ``position``) contract to, and the output subscripts:
+    the constants' indices that the input at ``position`` or the output also has, in order."""
+    left, arrow, output = equation.replace(" ", "").partition("->")
+    named = sorted(set(left.replace(",", "").replace(".", "")))
+    spare = iter(letter for letter in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if letter not in named)
+    broadcast = "".join(next(spare) for _ in range(max(ranks)))  # letters for the ``...`` dimensions
+    inputs = []
+    for subscripts, rank in zip(left.split(","), ranks, strict=True):
+        dots = rank - len(subscripts.replace("...", ""))
+        inputs.append(subscripts.replace("...", broadcast[len(broadcast) - dots:] if dots else ""))
+    if arrow:
+        dots = max(len(subscripts) - len(original.replace("...", ""))
+                   for subscripts, original in zip(inputs, left.split(","), strict=True))
+        output = output.replace("...", broadcast[len(broadcast) - dots:] if dots else "")
+    else:  # implicit: the ``...`` dimensions, then the indices that occur once, in alphabetical order
+        counts = "".join(inputs)
+        dots = [letter for letter in broadcast if letter in counts]
+        output = "".join(dots) + "".join(sorted(letter for letter in set(counts)
+                                                if counts.count(letter) == 1 and letter not in broadcast))
+    kept = set(inputs[position]) | set(output)
+    weight = "".join(dict.fromkeys(letter for index, subscripts in enumerate(inputs) if index != position
+                                   for letter in subscripts if letter in kept))
+    return inputs, weight, output
 
 
 register(
