@@ -192,8 +192,9 @@ def test_rule_on_products_with_parameters_equals_dense_formula(rule_name: str, l
     relevance = torch.randn_like(output)
     (actual,) = explained_relevance(fxlrp.convert(layer, make_rule(1.5)), [x], relevance)
     (J,) = dense_jacobians(layer, [x])
-    expected = dense(J, torch.zeros(output.numel(), dtype=torch.float64), x.reshape(-1), relevance.reshape(-1),
-                     low=torch.full_like(x, -2.0).reshape(-1), high=torch.full_like(x, 1.5).reshape(-1)).reshape(x.shape)
+    bounds = {"low": torch.full_like(x, -2.0).reshape(-1), "high": torch.full_like(x, 1.5).reshape(-1)}
+    no_bias = torch.zeros(output.numel(), dtype=torch.float64)
+    expected = dense(J, no_bias, x.reshape(-1), relevance.reshape(-1), **bounds).reshape(x.shape)
     assert expected.abs().sum() > 0
     assert relative_error(actual, expected) < 1e-12, relative_error(actual, expected)
 
