@@ -12,6 +12,7 @@ uniformly.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -123,7 +124,8 @@ def einsum(call: RelevanceCall, function: Any, equation: str, *operands: Any, **
     if not carrying or call.runs_natively():
         return function(equation, *operands, **kwargs)
     [position] = carrying
-    inputs, weight_subscripts, output = _weight_equation(equation, [operand.dim() for operand in operands], position)
+    ranks = tuple(operand.dim() for operand in operands)
+    inputs, weight_subscripts, output = _weight_equation(equation, ranks, position)
     constants = [operand for index, operand in enumerate(operands) if index != position]
     if len(constants) == 1:
         weight = constants[0]
@@ -141,7 +143,8 @@ def einsum(call: RelevanceCall, function: Any, equation: str, *operands: Any, **
     return call.affine(call.layer(layer_function, weight, None, has_parameters=True), operands[position])
 
 
-def _weight_equation(equation: str, ranks: list[int], position: int) -> tuple[list[str], str, str]:
+@functools.lru_cache(maxsize=256)  # parsed once per equation, ranks and input position, not per call
+def _weight_equation(equation: str, ranks: tuple[int, ...], position: int) -> tuple[tuple[str, ...], str, str]:
     """The einsum's operand subscripts (``...`` written out), the subscripts of the one weight
     its constant operands (all but ``position``) contract to, and the output subscripts:
     the constants' indices that the input at ``position`` or the output also has, in order."""
@@ -165,7 +168,7 @@ def _weight_equation(equation: str, ranks: list[int], position: int) -> tuple[li
     kept = set(inputs[position]) | set(output)
     weight = "".join(dict.fromkeys(letter for index, subscripts in enumerate(inputs) if index != position
                                    for letter in subscripts if letter in kept))
-    return inputs, weight, output
+    return tuple(inputs), weight, output
 
 
 register(
