@@ -66,10 +66,15 @@ def _attribute_changed(model: nn.Module) -> None:
     model.temperature = 4.0
 
 
+def _storage_replaced(model: nn.Module) -> None:
+    model.head.weight.data = model.head.weight.detach() * 3  # the same Parameter, new storage
+
+
 CHANGES: dict[str, Callable[[nn.Module], None]] = {
     "train-mode forward": _train_mode_forward, "optimizer step": _optimizer_step,
     "load_state_dict": _load_state_dict, "parameter replaced": _parameter_replaced,
     "submodule swapped": _submodule_swapped, "attribute changed": _attribute_changed,
+    "storage replaced": _storage_replaced,
 }
 CONVERSIONS = {
     "fx, BatchNorm folded": dict(capture="fx"),
