@@ -78,9 +78,12 @@ class Composite:
 
     ``first_layer_operations`` says which canonical operations can be the first layer (e.g.
     ``{"conv", "conv_transpose"}`` for a rule meant for pixels); None means any weighted layer.
-    The first layer is the first such node in execution order, and only that call of a module
-    that is called several times. A node that runs a module's own code (a part run eagerly, a PyG
-    message-passing layer) holds it if it comes first: it goes to the first such operation inside.
+    The first layer is every call of such an operation that the model's inputs meet: its
+    relevance-carrying arguments come from the inputs through no other such call (the first in
+    a chain, each call of a shared encoder on several inputs, layers side by side; not the later
+    calls of a recurrent layer). A node that runs a module's own code (a part run eagerly, a PyG
+    message-passing layer) and that the inputs meet holds it: it goes to the calls inside that
+    the node's inputs meet.
     """
 
     def __init__(
@@ -108,6 +111,13 @@ class Composite:
         if self.first_layer_operations is None:
             return weighted
         return operation in self.first_layer_operations
+
+    def may_choose_first_layer(self) -> bool:
+        """Whether the first layer can get a rule of its own: a ``first_layer`` rule, or a
+        subclass that chooses on its own. Code run eagerly looks for first layers only then."""
+        own = type(self)
+        return self.first_layer is not None or own.rule_for is not Composite.rule_for \
+            or own._chosen_rule is not Composite._chosen_rule
 
     def chooses_by_module(self) -> bool:
         """Whether the module a call belongs to can change its rule: name or type rules, or a

@@ -193,9 +193,14 @@ class Interpretation:
         self.composite = call.composite or Composite(call.rule if isinstance(call.rule, Rule) else None)
         self.site = call.site or Site("library call", "", False, None, None, False)
         self.active = True
-        # The first operation the composite counts as a first layer is the first layer, as in the
-        # captured graph (the first such node in execution order).
-        self.first_layer_pending = self.site.is_first_layer
+        # Whether this run may hold first layers: then every call the composite counts as a first
+        # layer that the run's inputs meet is one, as in the captured graph (Rewriter._first_layer_calls):
+        # found by following the autograd graph of its arguments back to the inputs (entry) without
+        # passing the output of another such call (layer_outputs).
+        self.holds_first_layer = self.site.is_first_layer and self.composite.may_choose_first_layer()
+        self.entry_nodes: set[int] = set()
+        self.entry_leaves: set[int] = set()
+        self.layer_outputs: dict[int, Any] = {}
         self.runs_module = False
         """Whether this runs a module's own code (a part run eagerly), not a decomposition of
         fxlrp's (fused attention's, in backward)."""
@@ -232,9 +237,8 @@ class Interpretation:
         operation, first-layer flag and, for a product, whether several of its factors carry
         relevance; kept by the enclosing call across runs, so that the rule is chosen once (not at
         every call of a torch function) and parameter transforms (z+'s ``w+``) are made once."""
-        first = self.first_layer_pending and self.composite.counts_as_first_layer(operation.name, operation.weighted)
-        if first:
-            self.first_layer_pending = False
+        first = self.holds_first_layer and self.composite.counts_as_first_layer(
+            operation.name, operation.weighted) and self._meets_input(args)
         context = self.context  # the innermost running module, read inline: this runs for every torch call
         module = context.stack[-1] if context is not None and context.stack else None
         factors = operation.factors
@@ -262,7 +266,58 @@ class Interpretation:
         """``operation``'s relevance function on this call, or the native call without one."""
         if operation.relevance is None:
             return function(*args, **kwargs)
-        return operation.relevance(self.call_for(operation, args), function, *args, **kwargs)
+        result = operation.relevance(self.call_for(operation, args), function, *args, **kwargs)
+        if self.holds_first_layer and isinstance(result, Tensor) and result.grad_fn is not None and (
+                operation.holds_layers or self.composite.counts_as_first_layer(operation.name, operation.weighted)):
+            self.layer_outputs[id(result.grad_fn)] = result.grad_fn  # (kept: ids stay unique)
+        return result
+
+    def enter(self, args: tuple, kwargs: dict) -> None:
+        """Record the run's relevance-carrying inputs, where first layers meet them."""
+        if not self.holds_first_layer:
+            return
+        pending = [*args, *kwargs.values()]
+        while pending:
+            value = pending.pop()
+            if isinstance(value, (tuple, list)):
+                pending.extend(value)
+            elif isinstance(value, dict):
+                pending.extend(value.values())
+            elif carries_relevance(value):
+                if value.grad_fn is None:
+                    self.entry_leaves.add(id(value))
+                else:
+                    self.entry_nodes.add(id(value.grad_fn))
+
+    def _meets_input(self, args: tuple) -> bool:
+        """Whether every path back from the call's relevance-carrying arguments reaches the run's
+        inputs without passing the output of a call counted as a first layer."""
+        pending: list[Any] = []
+        for value in args:
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            pending.extend(item.grad_fn if item.grad_fn is not None else item
+                           for item in values if carries_relevance(item))
+        seen: set[int] = set()
+        while pending:
+            item = pending.pop()
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            if isinstance(item, Tensor):  # a leaf
+                if id(item) not in self.entry_leaves:
+                    return False
+                continue
+            if id(item) in self.layer_outputs:
+                return False
+            if id(item) in self.entry_nodes:
+                continue
+            leaf = getattr(item, "variable", None)  # (autograd's node of a leaf)
+            if leaf is not None:
+                if id(leaf) not in self.entry_leaves:
+                    return False
+                continue
+            pending.extend(node for node, _ in item.next_functions if node is not None)
+        return True
 
     def unsupported(self, name: str, result: Any) -> Any:
         """An operation without a rule on a relevance-carrying tensor: its gradient is used; with
@@ -486,6 +541,7 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: An
     without a rule are named together once the run is over."""
     interpretation = Interpretation(call)
     interpretation.runs_module = isinstance(function, LayerRunner)
+    interpretation.enter(args, kwargs)
     if interpretation.runs_module and interpretation.composite.chooses_by_module():
         prefix = call.site.module_name + "." if call.site is not None and call.site.module_name else ""
         context = interpretation.context = ModuleContext(function.module_names(prefix))

@@ -75,7 +75,7 @@ class Rewriter:
     def run(self) -> fx.GraphModule:
         unsupported: list[fx.Node] = []
         carrying = nodes_that_may_carry_relevance(self.graph, self.modules)
-        first_layer = self._first_weighted_node(carrying)
+        first_layers = self._first_layer_calls(carrying)
         nodes = list(self.graph.nodes)
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
         factors = {node: relevance_factors(node, operation, carrying)
@@ -108,7 +108,7 @@ class Rewriter:
                 # no relevance reaches it, so it runs as the model runs it.
                 self._keep_native(node, operation, handling="no relevance")
             else:
-                self._substitute(node, operation, node is first_layer, factors[node])
+                self._substitute(node, operation, node in first_layers, factors[node])
         if unsupported:
             self._unsupported(unsupported)
         self.graph.lint()
@@ -119,18 +119,32 @@ class Rewriter:
             return EAGER
         return find_operation(node, self.modules)
 
-    def _first_weighted_node(self, carrying: set[fx.Node]) -> fx.Node | None:
+    def _first_layer_calls(self, carrying: set[fx.Node]) -> set[fx.Node]:
+        """The calls of layers the composite counts as a first layer that the model's inputs meet:
+        every relevance-carrying argument comes from the inputs through operations that are not
+        such layers (views, sums, activations, normalisation by constants, concatenation). In a
+        chain that is the first such layer; a shared encoder called on two inputs, or parallel
+        layers on one input, are first at each call; the second call of a recurrent layer, which
+        reads the first one's output, is not. A node that runs a module's own code may hold the
+        first layer inside, found as the code runs the same way."""
+        raw: set[fx.Node] = set()  # reached from inputs through no such layer only
+        first: set[fx.Node] = set()
         for node in self.graph.nodes:
-            if node not in carrying:  # a layer that relevance reaches, not a parameter transform
+            if node not in carrying:
                 continue
+            if node.op == "placeholder":
+                raw.add(node)
+                continue
+            sources = [source for source in node.all_input_nodes if source in carrying]
+            meets_input = bool(sources) and all(source in raw for source in sources)
             operation = self._operation_of(node)
-            if operation is None:
-                continue
-            if operation.holds_layers:  # the first layer may be inside: it is found as the code runs
-                return node
-            if self.composite.counts_as_first_layer(operation.name, operation.weighted):
-                return node
-        return None
+            if operation is not None and (operation.holds_layers or self.composite.counts_as_first_layer(
+                    operation.name, operation.weighted)):
+                if meets_input:
+                    first.add(node)
+            elif meets_input:
+                raw.add(node)
+        return first
 
     def _native_equals_explained(self, node: fx.Node, operation: Operation) -> bool:
         """Whether the native call computes the values the operation's relevance function would.

@@ -178,3 +178,72 @@ def test_norm_and_epsilon_keep_their_stabiliser_in_the_composites() -> None:
     assert composite.layer_rule.epsilon == 0.25
     assert composite.operation_rules["add"].epsilon == 1e-3 and isinstance(composite.operation_rules["add"], Norm)
     assert composite.operation_rules["conv"].stabilizer == 1e-3
+
+
+class SharedEncoder(nn.Module):
+    """One convolution applied to two inputs (a siamese model), summed: symmetric in its inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.head(self.conv(a).relu().mean((2, 3)) + self.conv(b).relu().mean((2, 3)))
+
+
+class ParallelStem(nn.Module):
+    """Two convolutions reading the input side by side."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left, self.right = nn.Conv2d(3, 2, 3), nn.Conv2d(3, 2, 1, padding=0)
+        self.head = nn.Linear(4 * 3 * 3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.cat([self.left(x), self.right(x)[..., 1:-1, 1:-1]], 1).relu().flatten(1))
+
+
+class GateFromTheFirstLayer(nn.Module):
+    """ReLU written as a selection whose condition calls the first layer too (a branch relevance
+    never reaches, executed first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense, self.head = nn.Linear(6, 5), nn.Linear(5, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.where(self.dense(x) > 0, self.dense(x), 0.0))
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+@pytest.mark.parametrize("composite", [EpsilonGammaBox(-3.0, 3.0), EpsilonPlusFlat()], ids=["EpsilonGammaBox", "Flat"])
+def test_every_call_the_inputs_meet_is_a_first_layer(capture: str, composite: Composite) -> None:
+    """The first layer is where the input meets a layer (docs/rules-and-composites.md): at each
+    call of a shared encoder, whichever input comes first; on layers side by side; and not on a
+    call whose output relevance never reaches, in place of the one that explains."""
+    torch.manual_seed(0)
+    shared = fxlrp.convert(SharedEncoder().double().eval(), composite, capture=capture)
+    a, b = torch.randn(2, 3, 5, 5, dtype=torch.float64), torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    relevance_a, relevance_b = fxlrp.attribute(shared, (a, b), target=1)
+    swapped_b, swapped_a = fxlrp.attribute(shared, (b, a), target=1)
+    assert relative_error(swapped_a, relevance_a) < 1e-12 and relative_error(swapped_b, relevance_b) < 1e-12
+
+    stem = ParallelStem().double().eval()
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    first = composite.first_layer
+    expected = fxlrp.convert(stem, Composite(Epsilon(1e-6), type_rules={nn.Conv2d: first}), capture="fx")
+    assert relative_error(fxlrp.attribute(fxlrp.convert(stem, composite, capture=capture), x, target=1),
+                          fxlrp.attribute(expected, x, target=1)) < 1e-12
+
+    if isinstance(composite, EpsilonPlusFlat):  # (a dense first layer)
+        gated, features = GateFromTheFirstLayer().double().eval(), torch.randn(4, 6, dtype=torch.float64)
+        reference = Composite(Epsilon(1e-6), type_rules={nn.Linear: Epsilon(1e-6)}, name_rules={"dense": first})
+        assert relative_error(fxlrp.attribute(fxlrp.convert(gated, composite, capture=capture), features, target=1),
+                              fxlrp.attribute(fxlrp.convert(gated, reference), features, target=1)) < 1e-12
+
+
+def test_shared_encoder_is_the_first_layer_at_both_calls() -> None:
+    explain = fxlrp.convert(SharedEncoder(), EpsilonGammaBox(-3.0, 3.0))
+    rules = rules_by_node(explain)
+    assert (rules["conv"], rules["conv_1"], rules["head"]) == ("ZBox", "ZBox", "Epsilon")

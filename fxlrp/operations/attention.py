@@ -211,7 +211,7 @@ def attention_rules(
     with a mask or not."""
     interpretation = Interpretation(call)
     # q k^T is the decomposition's first operation: the first layer if the call may hold it
-    scores_first = interpretation.first_layer_pending and interpretation.composite.counts_as_first_layer(
+    scores_first = interpretation.holds_first_layer and interpretation.composite.counts_as_first_layer(
         "matmul", REGISTRY.operations["matmul"].weighted)
 
     def rule(operation: str, factors: int, first: bool = False) -> Any:
