@@ -112,20 +112,26 @@ class Composite:
             return weighted
         return operation in self.first_layer_operations
 
+    def may_hold_first_layer(self, operation: Operation) -> bool:
+        """Whether a call of ``operation`` the model's inputs meet is a first layer (or, for an
+        operation that runs a module's own code, may hold first layers inside): in the captured
+        graph and in code run eagerly alike."""
+        return operation.holds_layers or self.counts_as_first_layer(operation.name, operation.weighted)
+
     def may_choose_first_layer(self) -> bool:
         """Whether the first layer can get a rule of its own: a ``first_layer`` rule, or a
         subclass that chooses on its own. Code run eagerly looks for first layers only then."""
-        own = type(self)
-        return self.first_layer is not None or own.rule_for is not Composite.rule_for \
-            or own._chosen_rule is not Composite._chosen_rule
+        return self.first_layer is not None or self._chooses_on_its_own()
 
     def chooses_by_module(self) -> bool:
         """Whether the module a call belongs to can change its rule: name or type rules, or a
         subclass that chooses on its own. Code run eagerly follows module calls only then (a
         forward hook on every module call of the run costs Python at each)."""
+        return bool(self.name_rules or self.type_rules) or self._chooses_on_its_own()
+
+    def _chooses_on_its_own(self) -> bool:
         own = type(self)
-        return bool(self.name_rules or self.type_rules) or (own.rule_for is not Composite.rule_for
-                                                            or own._chosen_rule is not Composite._chosen_rule)
+        return own.rule_for is not Composite.rule_for or own._chosen_rule is not Composite._chosen_rule
 
     def resolve(self, site: Site, operation: Operation) -> Rule | None:
         """The rule of one call of ``operation`` at ``site``: the one place a rule is chosen, for

@@ -41,7 +41,9 @@ class Explainer(nn.Module):
         self.gradient_form = False
         """Whether :func:`attribute` may explain in the gradient form (:mod:`fxlrp.relevance.form`)."""
         self._signature: inspect.Signature | None = None
+        self._optional_inputs: tuple[str, ...] = ()
         self._concrete_args: dict[str, Any] = {}
+        self._settings: dict[str, Any] = {}
         self._traced_for: dict[tuple[frozenset[str], frozenset[tuple[str, Any]]], Explainer] = {}
         self._snapshot: ModelSnapshot | None = None
         self._convert_again: Callable[..., Explainer] | None = None
@@ -71,10 +73,9 @@ class Explainer(nn.Module):
             return False
         fresh = self._convert_again(concrete_args=self._concrete_args or None)
         self.graph_module = fresh.graph_module
-        for name in ("_report", "gradient_form", "_signature", "_concrete_args", "_traced_for", "_snapshot",
-                     "_optional_inputs", "_settings"):
-            if hasattr(fresh, name):
-                setattr(self, name, getattr(fresh, name))
+        for name in ("_report", "gradient_form", "_signature", "_optional_inputs", "_concrete_args", "_settings",
+                     "_traced_for", "_snapshot"):
+            setattr(self, name, getattr(fresh, name))
         return True
 
     def bind_inputs(self, signature: inspect.Signature, optional_inputs: tuple[str, ...],

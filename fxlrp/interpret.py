@@ -237,8 +237,7 @@ class Interpretation:
         operation, first-layer flag and, for a product, whether several of its factors carry
         relevance; kept by the enclosing call across runs, so that the rule is chosen once (not at
         every call of a torch function) and parameter transforms (z+'s ``w+``) are made once."""
-        first = self.holds_first_layer and self.composite.counts_as_first_layer(
-            operation.name, operation.weighted) and self._meets_input(args)
+        first = self.holds_first_layer and self.composite.may_hold_first_layer(operation) and self._meets_input(args)
         context = self.context  # the innermost running module, read inline: this runs for every torch call
         module = context.stack[-1] if context is not None and context.stack else None
         factors = operation.factors
@@ -267,8 +266,8 @@ class Interpretation:
         if operation.relevance is None:
             return function(*args, **kwargs)
         result = operation.relevance(self.call_for(operation, args), function, *args, **kwargs)
-        if self.holds_first_layer and isinstance(result, Tensor) and result.grad_fn is not None and (
-                operation.holds_layers or self.composite.counts_as_first_layer(operation.name, operation.weighted)):
+        if self.holds_first_layer and isinstance(result, Tensor) and result.grad_fn is not None \
+                and self.composite.may_hold_first_layer(operation):
             self.layer_outputs[id(result.grad_fn)] = result.grad_fn  # (kept: ids stay unique)
         return result
 

@@ -138,8 +138,7 @@ class Rewriter:
             sources = [source for source in node.all_input_nodes if source in carrying]
             meets_input = bool(sources) and all(source in raw for source in sources)
             operation = self._operation_of(node)
-            if operation is not None and (operation.holds_layers or self.composite.counts_as_first_layer(
-                    operation.name, operation.weighted)):
+            if operation is not None and self.composite.may_hold_first_layer(operation):
                 if meets_input:
                     first.add(node)
             elif meets_input:
