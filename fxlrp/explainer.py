@@ -38,15 +38,20 @@ class Explainer(nn.Module):
         super().__init__()
         self.graph_module = graph_module
         self._report = report
-        self.gradient_form = False
-        """Whether :func:`attribute` may explain in the gradient form (:mod:`fxlrp.relevance.form`)."""
-        self._signature: inspect.Signature | None = None
-        self._optional_inputs: tuple[str, ...] = ()
-        self._concrete_args: dict[str, Any] = {}
-        self._settings: dict[str, Any] = {}
-        self._traced_for: dict[tuple[frozenset[str], frozenset[tuple[str, Any]]], Explainer] = {}
-        self._snapshot: ModelSnapshot | None = None
-        self._convert_again: Callable[..., Explainer] | None = None
+        self.__dict__.update(self._conversion_defaults())
+
+    @staticmethod
+    def _conversion_defaults() -> dict[str, Any]:
+        """What a conversion sets after making the explainer (:func:`fxlrp.convert`), as it is
+        before: ``gradient_form``, whether :func:`attribute` may explain in the gradient form
+        (:mod:`fxlrp.relevance.form`); the rest, see :meth:`bind_inputs` and :meth:`converted_from`."""
+        return {"gradient_form": False, "_signature": None, "_optional_inputs": (), "_concrete_args": {},
+                "_settings": {}, "_traced_for": {}, "_snapshot": None, "_convert_again": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # An explainer saved by an earlier version of fxlrp lacks what later versions added: it
+        # gets the defaults, and explains what it was saved with (as every copy does).
+        super().__setstate__({**self._conversion_defaults(), **state})
 
     def converted_from(self, snapshot: ModelSnapshot, convert_again: Callable[..., Explainer]) -> None:
         """What the explainer was converted from, and how to convert it again
@@ -73,8 +78,7 @@ class Explainer(nn.Module):
             return False
         fresh = self._convert_again(concrete_args=self._concrete_args or None)
         self.graph_module = fresh.graph_module
-        for name in ("_report", "gradient_form", "_signature", "_optional_inputs", "_concrete_args", "_settings",
-                     "_traced_for", "_snapshot"):
+        for name in ("_report", *self._conversion_defaults()):
             setattr(self, name, getattr(fresh, name))
         return True
 

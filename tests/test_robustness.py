@@ -17,6 +17,7 @@ import subprocess
 import sys
 import weakref
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ from torch import nn
 
 import fxlrp
 from fxlrp.composites import EpsilonPlusFlat
+from fxlrp.explainer import Explainer
 from fxlrp.rules import AlphaBeta, Epsilon, ZPlus
 
 
@@ -111,6 +113,25 @@ def test_saved_graph_network_explainers(how: str) -> None:
         explain = fxlrp.convert(model, LRP0)
         expected = fxlrp.attribute(explain, inputs, target=1)[0]
         assert torch.equal(fxlrp.attribute(COPIES[how](explain), inputs, target=1)[0], expected)
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def test_an_explainer_saved_by_an_earlier_version_explains_identically(how: str) -> None:
+    """Explainers saved before the model snapshot existed have no ``_snapshot`` and
+    ``_convert_again``: they load with the defaults and explain as before (not an AttributeError
+    at the first call)."""
+    model = resnet18()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0)
+    expected = fxlrp.attribute(explain, x, target=1)
+
+    def state_saved_earlier(self: Explainer) -> dict:
+        return {name: value for name, value in self.__dict__.items() if name not in ("_snapshot", "_convert_again")}
+
+    with mock.patch.object(Explainer, "__getstate__", state_saved_earlier):
+        earlier = COPIES[how](explain)
+    assert "_snapshot" in earlier.__dict__ and earlier._snapshot is None
+    assert torch.equal(fxlrp.attribute(earlier, x, target=1), expected)
 
 
 def test_an_explainer_saved_with_torch_save_loads_in_a_fresh_process(tmp_path: Path) -> None:
