@@ -14,7 +14,7 @@ from torch import fx, nn
 from fxlrp.errors import CaptureError
 from fxlrp.integrations import load_integrations
 from fxlrp.leaf_functions import leaf_function_calls
-from fxlrp.module_state import ModuleState
+from fxlrp.module_state import ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY
 from fxlrp.source import error_line, innermost_user_frame
 
@@ -134,6 +134,8 @@ def capture(
     while True:
         tracer = RelevanceTracer(is_explained_module, leaves, eager)
         state = ModuleState(model)
+        # traced in evaluation mode: the graph takes inference's branches (``if self.training:``)
+        in_evaluation_mode(state.modules)
         try:
             graph = tracer.trace(model, concrete_args)
         except Exception as error:  # every tracing failure becomes one readable error, or an eager part

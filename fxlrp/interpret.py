@@ -41,7 +41,7 @@ from fxlrp.canonicalise import out_of_place_method, without_inplace_flag
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import intercepted_calls
-from fxlrp.module_state import ModuleState
+from fxlrp.module_state import ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
@@ -110,6 +110,7 @@ class LayerRunner:
         written = ModuleState(self.module)
         try:
             _detach_parameters(written.modules)
+            in_evaluation_mode(written.modules)
             return self.module(*args, **kwargs)
         finally:
             written.restore()

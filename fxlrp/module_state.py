@@ -69,6 +69,15 @@ class ModuleState:
         return added
 
 
+def in_evaluation_mode(modules: list[nn.Module]) -> None:
+    """Put modules in evaluation mode for one run, which :meth:`ModuleState.restore` ends:
+    explanations use inference semantics (no dropout, drop path or attention dropout; BatchNorm's
+    running statistics), whatever mode the model is in."""
+    for module in modules:
+        if module.training:
+            module.training = False
+
+
 _MISSING = object()
 
 

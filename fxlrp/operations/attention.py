@@ -113,7 +113,13 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     the gradient form, the kernel's own backward with the decomposition's shares
     (:attr:`AttentionRules.gradient_shares`); in the relevance form, the decomposition's relevance
     in closed form where its rules have one (:func:`attention_relevance`), else the
-    decomposition run under the interpretation in backward."""
+    decomposition run under the interpretation in backward. Its dropout is off, whatever
+    ``dropout_p`` says (a model in training mode passes its rate), as dropout is the identity at
+    explanation time."""
+    if len(args) > 4:
+        args = (*args[:4], 0.0, *args[5:])
+    elif kwargs.get("dropout_p"):
+        kwargs = {**kwargs, "dropout_p": 0.0}
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return function(*args, **kwargs)
     # every argument by position (the mask, so that each piece gets its part of it), scale and
@@ -537,10 +543,9 @@ def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwarg
 
 
 def multi_head_attention_module(module: nn.MultiheadAttention, parameters: dict[str, Any]):
-    if module.training:
-        # Explanations use inference semantics; attention dropout is off as in eval mode.
-        module = _evaluation_copy(module)
-    return partial(decomposed_multi_head_attention, module, parameters), {}
+    # Explanations use inference semantics: attention dropout is off, also after the model was
+    # put in training mode (the graph calls this copy, which shares the module's parameters).
+    return partial(decomposed_multi_head_attention, _evaluation_copy(module), parameters), {}
 
 
 def _evaluation_copy(module: nn.Module) -> nn.Module:
