@@ -316,6 +316,11 @@ def _attribute(
     output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int, check_finite: bool,
 ) -> Any:
     """:func:`attribute` and :func:`attribute_nodes` (``nodes`` not None)."""
+    if torch.is_inference_mode_enabled():
+        # Relevance travels by autograd, which inference mode turns off: the explanation leaves it.
+        with torch.inference_mode(False):
+            return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
+                              check_finite=check_finite)
     many = isinstance(target, list)
     if many and not target:
         raise ValueError("target=[] names no target; give at least one")
@@ -495,7 +500,10 @@ def _token_relevance(ids: Tensor, found: list[RelevanceSource], relevance: Itera
 
 
 def _leaf_if_explained(value: Any) -> Any:
-    """A floating-point tensor becomes a fresh leaf that collects relevance; the rest stays."""
+    """A floating-point tensor becomes a fresh leaf that collects relevance; the rest stays (a
+    tensor made in inference mode, which autograd cannot keep, as a copy)."""
+    if isinstance(value, Tensor) and value.is_inference():
+        value = value.clone()
     if isinstance(value, Tensor) and value.is_floating_point():
         return value.detach().requires_grad_()
     return value

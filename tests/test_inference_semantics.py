@@ -1,7 +1,8 @@
 """Explanations use inference semantics whatever mode the model is in: a model left in training
 mode, at conversion or after it, is explained as in evaluation mode - no dropout (also inside
 fused attention), no drop path, inference's branches of ``if self.training:``. The reference is
-the same model converted and explained in evaluation mode."""
+the same model converted and explained in evaluation mode. And whatever mode torch is in: an
+explanation asked for under ``torch.no_grad()`` or ``torch.inference_mode()`` is the same."""
 
 from __future__ import annotations
 
@@ -116,3 +117,22 @@ def test_a_model_in_training_mode_is_explained_as_in_evaluation_mode(name: str, 
     assert relative_error(second, expected) < 1e-12
     assert relative_error(output, evaluation_output) < 1e-12
     assert model.training and all(module.training for module in model.modules())  # the model's mode is its own
+
+
+@pytest.mark.parametrize("context", ["torch.no_grad", "torch.inference_mode", "inputs made in inference mode"])
+def test_explaining_inside_no_grad_or_inference_mode_gives_the_same_relevance(context: str) -> None:
+    """Relevance travels by autograd: an explanation asked for where autograd is off (an
+    evaluation loop under ``torch.no_grad()`` or ``torch.inference_mode()``) turns it on for its
+    run; inputs made in inference mode are copied."""
+    bert, tokens = _bert().double().eval(), _tokens()
+    vit, images = _torchvision_vit().double().eval(), _images()
+    cases = [(fxlrp.convert(bert, AttnLRP(0.0)), tokens), (fxlrp.convert(vit, AttnLRP(0.0)), images)]
+    expected = [(fxlrp.attribute(explain, x, target=1), fxlrp.attribute(explain, x, target=[0, 2]))
+                for explain, x in cases]
+    with torch.no_grad() if context == "torch.no_grad" else torch.inference_mode():
+        found = []
+        for explain, x in cases:
+            given = x.clone() if context == "inputs made in inference mode" else x
+            found.append((fxlrp.attribute(explain, given, target=1), fxlrp.attribute(explain, given, target=[0, 2])))
+    for (single, several), (expected_single, expected_several) in zip(found, expected, strict=True):
+        assert torch.equal(single, expected_single) and torch.equal(several, expected_several)
