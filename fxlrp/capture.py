@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch import fx, nn
+from torch.nn.utils import parametrize
 
 from fxlrp.errors import CaptureError
 from fxlrp.integrations import load_integrations
@@ -130,7 +131,14 @@ def capture(
     settings = {name: parameter.default for name, parameter in inspect.signature(model.forward).parameters.items()
                 if isinstance(parameter.default, (bool, str)) and name not in concrete_args}
     concrete_args = {**settings, **concrete_args} or None
-    eager: dict[str, str] = {}
+    eager = _calls_a_graph_cannot_hold(model)
+    if eager and path == "fx":
+        listing = "\n".join(f"  - {name or 'the model itself'}: {reason}" for name, reason in eager.items())
+        raise CaptureError(f"fxlrp could not capture {type(model).__name__} with torch.fx: a captured graph does not "
+                           f"make these module calls as the model makes them:\n{listing}\n"
+                           "Convert with capture='auto' (the default), which runs them eagerly.")
+    if "" in eager:
+        return Capture(whole_model_graph(model), eager_modules={"": eager[""]})
     while True:
         tracer = RelevanceTracer(is_explained_module, leaves, eager)
         state = ModuleState(model)
@@ -158,6 +166,21 @@ def capture(
                          and parameters[node.target].default is None and node.target not in (concrete_args or {}))
         return Capture(graph, {name: value for name, value in added.items() if name in named}, eager, optional,
                        settings)
+
+
+def _calls_a_graph_cannot_hold(model: nn.Module) -> dict[str, str]:
+    """Modules whose calls do more than their ``forward``, by name, with what: forward hooks
+    (pruning's mask, the older weight and spectral norm, a hook of the user's), which torch.fx
+    does not run for modules it traces through and fxlrp's relevance functions do not run for
+    layers; parametrized parameters (``torch.nn.utils.parametrize``), computed at each call. Run
+    eagerly, their calls run as the model's do, with the same rules."""
+    found = {}
+    for name, module in model.named_modules():
+        if module._forward_hooks or module._forward_pre_hooks:
+            found[name] = "it has forward hooks, which a captured graph does not run"
+        elif parametrize.is_parametrized(module):
+            found[name] = "its parameters are parametrized (torch.nn.utils.parametrize), computed at each call"
+    return found
 
 
 def whole_model_graph(model: nn.Module) -> fx.Graph:
