@@ -147,3 +147,23 @@ def test_a_copy_explains_the_model_as_copied() -> None:
     _submodule_swapped(model)
     assert torch.equal(fxlrp.attribute(twin, _images(), target=1), before)
     assert not torch.equal(fxlrp.attribute(explain, _images(), target=1), before)
+
+
+def test_explainer_follows_forward_hooks_added_and_removed() -> None:
+    """Capture runs modules with forward hooks eagerly (tests/test_module_hooks.py): a hook added
+    after conversion is followed as the model's other changes are, and so is its removal."""
+    model = SmallNet().double().eval()
+    images = _images()
+    explain = fxlrp.convert(model, EpsilonPlusFlat())
+    before = fxlrp.attribute(explain, images, target=1)
+    handle = model.head.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+    expected = fxlrp.attribute(fxlrp.convert(model, EpsilonPlusFlat()), images, target=1)
+    assert not torch.equal(expected, before)  # the hook matters
+    assert torch.equal(fxlrp.attribute(explain, images, target=1), expected)
+    handle.remove()
+    assert torch.equal(fxlrp.attribute(explain, images, target=1), before)
+
+    strict = fxlrp.convert(model, EpsilonPlusFlat(), capture="fx")
+    model.head.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+    with pytest.raises(fxlrp.CaptureError, match="head: it has forward hooks"):
+        fxlrp.attribute(strict, images, target=1)
