@@ -208,7 +208,10 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
     ``target`` may be a class index, a tensor of one index per sample, None (each sample's
     highest output), a pair ``(a, b)`` of class indices (a contrast: ``R = out_a e_a - out_b e_b``,
     the relevance of logit ``a`` minus logit ``b``, e.g. two candidate next tokens) or a tensor of
-    the output's shape (taken as the relevance itself).
+    the output's shape (taken as the relevance itself). Classes are in the last dimension
+    (``[batch, classes]``, ``[batch, positions, classes]``), except in an image-shaped output of four
+    or more dimensions (``[batch, classes, height, width]``, a segmentation model's), where they are
+    in dimension 1 and a class is explained at every pixel (None: each pixel's top class).
     """
     if isinstance(target, Tensor) and target.shape == output.shape and target.is_floating_point():
         return target
@@ -216,6 +219,14 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
         return output.detach().clone()
     if isinstance(target, tuple) and len(target) == 2:
         return output_relevance(output, target[0]) - output_relevance(output, target[1])
+    if output.dim() > 3:
+        return _dense_relevance(output, target)
+    return _class_relevance(output, target)
+
+
+def _class_relevance(output: Tensor, target: Any) -> Tensor:
+    """The output times a one-hot mask over its last dimension, the classes: at ``target`` (an
+    index, or one per sample), or at each sample's highest output (None)."""
     if target is None:
         target = output.detach().argmax(dim=-1)
     mask = torch.zeros_like(output)
@@ -226,6 +237,23 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
     else:
         mask.scatter_(-1, index.reshape(*output.shape[:-1], 1), 1.0)
     return output.detach() * mask
+
+
+def _dense_relevance(output: Tensor, target: Any) -> Tensor:
+    """:func:`output_relevance` of an image-shaped output ``[batch, classes, *spatial]`` (a
+    segmentation model's): its classes are in dimension 1 (torch's convention for convolutional
+    outputs), a class index (or one per sample) is explained at every position, None explains each
+    position's top class."""
+    classes = output.shape[1]
+    if isinstance(target, Tensor) and target.dim() == 1 and target.numel() == output.shape[0]:
+        target = target.view(-1, *[1] * (output.dim() - 2)).expand(output.shape[:1] + output.shape[2:])
+    if target is not None:
+        index = torch.as_tensor(target)
+        if index.numel() and bool((index < -classes).any() | (index >= classes).any()):
+            shown = target.tolist() if isinstance(target, Tensor) and target.numel() < 10 else target
+            raise ValueError(f"target {shown!r} is out of range: the explained output {list(output.shape)} is "
+                             f"image-shaped, with {classes} classes in dimension 1 (indices 0 to {classes - 1})")
+    return _class_relevance(output.movedim(1, -1), target).movedim(-1, 1)
 
 
 def _check_target(index: Tensor, target: Any, output: Tensor) -> None:

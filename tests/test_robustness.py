@@ -26,7 +26,7 @@ from conftest import LRP0, gradient_times_input, onehot_relevance, relative_erro
 from pyg_networks import Stack
 from test_eager_capture import COMPOSITES, Network, OptionalMask
 from test_threads import MessagePassing
-from torch import nn
+from torch import Tensor, nn
 
 import fxlrp
 from fxlrp.composites import EpsilonPlusFlat
@@ -382,6 +382,41 @@ def test_a_target_out_of_range_is_an_error_in_the_users_terms() -> None:
     with pytest.raises(ValueError, match=r"target has 3 class indices; .* one per sample \(2\)"):
         fxlrp.attribute(explain, x, target=torch.tensor([0, 1, 2]))
     assert torch.equal(fxlrp.attribute(explain, x, target=-1), fxlrp.attribute(explain, x, target=2))
+
+
+class Segmenter(nn.Module):
+    """Per-pixel class scores ``[batch, classes, height, width]``, as a segmentation model's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.features, self.act, self.classes = nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 4, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classes(self.act(self.features(x)))
+
+
+def test_an_image_shaped_output_has_its_classes_in_dimension_1() -> None:
+    """A segmentation model's target is a class explained at every pixel (None: each pixel's top
+    class); the last dimension is the image's width, which a class index must not pick."""
+    model = Segmenter().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    x = torch.randn(2, 3, 5, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def class_mask(out: Tensor, classes: Tensor) -> Tensor:  # one class per sample and pixel, in dimension 1
+        return nn.functional.one_hot(classes, out.shape[1]).movedim(-1, 1).to(out.dtype)
+
+    every_pixel = {2: torch.full((2, 5, 7), 2), -1: torch.full((2, 5, 7), 3),
+                   None: model(x).argmax(1), "per sample": torch.tensor([1, 3]).view(2, 1, 1).expand(2, 5, 7)}
+    for target, classes in every_pixel.items():
+        [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: out * class_mask(out, classes))
+        given = torch.tensor([1, 3]) if target == "per sample" else target
+        assert relative_error(fxlrp.attribute(explain, x, target=given), expected) < 1e-12, target
+    [first, second] = fxlrp.attribute(explain, x, target=[2, 0])
+    assert relative_error(first, fxlrp.attribute(explain, x, target=2)) < 1e-12
+    with pytest.raises(ValueError, match=r"out of range: the explained output \[2, 4, 5, 7\] is image-shaped, "
+                                         r"with 4 classes in dimension 1"):
+        fxlrp.attribute(explain, x, target=6)  # a column of the width, before
 
 
 def test_inputs_requiring_grad_or_holding_a_grad_are_explained_and_left_alone() -> None:
