@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx, nn
 from torch.nn.utils import parametrize
 
@@ -121,6 +122,7 @@ def capture(
     if path not in CAPTURE_PATHS:
         raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURE_PATHS))}, not {path!r}")
     load_integrations()
+    _refuse_torchscript(model)
     if path == "eager":
         return Capture(whole_model_graph(model), eager_modules={"": "capture='eager' was asked for"})
     leaves = (*leaf_functions, *REGISTRY.leaf_functions())
@@ -166,6 +168,24 @@ def capture(
                          and parameters[node.target].default is None and node.target not in (concrete_args or {}))
         return Capture(graph, {name: value for name, value in added.items() if name in named}, eager, optional,
                        settings)
+
+
+def _refuse_torchscript(model: nn.Module) -> None:
+    """TorchScript modules run their operations inside TorchScript, where neither a graph capture
+    nor the relevance mode of code run eagerly sees them: relevance would follow their gradient
+    with no rule, and fxlrp says so instead."""
+    scripted: list[str] = []
+    for name, module in model.named_modules():
+        inside = any(name.startswith(outer + ".") or outer == "" for outer in scripted)
+        if isinstance(module, torch.jit.ScriptModule) and not inside:
+            scripted.append(name)
+    if scripted:
+        scripted = [name or "the model itself" for name in scripted]
+        raise CaptureError(
+            f"fxlrp cannot explain TorchScript modules ({', '.join(scripted)}): their operations run inside "
+            "TorchScript, where fxlrp cannot give them rules. Convert the Python module they were scripted from "
+            "(torch.jit.script(module) leaves module as it was)."
+        )
 
 
 def _calls_a_graph_cannot_hold(model: nn.Module) -> dict[str, str]:

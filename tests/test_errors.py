@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import relative_error
@@ -139,3 +141,18 @@ def test_a_forward_torch_fx_cannot_take_is_explained_in_the_users_terms() -> Non
     x = torch.randn(4, 3)
     with torch.no_grad():  # and the default path takes it
         assert torch.equal(fxlrp.convert(model)(x), model(x))
+
+
+@pytest.mark.parametrize("capture", ["auto", "eager", "fx"])
+def test_torchscript_modules_are_refused_by_name(capture: str) -> None:
+    """Operations inside TorchScript reach neither a graph nor the relevance mode: relevance would
+    follow their gradient without a rule (before: AttributeError from inside fxlrp)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (torch.jit.script is deprecated)
+        inner = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+        scripted_root = torch.jit.script(nn.Sequential(nn.Linear(4, 2)))
+    model = nn.Sequential(nn.Linear(3, 4), inner, nn.Linear(4, 2))
+    with pytest.raises(fxlrp.CaptureError, match=r"TorchScript modules \(1\): .* Convert the Python module"):
+        fxlrp.convert(model, capture=capture)
+    with pytest.raises(fxlrp.CaptureError, match=r"TorchScript modules \(the model itself\)"):
+        fxlrp.convert(scripted_root, capture=capture)
