@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import Function, FunctionCtx
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
@@ -521,6 +522,72 @@ def _leaf_function_handler(interpretation: Interpretation):
     return handle
 
 
+_APPLY = Function.__dict__["apply"]
+_APPLY_HANDLERS: dict[int, list[Callable[[type[Function], tuple, dict], Any]]] = {}
+"""Per thread, the handlers of custom Functions' calls (innermost last): a call from a thread
+without one runs ``Function.apply`` itself, so an explanation on one thread never changes what
+a Function does on another (as for library functions, :mod:`fxlrp.leaf_functions`)."""
+_APPLY_LOCK = threading.Lock()
+
+
+def _dispatched_apply(cls: type[Function], *args: Any, **kwargs: Any) -> Any:
+    handlers = _APPLY_HANDLERS.get(threading.get_ident())
+    if handlers:
+        return handlers[-1](cls, args, kwargs)
+    return _APPLY.__get__(None, cls)(*args, **kwargs)
+
+
+@contextmanager
+def custom_functions_explained(interpretation: Interpretation, mode: RelevanceMode) -> Iterator[None]:
+    """While active, a custom ``torch.autograd.Function`` that the code run eagerly applies to
+    relevance-carrying tensors is explained by the operations of its ``forward``, as a captured
+    graph explains it (torch.fx traces through ``forward``): its ``backward`` is a rule of
+    training - a straight-through estimator, a gradient reversal - that relevance would otherwise
+    follow. ``Function.apply`` dispatches to this thread's handler while any is active; it acts only
+    for calls the code itself makes (the mode on top of the thread's stack, the interpretation
+    active), not for the relevance Functions fxlrp applies while it handles a call."""
+
+    def handle(cls: type[Function], args: tuple, kwargs: dict) -> Any:
+        depth = torch._C._len_torch_function_stack()
+        if (interpretation.active and depth and torch._C._get_function_stack_at(depth - 1) is mode
+                and _arguments_carry(args, kwargs)):
+            return _forward_explained(interpretation, cls, args, kwargs)
+        return _APPLY.__get__(None, cls)(*args, **kwargs)
+
+    thread = threading.get_ident()
+    with _APPLY_LOCK:
+        if not _APPLY_HANDLERS:
+            Function.apply = classmethod(_dispatched_apply)
+        _APPLY_HANDLERS.setdefault(thread, []).append(handle)
+    try:
+        yield
+    finally:
+        with _APPLY_LOCK:
+            handlers = _APPLY_HANDLERS[thread]
+            handlers.pop()
+            if not handlers:
+                del _APPLY_HANDLERS[thread]
+            if not _APPLY_HANDLERS:
+                Function.apply = _APPLY
+
+
+def _forward_explained(interpretation: Interpretation, function: type[Function], args: tuple, kwargs: dict) -> Any:
+    """``function``'s forward run with autograd on, so the relevance mode explains its operations.
+    An output that carries no relevance although the inputs do (an operation the mode does not
+    see, such as a compiled extension's) makes the Function an operation without a rule: its own
+    backward is used (``strict=False``) or it is named."""
+    if function.setup_context is not Function.setup_context:  # forward without ctx (setup_context style)
+        output = function.forward(*args, **kwargs)
+    else:
+        context = FunctionCtx()
+        context.needs_input_grad = tuple(isinstance(value, Tensor) and value.requires_grad for value in args)
+        output = function.forward(context, *args, **kwargs)
+    if _carries(output):
+        return output
+    own = _APPLY.__get__(None, function)(*args, **kwargs)
+    return interpretation.unsupported(f"{function.__name__}.apply (a custom autograd Function)", own)
+
+
 def intercepted_functions() -> tuple[Callable[..., Any], ...]:
     """Library functions explained as a whole when library code calls them."""
     return (*REGISTRY.leaf_functions(), *REGISTRY.operations["graph_softmax"].functions)
@@ -551,7 +618,9 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: An
         if context is not None:
             stack.enter_context(context.followed())
         stack.enter_context(intercepted_calls(intercepted_functions(), _leaf_function_handler(interpretation)))
-        stack.enter_context(RelevanceMode(interpretation))
+        mode = RelevanceMode(interpretation)
+        stack.enter_context(custom_functions_explained(interpretation, mode))
+        stack.enter_context(mode)
         result = function(*args, **kwargs)
     interpretation.raise_unsupported()
     return result
