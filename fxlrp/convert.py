@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from functools import partial
 from typing import Any
 
@@ -25,6 +26,23 @@ from fxlrp.scatter_library import all_scatter_functions
 
 def _is_explained_module(module: nn.Module) -> bool:
     return REGISTRY.for_module(module) is not None
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The module that a wrapper which computes the same function runs: ``torch.compile``'s
+    (its ``_orig_mod``; fxlrp explains the model's own code, :func:`fxlrp.compile` compiles the
+    explanation), ``nn.DataParallel``'s and ``DistributedDataParallel``'s (its ``module``, on the
+    device its parameters are on)."""
+    # (a model torch.compile made means torch._dynamo is imported; fxlrp does not import it)
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    compiled = eval_frame.OptimizedModule if eval_frame is not None else ()
+    while True:
+        if isinstance(model, compiled):
+            model = model._orig_mod
+        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            return model
 
 
 def _called_modules(graph: fx.Graph) -> set[str]:
@@ -62,11 +80,14 @@ def convert(
     says which parts run eagerly. Operations without a rule inside them are named when the
     explainer first runs them.
 
-    The model is only read: its parameters are shared (detached), never modified or given
-    gradients. Explanations use inference semantics (BatchNorm running statistics, no dropout).
+    A model wrapped by ``torch.compile``, ``nn.DataParallel`` or ``DistributedDataParallel`` is
+    explained as the module it wraps. The model is only read: its parameters are shared
+    (detached), never modified or given gradients. Explanations use inference semantics
+    (BatchNorm running statistics, no dropout) whatever mode the model is in.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"fxlrp.convert expects an nn.Module, got {type(model).__name__}")
+    model = _unwrapped(model)
     composite = as_composite(composite)
     captured = capture_model(model, _is_explained_module, all_scatter_functions(), concrete_args, capture)
     graph = captured.graph

@@ -419,6 +419,21 @@ def test_an_image_shaped_output_has_its_classes_in_dimension_1() -> None:
         fxlrp.attribute(explain, x, target=6)  # a column of the width, before
 
 
+@pytest.mark.parametrize("wrap", ["torch.compile", "nn.DataParallel", "both"])
+def test_a_model_wrapped_by_torch_compile_or_data_parallel_is_explained_as_the_model(wrap: str) -> None:
+    """The wrappers compute the model's function (their forward takes ``*args``, which fxlrp could
+    not hand on: a CaptureError before); fxlrp explains the module they wrap."""
+    model = small_cnn().double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    expected = fxlrp.attribute(fxlrp.convert(model, EpsilonPlusFlat()), x, target=1)
+    wrapped = {"torch.compile": lambda: torch.compile(model), "nn.DataParallel": lambda: nn.DataParallel(model),
+               "both": lambda: torch.compile(nn.DataParallel(model))}[wrap]()  # (never called: nothing compiles)
+    for capture in ("auto", "eager"):
+        assert torch.equal(fxlrp.attribute(fxlrp.convert(wrapped, EpsilonPlusFlat(), capture=capture), x, target=1),
+                           fxlrp.attribute(fxlrp.convert(model, EpsilonPlusFlat(), capture=capture), x, target=1))
+    assert torch.equal(fxlrp.attribute(fxlrp.convert(wrapped, EpsilonPlusFlat()), x, target=1), expected)
+
+
 def test_inputs_requiring_grad_or_holding_a_grad_are_explained_and_left_alone() -> None:
     model = small_cnn().double()
     explain = fxlrp.convert(model, LRP0)
