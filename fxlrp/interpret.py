@@ -592,7 +592,7 @@ def _forward_explained(interpretation: Interpretation, function: type[Function],
 
 CHECKPOINT = inspect.unwrap(torch.utils.checkpoint.checkpoint)
 """Activation checkpointing (its undecorated function, which the decorated one calls)."""
-_CHECKPOINT_OPTIONS = frozenset(inspect.signature(CHECKPOINT).parameters) - {"function", "args", "kwargs"}
+_CHECKPOINT_OPTIONS = frozenset(inspect.signature(CHECKPOINT).parameters) - {"args", "kwargs"}
 
 
 def _checkpointed_function_run(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
@@ -600,7 +600,7 @@ def _checkpointed_function_run(function: Any, args: tuple, kwargs: dict, origina
     running ``f`` again in backward, outside the relevance mode and its rules (relevance then
     followed plain gradients, or the recomputation failed torch's check); an explanation keeps
     ``f``'s own forward, whose operations get their rules."""
-    wrapped, *inputs = args
+    wrapped, inputs = (args[0], args[1:]) if args else (kwargs["function"], ())
     return wrapped(*inputs, **{name: value for name, value in kwargs.items() if name not in _CHECKPOINT_OPTIONS})
 
 
