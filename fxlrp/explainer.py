@@ -224,14 +224,15 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
     return _class_relevance(output, target)
 
 
-def _class_relevance(output: Tensor, target: Any) -> Tensor:
+def _class_relevance(output: Tensor, target: Any, given: Tensor | None = None) -> Tensor:
     """The output times a one-hot mask over its last dimension, the classes: at ``target`` (an
-    index, or one per sample), or at each sample's highest output (None)."""
+    index, or one per sample), or at each sample's highest output (None). ``given``: the output as
+    the model gave it, when its classes were moved last (an image-shaped output)."""
     if target is None:
         target = output.detach().argmax(dim=-1)
     mask = torch.zeros_like(output)
     index = torch.as_tensor(target, device=output.device, dtype=torch.long)
-    _check_target(index, target, output)
+    _check_target(index, target, output, given)
     if index.dim() == 0:
         mask[..., index] = 1.0
     else:
@@ -244,29 +245,28 @@ def _dense_relevance(output: Tensor, target: Any) -> Tensor:
     segmentation model's): its classes are in dimension 1 (torch's convention for convolutional
     outputs), a class index (or one per sample) is explained at every position, None explains each
     position's top class."""
-    classes = output.shape[1]
     if isinstance(target, Tensor) and target.dim() == 1 and target.numel() == output.shape[0]:
         target = target.view(-1, *[1] * (output.dim() - 2)).expand(output.shape[:1] + output.shape[2:])
-    if target is not None:
-        index = torch.as_tensor(target)
-        if index.numel() and bool((index < -classes).any() | (index >= classes).any()):
-            shown = target.tolist() if isinstance(target, Tensor) and target.numel() < 10 else target
-            raise ValueError(f"target {shown!r} is out of range: the explained output {list(output.shape)} is "
-                             f"image-shaped, with {classes} classes in dimension 1 (indices 0 to {classes - 1})")
-    return _class_relevance(output.movedim(1, -1), target).movedim(-1, 1)
+    return _class_relevance(output.movedim(1, -1), target, given=output).movedim(-1, 1)
 
 
-def _check_target(index: Tensor, target: Any, output: Tensor) -> None:
+def _check_target(index: Tensor, target: Any, output: Tensor, given: Tensor | None = None) -> None:
     """A ValueError in the user's terms for a class index the output does not have, or a number of
-    indices that is not one per sample (instead of an indexing error from inside torch)."""
+    indices that is not one per sample (instead of an indexing error from inside torch); ``output``
+    has its classes last, ``given`` is the output as the model gave it if they were not."""
     classes, samples = output.shape[-1], output[..., 0].numel()
+    shape = list((output if given is None else given).shape)
     if index.dim() > 0 and index.numel() != samples:
-        raise ValueError(f"target has {index.numel()} class indices; the explained output {list(output.shape)} "
-                         f"needs one index, or one per sample ({samples})")
+        per = f"one per sample ({samples})" if given is None else f"one per sample ({shape[0]}) or position ({samples})"
+        raise ValueError(f"target has {index.numel()} class indices; the explained output {shape} needs one index, "
+                         f"or {per}")
     if index.numel() and bool((index < -classes).any() | (index >= classes).any()):
-        shown = target.tolist() if isinstance(target, Tensor) else target
-        raise ValueError(f"target {shown!r} is out of range: the explained output {list(output.shape)} has "
-                         f"{classes} classes in its last dimension (indices 0 to {classes - 1})")
+        shown = (target.tolist() if target.numel() <= 16 else f"tensor of shape {list(target.shape)}") \
+            if isinstance(target, Tensor) else target
+        where = f"has {classes} classes in its last dimension" if given is None else \
+            f"is image-shaped, with {classes} classes in dimension 1"
+        raise ValueError(f"target {shown!r} is out of range: the explained output {shape} {where} "
+                         f"(indices 0 to {classes - 1})")
 
 
 InputRelevance = Tensor | tuple[Tensor | None, ...]

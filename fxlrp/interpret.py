@@ -43,7 +43,7 @@ from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import out_of_place_method, without_inplace_flag
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.leaf_functions import intercepted_calls
+from fxlrp.leaf_functions import intercepted_applications, intercepted_calls
 from fxlrp.module_state import ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.form import require_relevance_form
@@ -524,56 +524,26 @@ def _leaf_function_handler(interpretation: Interpretation):
     return handle
 
 
-_APPLY = Function.__dict__["apply"]
-_APPLY_HANDLERS: dict[int, list[Callable[[type[Function], tuple, dict], Any]]] = {}
-"""Per thread, the handlers of custom Functions' calls (innermost last): a call from a thread
-without one runs ``Function.apply`` itself, so an explanation on one thread never changes what
-a Function does on another (as for library functions, :mod:`fxlrp.leaf_functions`)."""
-_APPLY_LOCK = threading.Lock()
-
-
-def _dispatched_apply(cls: type[Function], *args: Any, **kwargs: Any) -> Any:
-    handlers = _APPLY_HANDLERS.get(threading.get_ident())
-    if handlers:
-        return handlers[-1](cls, args, kwargs)
-    return _APPLY.__get__(None, cls)(*args, **kwargs)
-
-
-@contextmanager
-def custom_functions_explained(interpretation: Interpretation, mode: RelevanceMode) -> Iterator[None]:
-    """While active, a custom ``torch.autograd.Function`` that the code run eagerly applies to
-    relevance-carrying tensors is explained by the operations of its ``forward``, as a captured
-    graph explains it (torch.fx traces through ``forward``): its ``backward`` is a rule of
-    training - a straight-through estimator, a gradient reversal - that relevance would otherwise
-    follow. ``Function.apply`` dispatches to this thread's handler while any is active; it acts only
+def _custom_function_handler(interpretation: Interpretation, mode: RelevanceMode):
+    """A custom ``torch.autograd.Function`` that the code run eagerly applies to relevance-carrying
+    tensors is explained by the operations of its ``forward``, as a captured graph explains it
+    (torch.fx traces through ``forward``): its ``backward`` is a rule of training - a
+    straight-through estimator, a gradient reversal - that relevance would otherwise follow. Only
     for calls the code itself makes (the mode on top of the thread's stack, the interpretation
     active), not for the relevance Functions fxlrp applies while it handles a call."""
 
-    def handle(cls: type[Function], args: tuple, kwargs: dict) -> Any:
+    def handle(function: type[Function], args: tuple, kwargs: dict, own: Callable[..., Any]) -> Any:
         depth = torch._C._len_torch_function_stack()
         if (interpretation.active and depth and torch._C._get_function_stack_at(depth - 1) is mode
                 and _arguments_carry(args, kwargs)):
-            return _forward_explained(interpretation, cls, args, kwargs)
-        return _APPLY.__get__(None, cls)(*args, **kwargs)
+            return _forward_explained(interpretation, function, args, kwargs, own)
+        return own(*args, **kwargs)
 
-    thread = threading.get_ident()
-    with _APPLY_LOCK:
-        if not _APPLY_HANDLERS:
-            Function.apply = classmethod(_dispatched_apply)
-        _APPLY_HANDLERS.setdefault(thread, []).append(handle)
-    try:
-        yield
-    finally:
-        with _APPLY_LOCK:
-            handlers = _APPLY_HANDLERS[thread]
-            handlers.pop()
-            if not handlers:
-                del _APPLY_HANDLERS[thread]
-            if not _APPLY_HANDLERS:
-                Function.apply = _APPLY
+    return handle
 
 
-def _forward_explained(interpretation: Interpretation, function: type[Function], args: tuple, kwargs: dict) -> Any:
+def _forward_explained(interpretation: Interpretation, function: type[Function], args: tuple, kwargs: dict,
+                       own: Callable[..., Any]) -> Any:
     """``function``'s forward run with autograd on, so the relevance mode explains its operations.
     An output that carries no relevance although the inputs do (an operation the mode does not
     see, such as a compiled extension's) makes the Function an operation without a rule: its own
@@ -586,8 +556,7 @@ def _forward_explained(interpretation: Interpretation, function: type[Function],
         output = function.forward(context, *args, **kwargs)
     if _carries(output):
         return output
-    own = _APPLY.__get__(None, function)(*args, **kwargs)
-    return interpretation.unsupported(f"{function.__name__}.apply (a custom autograd Function)", own)
+    return interpretation.unsupported(f"{function.__name__}.apply (a custom autograd Function)", own(*args, **kwargs))
 
 
 CHECKPOINT = inspect.unwrap(torch.utils.checkpoint.checkpoint)
@@ -636,7 +605,7 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: An
         stack.enter_context(intercepted_calls(intercepted_functions(), _leaf_function_handler(interpretation)))
         stack.enter_context(intercepted_calls((CHECKPOINT,), _checkpointed_function_run))
         mode = RelevanceMode(interpretation)
-        stack.enter_context(custom_functions_explained(interpretation, mode))
+        stack.enter_context(intercepted_applications(_custom_function_handler(interpretation, mode)))
         stack.enter_context(mode)
         result = function(*args, **kwargs)
     interpretation.raise_unsupported()

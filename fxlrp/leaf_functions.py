@@ -11,7 +11,8 @@ on two threads at once).
 
 Two users: capture records such calls as single graph nodes when an argument is a Proxy
 (:func:`leaf_function_calls`); integrations that interpret library code at explanation time
-route them to relevance functions (:func:`intercepted_calls`). Contexts nest.
+route them to relevance functions (:func:`intercepted_calls`), and the applications of custom
+autograd Functions to their explanation (:func:`intercepted_applications`). Contexts nest.
 """
 
 from __future__ import annotations
@@ -24,27 +25,53 @@ from contextlib import contextmanager
 from typing import Any
 
 from torch import fx
+from torch.autograd.function import Function
 
 DISPATCH_NAME = "__fxlrp_leaf_call__"
 
 Handler = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any], Callable[..., Any]], Any]
 """``handler(function, args, kwargs, original)``: ``original`` runs the function's own code."""
 
+class ThreadHandlers:
+    """Per thread, the stack of active handlers (innermost last). Handlers act only on the thread
+    that installed them: a call from any other thread runs the original, so capturing or
+    explaining on one thread never changes what the library does on another. Changed under
+    :data:`_LOCK`."""
+
+    def __init__(self) -> None:
+        self.stacks: dict[int, list[Handler]] = {}
+
+    def current(self) -> Handler | None:
+        stack = self.stacks.get(threading.get_ident())
+        return stack[-1] if stack else None
+
+    def push(self, handler: Handler, thread: int) -> bool:
+        """Add ``handler`` for ``thread``; whether it is the only one of any thread."""
+        self.stacks.setdefault(thread, []).append(handler)
+        return len(self.stacks) == 1 and len(self.stacks[thread]) == 1
+
+    def pop(self, thread: int) -> bool:
+        """Remove ``thread``'s innermost handler; whether none is left on any thread."""
+        stack = self.stacks[thread]
+        stack.pop()
+        if not stack:
+            del self.stacks[thread]
+        return not self.stacks
+
+
 # Per patched function (by id): the function, its saved code/defaults, its original code as a
-# callable, and per thread the stack of active handlers (innermost last). Handlers act only on
-# the thread that installed them: a call from any other thread runs the original code, so
-# capturing or explaining on one thread never changes what the library does on another.
-_PATCHED: dict[int, tuple[types.FunctionType, tuple[Any, Any, Any], Callable[..., Any], dict[int, list[Handler]]]] = {}
+# callable, and its handlers.
+_PATCHED: dict[int, tuple[types.FunctionType, tuple[Any, Any, Any], Callable[..., Any], ThreadHandlers]] = {}
 _NAMESPACES: dict[int, tuple[dict[str, Any], int]] = {}
 _LOCK = threading.Lock()
 
 
 def _dispatch(key: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     function, _, original, handlers = _PATCHED[key]
-    mine = handlers.get(threading.get_ident())
-    if not mine:
+    handler = handlers.current()
+    if handler is None:
         return original(*args, **kwargs)
-    return mine[-1](function, args, kwargs, original)
+    return handler(function, args, kwargs, original)
 
 
 def _trampoline_code(function: types.FunctionType, key: int) -> types.CodeType:
@@ -69,14 +96,16 @@ def _patch(function: types.FunctionType, handler: Handler) -> None:
 def _patch_locked(function: types.FunctionType, handler: Handler, thread: int) -> None:
     key = id(function)
     if key in _PATCHED:
-        _PATCHED[key][3].setdefault(thread, []).append(handler)
+        _PATCHED[key][3].push(handler, thread)
         return
     original = types.FunctionType(
         function.__code__, function.__globals__, function.__name__, function.__defaults__, function.__closure__
     )
     original.__kwdefaults__ = function.__kwdefaults__
     saved = (function.__code__, function.__defaults__, function.__kwdefaults__)
-    _PATCHED[key] = (function, saved, original, {thread: [handler]})
+    handlers = ThreadHandlers()
+    handlers.push(handler, thread)
+    _PATCHED[key] = (function, saved, original, handlers)
     namespace_key = id(function.__globals__)
     namespace, users = _NAMESPACES.get(namespace_key, (function.__globals__, 0))
     namespace[DISPATCH_NAME] = _dispatch
@@ -94,10 +123,7 @@ def _unpatch(function: types.FunctionType) -> None:
 def _unpatch_locked(function: types.FunctionType, thread: int) -> None:
     key = id(function)
     _, (code, defaults, kwdefaults), _, handlers = _PATCHED[key]
-    handlers[thread].pop()
-    if not handlers[thread]:
-        del handlers[thread]
-    if handlers:
+    if not handlers.pop(thread):
         return
     del _PATCHED[key]
     function.__code__, function.__defaults__, function.__kwdefaults__ = code, defaults, kwdefaults
@@ -139,6 +165,34 @@ def _contains_proxy(args: Any, kwargs: Any) -> bool:
 
     fx.node.map_aggregate((args, kwargs), visit)
     return found
+
+
+_APPLY = Function.__dict__["apply"]
+_APPLY_HANDLERS = ThreadHandlers()
+
+
+def _dispatched_apply(cls: type[Function], *args: Any, **kwargs: Any) -> Any:
+    own = _APPLY.__get__(None, cls)
+    handler = _APPLY_HANDLERS.current()
+    return own(*args, **kwargs) if handler is None else handler(cls, args, kwargs, own)
+
+
+@contextmanager
+def intercepted_applications(handler: Handler) -> Iterator[None]:
+    """While active, on this thread, ``SomeFunction.apply(...)`` of every custom
+    ``torch.autograd.Function`` goes to ``handler(SomeFunction, args, kwargs, own_apply)``.
+    ``Function.apply`` is C code, so it is swapped on the class for as long as any thread has a
+    handler (calls from other threads run it as they are), and given back after."""
+    thread = threading.get_ident()
+    with _LOCK:
+        if _APPLY_HANDLERS.push(handler, thread):
+            Function.apply = classmethod(_dispatched_apply)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            if _APPLY_HANDLERS.pop(thread):
+                Function.apply = _APPLY
 
 
 @contextmanager

@@ -130,7 +130,7 @@ def einsum(call: RelevanceCall, function: Any, equation: str, *operands: Any, **
     if len(constants) == 1:
         weight = constants[0]
     else:  # contracted once per parameter change, as rules transform weights
-        weight = call.cached(("einsum weight", equation), constants, lambda: torch.einsum(
+        weight = call.cached(("einsum weight", equation, position), constants, lambda: torch.einsum(
             ",".join(subscripts for index, subscripts in enumerate(inputs) if index != position)
             + "->" + weight_subscripts, *constants))
     joined = f"{inputs[position]},{weight_subscripts}->{output}"
