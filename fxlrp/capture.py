@@ -16,7 +16,7 @@ from torch.nn.utils import parametrize
 from fxlrp.errors import CaptureError
 from fxlrp.integrations import load_integrations
 from fxlrp.leaf_functions import leaf_function_calls
-from fxlrp.module_state import ModuleState, in_evaluation_mode
+from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY
 from fxlrp.source import error_line, innermost_user_frame
 
@@ -143,23 +143,27 @@ def capture(
         return Capture(whole_model_graph(model), eager_modules={"": eager[""]})
     while True:
         tracer = RelevanceTracer(is_explained_module, leaves, eager)
-        state = ModuleState(model)
-        # traced in evaluation mode: the graph takes inference's branches (``if self.training:``)
-        in_evaluation_mode(state.modules)
-        try:
-            graph = tracer.trace(model, concrete_args)
-        except Exception as error:  # every tracing failure becomes one readable error, or an eager part
-            state.restore()
+        failure = None
+        with MODEL_WRITES:
+            state = ModuleState(model)
+            # traced in evaluation mode: the graph takes inference's branches (``if self.training:``)
+            in_evaluation_mode(state.modules)
+            try:
+                graph = tracer.trace(model, concrete_args)
+            except Exception as error:  # every tracing failure becomes one readable error, or an eager part
+                failure = error
+            finally:
+                # torch.fx stores constants on the traced root, i.e. the user's model: take them
+                # back, with everything else the traced forward wrote into the model's modules.
+                added = state.restore()
+        if failure is not None:
             if path == "fx":
-                raise CaptureError(_explain_capture_failure(model, error)) from error
-            failing, reason = tracer.failing_module or "", _first_line(error)
+                raise CaptureError(_explain_capture_failure(model, failure)) from failure
+            failing, reason = tracer.failing_module or "", _first_line(failure)
             if failing == "" or failing in eager:
                 return Capture(whole_model_graph(model), eager_modules={"": reason})
             eager[failing] = reason
             continue
-        # torch.fx stores constants on the traced root, i.e. the user's model: take them back,
-        # with everything else the traced forward wrote into the model's modules.
-        added = state.restore()
         named = {node.target for node in graph.nodes if node.op == "get_attr"}
         # (torch.fx renames an input it was given a concrete value for: only the model's own names)
         parameters = inspect.signature(model.forward).parameters

@@ -18,6 +18,7 @@ from fxlrp.input_checks import (
     refuse_non_finite_relevance,
 )
 from fxlrp.model_snapshot import ModelSnapshot
+from fxlrp.module_state import MODEL_WRITES
 from fxlrp.nodes import original_node_name
 from fxlrp.placement import refuse_to_move
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
@@ -74,9 +75,12 @@ class Explainer(nn.Module):
         :mod:`fxlrp.model_snapshot`): explanations are always of the model as it is now. Runs
         before every call, but not inside a trace (:func:`fxlrp.compile` checks before tracing); values
         changed in place are shared and need nothing. Returns whether it converted again."""
-        if self._snapshot is None or values_are_traced() or self._snapshot.change() is None:
+        if self._snapshot is None or values_are_traced():
             return False
-        fresh = self._convert_again(concrete_args=self._concrete_args or None)
+        with MODEL_WRITES:  # (not while another thread's eager run has written into the model)
+            if self._snapshot.change() is None:
+                return False
+            fresh = self._convert_again(concrete_args=self._concrete_args or None)
         self.graph_module = fresh.graph_module
         for name in ("_report", *self._conversion_defaults()):
             setattr(self, name, getattr(fresh, name))

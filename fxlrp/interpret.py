@@ -44,7 +44,7 @@ from fxlrp.canonicalise import out_of_place_method, without_inplace_flag
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import intercepted_applications, intercepted_calls
-from fxlrp.module_state import ModuleState, in_evaluation_mode
+from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
@@ -110,13 +110,14 @@ class LayerRunner:
         return self._names[prefix]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        written = ModuleState(self.module)
-        try:
-            _detach_parameters(written.modules)
-            in_evaluation_mode(written.modules)
-            return self.module(*args, **kwargs)
-        finally:
-            written.restore()
+        with MODEL_WRITES:
+            written = ModuleState(self.module)
+            try:
+                _detach_parameters(written.modules)
+                in_evaluation_mode(written.modules)
+                return self.module(*args, **kwargs)
+            finally:
+                written.restore()
 
 
 def _detach_parameters(modules: list[nn.Module]) -> None:

@@ -129,3 +129,42 @@ def test_one_explainer_from_several_threads_and_several_explainers_of_one_model(
     for thread in threads:
         thread.join()
     assert failures == [], failures[:3]
+
+
+class SlowBranch(nn.Module):
+    """Runs eagerly (a branch on a value) and lingers inside its forward, where fxlrp has put
+    detached twins of its parameters in the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.layer, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+        self.inside = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layer(x)
+        if h.sum() > -1e9:  # a branch on a value: run eagerly
+            self.inside.set()
+            threading.Event().wait(0.3)
+        return self.head(torch.relu(h))
+
+
+def test_a_check_for_changes_on_one_thread_waits_for_an_eager_run_on_another() -> None:
+    """While an eager part runs, the model holds fxlrp's detached twins of its parameters; another
+    thread's check for changes took them for replaced parameters and converted again mid-run, and
+    two runs interleaving their restores could leave twins in the model."""
+    model = SlowBranch().double().eval()
+    parameters = dict(model.named_parameters())
+    explain = fxlrp.convert(model, LRP0)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    expected = fxlrp.attribute(explain, x, target=1)
+    model.inside.clear()
+    found: dict[str, object] = {}
+    running = threading.Thread(target=lambda: found.update(relevance=fxlrp.attribute(explain, x, target=1)))
+    running.start()
+    assert model.inside.wait(10)
+    found["converted again"] = explain.follow_model()
+    running.join()
+    assert found["converted again"] is False
+    assert torch.equal(found["relevance"], expected)
+    assert all(value is parameters[name] for name, value in model.named_parameters())
