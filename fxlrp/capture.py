@@ -200,11 +200,20 @@ def _calls_a_graph_cannot_hold(model: nn.Module) -> dict[str, str]:
     eagerly, their calls run as the model's do, with the same rules."""
     found = {}
     for name, module in model.named_modules():
-        if module._forward_hooks or module._forward_pre_hooks:
-            found[name] = "it has forward hooks, which a captured graph does not run"
-        elif parametrize.is_parametrized(module):
-            found[name] = "its parameters are parametrized (torch.nn.utils.parametrize), computed at each call"
+        reason = call_beyond_forward(module)
+        if reason is not None:
+            found[name] = reason
     return found
+
+
+def call_beyond_forward(module: nn.Module) -> str | None:
+    """What a call of ``module`` does beyond its ``forward``, which a graph node calling the
+    layer's function would skip; None if nothing."""
+    if module._forward_hooks or module._forward_pre_hooks:
+        return "it has forward hooks, which a captured graph does not run"
+    if parametrize.is_parametrized(module):
+        return "its parameters are parametrized (torch.nn.utils.parametrize), computed at each call"
+    return None
 
 
 def whole_model_graph(model: nn.Module) -> fx.Graph:

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import fx, nn
 
+import fxlrp.eager  # noqa: F401  (registers the parts run eagerly)
 import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.canonicalise import canonicalise_in_place
 from fxlrp.capture import capture as capture_model

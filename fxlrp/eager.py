@@ -22,14 +22,24 @@ from typing import Any
 
 from fxlrp.call import RelevanceCall
 from fxlrp.capture import EXTRA_KEYWORDS
-from fxlrp.interpret import LayerRunner, layer_runner, run_interpreted
+from fxlrp.interpret import Interpretation, LayerRunner, layer_runner, run_interpreted
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.replay import Recordings
 
 
 def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: Any) -> Any:
     """Relevance function of a part run eagerly: its module's forward under the relevance mode,
-    whether or not its inputs carry relevance (token ids do not; their embedding starts it)."""
+    whether or not its inputs carry relevance (token ids do not; their embedding starts it); or,
+    from the second call with the same input signature, the run's recorded graph
+    (:mod:`fxlrp.replay`)."""
     kwargs = {**kwargs, **(kwargs.pop(EXTRA_KEYWORDS, None) or {})}
+    if Interpretation.observer is None:  # (an observer counts the calls of runs in the relevance mode)
+        recordings = getattr(runner, "recordings", None)
+        if recordings is None:
+            recordings = runner.recordings = Recordings()
+        replay = recordings.replay_for(call, runner, args, kwargs)
+        if replay is not None:
+            return replay(args, kwargs)
     return run_interpreted(call, runner, *args, **kwargs)
 
 

@@ -96,11 +96,13 @@ class LayerRunner:
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self._names: dict[str, dict[int, str]] = {}
+        self.recordings: Any = None
+        """Graphs recorded from runs, by input signature (:class:`fxlrp.replay.Recordings`)."""
 
     def __getstate__(self) -> dict[str, Any]:
         # Names are kept by the ids of this object's modules: a copy (copy.deepcopy, pickle) has
         # modules of its own and names them again, or its composite's name rules would miss them.
-        return {**self.__dict__, "_names": {}}
+        return {**self.__dict__, "_names": {}, "recordings": None}
 
     def module_names(self, prefix: str) -> dict[int, str]:
         """Qualified name (under ``prefix``) of each of the module's modules, by id; made once."""
@@ -565,7 +567,7 @@ CHECKPOINT = inspect.unwrap(torch.utils.checkpoint.checkpoint)
 _CHECKPOINT_OPTIONS = frozenset(inspect.signature(CHECKPOINT).parameters) - {"args", "kwargs"}
 
 
-def _checkpointed_function_run(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
+def checkpointed_function_run(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
     """``checkpoint(f, *inputs)`` runs ``f(*inputs)``: checkpointing saves memory in training by
     running ``f`` again in backward, outside the relevance mode and its rules (relevance then
     followed plain gradients, or the recomputation failed torch's check); an explanation keeps
@@ -604,7 +606,7 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: An
         if context is not None:
             stack.enter_context(context.followed())
         stack.enter_context(intercepted_calls(intercepted_functions(), _leaf_function_handler(interpretation)))
-        stack.enter_context(intercepted_calls((CHECKPOINT,), _checkpointed_function_run))
+        stack.enter_context(intercepted_calls((CHECKPOINT,), checkpointed_function_run))
         mode = RelevanceMode(interpretation)
         stack.enter_context(intercepted_applications(_custom_function_handler(interpretation, mode)))
         stack.enter_context(mode)

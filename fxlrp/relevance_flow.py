@@ -32,16 +32,20 @@ constant such as norms and standard deviations)."""
 SHAPE_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"}
 
 
-def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[fx.Node]:
+def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module],
+                                   input_relevance: dict[str, bool] | None = None) -> set[fx.Node]:
     """Nodes relevance may reach: those that depend on a model input through operations that
     pass values on. Constants, parameters, shapes and what is computed from them alone are out.
 
     Inputs count as carrying (their dtype is unknown when the graph is captured), so this is an
-    over-approximation: an operation outside the set can never see relevance."""
+    over-approximation: an operation outside the set can never see relevance. A graph recorded
+    from a run knows its inputs: ``input_relevance`` says which carry relevance, and relevance
+    starts at every embedding lookup (a source), as in the run."""
     carrying: set[fx.Node] = set()
     for node in graph.nodes:
         if node.op == "placeholder":
-            carrying.add(node)
+            if input_relevance is None or input_relevance.get(node.name, True):
+                carrying.add(node)
             continue
         if node.op in ("get_attr", "output"):
             continue
@@ -51,7 +55,8 @@ def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module
         reads_shape = node.op == "call_function" and node.target is getattr and len(node.args) > 1
         if reads_shape and node.args[1] in SHAPE_ATTRIBUTES:
             continue
-        if any(source in carrying for source in value_arguments(node, operation)):
+        if any(source in carrying for source in value_arguments(node, operation)) or (
+                input_relevance is not None and operation is not None and operation.source):
             carrying.add(node)
     return carrying
 

@@ -11,12 +11,11 @@ from torch import fx, nn
 
 from fxlrp.call import RelevanceCall
 from fxlrp.composites import Composite, Site
-from fxlrp.eager import EAGER
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph_module import ExplainedGraphModule
 from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place, rewritten_module_name
 from fxlrp.operations.helpers import method
-from fxlrp.registry import Kind, Operation
+from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance, relevance_factors
 from fxlrp.report import NodeReport
 from fxlrp.source import function_name, source_line
@@ -57,8 +56,14 @@ class Rewriter:
     def __init__(self, model: nn.Module, graph: fx.Graph, composite: Composite, *, strict: bool,
                  warn_lost_relevance: bool, in_place_modules: set[str],
                  modules: dict[str, nn.Module] | None = None, constants: dict[str, Any] | None = None,
-                 eager_modules: dict[str, str] | None = None) -> None:
+                 eager_modules: dict[str, str] | None = None, input_relevance: dict[str, bool] | None = None,
+                 first_layer: bool = True) -> None:
+        """``input_relevance``: for a recorded run (:mod:`fxlrp.replay`), which inputs carry
+        relevance; relevance then also starts at every embedding lookup, as in code run eagerly.
+        ``first_layer``: whether the graph's inputs are where the composite's first layer may be."""
         self.model = model
+        self.input_relevance = input_relevance
+        self.first_layer = first_layer
         self.constants = constants or {}
         self.eager_modules = eager_modules or {}
         self.graph = graph
@@ -74,7 +79,7 @@ class Rewriter:
 
     def run(self) -> fx.GraphModule:
         unsupported: list[fx.Node] = []
-        carrying = nodes_that_may_carry_relevance(self.graph, self.modules)
+        carrying = nodes_that_may_carry_relevance(self.graph, self.modules, self.input_relevance)
         first_layers = self._first_layer_calls(carrying)
         nodes = list(self.graph.nodes)
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
@@ -116,7 +121,7 @@ class Rewriter:
 
     def _operation_of(self, node: fx.Node) -> Operation | None:
         if node.op == "call_module" and node.target in self.eager_modules:
-            return EAGER
+            return REGISTRY.operations["eager"]
         return find_operation(node, self.modules)
 
     def _first_layer_calls(self, carrying: set[fx.Node]) -> set[fx.Node]:
@@ -127,6 +132,8 @@ class Rewriter:
         layers on one input, are first at each call; the second call of a recurrent layer, which
         reads the first one's output, is not. A node that runs a module's own code may hold the
         first layer inside, found as the code runs the same way."""
+        if not self.first_layer:
+            return set()
         raw: set[fx.Node] = set()  # reached from inputs through no such layer only
         first: set[fx.Node] = set()
         for node in self.graph.nodes:
@@ -195,7 +202,7 @@ class Rewriter:
         else:
             function, keywords = node.target, {}
         self._install(node, RelevanceNode(operation, call, function, keywords))
-        if operation is EAGER:
+        if operation.name == "eager":
             self._report(node, operation.name, "eager", "chosen per operation as it runs")
             return
         handling = "rule" if operation.kind is Kind.AFFINE else (

@@ -1,0 +1,411 @@
+"""Record a run of a module into a torch.fx graph: capture by running, for one input signature.
+
+torch.fx traces symbolically, so code that reads a tensor's shape in Python (Hugging Face's
+``(*input_shape, -1, head_dim)``, mask construction) cannot be traced, and such a module runs
+eagerly under :class:`~fxlrp.interpret.RelevanceMode`, paying Python at every torch call of
+every explanation. Running the module once on real tensors under :class:`Recorder` - a
+``TorchFunctionMode`` that writes every torch call into a graph - gives the graph of that run:
+shapes are concrete, so shape logic runs as Python and leaves only its results in the graph.
+
+The graph holds for every input of the same *signature* - the tensors' shapes, dtypes, devices,
+strides and whether they require gradients, and every other argument's value - as long as the
+run never let a tensor's *values* decide anything. So a recording is abandoned
+(:class:`RecordingFailed`, and the module keeps running eagerly) when the code reads the values
+of a tensor computed from the inputs (``bool``, ``item``, ``tolist``, a comparison in an ``if``),
+calls an operation whose output shape depends on values (``nonzero``, a boolean mask index), a
+random one, an operation torch.fx would not hold (a custom ``torch.autograd.Function``, a
+``torch.ops`` extension op), meets a tensor it cannot trace to the inputs, the module's parameters
+and buffers or a tensor attribute of its modules, or returns an object it cannot rebuild. Values
+read from tensors that do not depend on the inputs (a causal mask made by ``arange``) are
+constants of the signature and are kept as Python.
+
+Leaf modules (those fxlrp explains as a whole, and torch.nn's own) are recorded as ``call_module``
+nodes, other modules' operations with their ``nn_module_stack``, as torch.fx records them, so the
+graph goes through the same pipeline as a traced one (canonicalise, rules, rewrite).
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor, fx, nn
+from torch.overrides import TorchFunctionMode
+
+from fxlrp.interpret import CHECKPOINT, checkpointed_function_run
+from fxlrp.leaf_functions import intercepted_applications, intercepted_calls
+from fxlrp.source import innermost_user_frame
+
+
+class RecordingFailed(Exception):
+    """The run cannot be replayed as a graph for other inputs of its signature (why: the message)."""
+
+
+OPERATORS: dict[str, tuple[Callable[..., Any], bool]] = {
+    name: (getattr(operator, function), reflected)
+    for function, names in {
+        "add": ("__add__", "__radd__"), "sub": ("__sub__", "__rsub__"), "mul": ("__mul__", "__rmul__"),
+        "truediv": ("__truediv__", "__rtruediv__"), "floordiv": ("__floordiv__", "__rfloordiv__"),
+        "mod": ("__mod__", "__rmod__"), "pow": ("__pow__", "__rpow__"), "matmul": ("__matmul__", "__rmatmul__"),
+        "and_": ("__and__", "__rand__"), "or_": ("__or__", "__ror__"), "xor": ("__xor__", "__rxor__"),
+        "lshift": ("__lshift__", "__rlshift__"), "rshift": ("__rshift__", "__rrshift__"),
+    }.items()
+    for name, reflected in zip(names, (False, True), strict=True)
+} | {
+    name: (getattr(operator, name.strip("_")), False)
+    for name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__", "__abs__",
+                 "__invert__", "__getitem__", "__setitem__")
+}
+"""Tensor's operator methods as the ``operator`` functions torch.fx records them by (``x + y`` is
+``operator.add``); reflected ones (``2 - x``) swap their operands."""
+
+AUGMENTED = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
+             "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
+             "__iand__": "bitwise_and_", "__ior__": "bitwise_or_", "__ixor__": "bitwise_xor_"}
+"""Augmented assignments (``x += y``) as the in-place methods they are."""
+
+METADATA = frozenset({
+    "shape", "size", "dim", "ndim", "ndimension", "dtype", "device", "layout", "stride", "storage_offset",
+    "is_contiguous", "numel", "nelement", "element_size", "is_floating_point", "is_complex", "is_signed",
+    "requires_grad", "is_leaf", "grad_fn", "is_cuda", "is_cpu", "is_mps", "is_xpu", "is_meta", "is_sparse",
+    "is_quantized", "is_nested", "is_inference", "get_device", "__len__", "__hash__", "_is_view", "names",
+    "__torch_function__",
+})
+"""Reads of what a tensor is, not of its values: functions of the signature."""
+
+RANDOM = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
+    "bernoulli_", "multinomial", "normal", "normal_", "uniform_", "random_", "exponential_", "geometric_",
+    "cauchy_", "log_normal_", "poisson", "rrelu", "rrelu_", "dropout", "dropout_", "alpha_dropout",
+    "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d",
+})
+"""Operations whose results differ from run to run (dropout: in training mode)."""
+
+VALUE_SHAPED = frozenset({
+    "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount", "repeat_interleave",
+    "masked_scatter", "histc", "histogram", "bucketize", "searchsorted",
+})
+"""Operations whose output shape (or, for the last ones, whose meaning in shape code) depends on
+values: later Python reads that shape."""
+
+
+def _name(function: Any) -> str | None:
+    """The name of a torch function or Tensor method, or of the property a getter reads."""
+    name = getattr(function, "__name__", None)
+    if name == "__get__":
+        return getattr(getattr(function, "__self__", None), "__name__", None)
+    return name
+
+
+def _is_method(function: Any, name: str | None) -> bool:
+    return name is not None and getattr(torch.Tensor, name, None) is function
+
+
+def _is_property(function: Any) -> bool:
+    return getattr(function, "__name__", None) == "__get__"
+
+
+def _joined(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def _is_random(name: str | None, args: tuple, kwargs: dict) -> bool:
+    if name is None or name not in RANDOM:
+        return False
+    if "dropout" in name:  # random in training form only
+        training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else name == "dropout_"))
+        return bool(training)
+    return True
+
+
+class Recorder(TorchFunctionMode):
+    """Writes every torch call of one run into ``graph`` (see the module's docstring)."""
+
+    def __init__(self, root: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, str], bool]) -> None:
+        super().__init__()
+        self.root = root
+        self.prefix = prefix
+        self.graph = fx.Graph()
+        self.is_leaf_module = is_leaf_module
+        self.module_names = {id(module): _joined(prefix, name)
+                             for name, module in root.named_modules(remove_duplicate=False)}
+        self.attributes: dict[int, str] | None = None
+        self.constants: dict[str, Tensor] = {}
+        self.values: dict[int, tuple[Tensor, fx.Node]] = {}
+        """Tensors of the run by id (kept alive, so that ids stay unique) and their nodes."""
+        self.variable: set[fx.Node] = set()
+        """Nodes whose values may differ between runs of one signature: computed from the inputs
+        or from the module's parameters, buffers and tensor attributes (values that may be
+        changed in place). Python may read only values computed from constants and shapes."""
+        self.module_stack: dict[str, tuple[str, type]] = {}
+        self.paused = False
+        self.thread = threading.get_ident()
+
+    # -- values ----------------------------------------------------------------------------------
+
+    def input(self, name: str, tensor: Tensor) -> None:
+        self._keep(tensor, self.graph.placeholder(name), variable=True)
+
+    def _keep(self, tensor: Tensor, node: fx.Node, variable: bool) -> None:
+        self.values[id(tensor)] = (tensor, node)
+        if variable:
+            self.variable.add(node)
+
+    def node_of(self, tensor: Tensor) -> fx.Node:
+        known = self.values.get(id(tensor))
+        if known is not None and known[0] is tensor:
+            return known[1]
+        if self.attributes is None:
+            # (made here, inside the run, which may hold detached twins of the parameters)
+            self.attributes = {}
+            for name, value in (*self.root.named_parameters(remove_duplicate=False),
+                                *self.root.named_buffers(remove_duplicate=False)):
+                self.attributes.setdefault(id(value), _joined(self.prefix, name))
+        name = self.attributes.get(id(tensor)) or self._module_attribute(tensor)
+        node = self.graph.get_attr(name)
+        self._keep(tensor, node, variable=True)
+        return node
+
+    def _module_attribute(self, tensor: Tensor) -> str:
+        """A plain tensor attribute of one of the modules (a table it keeps)."""
+        for module in self.root.modules():
+            if any(value is tensor for value in vars(module).values()):
+                name = f"_recorded_constant{len(self.constants)}"
+                self.constants[name] = tensor
+                return name
+        raise RecordingFailed(
+            f"a tensor of shape {list(tensor.shape)} came from outside the module's inputs, parameters and "
+            f"buffers, from code the recording did not see (at {innermost_user_frame() or 'an unknown line'})")
+
+    def reads_variable(self, value: Any) -> bool:
+        return any(self.node_of(leaf) in self.variable for leaf in pytree.tree_leaves(value)
+                   if isinstance(leaf, Tensor))
+
+    def _result(self, node: fx.Node, value: Any, variable: bool) -> None:
+        """Name the tensors of ``value`` (a call's result) by ``node`` and ``getitem`` nodes of it."""
+        if isinstance(value, Tensor):
+            known = self.values.get(id(value))
+            if known is not None and known[0] is value:
+                # An in-place call returns its target: later uses read the target's node, which
+                # canonicalisation redirects to the written value, as in a traced graph.
+                if variable:
+                    self.variable.add(known[1])
+                return
+            self._keep(value, node, variable)
+        elif isinstance(value, (tuple, list)):
+            for index, item in enumerate(value):
+                if isinstance(item, (Tensor, tuple, list)):
+                    self._result(self.graph.call_function(operator.getitem, (node, index)), item, variable)
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def record(self, kind: str, target: Any, args: tuple, kwargs: dict, value: Any) -> None:
+        variable = self.reads_variable((args, kwargs))
+        node = self.graph.create_node(kind, target, *pytree.tree_map_only(Tensor, self.node_of, (args, kwargs)))
+        node.meta["nn_module_stack"] = dict(self.module_stack)
+        trace = innermost_user_frame()
+        if trace:
+            node.stack_trace = trace
+        self._result(node, value, variable)
+        if variable and isinstance(value, Tensor) and id(value) in self.values:
+            self.variable.add(self.values[id(value)][1])
+        if kind == "call_function" and target is operator.setitem and variable:
+            self.variable.add(self.node_of(args[0]))
+
+    def __torch_function__(self, function, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.paused or threading.get_ident() != self.thread:
+            return function(*args, **kwargs)
+        name = _name(function)
+        if name in METADATA:
+            return function(*args, **kwargs)
+        if _is_random(name, args, kwargs):
+            raise RecordingFailed(f"it calls {name}, whose results differ from run to run")
+        if name in VALUE_SHAPED and self.reads_variable((args, kwargs)):
+            raise RecordingFailed(f"{name} makes a tensor whose shape depends on values of the run")
+        if name == "__getitem__" and self.reads_variable(args[1:]) and any(
+                isinstance(leaf, Tensor) and leaf.dtype == torch.bool for leaf in pytree.tree_leaves(args[1:])):
+            raise RecordingFailed("a boolean mask selects elements by values of the run")
+        module = getattr(function, "__module__", None) or ""
+        if module.startswith("torch._ops") or type(function).__module__.startswith("torch._ops"):
+            raise RecordingFailed(f"it calls the extension operation {function}")
+        value = function(*args, **kwargs)
+        if value is not None and not any(isinstance(leaf, Tensor) for leaf in pytree.tree_leaves(value)):
+            if self.reads_variable((args, kwargs)):
+                raise RecordingFailed(f"Python reads values of the run ({name}) at "
+                                      f"{innermost_user_frame() or 'an unknown line'}")
+            return value  # read from constants and shapes: a constant of the signature
+        if name in OPERATORS and _is_method(function, name):
+            target, reflected = OPERATORS[name]
+            self.record("call_function", target, (args[1], args[0], *args[2:]) if reflected else args, kwargs, value)
+        elif name in AUGMENTED and _is_method(function, name):
+            self.record("call_method", AUGMENTED[name], args, kwargs, value)
+        elif _is_property(function):
+            self.record("call_function", getattr, (args[0], name), {}, value)
+        elif _is_method(function, name):
+            self.record("call_method", name, args, kwargs, value)
+        else:
+            self.record("call_function", function, args, kwargs, value)
+        return value
+
+    @contextmanager
+    def paused_recording(self) -> Iterator[None]:
+        paused, self.paused = self.paused, True
+        try:
+            yield
+        finally:
+            self.paused = paused
+
+    # -- modules and library functions -----------------------------------------------------------
+
+    def module_call(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        """``nn.Module.__call__`` while recording: a leaf module's call is one node."""
+        recorder = self
+
+        def recorded_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            name = recorder.module_names.get(id(module))
+            if recorder.paused or threading.get_ident() != recorder.thread or name is None:
+                return call(module, *args, **kwargs)
+            if name != recorder.prefix and recorder.is_leaf_module(module, name):
+                with recorder.paused_recording():
+                    value = call(module, *args, **kwargs)
+                recorder.record("call_module", name, args, kwargs, value)
+                return value
+            recorder.module_stack[name or "self"] = (name, type(module))
+            try:
+                return call(module, *args, **kwargs)
+            finally:
+                recorder.module_stack.pop(name or "self", None)
+
+        return recorded_call
+
+    def leaf_function(self, function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
+        """A library function fxlrp explains as a whole (PyG's ``scatter``): one node."""
+        if self.paused or threading.get_ident() != self.thread:
+            return original(*args, **kwargs)
+        with self.paused_recording():
+            value = original(*args, **kwargs)
+        self.record("call_function", function, args, kwargs, value)
+        return value
+
+
+def _refuse_custom_function(function: Any, args: tuple, kwargs: dict, own: Callable[..., Any]) -> Any:
+    raise RecordingFailed(f"it applies the custom autograd Function {function.__name__}")
+
+
+CONSTANT_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.Size, type(Ellipsis))
+
+
+@dataclass
+class Recording:
+    """A recorded run: its graph (placeholders: the tensors of the call's arguments in pytree
+    order; output: the list of the result's tensors), and how to rebuild the result from them."""
+
+    graph: fx.Graph
+    root: nn.Module
+    """The recorded module's modules, parameters and buffers the graph names, at their paths."""
+    output_spec: pytree.TreeSpec
+    output_constants: list[Any]
+    """The result's leaves: the non-tensor ones, and :data:`TENSOR` where a tensor goes."""
+
+    def rebuild(self, tensors: list[Tensor]) -> Any:
+        """The result of a run whose graph returned ``tensors``."""
+        supply = iter(tensors)
+        leaves = [next(supply) if constant is TENSOR else constant for constant in self.output_constants]
+        return pytree.tree_unflatten(leaves, self.output_spec)
+
+
+TENSOR = object()
+"""Where a tensor of the graph's output goes among a result's leaves."""
+
+
+def record(module: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, str], bool],
+           leaf_functions: tuple[Callable[..., Any], ...], run: Callable[..., Any], args: tuple,
+           kwargs: dict) -> Recording:
+    """Record ``run(*args, **kwargs)``, a call of ``module`` (named ``prefix`` in the model), on
+    copies of the tensors of ``args`` and ``kwargs``; :class:`RecordingFailed` says why a run
+    cannot be recorded. Library functions in ``leaf_functions`` and modules ``is_leaf_module``
+    accepts are single nodes."""
+    recorder = Recorder(module, prefix, is_leaf_module)
+    leaves, input_spec = pytree.tree_flatten((args, kwargs))
+    for index, leaf in enumerate(leaves):
+        if isinstance(leaf, Tensor):
+            # a copy: code that writes into its input must not write into the caller's tensor
+            leaves[index] = copy = leaf.detach().requires_grad_(leaf.requires_grad).clone()
+            recorder.input(f"input_{index}", copy)
+    args, kwargs = pytree.tree_unflatten(leaves, input_spec)
+    with ExitStack() as stack:
+        call = nn.Module.__call__
+        stack.callback(setattr, nn.Module, "__call__", call)
+        nn.Module.__call__ = recorder.module_call(call)
+        stack.enter_context(intercepted_calls(leaf_functions, recorder.leaf_function))
+        stack.enter_context(intercepted_calls((CHECKPOINT,), checkpointed_function_run))
+        stack.enter_context(intercepted_applications(_refuse_custom_function))
+        stack.enter_context(recorder)
+        value = run(*args, **kwargs)
+    outputs, output_spec = pytree.tree_flatten(value)
+    constants: list[Any] = []
+    for leaf in outputs:
+        if isinstance(leaf, Tensor):
+            constants.append(TENSOR)
+        elif isinstance(leaf, CONSTANT_TYPES):
+            constants.append(leaf)
+        else:
+            raise RecordingFailed(f"its output holds a {type(leaf).__name__}, which a recording cannot rebuild")
+    recorder.graph.output([recorder.node_of(leaf) for leaf in outputs if isinstance(leaf, Tensor)])
+    _eliminate_dead_code(recorder.graph)
+    root = nn.Module()
+    for node in recorder.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            value = recorder.constants[node.target] if node.target in recorder.constants else \
+                _attribute(module, node.target[len(prefix) + 1:] if prefix else node.target)
+            _place(root, node.target, value)
+    return Recording(recorder.graph, root, output_spec, constants)
+
+
+def _attribute(module: nn.Module, target: str) -> Any:
+    for name in target.split("."):
+        module = getattr(module, name)
+    return module
+
+
+def _place(root: nn.Module, target: str, value: Any) -> None:
+    """Put ``value`` at the dotted path ``target`` under ``root`` (empty modules on the way)."""
+    *path, name = target.split(".")
+    for part in path:
+        if not hasattr(root, part):
+            root.add_module(part, nn.Module())
+        root = getattr(root, part)
+    if isinstance(value, nn.Module):
+        root.add_module(name, value)
+    elif isinstance(value, Tensor) and not isinstance(value, nn.Parameter):
+        root.register_buffer(name, value, persistent=False)
+    else:
+        setattr(root, name, value)
+
+
+def _writes(node: fx.Node) -> bool:
+    """Whether a call writes into one of its arguments (kept even if nothing reads its result)."""
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function":
+        if node.target is operator.setitem:
+            return True
+        name = getattr(node.target, "__name__", "")
+    else:
+        return node.op == "call_module"
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _eliminate_dead_code(graph: fx.Graph) -> None:
+    """Remove calls whose results nothing uses: values the code computed to read in Python (a mask
+    it checked) or did not use. Writes and module calls stay."""
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_function", "call_method", "get_attr") and not node.users and not _writes(node):
+            graph.erase_node(node)

@@ -1,0 +1,149 @@
+"""Parts run eagerly, replayed as recorded graphs for input signatures they meet again.
+
+A part torch.fx cannot trace runs its module's code under the relevance mode, which pays Python
+at every torch call of every explanation (on an 8-layer Llama that is 3-4% of an explanation).
+When a part meets an input signature (:func:`signature`: the tensors' shapes, strides, dtypes,
+devices and whether they carry relevance, and every other argument's value) for the second
+time, its run is recorded into a graph (:mod:`fxlrp.record`), which goes through the same
+pipeline as a captured graph - canonicalise, the composite's rules, rewrite - and later runs of
+that signature run the rewritten graph. A run the recording refuses (Python read values of the
+run, see :mod:`fxlrp.record`), and a graph with an operation the rewrite has no rule for, keep
+running eagerly: the relevance mode then decides per call, and names or warns as it does.
+Recorded graphs are kept for :data:`KEPT` signatures per part (the most recently used).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor, fx, nn
+
+from fxlrp.call import RelevanceCall
+from fxlrp.canonicalise import canonicalise_in_place
+from fxlrp.capture import RelevanceTracer, call_beyond_forward
+from fxlrp.interpret import LayerRunner, intercepted_functions
+from fxlrp.record import Recording, record
+from fxlrp.registry import REGISTRY
+from fxlrp.rewrite import Rewriter
+
+KEPT = 8
+"""Recorded graphs kept per part run eagerly."""
+
+
+def signature(args: tuple, kwargs: dict) -> Hashable | None:
+    """What a recorded graph of a call with these arguments is valid for, or None when an
+    argument is not a value a signature can hold (an object, a cache)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    described: list[Hashable] = [spec, torch.is_grad_enabled(), torch.get_default_dtype()]
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            described.append((leaf.shape, leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad))
+        elif isinstance(leaf, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+            described.append((type(leaf), leaf))
+        else:
+            return None
+    try:
+        key = tuple(described)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+@dataclass
+class Replay:
+    """A recorded run rewritten with the conversion's rules."""
+
+    graph_module: fx.GraphModule
+    recording: Recording
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, Tensor)]
+        return self.recording.rebuild(self.graph_module(*tensors))
+
+
+class Recordings:
+    """The recorded graphs of one part run eagerly, by signature (see the module)."""
+
+    def __init__(self) -> None:
+        self.replays: OrderedDict[Hashable, Replay] = OrderedDict()
+        self.seen: OrderedDict[Hashable, None] = OrderedDict()
+        self.refused: dict[Hashable, str] = {}
+        self.lock = threading.Lock()
+
+    def replay_for(self, call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dict) -> Replay | None:
+        """The replay for this call's signature: kept, recorded now (the signature's second
+        call), or None (run eagerly)."""
+        key = signature(args, kwargs)
+        if key is None or call.composite is None:
+            return None
+        with self.lock:
+            replay = self.replays.get(key)
+            if replay is not None:
+                self.replays.move_to_end(key)
+                return replay
+            if key in self.refused:
+                return None
+            if key not in self.seen:  # a signature met once is run eagerly: recording costs a run
+                self.seen[key] = None
+                if len(self.seen) > 4 * KEPT:
+                    self.seen.popitem(last=False)
+                return None
+        try:
+            replay = _recorded(call, runner, args, kwargs)
+        except Exception as refusal:  # noqa: BLE001 - whatever stops a recording, the run is explained eagerly
+            # (RecordingFailed: the run depends on more than its signature; UnsupportedOperationError:
+            # the relevance mode names or warns about the operation itself)
+            with self.lock:
+                self.refused[key] = f"{type(refusal).__name__}: {refusal}"
+            return None
+        with self.lock:
+            self.replays[key] = replay
+            if len(self.replays) > KEPT:
+                self.replays.popitem(last=False)
+        return replay
+
+
+def _is_explained(module: nn.Module) -> bool:
+    return REGISTRY.for_module(module) is not None
+
+
+def _leaf_modules() -> Callable[[nn.Module, str], bool]:
+    """Which modules are single nodes of a recorded graph: those capture's tracer keeps whole,
+    unless their call does more than their ``forward`` (a hook, a parametrization), whose work
+    is then recorded as it runs."""
+    tracer = RelevanceTracer(_is_explained)
+
+    def is_leaf(module: nn.Module, name: str) -> bool:
+        return tracer.is_leaf_module(module, name) and call_beyond_forward(module) is None
+
+    return is_leaf
+
+
+def _recorded(call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dict) -> Replay:
+    """Record ``runner``'s run on these arguments and rewrite the graph with ``call``'s composite,
+    as the relevance mode would explain the run: the same rules, first layers only where the
+    part holds them, relevance starting where the run's inputs carry it and at embedding lookups."""
+    site = call.site
+    prefix = site.module_name if site is not None and site.module_name else ""
+    recording = record(runner.module, prefix, _leaf_modules(), intercepted_functions(),
+                       runner, args, kwargs)
+    graph, root = recording.graph, recording.root
+    modules = dict(root.named_modules())
+    in_place_modules = canonicalise_in_place(graph, modules)
+    carrying_inputs = {
+        node.name: leaf.requires_grad
+        for node, leaf in zip(graph.find_nodes(op="placeholder"),
+                              (leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, Tensor)),
+                              strict=True)
+    }
+    rewriter = Rewriter(root, graph, call.composite, strict=True, warn_lost_relevance=call.warn_lost_relevance,
+                        in_place_modules=in_place_modules, modules=modules, input_relevance=carrying_inputs,
+                        first_layer=site is not None and site.is_first_layer)
+    return Replay(rewriter.run(), recording)

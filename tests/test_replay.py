@@ -1,0 +1,192 @@
+"""Parts run eagerly are recorded at the second call of an input signature and replayed as graphs.
+
+References: gradient x input for LRP-0 (float64), and the relevance mode itself - a fresh
+explainer's first call of each input runs the part under the relevance mode, which is tested
+against graphs, zennit and LXT elsewhere. What a replay must never do: bake a decision the code
+took on values (an input's, a parameter's) or hand back a stale object.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import LRP0, gradient_times_input, onehot_relevance, relative_error
+from torch import nn
+
+import fxlrp
+from fxlrp.composites import Composite, EpsilonPlusFlat
+from fxlrp.replay import KEPT, Recordings
+from fxlrp.rules import Epsilon, Gamma
+
+
+def recordings(explain: nn.Module) -> list[Recordings]:
+    """The recordings of the explainer's parts run eagerly (made at their first run)."""
+    return [module.function.recordings for module in explain.modules()
+            if getattr(getattr(module, "function", None), "recordings", None) is not None]
+
+
+class PerToken(nn.Module):
+    """A loop over the tokens (``range(x.shape[1])``): torch.fx cannot trace it, a recording can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.mix, self.head = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        hidden = torch.relu(self.embed(x))
+        steps = [torch.relu(self.mix(hidden[:, index])) * (index + 1) for index in range(x.shape[1])]
+        pooled = torch.stack(steps, dim=1).sum(dim=1)
+        if x.shape[1] > 3:  # a branch on a shape: each length records its own graph
+            pooled = pooled - hidden.mean(dim=1)
+        return self.head(pooled)
+
+
+class Wrapped(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.stem, self.inner, self.out = nn.Linear(4, 4), inner, nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.inner(torch.relu(self.stem(x)))))
+
+
+def _fresh_relevance(model: nn.Module, composite, x: torch.Tensor) -> torch.Tensor:
+    """The relevance mode's relevance: a new explainer's first call."""
+    return fxlrp.attribute(fxlrp.convert(model, composite), x, target=1)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["whole", "inside"])
+@pytest.mark.parametrize("composite", [LRP0, EpsilonPlusFlat(), Composite(
+    Epsilon(1e-3), name_rules={"mix": Gamma(0.25), "inner.mix": Gamma(0.25)})], ids=["lrp0", "plusflat", "names"])
+def test_replays_equal_the_relevance_mode(wrapped: bool, composite) -> None:
+    """Replayed calls of two lengths (two graphs, the shape branch taken differently), against
+    the relevance mode with the same rules (first layer and name rules inside the part), and
+    LRP-0 against gradient x input."""
+    torch.manual_seed(0)
+    model = (Wrapped(PerToken()) if wrapped else PerToken()).double().eval()
+    explain = fxlrp.convert(model, composite)
+    for length in (3, 5, 3, 5, 3, 5):
+        x = torch.randn(2, length, 4, dtype=torch.float64)
+        with torch.no_grad():
+            assert torch.equal(explain(x), model(x))  # (the signature without gradients)
+        relevance = fxlrp.attribute(explain, x, target=1)
+        assert relative_error(relevance, _fresh_relevance(model, composite, x)) < 1e-12
+        if composite is LRP0:
+            [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+            assert relative_error(relevance, expected) < 1e-12
+    [recorded] = recordings(explain)
+    assert len(recorded.replays) == 4 and not recorded.refused  # 2 lengths x with and without gradients
+
+
+class ValueBranch(nn.Module):
+    """A branch on the input's values inside a loop over tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix, self.positive, self.negative = nn.Linear(4, 4), nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        hidden = torch.stack([self.mix(x[:, index]) for index in range(x.shape[1])], dim=1).sum(dim=1)
+        if hidden.sum() > 0:
+            return self.positive(hidden)
+        return self.negative(hidden) * 2
+
+
+class ParameterBranch(PerToken):
+    """A branch on a parameter's value, which may be changed in place between calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out if self.gate > 0 else -2 * out
+
+
+def test_a_branch_on_values_is_never_recorded() -> None:
+    """The inputs' (and a parameter's) values decide a branch: the same signature takes both
+    branches, and every call is the relevance mode's (gradient x input under LRP-0)."""
+    torch.manual_seed(0)
+    model = ValueBranch().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    taken = set()
+    for sign in (1.0, 1.0, -1.0, -1.0, 1.0):
+        x = sign * (torch.rand(2, 3, 4, dtype=torch.float64) + 0.5)
+        with torch.no_grad():
+            taken.add(bool(model.mix(x).sum() > 0))
+        relevance = fxlrp.attribute(explain, x, target=1)
+        [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+        assert relative_error(relevance, expected) < 1e-12
+    assert len(taken) == 2
+    [recorded] = recordings(explain)
+    assert not recorded.replays and "reads values of the run" in next(iter(recorded.refused.values()))
+
+    model = ParameterBranch().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    x = torch.randn(2, 4, 4, dtype=torch.float64)
+    for gate in (1.0, 1.0, 1.0, -1.0, -1.0):
+        with torch.no_grad():
+            model.gate.fill_(gate)  # in place: the explainer follows the value
+        relevance = fxlrp.attribute(explain, x, target=1)
+        [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+        assert relative_error(relevance, expected) < 1e-12
+    [recorded] = recordings(explain)
+    assert not recorded.replays
+
+
+class WritesIntoItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        x.mul_(2)
+        x[:, 0] = self.mix(x[:, 1])
+        steps = [self.mix(x[:, index]) for index in range(x.shape[1])]
+        return self.head(torch.stack(steps, dim=1).sum(dim=1))
+
+
+def test_a_recording_does_not_write_into_the_callers_tensors() -> None:
+    torch.manual_seed(0)
+    model = WritesIntoItsInput().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    given = x.clone()
+    results = [fxlrp.attribute(explain, x, target=1) for _ in range(3)]
+    assert torch.equal(x, given)
+    [recorded] = recordings(explain)
+    assert len(recorded.replays) == 1
+    for relevance in results[1:]:
+        assert relative_error(relevance, results[0]) < 1e-12
+    with torch.no_grad():
+        for _ in range(3):  # (the model writes into the tensor it is given, so each call gets a copy)
+            assert torch.equal(explain(x.clone()), model(x.clone()))
+
+
+class Noisy(PerToken):
+    def forward(self, x):
+        return super().forward(x + 1e-3 * torch.randn_like(x))
+
+
+def test_random_operations_are_never_recorded() -> None:
+    explain = fxlrp.convert(Noisy().eval(), LRP0)
+    x = torch.randn(2, 4, 4)
+    for _ in range(3):
+        fxlrp.attribute(explain, x, target=1)
+    [recorded] = recordings(explain)
+    assert not recorded.replays and "differ from run to run" in next(iter(recorded.refused.values()))
+
+
+def test_only_the_latest_signatures_are_kept() -> None:
+    torch.manual_seed(0)
+    model = PerToken().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    lengths = list(range(1, KEPT + 3))
+    for length in [*lengths, *lengths]:
+        x = torch.randn(1, length, 4, dtype=torch.float64)
+        relevance = fxlrp.attribute(explain, x, target=1)
+        [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+        assert relative_error(relevance, expected) < 1e-12
+    [recorded] = recordings(explain)
+    assert len(recorded.replays) == KEPT
