@@ -26,6 +26,7 @@ graph goes through the same pipeline as a traced one (canonicalise, rules, rewri
 
 from __future__ import annotations
 
+import copy
 import operator
 import threading
 from collections.abc import Callable, Iterator
@@ -183,6 +184,13 @@ class Recorder(TorchFunctionMode):
             f"a tensor of shape {list(tensor.shape)} came from outside the module's inputs, parameters and "
             f"buffers, from code the recording did not see (at {innermost_user_frame() or 'an unknown line'})")
 
+    def _argument(self, value: Tensor | nn.Module) -> fx.Node:
+        if isinstance(value, Tensor):
+            return self.node_of(value)
+        # A module handed to a function (transformers' experts functions take the experts module):
+        # a graph would hand it on with its own parameters, which carry gradients.
+        raise RecordingFailed(f"it hands a {type(value).__name__} module to a function")
+
     def reads_variable(self, value: Any) -> bool:
         return any(self.node_of(leaf) in self.variable for leaf in pytree.tree_leaves(value)
                    if isinstance(leaf, Tensor))
@@ -207,7 +215,8 @@ class Recorder(TorchFunctionMode):
 
     def record(self, kind: str, target: Any, args: tuple, kwargs: dict, value: Any) -> None:
         variable = self.reads_variable((args, kwargs))
-        node = self.graph.create_node(kind, target, *pytree.tree_map_only(Tensor, self.node_of, (args, kwargs)))
+        node = self.graph.create_node(kind, target, *pytree.tree_map_only((Tensor, nn.Module), self._argument,
+                                                                         (args, kwargs)))
         node.meta["nn_module_stack"] = dict(self.module_stack)
         trace = innermost_user_frame()
         if trace:
@@ -317,8 +326,59 @@ class Recording:
     def rebuild(self, tensors: list[Tensor]) -> Any:
         """The result of a run whose graph returned ``tensors``."""
         supply = iter(tensors)
-        leaves = [next(supply) if constant is TENSOR else constant for constant in self.output_constants]
+        leaves = []
+        for constant in self.output_constants:
+            if constant is TENSOR:
+                leaves.append(next(supply))
+            elif isinstance(constant, HeldTensors):
+                leaves.append(constant.rebuilt([next(supply) for _ in constant.tensors]))
+            else:
+                leaves.append(constant)
         return pytree.tree_unflatten(leaves, self.output_spec)
+
+
+@dataclass
+class HeldTensors:
+    """An object of the result that holds tensors of the run in its attributes (a cache of keys
+    and values): rebuilt as a copy of the recorded object with the new run's tensors in their
+    places."""
+
+    template: Any
+    tensors: list[Tensor]
+
+    def rebuilt(self, tensors: list[Tensor]) -> Any:
+        memo: dict[int, Any] = {id(old): new for old, new in zip(self.tensors, tensors, strict=True)}
+        return copy.deepcopy(self.template, memo)
+
+
+def _slot_values(value: Any) -> list[Any]:
+    """The values of ``value``'s ``__slots__`` attributes (of every class it derives from)."""
+    found = []
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                found.append(getattr(value, name))
+    return found
+
+
+def _tensors_held(value: Any, depth: int = 0) -> list[Tensor]:
+    """The tensors in ``value``'s attributes, lists, tuples and dicts (a few levels deep)."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, CONSTANT_TYPES):
+        return []
+    if depth > 4 or isinstance(value, (nn.Module, type)) or callable(value):
+        raise RecordingFailed(f"its output holds a {type(value).__name__}, which a recording cannot rebuild")
+    if isinstance(value, (list, tuple)):
+        items = value
+    elif isinstance(value, dict):
+        items = value.values()
+    elif hasattr(value, "__dict__") or hasattr(type(value), "__slots__"):
+        items = [*getattr(value, "__dict__", {}).values(), *_slot_values(value)]
+    else:
+        raise RecordingFailed(f"its output holds a {type(value).__name__}, which a recording cannot rebuild")
+    return [tensor for item in items for tensor in _tensors_held(item, depth + 1)]
 
 
 TENSOR = object()
@@ -351,14 +411,18 @@ def record(module: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, 
         value = run(*args, **kwargs)
     outputs, output_spec = pytree.tree_flatten(value)
     constants: list[Any] = []
+    returned: list[Tensor] = []
     for leaf in outputs:
         if isinstance(leaf, Tensor):
             constants.append(TENSOR)
+            returned.append(leaf)
         elif isinstance(leaf, CONSTANT_TYPES):
             constants.append(leaf)
         else:
-            raise RecordingFailed(f"its output holds a {type(leaf).__name__}, which a recording cannot rebuild")
-    recorder.graph.output([recorder.node_of(leaf) for leaf in outputs if isinstance(leaf, Tensor)])
+            held = _tensors_held(leaf)
+            constants.append(HeldTensors(leaf, held))
+            returned.extend(held)
+    recorder.graph.output([recorder.node_of(tensor) for tensor in returned])
     _eliminate_dead_code(recorder.graph)
     root = nn.Module()
     for node in recorder.graph.nodes:

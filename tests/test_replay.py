@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LRP0, gradient_times_input, onehot_relevance, relative_error
+from conftest import LRP0, gradient_times_input, onehot_relevance, recordings, relative_error
 from torch import nn
 
 import fxlrp
 from fxlrp.composites import Composite, EpsilonPlusFlat
-from fxlrp.replay import KEPT, Recordings
+from fxlrp.replay import KEPT
 from fxlrp.rules import Epsilon, Gamma
-
-
-def recordings(explain: nn.Module) -> list[Recordings]:
-    """The recordings of the explainer's parts run eagerly (made at their first run)."""
-    return [module.function.recordings for module in explain.modules()
-            if getattr(getattr(module, "function", None), "recordings", None) is not None]
 
 
 class PerToken(nn.Module):

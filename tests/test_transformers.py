@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import relative_error
+from conftest import recordings, relative_error
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
@@ -462,6 +462,10 @@ class Case:
     compared: bool = True
     """Whether the relevance is compared with the reference (not where only float32 runs and the
     gradient-following formulation divides by the inputs)."""
+    replays: bool = True
+    """Whether the model's run is recorded and replayed from the second call (fxlrp/replay.py);
+    not where transformers hands the experts module to a function (Qwen3-MoE), which a graph
+    would hand on with its own parameters."""
     reference_forwards: Callable[[], list[tuple[Any, str, Callable[..., Any]]]] | None = None
     """Functions the reference runs instead of the model's own (``(module, name, function)``):
     MambaLRP's selective scan with its selective parameters detached."""
@@ -494,10 +498,10 @@ CASES = {
         lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**DECODER, head_dim=8)),
         lambda: (_ids(),), _next_token, float64_forwards=_in_float64("qwen3", "Qwen3RMSNorm")),
     "Qwen3MoeForCausalLM": Case(  # experts by batched matrix products
-        lambda: _qwen3_moe("batched_mm"), lambda: (_ids(),), _next_token,
+        lambda: _qwen3_moe("batched_mm"), lambda: (_ids(),), _next_token, replays=False,
         float64_forwards=_in_float64("qwen3_moe", "Qwen3MoeRMSNorm"), reference_forwards=_router_held_constant),
     "Qwen3MoeForCausalLM-grouped_mm": Case(  # the default experts: a grouped matrix product (float32 only)
-        lambda: _qwen3_moe(None), lambda: (_ids(),), _next_token, dtype=torch.float32,
+        lambda: _qwen3_moe(None), lambda: (_ids(),), _next_token, dtype=torch.float32, replays=False,
         reference_forwards=_router_held_constant),
     "Gemma3ForCausalLM": Case(
         lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
@@ -575,7 +579,12 @@ def test_attnlrp_equals_lxts_gradient_times_input(name: str, in_float64) -> None
             assert torch.equal(explained, expected)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        first = fxlrp.attribute(explain, inputs, target=1, output=case.pick)
+        # the second call of the signature: the model's run is recorded and replayed as a graph
         relevance = fxlrp.attribute(explain, inputs, target=1, output=case.pick)
+    assert all(bool(recorded.replays) is case.replays for recorded in recordings(explain))
+    for replayed, ran in zip(relevance, first, strict=True):
+        assert (replayed is None and ran is None) or relative_error(replayed, ran) <= 1e-12
     followed = {str(warning.message) for warning in caught if "follows the gradient" in str(warning.message)}
     assert all(any(operation in message for operation in case.missing) for message in followed)
     assert len(followed) >= len(case.missing)

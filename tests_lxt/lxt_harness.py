@@ -178,14 +178,31 @@ def lxt_relevance(model: nn.Module, ids: torch.Tensor, target: torch.Tensor,
     return (inputs_embeds.grad * inputs_embeds).detach(), chosen.detach()
 
 
+REPLAYED = ("llama", "qwen2", "qwen3", "gpt2")
+"""Families whose run with SDPA attention is recorded and replayed from the second call
+(fxlrp/replay.py). Not the eager attention of transformers 4.5x, nor Gemma 3's sliding window:
+their masks are made under ``torch.vmap``, whose tensors a recording does not see; not BERT,
+whose ``warn_if_padding_and_no_attention_mask`` reads the input ids' values."""
+
+
 def fxlrp_token_relevance(model: nn.Module, ids: torch.Tensor, target: torch.Tensor,
-                          pick: Callable[[Any], torch.Tensor], composite: fxlrp.composites.Composite
-                          ) -> torch.Tensor:
-    """fxlrp's relevance per token, from the token ids (``R_out`` = the chosen logit)."""
+                          pick: Callable[[Any], torch.Tensor], composite: fxlrp.composites.Composite,
+                          replays: bool | None = None) -> torch.Tensor:
+    """fxlrp's relevance per token, from the token ids (``R_out`` = the chosen logit): the second
+    call's, which replays the graph recorded from the model's run where ``replays`` (checked
+    against the first call, which ran it under the relevance mode)."""
     explain = fxlrp.convert(explainable(model), composite)
     with torch.no_grad():
         assert torch.equal(pick(explain(ids)), pick(model(ids))), "the explainer's outputs are the model's"
-    return fxlrp.attribute(explain, ids, target=target, output=pick)
+    first = fxlrp.attribute(explain, ids, target=target, output=pick)
+    second = fxlrp.attribute(explain, ids, target=target, output=pick)
+    recorded = [module.function.recordings for module in explain.modules()
+                if getattr(getattr(module, "function", None), "recordings", None) is not None]
+    if replays is not None:
+        assert recorded and all(bool(recordings.replays) is replays for recordings in recorded), \
+            [recordings.refused for recordings in recorded]
+    assert torch.allclose(second, first, rtol=1e-12, atol=0.0)
+    return second
 
 
 class FromEmbeddings(nn.Module):
@@ -235,7 +252,8 @@ def compare(family: Family, method: str, attention: str, dtype: torch.dtype, map
     model = tiny_model(family, attention, dtype)
     ids = token_ids()
     target = targets(family, model, ids)
-    relevance = fxlrp_token_relevance(model, ids, target, family.pick, COMPOSITES[method](epsilon=0.0))
+    relevance = fxlrp_token_relevance(model, ids, target, family.pick, COMPOSITES[method](epsilon=0.0),
+                                      replays=attention == "sdpa" and family.name in REPLAYED)
     with lxt_patched(family, mapping or patch_map(family, method)) as modeling:
         expected, chosen = lxt_relevance(lxt_model(family, model, modeling), ids, target, family.pick)
     assert relevance.shape == ids.shape and relevance.dtype == dtype
