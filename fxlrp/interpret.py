@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import operator
 import threading
 import warnings
@@ -33,7 +32,6 @@ from itertools import repeat
 from typing import Any, ClassVar
 
 import torch
-import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.autograd.function import Function, FunctionCtx
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -43,7 +41,7 @@ from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import out_of_place_method, without_inplace_flag
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.leaf_functions import intercepted_applications, intercepted_calls
+from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.form import require_relevance_form
@@ -562,20 +560,6 @@ def _forward_explained(interpretation: Interpretation, function: type[Function],
     return interpretation.unsupported(f"{function.__name__}.apply (a custom autograd Function)", own(*args, **kwargs))
 
 
-CHECKPOINT = inspect.unwrap(torch.utils.checkpoint.checkpoint)
-"""Activation checkpointing (its undecorated function, which the decorated one calls)."""
-_CHECKPOINT_OPTIONS = frozenset(inspect.signature(CHECKPOINT).parameters) - {"args", "kwargs"}
-
-
-def checkpointed_function_run(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
-    """``checkpoint(f, *inputs)`` runs ``f(*inputs)``: checkpointing saves memory in training by
-    running ``f`` again in backward, outside the relevance mode and its rules (relevance then
-    followed plain gradients, or the recomputation failed torch's check); an explanation keeps
-    ``f``'s own forward, whose operations get their rules."""
-    wrapped, inputs = (args[0], args[1:]) if args else (kwargs["function"], ())
-    return wrapped(*inputs, **{name: value for name, value in kwargs.items() if name not in _CHECKPOINT_OPTIONS})
-
-
 def intercepted_functions() -> tuple[Callable[..., Any], ...]:
     """Library functions explained as a whole when library code calls them."""
     return (*REGISTRY.leaf_functions(), *REGISTRY.operations["graph_softmax"].functions)
@@ -606,7 +590,7 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: An
         if context is not None:
             stack.enter_context(context.followed())
         stack.enter_context(intercepted_calls(intercepted_functions(), _leaf_function_handler(interpretation)))
-        stack.enter_context(intercepted_calls((CHECKPOINT,), checkpointed_function_run))
+        stack.enter_context(checkpoints_run_their_function())
         mode = RelevanceMode(interpretation)
         stack.enter_context(intercepted_applications(_custom_function_handler(interpretation, mode)))
         stack.enter_context(mode)

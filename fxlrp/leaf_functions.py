@@ -12,18 +12,22 @@ on two threads at once).
 Two users: capture records such calls as single graph nodes when an argument is a Proxy
 (:func:`leaf_function_calls`); integrations that interpret library code at explanation time
 route them to relevance functions (:func:`intercepted_calls`), and the applications of custom
-autograd Functions to their explanation (:func:`intercepted_applications`). Contexts nest.
+autograd Functions to their explanation (:func:`intercepted_applications`); both, and
+recordings (:mod:`fxlrp.record`), run what activation checkpointing wraps as written
+(:func:`checkpoints_run_their_function`). Contexts nest.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch.utils.checkpoint
 from torch import fx
 from torch.autograd.function import Function
 
@@ -207,3 +211,22 @@ def leaf_function_calls(tracer: fx.Tracer, functions: Iterable[Callable[..., Any
 
     with intercepted_calls(functions, record):
         yield
+
+
+CHECKPOINT = inspect.unwrap(torch.utils.checkpoint.checkpoint)
+"""Activation checkpointing (its undecorated function, which the decorated one calls)."""
+_CHECKPOINT_OPTIONS = frozenset(inspect.signature(CHECKPOINT).parameters) - {"args", "kwargs"}
+
+
+def _checkpointed_function_run(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
+    wrapped, inputs = (args[0], args[1:]) if args else (kwargs["function"], ())
+    return wrapped(*inputs, **{name: value for name, value in kwargs.items() if name not in _CHECKPOINT_OPTIONS})
+
+
+def checkpoints_run_their_function() -> Any:
+    """While active on this thread, ``checkpoint(f, *inputs)`` runs ``f(*inputs)``: checkpointing
+    saves memory in training by running ``f`` again in backward, outside the relevance mode and
+    its rules (relevance then followed plain gradients, or the recomputation failed torch's
+    check), and outside a recording; an explanation keeps ``f``'s own forward, whose operations
+    get their rules."""
+    return intercepted_calls((CHECKPOINT,), _checkpointed_function_run)

@@ -39,8 +39,8 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.interpret import CHECKPOINT, checkpointed_function_run
-from fxlrp.leaf_functions import intercepted_applications, intercepted_calls
+from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
+from fxlrp.module_state import MODEL_WRITES
 from fxlrp.source import innermost_user_frame
 
 
@@ -83,10 +83,10 @@ METADATA = frozenset({
 RANDOM = frozenset({
     "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
     "bernoulli_", "multinomial", "normal", "normal_", "uniform_", "random_", "exponential_", "geometric_",
-    "cauchy_", "log_normal_", "poisson", "rrelu", "rrelu_", "dropout", "dropout_", "alpha_dropout",
-    "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d",
+    "cauchy_", "log_normal_", "poisson", "rrelu", "rrelu_", "feature_alpha_dropout",
 })
-"""Operations whose results differ from run to run (dropout: in training mode)."""
+"""Operations whose results differ from run to run. (Not dropout: the registry's dropout is the
+identity at explanation time, in a rewritten graph as in the relevance mode.)"""
 
 VALUE_SHAPED = frozenset({
     "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount", "repeat_interleave",
@@ -116,15 +116,6 @@ def _joined(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix and name else prefix or name
 
 
-def _is_random(name: str | None, args: tuple, kwargs: dict) -> bool:
-    if name is None or name not in RANDOM:
-        return False
-    if "dropout" in name:  # random in training form only
-        training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else name == "dropout_"))
-        return bool(training)
-    return True
-
-
 class Recorder(TorchFunctionMode):
     """Writes every torch call of one run into ``graph`` (see the module's docstring)."""
 
@@ -144,6 +135,9 @@ class Recorder(TorchFunctionMode):
         """Nodes whose values may differ between runs of one signature: computed from the inputs
         or from the module's parameters, buffers and tensor attributes (values that may be
         changed in place). Python may read only values computed from constants and shapes."""
+        self.written: set[int] = set()
+        """Storages (by address) such values were written into: every tensor on them - the
+        written one, its base, its other views - holds values of the run."""
         self.module_stack: dict[str, tuple[str, type]] = {}
         self.paused = False
         self.thread = threading.get_ident()
@@ -192,8 +186,8 @@ class Recorder(TorchFunctionMode):
         raise RecordingFailed(f"it hands a {type(value).__name__} module to a function")
 
     def reads_variable(self, value: Any) -> bool:
-        return any(self.node_of(leaf) in self.variable for leaf in pytree.tree_leaves(value)
-                   if isinstance(leaf, Tensor))
+        return any(self.node_of(leaf) in self.variable or _storage(leaf) in self.written
+                   for leaf in pytree.tree_leaves(value) if isinstance(leaf, Tensor))
 
     def _result(self, node: fx.Node, value: Any, variable: bool) -> None:
         """Name the tensors of ``value`` (a call's result) by ``node`` and ``getitem`` nodes of it."""
@@ -202,8 +196,6 @@ class Recorder(TorchFunctionMode):
             if known is not None and known[0] is value:
                 # An in-place call returns its target: later uses read the target's node, which
                 # canonicalisation redirects to the written value, as in a traced graph.
-                if variable:
-                    self.variable.add(known[1])
                 return
             self._keep(value, node, variable)
         elif isinstance(value, (tuple, list)):
@@ -222,19 +214,19 @@ class Recorder(TorchFunctionMode):
         if trace:
             node.stack_trace = trace
         self._result(node, value, variable)
-        if variable and isinstance(value, Tensor) and id(value) in self.values:
-            self.variable.add(self.values[id(value)][1])
-        if kind == "call_function" and target is operator.setitem and variable:
-            self.variable.add(self.node_of(args[0]))
+        if variable and kind != "call_module" and _writes(node):
+            written = kwargs.get("out", args[0] if args else None)
+            if isinstance(written, Tensor):
+                self.written.add(_storage(written))
 
     def __torch_function__(self, function, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.paused or threading.get_ident() != self.thread:
+        if self.paused:  # (a mode acts on the thread that entered it only)
             return function(*args, **kwargs)
         name = _name(function)
         if name in METADATA:
             return function(*args, **kwargs)
-        if _is_random(name, args, kwargs):
+        if name in RANDOM:
             raise RecordingFailed(f"it calls {name}, whose results differ from run to run")
         if name in VALUE_SHAPED and self.reads_variable((args, kwargs)):
             raise RecordingFailed(f"{name} makes a tensor whose shape depends on values of the run")
@@ -296,7 +288,7 @@ class Recorder(TorchFunctionMode):
 
     def leaf_function(self, function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
         """A library function fxlrp explains as a whole (PyG's ``scatter``): one node."""
-        if self.paused or threading.get_ident() != self.thread:
+        if self.paused:  # (intercepted calls reach the handler on its own thread only)
             return original(*args, **kwargs)
         with self.paused_recording():
             value = original(*args, **kwargs)
@@ -401,11 +393,14 @@ def record(module: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, 
             recorder.input(f"input_{index}", copy)
     args, kwargs = pytree.tree_unflatten(leaves, input_spec)
     with ExitStack() as stack:
+        # One recording at a time in the process: the patch of ``nn.Module.__call__`` is global,
+        # and two recordings restoring each other's would leave one in place.
+        stack.enter_context(MODEL_WRITES)
         call = nn.Module.__call__
         stack.callback(setattr, nn.Module, "__call__", call)
         nn.Module.__call__ = recorder.module_call(call)
         stack.enter_context(intercepted_calls(leaf_functions, recorder.leaf_function))
-        stack.enter_context(intercepted_calls((CHECKPOINT,), checkpointed_function_run))
+        stack.enter_context(checkpoints_run_their_function())
         stack.enter_context(intercepted_applications(_refuse_custom_function))
         stack.enter_context(recorder)
         value = run(*args, **kwargs)
@@ -428,15 +423,9 @@ def record(module: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, 
     for node in recorder.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             value = recorder.constants[node.target] if node.target in recorder.constants else \
-                _attribute(module, node.target[len(prefix) + 1:] if prefix else node.target)
+                operator.attrgetter(node.target[len(prefix) + 1:] if prefix else node.target)(module)
             _place(root, node.target, value)
     return Recording(recorder.graph, root, output_spec, constants)
-
-
-def _attribute(module: nn.Module, target: str) -> Any:
-    for name in target.split("."):
-        module = getattr(module, name)
-    return module
 
 
 def _place(root: nn.Module, target: str, value: Any) -> None:
@@ -454,8 +443,17 @@ def _place(root: nn.Module, target: str, value: Any) -> None:
         setattr(root, name, value)
 
 
+def _storage(tensor: Tensor) -> int:
+    """The address of ``tensor``'s storage (read past the recorder: not a call of the run)."""
+    with torch._C.DisableTorchFunction():
+        return tensor.untyped_storage().data_ptr()
+
+
 def _writes(node: fx.Node) -> bool:
-    """Whether a call writes into one of its arguments (kept even if nothing reads its result)."""
+    """Whether a call writes into its first argument (or ``out=``); kept even if nothing reads
+    its result."""
+    if "out" in node.kwargs:
+        return True
     if node.op == "call_method":
         name = node.target
     elif node.op == "call_function":

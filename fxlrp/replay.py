@@ -28,7 +28,7 @@ from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import canonicalise_in_place
 from fxlrp.capture import RelevanceTracer, call_beyond_forward
 from fxlrp.interpret import LayerRunner, intercepted_functions
-from fxlrp.record import Recording, record
+from fxlrp.record import CONSTANT_TYPES, Recording, record
 from fxlrp.registry import REGISTRY
 from fxlrp.rewrite import Rewriter
 
@@ -44,7 +44,7 @@ def signature(args: tuple, kwargs: dict) -> Hashable | None:
     for leaf in leaves:
         if isinstance(leaf, Tensor):
             described.append((leaf.shape, leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad))
-        elif isinstance(leaf, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+        elif isinstance(leaf, CONSTANT_TYPES):
             described.append((type(leaf), leaf))
         else:
             return None
@@ -102,6 +102,8 @@ class Recordings:
             # the relevance mode names or warns about the operation itself)
             with self.lock:
                 self.refused[key] = f"{type(refusal).__name__}: {refusal}"
+                if len(self.refused) > 4 * KEPT:
+                    del self.refused[next(iter(self.refused))]
             return None
         with self.lock:
             self.replays[key] = replay

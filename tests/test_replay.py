@@ -184,3 +184,65 @@ def test_only_the_latest_signatures_are_kept() -> None:
         assert relative_error(relevance, expected) < 1e-12
     [recorded] = recordings(explain)
     assert len(recorded.replays) == KEPT
+
+
+class WritesThroughAView(nn.Module):
+    """A fresh buffer written through a view with values of the input; Python then reads the
+    buffer: its value depends on the input, though the buffer was made from a shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix, self.positive, self.negative = nn.Linear(4, 4), nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        totals = torch.zeros(x.shape[0], x.shape[1], dtype=x.dtype)
+        for index in range(x.shape[1]):
+            totals[:, index].add_(self.mix(x[:, index]).sum(dim=-1))
+        hidden = self.mix(x).sum(dim=1)
+        if totals.sum() > 0:
+            return self.positive(hidden)
+        return self.negative(hidden)
+
+
+def test_values_written_through_a_view_are_values_of_the_run() -> None:
+    torch.manual_seed(0)
+    model = WritesThroughAView().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    taken = set()
+    for sign in (1.0, 1.0, -1.0, -1.0):
+        x = sign * (torch.rand(2, 3, 4, dtype=torch.float64) + 2.0)
+        with torch.no_grad():
+            taken.add(bool(model.mix(x).sum() > 0))
+        relevance = fxlrp.attribute(explain, x, target=1)
+        [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+        assert relative_error(relevance, expected) < 1e-12
+    assert len(taken) == 2
+    [recorded] = recordings(explain)
+    assert not recorded.replays
+
+
+
+class DropsOut(PerToken):
+    """Functional dropout left in training form (``F.dropout``'s default): the identity at
+    explanation time, in the relevance mode and in a replay alike."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return super().forward(torch.nn.functional.dropout(x, self.p) if self.p else x)
+
+
+def test_dropout_is_recorded_as_the_identity() -> None:
+    torch.manual_seed(0)
+    model = DropsOut(0.5).double().eval()
+    without = DropsOut(0.0).double().eval()
+    without.load_state_dict(model.state_dict())
+    explain = fxlrp.convert(model, LRP0)
+    x = torch.randn(2, 4, 4, dtype=torch.float64)
+    [expected] = gradient_times_input(without, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    for _ in range(3):
+        assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
+    [recorded] = recordings(explain)
+    assert len(recorded.replays) == 1
