@@ -98,15 +98,14 @@ class ParameterBranch(PerToken):
         return out if self.gate > 0 else -2 * out
 
 
-def test_a_branch_on_values_is_never_recorded() -> None:
-    """The inputs' (and a parameter's) values decide a branch: the same signature takes both
-    branches, and every call is the relevance mode's (gradient x input under LRP-0)."""
-    torch.manual_seed(0)
-    model = ValueBranch().double().eval()
+def _both_branches_as_gradient_times_input(model: nn.Module, offset: float):
+    """Inputs of one signature whose values take the model's branch both ways (the sign of
+    ``model.mix``'s outputs): every call's LRP-0 relevance is gradient x input. Returns the
+    recordings of the model's part run eagerly."""
     explain = fxlrp.convert(model, LRP0)
     taken = set()
     for sign in (1.0, 1.0, -1.0, -1.0, 1.0):
-        x = sign * (torch.rand(2, 3, 4, dtype=torch.float64) + 0.5)
+        x = sign * (torch.rand(2, 3, 4, dtype=torch.float64) + offset)
         with torch.no_grad():
             taken.add(bool(model.mix(x).sum() > 0))
         relevance = fxlrp.attribute(explain, x, target=1)
@@ -114,6 +113,14 @@ def test_a_branch_on_values_is_never_recorded() -> None:
         assert relative_error(relevance, expected) < 1e-12
     assert len(taken) == 2
     [recorded] = recordings(explain)
+    return recorded
+
+
+def test_a_branch_on_values_is_never_recorded() -> None:
+    """The inputs' (and a parameter's) values decide a branch: the same signature takes both
+    branches, and every call is the relevance mode's (gradient x input under LRP-0)."""
+    torch.manual_seed(0)
+    recorded = _both_branches_as_gradient_times_input(ValueBranch().double().eval(), offset=0.5)
     assert not recorded.replays and "reads values of the run" in next(iter(recorded.refused.values()))
 
     model = ParameterBranch().double().eval()
@@ -206,18 +213,7 @@ class WritesThroughAView(nn.Module):
 
 def test_values_written_through_a_view_are_values_of_the_run() -> None:
     torch.manual_seed(0)
-    model = WritesThroughAView().double().eval()
-    explain = fxlrp.convert(model, LRP0)
-    taken = set()
-    for sign in (1.0, 1.0, -1.0, -1.0):
-        x = sign * (torch.rand(2, 3, 4, dtype=torch.float64) + 2.0)
-        with torch.no_grad():
-            taken.add(bool(model.mix(x).sum() > 0))
-        relevance = fxlrp.attribute(explain, x, target=1)
-        [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
-        assert relative_error(relevance, expected) < 1e-12
-    assert len(taken) == 2
-    [recorded] = recordings(explain)
+    recorded = _both_branches_as_gradient_times_input(WritesThroughAView().double().eval(), offset=2.0)
     assert not recorded.replays
 
 
