@@ -58,7 +58,15 @@ class RelevanceNode(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             return _run_outside_compilation()(self, *args, **kwargs)
-        return self.run(*args, **kwargs)
+        return self.operation.relevance(self.call, self.function, *args, **kwargs, **self.keywords)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # nn.Module's call machinery costs more than a view's own work, in graphs of hundreds of
+        # nodes run at every explanation: it runs only for a node given hooks (relevant walks
+        # record node states with them). (Global module hooks do not see fxlrp's nodes.)
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         return self.operation.relevance(self.call, self.function, *args, **kwargs, **self.keywords)
