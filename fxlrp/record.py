@@ -214,7 +214,7 @@ class Recorder(TorchFunctionMode):
         if trace:
             node.stack_trace = trace
         self._result(node, value, variable)
-        if variable and kind != "call_module" and _writes(node):
+        if variable and kind != "call_module" and may_write(node):
             written = kwargs.get("out", args[0] if args else None)
             if isinstance(written, Tensor):
                 self.written.add(_storage(written))
@@ -449,9 +449,9 @@ def _storage(tensor: Tensor) -> int:
         return tensor.untyped_storage().data_ptr()
 
 
-def _writes(node: fx.Node) -> bool:
-    """Whether a call writes into its first argument (or ``out=``); kept even if nothing reads
-    its result."""
+def may_write(node: fx.Node) -> bool:
+    """Whether a call writes into its first argument (or ``out=``), or may (a module's code); kept
+    even if nothing reads its result."""
     if "out" in node.kwargs:
         return True
     if node.op == "call_method":
@@ -469,5 +469,5 @@ def _eliminate_dead_code(graph: fx.Graph) -> None:
     """Remove calls whose results nothing uses: values the code computed to read in Python (a mask
     it checked) or did not use. Writes and module calls stay."""
     for node in reversed(list(graph.nodes)):
-        if node.op in ("call_function", "call_method", "get_attr") and not node.users and not _writes(node):
+        if node.op in ("call_function", "call_method", "get_attr") and not node.users and not may_write(node):
             graph.erase_node(node)

@@ -5,12 +5,18 @@ the model's inputs and flows along the values operations pass on; it does not fl
 (``x[index]``, ``scatter_add(dim, index, src)``), shapes, comparisons or freshly created tensors.
 A GCN's degree normalisation computed in forward from ``edge_index`` (``pow``, ``rsqrt``) is
 therefore outside the flow and needs no rule.
+
+In backward, relevance comes back only along the same paths: a value that enters relevance-free
+operations alone (``x.pow(2).mean(-1)`` in an RMSNorm, read by ``rsqrt``, whose output is held
+constant) carries relevance forward, but none ever returns to it, so its operations need no rule
+either and run as the model runs them.
 """
 
 from __future__ import annotations
 
 from torch import fx, nn
 
+from fxlrp.record import may_write
 from fxlrp.registry import REGISTRY, Operation
 
 
@@ -59,6 +65,22 @@ def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module
                 input_relevance is not None and operation is not None and operation.source):
             carrying.add(node)
     return carrying
+
+
+def nodes_relevance_returns_to(graph: fx.Graph, modules: dict[str, nn.Module], carrying: set[fx.Node]) -> set[fx.Node]:
+    """The ``carrying`` nodes relevance comes back to in backward: those with a path of values to
+    the graph's output through relevance-carrying nodes. Calls that may write into their inputs,
+    and values nothing reads, count as returning (what they affect is not in the graph's edges)."""
+    returning: set[fx.Node] = set()
+    for node in reversed(graph.nodes):  # users come after the values they read
+        if node not in carrying:
+            continue
+        if not node.users or node.op != "placeholder" and may_write(node) or any(
+                user.op == "output"
+                or user in returning and node in value_arguments(user, find_operation(user, modules))
+                for user in node.users):
+            returning.add(node)
+    return returning
 
 
 def relevance_factors(node: fx.Node, operation: Operation, carrying: set[fx.Node]) -> int:

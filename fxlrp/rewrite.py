@@ -16,7 +16,12 @@ from fxlrp.graph_module import ExplainedGraphModule
 from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place, rewritten_module_name
 from fxlrp.operations.helpers import method
 from fxlrp.registry import REGISTRY, Kind, Operation
-from fxlrp.relevance_flow import find_operation, nodes_that_may_carry_relevance, relevance_factors
+from fxlrp.relevance_flow import (
+    find_operation,
+    nodes_relevance_returns_to,
+    nodes_that_may_carry_relevance,
+    relevance_factors,
+)
 from fxlrp.report import NodeReport
 from fxlrp.source import function_name, source_line
 
@@ -80,6 +85,9 @@ class Rewriter:
     def run(self) -> fx.GraphModule:
         unsupported: list[fx.Node] = []
         carrying = nodes_that_may_carry_relevance(self.graph, self.modules, self.input_relevance)
+        # (the rest compute constants of the explanation: relevance never reaches them, or never
+        # comes back from what they compute)
+        returning = nodes_relevance_returns_to(self.graph, self.modules, carrying)
         first_layers = self._first_layer_calls(carrying)
         nodes = list(self.graph.nodes)
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
@@ -98,9 +106,10 @@ class Rewriter:
                 if node.op == "call_function" and node.target is getattr or is_container_method(node):
                     self._report(node, "container", "container")
                     continue
-                if node not in carrying:
+                if node not in returning:
                     # Computed from constants, parameters, shapes or indices only (a GCN's degree
-                    # normalisation): no relevance can reach it, so it needs no rule.
+                    # normalisation), or for them only (an RMSNorm's mean square): no relevance
+                    # passes through it, so it needs no rule.
                     self._keep_native(node, operation=None, handling="no relevance")
                     continue
                 unsupported.append(node)
@@ -108,9 +117,9 @@ class Rewriter:
                 continue
             if operation.relevance is None:
                 self._keep_native(node, operation)
-            elif node not in carrying and self._native_equals_explained(node, operation):
-                # A parameter transform (weight standardisation's F.batch_norm on the weights):
-                # no relevance reaches it, so it runs as the model runs it.
+            elif node not in returning and self._native_equals_explained(node, operation):
+                # A parameter transform (weight standardisation's F.batch_norm on the weights), a
+                # norm's statistic: no relevance passes through it, so it runs as the model does.
                 self._keep_native(node, operation, handling="no relevance")
             else:
                 self._substitute(node, operation, node in first_layers, factors[node])

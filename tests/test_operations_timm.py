@@ -576,6 +576,21 @@ def test_timm_modules_match_their_references() -> None:
         assert relative_error(actual, expected(x, relevance)) < TOLERANCE, type(module).__name__
 
 
+def test_operation_without_rule_into_a_statistic_needs_no_rule() -> None:
+    """Relevance never comes back to what a statistic alone reads (held constant, the statistic
+    passes none): here ``cosh``, which has no rule, and the ``pow`` and ``mean`` of an RMSNorm-like
+    scale are accepted by strict conversion and run as the model runs them; relevance is LRP-0 of
+    the function with the statistic detached."""
+    function = lambda x, held: x * held(torch.rsqrt(torch.cosh(x).pow(2).mean(-1, keepdim=True)))  # noqa: E731
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(16), dtype=torch.float64)
+    explain = fxlrp.convert(Op(lambda m, x: function(x, _keep)), Epsilon(0.0))
+    handling = {row.target: row.handling for row in explain.report().rows}
+    assert [handling[name] for name in ("torch.cosh", ".pow()", ".mean()")] == ["no relevance"] * 3
+    relevance = torch.randn(3, 4, dtype=torch.float64)
+    (actual,) = explained_relevance(explain, [x], relevance)
+    assert relative_error(actual, held_reference(function, x, relevance)) < TOLERANCE
+
+
 def test_operation_without_rule_on_a_statistic_needs_no_rule() -> None:
     """A statistic's output carries no relevance, so what is computed from it alone (here
     ``log1p``, which has no rule) is accepted by strict conversion and runs natively."""
