@@ -23,10 +23,21 @@ call each, the order rotating (``gxi`` and ``attnlrp`` in one process; ``lxt_gxi
 ``lxt_attnlrp`` and ``lxt`` in another); ``--rounds`` rounds alternate the processes of the two
 environments; medians of all calls, and paired ratios: the median over repeats of the ratio of
 two configurations' calls of the same repeat, which ran one after the other.
+
+Calls of different methods in one process share glibc's heap, which hands freed memory back to
+the system and faults it in again when the next call needs it: which method pays for that
+depends on which ran before it (on this benchmark's machine, 0 to 8,000 page faults per forward,
+moving between methods as the order changed). Two options take that out:
+
+- ``--isolated``: each configuration times in a process of its own (its steady state, as a user
+  explaining many inputs runs it); paired ratios are then the median over rounds of the ratio of
+  two configurations' median calls in the same round;
+- ``--keep-heap``: every process runs with glibc's trimming off and its mmap threshold fixed at
+  32 MB (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``), so no call faults memory in.
 Memory: in a fresh process per configuration, after a warm-up call, the peak of the bytes
 torch's allocator handed out during one call (profiler statistics, as benchmarks/measure.py).
 
-    python benchmarks/llama_cost.py --threads 2 --rounds 3 --repeats 2
+    python benchmarks/llama_cost.py --threads 2 --rounds 3 --repeats 2 [--isolated] [--keep-heap]
 """
 
 from __future__ import annotations
@@ -54,6 +65,8 @@ LXT = (*LXT_UNPATCHED, "lxt")
 FXLRP = ("attnlrp", "lxt_attnlrp")
 PAIRS = (("attnlrp", "gxi"), ("lxt_attnlrp", "lxt_gxi"), ("lxt", "lxt_gxi"), ("lxt_attnlrp", "lxt"))
 """Ratios taken call by call: the two configurations' calls of one repeat ran one after the other."""
+KEPT_HEAP = {"MALLOC_TRIM_THRESHOLD_": str(2**40), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
+"""glibc keeps freed memory for the process (``--keep-heap``)."""
 
 
 # -- inside a worker process -----------------------------------------------------------------------
@@ -210,10 +223,18 @@ def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.N
                "--threads", str(arguments.threads), "--repeats", str(arguments.repeats),
                "--length", str(arguments.length)] + (["--quick"] if arguments.quick else [])
     environment = dict(os.environ, PYTHONPATH=ROOT, TRANSFORMERS_VERBOSITY="error")
+    if arguments.keep_heap:
+        environment.update(KEPT_HEAP)
     completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
     if completed.returncode != 0:
         raise RuntimeError(f"{' '.join(names)} ({mode}) failed:\n{completed.stderr[-3000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def _paired(times: dict[str, list[float]], name: str, base: str) -> float:
+    """The median ratio of ``name``'s times to ``base``'s, taken position by position (calls of one
+    repeat, or one round's medians)."""
+    return statistics.median(a / b for a, b in zip(times[name], times[base], strict=True))
 
 
 def _relative_error(ours: list, theirs: list) -> float:
@@ -236,22 +257,26 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
         torch.save(model.state_dict(), state)
         del model
         times: dict[str, list[float]] = {name: [] for name in MAIN + LXT}
+        round_medians: dict[str, list[float]] = {name: [] for name in MAIN + LXT}
         relevance: dict[str, list] = {}
         versions: dict[str, str] = {}
         for _ in range(arguments.rounds):
             for python, names in ((sys.executable, MAIN), (LXT_PYTHON, LXT)):
-                result = _spawn(python, "time", names, arguments, state)
-                for name in names:
-                    times[name] += result["times"][name]
-                relevance.update(result["relevance"])
-                versions[names[0]] = f"torch {result['torch']}, transformers {result['transformers']}"
+                for group in ([(name,) for name in names] if arguments.isolated else [names]):
+                    result = _spawn(python, "time", group, arguments, state)
+                    for name in group:
+                        times[name] += result["times"][name]
+                        round_medians[name].append(statistics.median(result["times"][name]))
+                    relevance.update(result["relevance"])
+                    versions[names[0]] = f"torch {result['torch']}, transformers {result['transformers']}"
         memory = {name: _spawn(LXT_PYTHON if name.startswith("lxt") else sys.executable, "memory", (name,),
                                arguments, state)["allocated_mb"] for name in MAIN + LXT}
     return {
         "config": config, "length": arguments.length, "threads": arguments.threads,
         "seconds": {name: statistics.median(values) for name, values in times.items()},
-        "paired": {f"{name} / {base}": statistics.median(a / b for a, b in zip(times[name], times[base], strict=True))
+        "paired": {f"{name} / {base}": _paired(round_medians if arguments.isolated else times, name, base)
                    for name, base in PAIRS},
+        "isolated": arguments.isolated, "keep_heap": arguments.keep_heap,
         "times": times, "allocated_mb": memory, "versions": versions,
         "attnlrp_vs_lxt_relative_error": _relative_error(relevance["attnlrp"], relevance["lxt"]),
         "same_environment_relative_error": _relative_error(relevance["lxt_attnlrp"], relevance["lxt"]),
@@ -298,6 +323,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--quick", action="store_true", help="a tiny model, to check the script")
+    parser.add_argument("--isolated", action="store_true", help="time each configuration in a process of its own")
+    parser.add_argument("--keep-heap", action="store_true", help="glibc keeps freed memory (no trimming)")
     parser.add_argument("--json", help="also write the report here")
     parser.add_argument("--table", help="print the table of a report written with --json, and stop")
     parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
@@ -317,7 +344,8 @@ def main() -> None:
         with open(arguments.json, "w") as file:
             json.dump(report, file, indent=1)
     print(table(report))
-    print("Paired ratios (median over repeats of the ratio of adjacent calls): " + ", ".join(
+    pairing = "of the rounds' medians" if report.get("isolated") else "over repeats of adjacent calls"
+    print(f"Paired ratios (median ratio {pairing}; heap kept: {report.get('keep_heap', False)}): " + ", ".join(
         f"{pair} {ratio:.3f}" for pair, ratio in report["paired"].items()))
     print(f"AttnLRP vs LXT relative error: {report['attnlrp_vs_lxt_relative_error']:.1e} "
           f"(same environment: {report.get('same_environment_relative_error', float('nan')):.1e}); "
