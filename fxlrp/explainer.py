@@ -206,7 +206,7 @@ class _Recorder(fx.Interpreter):
         return value
 
 
-def output_relevance(output: Tensor, target: Any) -> Tensor:
+def output_relevance(output: Tensor, target: Any, samples: int | None = None) -> Tensor:
     """The relevance to start from: the output times a one-hot mask of ``target``.
 
     ``target`` may be a class index, a tensor of one index per sample, None (each sample's
@@ -216,13 +216,18 @@ def output_relevance(output: Tensor, target: Any) -> Tensor:
     (``[batch, classes]``, ``[batch, positions, classes]``), except in an image-shaped output of four
     or more dimensions (``[batch, classes, height, width]``, a segmentation model's), where they are
     in dimension 1 and a class is explained at every pixel (None: each pixel's top class).
+    ``samples``: the batch size of the explained inputs, if they have one; a one-dimensional output
+    of that length holds one value per sample (a regression, a score, a node's): None explains each
+    sample's value, an index the value of that sample.
     """
     if isinstance(target, Tensor) and target.shape == output.shape and target.is_floating_point():
         return target
     if output.dim() == 0:
         return output.detach().clone()
+    if target is None and output.dim() == 1 and samples is not None and output.shape[0] == samples:
+        return output.detach().clone()  # (an index still picks one sample: a node of a graph)
     if isinstance(target, tuple) and len(target) == 2:
-        return output_relevance(output, target[0]) - output_relevance(output, target[1])
+        return output_relevance(output, target[0], samples) - output_relevance(output, target[1], samples)
     if output.dim() > 3:
         return _dense_relevance(output, target)
     return _class_relevance(output, target)
@@ -420,7 +425,8 @@ def _backward(
             )
         if check_finite:
             refuse_non_finite_output(explained)
-        starts = [output_relevance(explained, one) for one in (target if many else [target])]
+        samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
+        starts = [output_relevance(explained, one, samples) for one in (target if many else [target])]
         if gradient:  # g = R / y at the output
             starts = [divide_dropping_zeros(start, explained.detach()) for start in starts]
         found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)

@@ -419,6 +419,32 @@ def test_an_image_shaped_output_has_its_classes_in_dimension_1() -> None:
         fxlrp.attribute(explain, x, target=6)  # a column of the width, before
 
 
+class Scores(nn.Module):
+    """One value per sample (a regression or a score): ``[batch, features] -> [batch]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(6)
+        self.hidden, self.act, self.score = nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.score(self.act(self.hidden(x))).squeeze(-1)
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_an_output_of_one_value_per_sample_explains_every_sample(capture: str) -> None:
+    """target=None explains each sample's value (before, the batch was taken for classes and only
+    the highest-scoring sample was explained, the others got 0); an index explains one sample."""
+    model = Scores().double().eval()
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: out)
+    assert relative_error(fxlrp.attribute(explain, x), expected) < 1e-12
+    one = fxlrp.attribute(explain, x, target=1)
+    assert relative_error(one[1], expected[1]) < 1e-12 and not one[[0, 2]].any()
+    assert relative_error(fxlrp.attribute(explain, x[:1]), expected[:1]) < 1e-12  # a batch of one
+
+
 @pytest.mark.parametrize("wrap", ["torch.compile", "nn.DataParallel", "both"])
 def test_a_model_wrapped_by_torch_compile_or_data_parallel_is_explained_as_the_model(wrap: str) -> None:
     """The wrappers compute the model's function (their forward takes ``*args``, which fxlrp could
