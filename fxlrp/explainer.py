@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -152,9 +153,19 @@ class Explainer(nn.Module):
         a call's inputs, those of the graph that call runs (one traced for the optional inputs it
         leaves None and the settings it gives, see :meth:`bind_inputs`)."""
         if args or kwargs:
-            return self.explainer_for(*args, **kwargs)[0]._report
+            return self.explainer_for(*args, **kwargs)[0]._with_replays()
         self.follow_model()
-        return self._report
+        return self._with_replays()
+
+    def _with_replays(self) -> Report:
+        """The conversion's report, with what the parts run eagerly have recorded by now."""
+        replays = {}
+        for module in self.graph_module.modules():
+            recordings = getattr(getattr(module, "function", None), "recordings", None)
+            if recordings is not None:
+                site = module.call.site
+                replays[site.module_name if site is not None and site.module_name else ""] = recordings.summary()
+        return dataclasses.replace(self._report, replays=replays) if replays else self._report
 
     def _graph_nodes(self, names: Sequence[str]) -> dict[str, fx.Node]:
         """Graph node of each report name: rewritten nodes are call_module nodes whose target

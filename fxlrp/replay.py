@@ -77,6 +77,19 @@ class Recordings:
         self.refused: dict[Hashable, str] = {}
         self.lock = threading.Lock()
 
+    def summary(self) -> str:
+        """What :meth:`fxlrp.explainer.Explainer.report` says of this part: the signatures it
+        replays, and why the others run eagerly (each reason once)."""
+        with self.lock:
+            sizes = [len(replay.graph_module.graph.nodes) for replay in self.replays.values()]
+            reasons = list(dict.fromkeys(self.refused.values()))
+        said = (f"{len(sizes)} input signature(s) replayed as recorded graphs ({', '.join(map(str, sizes))} nodes)"
+                if sizes else "no recorded graph")
+        if reasons:
+            said += (f"; {len(self.refused)} signature(s) run eagerly, not recorded: "
+                     + "; ".join(_first_line(reason) for reason in reasons))
+        return said
+
     def replay_for(self, call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dict) -> Replay | None:
         """The replay for this call's signature: kept, recorded now (the signature's second
         call), or None (run eagerly)."""
@@ -110,6 +123,10 @@ class Recordings:
             if len(self.replays) > KEPT:
                 self.replays.popitem(last=False)
         return replay
+
+
+def _first_line(reason: str) -> str:
+    return reason.strip().splitlines()[0] if reason.strip() else reason
 
 
 def _is_explained(module: nn.Module) -> bool:

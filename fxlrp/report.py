@@ -35,6 +35,9 @@ class Report:
     rows: Sequence[NodeReport]
     eager_modules: Mapping[str, str] = field(default_factory=dict)
     """Modules torch.fx could not trace, run eagerly (``""``: the whole model), with its reason."""
+    replays: Mapping[str, str] = field(default_factory=dict)
+    """For each module run eagerly, the input signatures it replays as recorded graphs so far, and
+    why others keep running eagerly (:mod:`fxlrp.replay`)."""
 
     @property
     def capture(self) -> str:
@@ -68,6 +71,7 @@ class Report:
         counts = ", ".join(f"{count} {handling}" for handling, count in sorted(self.counts.items()))
         lines.append(f"{self.model_name}: {len(self.rows)} nodes ({counts}); coverage {self.coverage:.2%}")
         lines.append(self.capture)
+        lines += [f"recorded runs of {name or 'the whole model'}: {said}" for name, said in self.replays.items()]
         return "\n".join(lines)
 
 

@@ -242,3 +242,24 @@ def test_dropout_is_recorded_as_the_identity() -> None:
         assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
     [recorded] = recordings(explain)
     assert len(recorded.replays) == 1
+
+
+def test_the_report_says_what_each_part_run_eagerly_replays_and_why_not() -> None:
+    """explain.report() counts the recorded graphs of each part run eagerly and gives, once, the
+    reason a signature keeps running eagerly."""
+    torch.manual_seed(0)
+    explain = fxlrp.convert(Wrapped(PerToken()).double().eval(), LRP0)
+    assert "recorded runs" not in str(explain.report())  # nothing run yet
+    for length in (3, 3, 5, 5, 5):
+        fxlrp.attribute(explain, torch.randn(2, length, 4, dtype=torch.float64), target=1)
+    [[size_3, size_5]] = [[len(replay.graph_module.graph.nodes) for replay in recorded.replays.values()]
+                          for recorded in recordings(explain)]
+    assert str(explain.report()).splitlines()[-1] == (
+        f"recorded runs of inner: 2 input signature(s) replayed as recorded graphs ({size_3}, {size_5} nodes)")
+
+    branching = fxlrp.convert(ValueBranch().double().eval(), LRP0)
+    for _ in range(3):
+        fxlrp.attribute(branching, torch.rand(2, 3, 4, dtype=torch.float64), target=1)
+    last = str(branching.report()).splitlines()[-1]
+    assert last.startswith("recorded runs of the whole model: no recorded graph; 1 signature(s) run eagerly, "
+                           "not recorded: RecordingFailed: ") and "reads values of the run" in last
