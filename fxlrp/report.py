@@ -71,7 +71,9 @@ class Report:
         counts = ", ".join(f"{count} {handling}" for handling, count in sorted(self.counts.items()))
         lines.append(f"{self.model_name}: {len(self.rows)} nodes ({counts}); coverage {self.coverage:.2%}")
         lines.append(self.capture)
-        lines += [f"recorded runs of {name or 'the whole model'}: {said}" for name, said in self.replays.items()]
+        # (a report saved before recorded runs existed has no ``replays``)
+        lines += [f"recorded runs of {name or 'the whole model'}: {said}"
+                  for name, said in getattr(self, "replays", {}).items()]
         return "\n".join(lines)
 
 
