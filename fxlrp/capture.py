@@ -159,7 +159,7 @@ def capture(
         if failure is not None:
             if path == "fx":
                 raise CaptureError(_explain_capture_failure(model, failure)) from failure
-            failing, reason = tracer.failing_module or "", _first_line(failure)
+            failing, reason = tracer.failing_module or "", first_line(failure)
             if failing == "" or failing in eager:
                 return Capture(whole_model_graph(model), eager_modules={"": reason})
             eager[failing] = reason
@@ -242,7 +242,8 @@ def whole_model_graph(model: nn.Module) -> fx.Graph:
     return graph
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """``Type: the message's first line``, at most 200 characters: a reason in a report line."""
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
 

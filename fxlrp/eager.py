@@ -39,7 +39,7 @@ def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: 
             recordings = runner.recordings = Recordings()
         replay = recordings.replay_for(call, runner, args, kwargs)
         if replay is not None:
-            return replay(args, kwargs)
+            return replay()
     return run_interpreted(call, runner, *args, **kwargs)
 
 

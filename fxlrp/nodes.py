@@ -68,9 +68,6 @@ class RelevanceNode(nn.Module):
             return super().__call__(*args, **kwargs)
         return self.forward(*args, **kwargs)
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        return self.operation.relevance(self.call, self.function, *args, **kwargs, **self.keywords)
-
     def extra_repr(self) -> str:
         return f"{self.operation.name}, rule={self.call.rule!r}"
 
@@ -79,14 +76,15 @@ _outside_compilation: list[Any] = []  # not functools.cache: Dynamo traces throu
 
 
 def _run_outside_compilation() -> Any:
-    """``RelevanceNode.run`` skipped by TorchDynamo. Dynamo cannot trace a relevance function (it
+    """``RelevanceNode.forward`` skipped by TorchDynamo (inside, nothing is compiling: it runs the
+    relevance function). Dynamo cannot trace a relevance function (it
     builds the inner autograd graph its backward uses, and keeps Python state from forward to
     backward): under torch.compile(explain) it broke the graph inside and recompiled the node's
     forward for every node until its recompile limit. Skipped, it runs as in eager, once per call.
     Made at the first compilation, since torch.compiler.disable imports Dynamo (1.2 s on import of
     fxlrp otherwise). Compiled explanations: fxlrp.compile."""
     if not _outside_compilation:
-        _outside_compilation.append(torch.compiler.disable(RelevanceNode.run))
+        _outside_compilation.append(torch.compiler.disable(RelevanceNode.forward))
     return _outside_compilation[0]
 
 

@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from torch import Tensor, fx, nn
 
 from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import canonicalise_in_place
-from fxlrp.capture import RelevanceTracer, call_beyond_forward
+from fxlrp.capture import RelevanceTracer, call_beyond_forward, first_line
 from fxlrp.interpret import LayerRunner, intercepted_functions
 from fxlrp.record import CONSTANT_TYPES, Recording, record
 from fxlrp.registry import REGISTRY
@@ -36,10 +37,10 @@ KEPT = 8
 """Recorded graphs kept per part run eagerly."""
 
 
-def signature(args: tuple, kwargs: dict) -> Hashable | None:
-    """What a recorded graph of a call with these arguments is valid for, or None when an
-    argument is not a value a signature can hold (an object, a cache)."""
-    leaves, spec = pytree.tree_flatten((args, kwargs))
+def signature(leaves: list[Any], spec: pytree.TreeSpec) -> Hashable | None:
+    """What a recorded graph of a call with these arguments (``pytree.tree_flatten((args,
+    kwargs))``) is valid for, or None when an argument is not a value a signature can hold (an
+    object, a cache)."""
     described: list[Hashable] = [spec, torch.is_grad_enabled(), torch.get_default_dtype()]
     for leaf in leaves:
         if isinstance(leaf, Tensor):
@@ -63,8 +64,8 @@ class Replay:
     graph_module: fx.GraphModule
     recording: Recording
 
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
-        tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, Tensor)]
+    def __call__(self, tensors: list[Tensor]) -> Any:
+        """The result for a call whose arguments hold ``tensors`` (in pytree order)."""
         return self.recording.rebuild(self.graph_module(*tensors))
 
 
@@ -87,13 +88,19 @@ class Recordings:
                 if sizes else "no recorded graph")
         if reasons:
             said += (f"; {len(self.refused)} signature(s) run eagerly, not recorded: "
-                     + "; ".join(_first_line(reason) for reason in reasons))
+                     + "; ".join(reasons))
         return said
 
-    def replay_for(self, call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dict) -> Replay | None:
-        """The replay for this call's signature: kept, recorded now (the signature's second
-        call), or None (run eagerly)."""
-        key = signature(args, kwargs)
+    def replay_for(self, call: RelevanceCall, runner: LayerRunner, args: tuple,
+                   kwargs: dict) -> Callable[[], Any] | None:
+        """This call run by the replay of its signature (kept, or recorded now: the signature's
+        second call), or None (run eagerly)."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))  # (once per call: the signature and the replay's inputs)
+        replay = self._replay(call, runner, args, kwargs, signature(leaves, spec))
+        return None if replay is None else partial(replay, [leaf for leaf in leaves if isinstance(leaf, Tensor)])
+
+    def _replay(self, call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dict,
+                key: Hashable | None) -> Replay | None:
         if key is None or call.composite is None:
             return None
         with self.lock:
@@ -114,7 +121,7 @@ class Recordings:
             # (RecordingFailed: the run depends on more than its signature; UnsupportedOperationError:
             # the relevance mode names or warns about the operation itself)
             with self.lock:
-                self.refused[key] = f"{type(refusal).__name__}: {refusal}"
+                self.refused[key] = first_line(refusal)
                 if len(self.refused) > 4 * KEPT:
                     del self.refused[next(iter(self.refused))]
             return None
@@ -123,10 +130,6 @@ class Recordings:
             if len(self.replays) > KEPT:
                 self.replays.popitem(last=False)
         return replay
-
-
-def _first_line(reason: str) -> str:
-    return reason.strip().splitlines()[0] if reason.strip() else reason
 
 
 def _is_explained(module: nn.Module) -> bool:
