@@ -99,6 +99,22 @@ def test_identity_rule_at_inputs_of_zero(capture) -> None:
     assert relative_error(gradient, relevance) <= 1e-12
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.float64, 1e-14)])
+def test_silu_identity_rule_over_its_whole_range(dtype, tolerance) -> None:
+    """SiLU's identity rule in the gradient form (``g sigmoid(x)`` in closed form, in one pass)
+    conserves relevance at every unit: ``x g_x = silu(x) g`` from -120 to 120 (where ``exp(x)``
+    overflows float32 and the sigmoid rounds to 1), and 0 at ``x = 0``."""
+    x = torch.cat([torch.linspace(-120, 120, 2001, dtype=dtype), torch.zeros(3, dtype=dtype)]).requires_grad_()
+    g = torch.linspace(-2, 3, x.numel(), dtype=dtype)
+    with gradient_form(True):
+        y = fxlrp.relevance.apply_pass(F.silu, (0,), x, recomputable=True)
+        (x_gradient,) = torch.autograd.grad(y, x, g)
+    conserved = (F.silu(x) * g).detach()
+    assert torch.isfinite(x_gradient).all()
+    assert relative_error(x * x_gradient, conserved) <= tolerance
+    assert (x_gradient[-3:] == 0).all()
+
+
 def test_gradient_form_for_token_ids_and_several_targets() -> None:
     """GPT-2 (run eagerly; its LayerNorm computes in float64, where Llama's RMSNorm would upcast to
     float32) explained per token for three next tokens at once, AttnLRP(0)."""

@@ -95,14 +95,23 @@ def scaled_gradient(tensor: Tensor, scale: float) -> Tensor:
     return tensor if scale == 1.0 else ScaledGradient.apply(tensor, scale)
 
 
-RATIOS: dict[Any, Callable[[Tensor], Tensor]] = {F.silu: torch.sigmoid, nn.SiLU: torch.sigmoid}
-"""``f(x) / x`` in closed form for activations (functions, or module types) whose identity rule
-is common enough to save the passes of recomputing ``f(x)`` and dividing by ``x``: SiLU's is
-``sigmoid(x)`` (Llama, Qwen, Gemma's gated MLPs; LXT keeps ``f(x) / (x + 1e-10)`` from forward)."""
+def sigmoid_times(x: Tensor, gradient: Tensor) -> Tensor:
+    """``gradient * sigmoid(x)`` in one pass (a fresh tensor): softplus's backward, whose
+    derivative is the sigmoid. Beyond ``threshold`` that kernel passes the gradient unchanged;
+    it is set where the sigmoid rounds to 1 in the dtype, and ``exp(x)`` below it is finite."""
+    threshold = 40.0 if x.dtype == torch.float64 else 20.0
+    return torch.ops.aten.softplus_backward(gradient, x, 1.0, threshold)
 
 
-def _ratio_of(function: Any) -> Callable[[Tensor], Tensor] | None:
-    """The closed-form ``f(x) / x`` of ``function`` (possibly bound to keyword arguments), if known."""
+RATIOS: dict[Any, Callable[[Tensor, Tensor], Tensor]] = {F.silu: sigmoid_times, nn.SiLU: sigmoid_times}
+"""``g * f(x) / x`` in closed form (a fresh tensor) for activations (functions, or module types)
+whose identity rule is common enough to save the passes of recomputing ``f(x)``, dividing by
+``x`` and multiplying by ``g``: SiLU's ratio is ``sigmoid(x)`` (Llama, Qwen, Gemma's gated MLPs;
+LXT keeps ``f(x) / (x + 1e-10)`` from forward)."""
+
+
+def _ratio_of(function: Any) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """The closed-form ``g * f(x) / x`` of ``function`` (possibly bound to keyword arguments), if known."""
     if isinstance(function, partial):
         if function.args or any(value is not False for value in function.keywords.values()):
             return None  # only ``inplace=False`` leaves the map as it is
@@ -134,11 +143,11 @@ class IdentityRuleGradient(torch.autograd.Function):
         for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
             inputs[index] = value
         receivers = [index for index, share in enumerate(ctx.shares) if share != 0.0]
-        ratio, output = _activation_ratio(ctx, inputs, receivers, gradient)
-        if ratio is not None:  # one receiver of the output's shape: f(x) / x * g
+        weighted, output = _weighted_by_ratio(ctx, inputs, receivers, gradient)
+        if weighted is not None:  # one receiver of the output's shape: g f(x) / x
             share = ctx.shares[receivers[0]]
             result: list[Tensor | None] = [None] * len(inputs)
-            result[receivers[0]] = ratio.mul_(gradient * share if share != 1.0 else gradient)
+            result[receivers[0]] = weighted.mul_(share) if share != 1.0 else weighted
             return (None, None, *result)
         if output is None:
             with torch.no_grad():
@@ -155,10 +164,10 @@ class IdentityRuleGradient(torch.autograd.Function):
         return (None, None, *result)
 
 
-def _activation_ratio(
+def _weighted_by_ratio(
     ctx: Any, inputs: list[Any], receivers: list[int], gradient: Tensor,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """``(f(x) / x, None)`` (0 where ``x = 0``) in a fresh buffer, for a function of one receiving
+    """``(g f(x) / x, None)`` (0 where ``x = 0``) in a fresh buffer, for a function of one receiving
     input of the output's shape (an activation); else ``(None, the recomputed output or None)``."""
     if len(receivers) != 1 or not isinstance(inputs[receivers[0]], Tensor):
         return None, None
@@ -169,20 +178,20 @@ def _activation_ratio(
     # square inside a norm's statistic, which is held constant).
     closed_form = _ratio_of(ctx.function) if len(inputs) == 1 else None
     if closed_form is not None:
-        ratio = closed_form(x)
+        weighted = closed_form(x, gradient)
         # An input of exactly 0 gets 0, as f(x) / x does (the rule before it drops the relevance
         # of a zero output): looked for by a read-only pass, written only where there are any.
         # (count_nonzero reads x as it is; torch.all first copies a float tensor to booleans,
         # which took twice as long on the Llama benchmark's activations.)
         if not known_on_host(x, lambda x: torch.count_nonzero(x) == x.numel()):
-            ratio.masked_fill_(x == 0, 0.0)
-        return ratio, None
+            weighted.masked_fill_(x == 0, 0.0)
+        return weighted, None
     with torch.no_grad():
         output = ctx.function(*inputs)
     if output.shape != x.shape or output.data_ptr() == x.data_ptr():
         return None, output  # broadcasting, or worked in place: the general path
     # in the recomputed output's buffer; 0 / 0 and overflow to 0
-    return torch.nan_to_num_(output.div_(x), nan=0.0, posinf=0.0, neginf=0.0), None
+    return torch.nan_to_num_(output.div_(x), nan=0.0, posinf=0.0, neginf=0.0).mul_(gradient), None
 
 
 def relevance_at(value: Tensor, gradient: Tensor | None) -> Tensor | None:
