@@ -270,7 +270,7 @@ class Interpretation:
         """``operation``'s relevance function on this call, or the native call without one."""
         if operation.relevance is None:
             return function(*args, **kwargs)
-        result = operation.relevance(self.call_for(operation, args), function, *args, **kwargs)
+        result = operation.explained(self.call_for(operation, args), function, *args, **kwargs)
         if self.holds_first_layer and isinstance(result, Tensor) and result.grad_fn is not None \
                 and self.composite.may_hold_first_layer(operation):
             self.layer_outputs[id(result.grad_fn)] = result.grad_fn  # (kept: ids stay unique)

@@ -58,7 +58,7 @@ class RelevanceNode(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             return _run_outside_compilation()(self, *args, **kwargs)
-        return self.operation.relevance(self.call, self.function, *args, **kwargs, **self.keywords)
+        return self.operation.explained(self.call, self.function, *args, **kwargs, **self.keywords)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # nn.Module's call machinery costs more than a view's own work, in graphs of hundreds of

@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
+
+from fxlrp.relevance.roles import mark
 
 
 class Kind(enum.Enum):
@@ -80,6 +82,14 @@ class Operation:
     arguments (``lambda args: args[:2]``). Where two or more carry relevance, the rule the call is
     given is a :class:`~fxlrp.rules.Product` rule (:meth:`fxlrp.composites.Composite.resolve`);
     which do is read from the graph at conversion, from the tensors in code run eagerly."""
+    role: str | None = None
+    """The role of its output for the products it enters (:mod:`fxlrp.relevance.roles`: a gate,
+    attention weights, a gating activation): :meth:`explained` marks its results with it."""
+
+    def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``relevance(call, function, *args, **kwargs)``, its output marked with :attr:`role`."""
+        result = self.relevance(call, function, *args, **kwargs)
+        return mark(result, self.role) if self.role is not None and isinstance(result, Tensor) else result
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled by name (an explainer saved with torch.save): its functions may be closures, and

@@ -51,7 +51,7 @@ ACTIVATION_MODULES: tuple[type, ...] = tuple(
 )
 """transformers' smooth elementwise activation modules that get the identity rule as a whole."""
 
-_ACTIVATION = passes((0,), recomputable=True, role=ACTIVATION)
+_ACTIVATION = passes((0,), recomputable=True)
 
 
 def activation_module(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
@@ -74,6 +74,7 @@ TRANSFORMERS_ACTIVATION = register(
         functions=tuple(dict.fromkeys(module_type.forward for module_type in ACTIVATION_MODULES)),
         modules=ACTIVATION_MODULES,
         relevance=activation_module,
+        role=ACTIVATION,
         module_function=module_as_function,
         leaf=True,
         description="Hugging Face transformers' activation modules (gelu_new, gelu_fast, quick_gelu, ...): "

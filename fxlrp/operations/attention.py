@@ -31,16 +31,17 @@ from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance import AffineLayer
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
-from fxlrp.relevance.roles import ATTENTION, mark, role_of
+from fxlrp.relevance.roles import ATTENTION, role_of
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import Index, Piece, decomposed_in_backward
 from fxlrp.rules import Epsilon
 
 
 def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """The node's rule (AttnLRP's softmax rule by default); the output is marked as attention weights."""
+    """The node's rule (AttnLRP's softmax rule by default); the output is attention weights (the
+    entry's role)."""
     layer = call.layer(bind(function, kwargs), softmax_dim=softmax_dimension(function, input, args, kwargs))
-    return mark(call.affine(layer, input, *args), ATTENTION)
+    return call.affine(layer, input, *args)
 
 
 def softmax_dimension(function: Any, input: Tensor, args: tuple, kwargs: dict[str, Any]) -> int | None:
@@ -61,6 +62,7 @@ register(
         methods=("softmax",),
         modules=(nn.Softmax,),
         relevance=softmax,
+        role=ATTENTION,
         module_function=module_as_function,
         default_rule=SoftmaxRule,
         description="softmax: AttnLRP rule R_in = x (R - s sum R); output marked as attention weights",

@@ -131,7 +131,8 @@ register(
         ),
         methods=("tanh",),
         modules=SMOOTH_ACTIVATION_MODULES,
-        relevance=passes((0,), recomputable=True, role=ACTIVATION),
+        relevance=passes((0,), recomputable=True),
+        role=ACTIVATION,
         module_function=module_as_function,
         description="smooth activations: identity rule, R_in = R_out",
     )

@@ -19,12 +19,12 @@ from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import apply_pass
-from fxlrp.relevance.roles import GATE, mark
+from fxlrp.relevance.roles import GATE
 
 
 def gate(call: RelevanceCall, function: Callable[..., Tensor], input: Any, *args: Any, **kwargs: Any) -> Tensor:
-    """``R_in = R_out``; the output is marked as a gate."""
-    return mark(apply_pass(bind(function, kwargs), (0,), input, *args), GATE)
+    """``R_in = R_out`` (the output is a gate: the entry's role)."""
+    return apply_pass(bind(function, kwargs), (0,), input, *args)
 
 
 register(
@@ -35,6 +35,7 @@ register(
         methods=("sigmoid",),
         modules=(nn.Sigmoid, nn.Hardsigmoid),
         relevance=gate,
+        role=GATE,
         module_function=module_as_function,
         description="sigmoid, hardsigmoid: identity rule; the output is a gate (no relevance in x * gate by default)",
     )

@@ -11,7 +11,6 @@ from torch import Tensor, nn
 
 from fxlrp.call import RelevanceCall
 from fxlrp.relevance import apply_pass
-from fxlrp.relevance.roles import mark
 
 
 def bind(function: Callable[..., Tensor], kwargs: dict[str, Any]) -> Callable[..., Tensor]:
@@ -50,17 +49,15 @@ def weighted(
 
 
 def passes(
-    receivers: tuple[int, ...] | None, recomputable: bool = False, role: str | None = None, linear: bool = False
+    receivers: tuple[int, ...] | None, recomputable: bool = False, linear: bool = False
 ) -> Callable[..., Tensor]:
     """Identity rule: relevance goes unchanged to ``receivers`` (equal shares when several
     carry relevance; all relevance-carrying arguments when None). ``recomputable``: the operation
     is a pure elementwise map, whose output a following rule may recompute instead of keeping it.
-    ``linear``: the operation is linear in each receiver (see :func:`~fxlrp.relevance.apply_pass`).
-    ``role``: marks the output (see :mod:`fxlrp.relevance.roles`) for the products it enters."""
+    ``linear``: the operation is linear in each receiver (see :func:`~fxlrp.relevance.apply_pass`)."""
 
     def relevance(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any):
-        output = apply_pass(bind(function, kwargs), receivers, *args, recomputable=recomputable, linear=linear)
-        return output if role is None else mark(output, role)
+        return apply_pass(bind(function, kwargs), receivers, *args, recomputable=recomputable, linear=linear)
 
     return relevance
 
