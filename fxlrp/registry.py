@@ -85,6 +85,11 @@ class Operation:
     role: str | None = None
     """The role of its output for the products it enters (:mod:`fxlrp.relevance.roles`: a gate,
     attention weights, a gating activation): :meth:`explained` marks its results with it."""
+    moves_values: bool = False
+    """Whether its output is its first argument's values moved, re-typed or selected (views,
+    copies, casts, indexing): its relevance function hands that argument's role on, and is the
+    native call where the argument can hold none (see
+    :func:`fxlrp.relevance_flow.nodes_that_may_hold_roles`)."""
 
     def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``relevance(call, function, *args, **kwargs)``, its output marked with :attr:`role`."""

@@ -14,10 +14,12 @@ either and run as the model runs them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import fx, nn
 
 from fxlrp.record import may_write
-from fxlrp.registry import REGISTRY, Operation
+from fxlrp.registry import REGISTRY, Kind, Operation
 
 
 def find_operation(node: fx.Node, modules: dict[str, nn.Module]) -> Operation | None:
@@ -81,6 +83,27 @@ def nodes_relevance_returns_to(graph: fx.Graph, modules: dict[str, nn.Module], c
                 for user in node.users):
             returning.add(node)
     return returning
+
+
+def nodes_that_may_hold_roles(graph: fx.Graph, operation_of: Callable[[fx.Node], Operation | None],
+                              carrying: set[fx.Node]) -> set[fx.Node]:
+    """Relevance-carrying nodes whose values may have a role (:mod:`fxlrp.relevance.roles`): the
+    outputs of operations that give one, of parts that run code of their own and the graph's
+    inputs (either may hand on a marked tensor), and what takes its values from such a node
+    through operations without a rule of their own (views, copies, writes, containers). A rule's
+    output is a fresh tensor. Only these roles can matter: products and attention read the roles
+    of their relevance-carrying factors alone."""
+    holding: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node not in carrying:
+            continue
+        operation = operation_of(node) if node.op != "placeholder" else None
+        if node.op == "placeholder" or operation is not None and (operation.role or operation.holds_layers):
+            holding.add(node)
+        elif (operation is None or operation.kind is Kind.NATIVE) and any(
+                source in holding for source in node.all_input_nodes):
+            holding.add(node)
+    return holding
 
 
 def relevance_factors(node: fx.Node, operation: Operation, carrying: set[fx.Node]) -> int:

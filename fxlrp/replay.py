@@ -167,5 +167,5 @@ def _recorded(call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dic
     }
     rewriter = Rewriter(root, graph, call.composite, strict=True, warn_lost_relevance=call.warn_lost_relevance,
                         in_place_modules=in_place_modules, modules=modules, input_relevance=carrying_inputs,
-                        first_layer=site is not None and site.is_first_layer)
+                        first_layer=site is not None and site.is_first_layer, named_nodes=False)
     return Replay(rewriter.run(), recording)

@@ -20,6 +20,7 @@ from fxlrp.relevance_flow import (
     find_operation,
     nodes_relevance_returns_to,
     nodes_that_may_carry_relevance,
+    nodes_that_may_hold_roles,
     relevance_factors,
 )
 from fxlrp.report import NodeReport
@@ -62,13 +63,18 @@ class Rewriter:
                  warn_lost_relevance: bool, in_place_modules: set[str],
                  modules: dict[str, nn.Module] | None = None, constants: dict[str, Any] | None = None,
                  eager_modules: dict[str, str] | None = None, input_relevance: dict[str, bool] | None = None,
-                 first_layer: bool = True) -> None:
+                 first_layer: bool = True, named_nodes: bool = True) -> None:
         """``input_relevance``: for a recorded run (:mod:`fxlrp.replay`), which inputs carry
         relevance; relevance then also starts at every embedding lookup, as in code run eagerly.
-        ``first_layer``: whether the graph's inputs are where the composite's first layer may be."""
+        ``first_layer``: whether the graph's inputs are where the composite's first layer may be.
+        ``named_nodes``: whether every node of an operation with a relevance function stays a
+        module named after the node, which hooks can reach (relevant walks record node states
+        by name); else views that hand on no role are plain calls (a recorded run's graph, whose
+        nodes are nobody's rows: hundreds of views per Llama call, each a Python call less)."""
         self.model = model
         self.input_relevance = input_relevance
         self.first_layer = first_layer
+        self.named_nodes = named_nodes
         self.constants = constants or {}
         self.eager_modules = eager_modules or {}
         self.graph = graph
@@ -93,6 +99,7 @@ class Rewriter:
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
         factors = {node: relevance_factors(node, operation, carrying)
                    for node in nodes if (operation := self._operation_of(node)) is not None}
+        plain_views = set() if self.named_nodes else self._views_handing_on_no_role(carrying)
         for node in nodes:
             if node.op in ("placeholder", "output"):
                 role = "input" if node.op == "placeholder" else "output"
@@ -116,6 +123,8 @@ class Rewriter:
                 self._keep_native(node, operation=None)
                 continue
             if operation.relevance is None:
+                self._keep_native(node, operation)
+            elif node in plain_views:
                 self._keep_native(node, operation)
             elif node not in returning and self._native_equals_explained(node, operation):
                 # A parameter transform (weight standardisation's F.batch_norm on the weights), a
@@ -160,6 +169,14 @@ class Rewriter:
             elif meets_input:
                 raw.add(node)
         return first
+
+    def _views_handing_on_no_role(self, carrying: set[fx.Node]) -> set[fx.Node]:
+        """Nodes of operations that move values whose first argument can hold no role: their
+        relevance function would hand none on, so it is their native call."""
+        holding = nodes_that_may_hold_roles(self.graph, self._operation_of, carrying)
+        return {node for node in self.graph.nodes
+                if (operation := self._operation_of(node)) is not None and operation.moves_values
+                and not (node.args and isinstance(node.args[0], fx.Node) and node.args[0] in holding)}
 
     def _native_equals_explained(self, node: fx.Node, operation: Operation) -> bool:
         """Whether the native call computes the values the operation's relevance function would.

@@ -263,3 +263,45 @@ def test_the_report_says_what_each_part_run_eagerly_replays_and_why_not() -> Non
     last = str(branching.report()).splitlines()[-1]
     assert last.startswith("recorded runs of the whole model: no recorded graph; 1 signature(s) run eagerly, "
                            "not recorded: RecordingFailed: ") and "reads values of the run" in last
+
+
+class RolesThroughViews(nn.Module):
+    """Attention weights, a gate and a gating activation reach their products through views (two
+    transposes, a copy, a cast, a slice, reshapes), as in Hugging Face's eager attention; a loop
+    over the tokens keeps it from torch.fx. ``held``: the reference, with the outputs CP-LRP
+    treats as constants detached."""
+
+    def __init__(self, held: bool = False) -> None:
+        super().__init__()
+        self.held = held
+        self.q, self.k, self.v, self.up = (nn.Linear(4, 4) for _ in range(4))
+        self.gate, self.activated, self.head = nn.Linear(4, 6), nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = torch.stack([x[:, index] for index in range(x.shape[1])], dim=1)
+        hold = torch.Tensor.detach if self.held else (lambda value: value)
+        weights = hold(torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), dim=-1))
+        weights = weights.transpose(-1, -2).contiguous().transpose(-1, -2).to(x.dtype)
+        gate = hold(torch.sigmoid(self.gate(x)))[..., :4]
+        activation = hold(torch.nn.functional.silu(self.activated(x))).reshape(x.shape[0], -1).view(x.shape)
+        return self.head((weights @ self.v(x)) * gate + activation * self.up(x)).sum(dim=1)
+
+
+def test_roles_reach_products_through_views_in_a_replay() -> None:
+    """CP-LRP(0) holds attention weights, gates and gating activations constant: each product's
+    other factor takes its relevance, which is gradient x input of the model with those outputs
+    detached. The roles pass through the views of the replayed graph (where views that can hand
+    on no role are plain calls); without them each product would split its relevance."""
+    from fxlrp.composites import CPLRP
+
+    torch.manual_seed(0)
+    model = RolesThroughViews().double().eval()
+    reference_model = RolesThroughViews(held=True).double().eval()
+    reference_model.load_state_dict(model.state_dict())
+    explain = fxlrp.convert(model, CPLRP(0.0))
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    [expected] = gradient_times_input(reference_model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    for _ in range(3):  # relevance mode, recording, replay
+        assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
+    [recorded] = recordings(explain)
+    assert len(recorded.replays) == 1 and not recorded.refused

@@ -47,7 +47,7 @@ VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.Pixel
                 nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReplicationPad1d, nn.ReplicationPad2d)
 
 
-def moves_values(call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def with_input_role(call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The native operation; a role of its input (attention weights, a gate) passes to its output,
     so that a cast or a reshape between a softmax and the product it feeds keeps the product's
     rule (CP-LRP treats the weights as constants whatever their dtype or layout)."""
@@ -61,7 +61,8 @@ register(
         functions=VIEW_FUNCTIONS,
         methods=VIEW_METHODS,
         modules=VIEW_MODULES,
-        relevance=moves_values,
+        relevance=with_input_role,
+        moves_values=True,
         description="views, copies, indexing, gathering, concatenation, padding",
     )
 )
