@@ -174,9 +174,15 @@ class Rewriter:
         """Nodes of operations that move values whose first argument can hold no role: their
         relevance function would hand none on, so it is their native call."""
         holding = nodes_that_may_hold_roles(self.graph, self._operation_of, carrying)
+
+        def may_hand_on_a_role(node: fx.Node) -> bool:  # (the first argument may be a list: torch.cat)
+            sources: list[fx.Node] = []
+            fx.node.map_arg(node.args[:1], sources.append)
+            return any(source in holding for source in sources)
+
         return {node for node in self.graph.nodes
                 if (operation := self._operation_of(node)) is not None and operation.moves_values
-                and not (node.args and isinstance(node.args[0], fx.Node) and node.args[0] in holding)}
+                and not may_hand_on_a_role(node)}
 
     def _native_equals_explained(self, node: fx.Node, operation: Operation) -> bool:
         """Whether the native call computes the values the operation's relevance function would.

@@ -6,6 +6,9 @@
 - Attention weights stay attention weights through a dtype cast, ``contiguous``, views and
   dropout in eval, as Hugging Face's eager attention computes them: CP-LRP under LRP-0 equals
   gradient x input of the model with the attention weights detached, whatever the spelling.
+- Gates stay gates when they are cut into pieces (slices, ``chunk``, ``split``, ``unbind``,
+  ``tensor_split``) or put together (``cat``, ``stack``): LRP-0, which gives a gate no relevance,
+  equals gradient x input of the model with the gates detached, captured, run eagerly and replayed.
 """
 
 from __future__ import annotations
@@ -141,6 +144,7 @@ ATTENTION_SPELLINGS = {
     "softmax().contiguous()": lambda scores, q: scores.softmax(-1).contiguous(),
     "softmax().double() through a view": lambda scores, q: F.softmax(scores, -1).view(scores.shape).double(),
     "nn.Softmax then type_as": lambda scores, q: nn.functional.softmax(scores.float(), dim=-1).type_as(q),
+    "softmax per sample, stacked": lambda scores, q: torch.stack(torch.softmax(scores, -1).unbind(0)),
 }
 
 
@@ -182,3 +186,52 @@ def test_a_rule_without_meaning_on_a_product_of_two_tensors_warns() -> None:
         warnings.simplefilter("error")
         expected = fxlrp.attribute(uniform, x, target=2)
     assert relative_error(warned, expected) < 1e-12
+
+
+def _pieces_by_slicing(gates):
+    return gates[..., :4], gates[..., 4:]
+
+
+GATE_SPELLINGS = {
+    "slices": _pieces_by_slicing,
+    "chunk": lambda gates: gates.chunk(2, dim=-1),
+    "split": lambda gates: torch.split(gates, 4, dim=-1),
+    "tensor_split": lambda gates: gates.tensor_split(2, dim=-1),
+    "unbind": lambda gates: gates.unflatten(-1, (2, 4)).unbind(-2),
+    "cat of pieces, chunk": lambda gates: torch.cat(_pieces_by_slicing(gates), dim=-1).chunk(2, dim=-1),
+    "stack of pieces, unbind": lambda gates: torch.stack(_pieces_by_slicing(gates)).unbind(0),
+}
+
+
+class Gated(nn.Module):
+    """Two sigmoid gates computed as one tensor and cut into pieces (the spellings differ only
+    there), each multiplied with a signal; ``detach_gates``: the gradient reference."""
+
+    def __init__(self, pieces: Callable, detach_gates: bool = False) -> None:
+        super().__init__()
+        self.gates, self.signal, self.out = nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(4, 3)
+        self.pieces, self.detach_gates = pieces, detach_gates
+
+    def forward(self, x):
+        gates = torch.sigmoid(self.gates(x))
+        if self.detach_gates:
+            gates = gates.detach()
+        first, second = self.pieces(gates)
+        left, right = self.signal(x).chunk(2, dim=-1)
+        return self.out(first * left + second * right)
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+@pytest.mark.parametrize("spelling", list(GATE_SPELLINGS))
+def test_gates_stay_gates_when_cut_into_pieces(spelling: str, capture: str) -> None:
+    """(Before: ``chunk``, ``split`` and ``unbind`` handed the role to none of their pieces, and
+    the products split their relevance with the gates: relevance sums 6x apart.)"""
+    torch.manual_seed(2)
+    model = Gated(GATE_SPELLINGS[spelling]).double().eval()
+    reference = Gated(GATE_SPELLINGS[spelling], detach_gates=True).double().eval()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(3, 4, dtype=torch.float64)
+    [expected] = gradient_times_input(reference, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    for _ in range(3):  # eagerly: the relevance mode, the recording, a replay
+        assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < TOLERANCE

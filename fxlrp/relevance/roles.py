@@ -34,13 +34,22 @@ def mark(tensor: Tensor, role: str) -> Tensor:
 
 
 def role_of(value: Any) -> str | None:
-    """The role recorded on ``value`` by :func:`mark`, or None."""
+    """The role recorded on ``value`` by :func:`mark`, or None. For a list or tuple of tensors
+    (what ``torch.cat`` and ``torch.stack`` take), the role all of them share, or None."""
+    if isinstance(value, (list, tuple)):
+        roles = {role_of(item) for item in value}
+        return roles.pop() if len(roles) == 1 else None
     return getattr(value, _ATTRIBUTE, None) if isinstance(value, Tensor) else None
 
 
 def keep_role(source: Any, result: Any) -> Any:
-    """Give ``result`` the role of ``source`` (for operations that only move or re-type values)."""
+    """Give ``result`` - a tensor, or the tensors of a tuple or list (the pieces of ``split``,
+    ``chunk``, ``unbind``) - the role of ``source`` (for operations that only move or re-type
+    values)."""
     role = role_of(source)
-    if role is not None and isinstance(result, Tensor) and role_of(result) is None:
-        mark(result, role)
+    if role is None:
+        return result
+    for value in result if isinstance(result, (list, tuple)) else (result,):
+        if isinstance(value, Tensor) and role_of(value) is None:
+            mark(value, role)
     return result
