@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fxlrp.relevance.roles import mark
+from fxlrp.relevance.roles import mark, shared_role
 
 
 class Kind(enum.Enum):
@@ -85,6 +85,10 @@ class Operation:
     role: str | None = None
     """The role of its output for the products it enters (:mod:`fxlrp.relevance.roles`: a gate,
     attention weights, a gating activation): :meth:`explained` marks its results with it."""
+    shares_role: bool = False
+    """Whether its output takes the role its relevance-carrying arguments share (elementwise
+    affine maps: ``1 - z`` of a gate ``z`` is a gate, as GRU's update ``(1 - z) * n + z * h``
+    uses it; ``weights * mask`` of attention weights are attention weights)."""
     moves_values: bool = False
     """Whether its output is its first argument's values moved, re-typed or selected (views,
     copies, casts, indexing): its relevance function hands that argument's role on, and is the
@@ -94,7 +98,8 @@ class Operation:
     def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``relevance(call, function, *args, **kwargs)``, its output marked with :attr:`role`."""
         result = self.relevance(call, function, *args, **kwargs)
-        return mark(result, self.role) if self.role is not None and isinstance(result, Tensor) else result
+        role = self.role if self.role is not None else shared_role(args) if self.shares_role else None
+        return mark(result, role) if role is not None and isinstance(result, Tensor) else result
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled by name (an explainer saved with torch.save): its functions may be closures, and

@@ -90,9 +90,10 @@ def nodes_that_may_hold_roles(graph: fx.Graph, operation_of: Callable[[fx.Node],
     """Relevance-carrying nodes whose values may have a role (:mod:`fxlrp.relevance.roles`): the
     outputs of operations that give one, of parts that run code of their own and the graph's
     inputs (either may hand on a marked tensor), and what takes its values from such a node
-    through operations without a rule of their own (views, copies, writes, containers). A rule's
-    output is a fresh tensor. Only these roles can matter: products and attention read the roles
-    of their relevance-carrying factors alone."""
+    through operations without a rule of their own (views, copies, writes, containers) or that
+    share their arguments' role (``1 - gate``); another rule's output is a fresh tensor. Only
+    these roles can matter: products and attention read the roles of their relevance-carrying
+    factors alone."""
     holding: set[fx.Node] = set()
     for node in graph.nodes:
         if node not in carrying:
@@ -100,7 +101,7 @@ def nodes_that_may_hold_roles(graph: fx.Graph, operation_of: Callable[[fx.Node],
         operation = operation_of(node) if node.op != "placeholder" else None
         if node.op == "placeholder" or operation is not None and (operation.role or operation.holds_layers):
             holding.add(node)
-        elif (operation is None or operation.kind is Kind.NATIVE) and any(
+        elif (operation is None or operation.kind is Kind.NATIVE or operation.shares_role) and any(
                 source in holding for source in node.all_input_nodes):
             holding.add(node)
     return holding

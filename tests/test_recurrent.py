@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import gradient_times_input, onehot_relevance, relative_error
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
@@ -358,6 +359,42 @@ def test_cells_run_over_time_match_the_reference(kind: type[nn.Module]) -> None:
     assert relative_error(actual[0], expected_x) < TOLERANCE
     for got, expected in zip(actual[1:], expected_states, strict=True):
         assert relative_error(got, expected[0]) < TOLERANCE
+
+
+class WrittenOutGRU(CellLoop):
+    """A GRU cell written out in torch operations, as models that do not use ``nn.GRUCell`` do:
+    the update ``h = (1 - z) * n + z * h`` multiplies the signal by ``1 - z``, a gate too."""
+
+    def forward(self, x: Tensor, h0: Tensor, c0: Tensor | None = None) -> tuple[Tensor, ...]:
+        cell, outputs, h = self.layer, [], h0
+        for time in range(self.steps):
+            input_reset, input_update, input_new = F.linear(x[time], cell.weight_ih, cell.bias_ih).chunk(3, 1)
+            hidden_reset, hidden_update, hidden_new = F.linear(h, cell.weight_hh, cell.bias_hh).chunk(3, 1)
+            reset = torch.sigmoid(input_reset + hidden_reset)
+            update = torch.sigmoid(input_update + hidden_update)
+            new = torch.tanh(input_new + reset * hidden_new)
+            h = (1 - update) * new + update * h
+            outputs.append(h)
+        return torch.stack(outputs), h
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_a_gru_written_out_in_operations_matches_the_reference(capture: str) -> None:
+    """Captured, and run eagerly (the relevance mode, the recording, a replay). (Before: ``1 - z``
+    was no gate, so the product gave it half of the signal's relevance: 117% off here.)"""
+    cell = recurrent(nn.GRUCell)
+    model = WrittenOutGRU(cell, LENGTH)
+    x = random(LENGTH, BATCH, FEATURES, seed=7)
+    state = random(BATCH, HIDDEN, seed=11)
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.1), capture=capture)
+    outputs = model(x, state)
+    relevance = output_relevances(outputs)
+    expected_x, [expected_state] = arras_reference(
+        "GRU", [weights_of(cell, "")], 1, False, x, [state[None]], relevance[0], [relevance[1][None]], 0.1)
+    for _ in range(3):
+        actual = explained(explain, [x, state], relevance)
+        assert relative_error(actual[0], expected_x) < TOLERANCE
+        assert relative_error(actual[1], expected_state[0]) < TOLERANCE
 
 
 def test_unbatched_input_equals_a_batch_of_one() -> None:

@@ -154,6 +154,7 @@ register(
         functions=(operator.neg, torch.neg, torch.negative),
         methods=("neg", "negative", "__neg__"),
         relevance=passes((0,), linear=True),
+        shares_role=True,
         description="negation: R_in = R_out",
     )
 )

@@ -179,6 +179,7 @@ register(
         methods=("mul", "multiply", "__mul__", "__rmul__"),
         relevance=elementwise_product,
         default_rule=Product,
+        shares_role=True,
         factors=leading_pair,
         description="product: a constant factor rescales (relevance passes to the other factor); "
         "relevance-carrying factors by the Product rule (gates get none by default)",

@@ -27,6 +27,7 @@ register(
         methods=("add", "__add__", "__radd__"),
         relevance=affine,
         default_rule=proportional,
+        shares_role=True,
         output_free_backward=True,
         description="a + b (broadcasting; constants act as a bias)",
     )
@@ -39,6 +40,7 @@ register(
         methods=("sub", "subtract", "__sub__", "__rsub__"),
         relevance=affine,
         default_rule=proportional,
+        shares_role=True,
         output_free_backward=True,
         description="a - b",
     )

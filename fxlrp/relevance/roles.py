@@ -12,9 +12,12 @@ attention weights when it meets the values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
+
+from fxlrp.relevance.rule_function import carries_relevance
 
 GATE = "gate"
 """Output of a sigmoid-like squashing function, in [0, 1], that multiplies a signal."""
@@ -40,6 +43,13 @@ def role_of(value: Any) -> str | None:
         roles = {role_of(item) for item in value}
         return roles.pop() if len(roles) == 1 else None
     return getattr(value, _ATTRIBUTE, None) if isinstance(value, Tensor) else None
+
+
+def shared_role(values: Sequence[Any]) -> str | None:
+    """The role every relevance-carrying tensor among ``values`` has, or None (none carries one,
+    or their roles differ)."""
+    roles = {role_of(value) for value in values if carries_relevance(value)}
+    return roles.pop() if len(roles) == 1 else None
 
 
 def keep_role(source: Any, result: Any) -> Any:
