@@ -37,10 +37,17 @@ def receivers(rule: Product, args: tuple[Any, ...], carrying: tuple[int, ...]) -
 
 def receiving(rule: Any, roles: Sequence[str | None], carrying: tuple[int, ...]) -> tuple[int, ...]:
     """:func:`receivers` from the factors' roles (a rule without ``constants``, a layer rule where
-    one factor carries relevance, holds none constant)."""
-    constants = getattr(rule, "constants", ())
-    chosen = tuple(position for position in carrying if roles[position] not in constants)
-    return chosen or carrying
+    one factor carries relevance, holds none constant). Where every factor's role is held
+    constant, the roles the rule lists last are released first: under CP-LRP (gates, attention
+    weights, activations) a gate times ``tanh`` (an LSTM's ``i * g``, WaveNet's gated unit) holds
+    the gate constant and the activation takes all, as the gate does against any other signal."""
+    constants = tuple(getattr(rule, "constants", ()))
+    while constants:
+        chosen = tuple(position for position in carrying if roles[position] not in constants)
+        if chosen:
+            return chosen
+        constants = constants[:-1]
+    return carrying
 
 
 def rule_of_product(call: RelevanceCall) -> Product:
