@@ -98,7 +98,9 @@ class Operation:
     def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``relevance(call, function, *args, **kwargs)``, its output marked with :attr:`role`."""
         result = self.relevance(call, function, *args, **kwargs)
-        role = self.role if self.role is not None else shared_role(args) if self.shares_role else None
+        role = self.role
+        if role is None and self.shares_role:
+            role = shared_role((*args, *kwargs.values()))
         return mark(result, role) if role is not None and isinstance(result, Tensor) else result
 
     def __reduce__(self) -> tuple[Any, ...]:
