@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-from fxlrp.relevance.roles import mark, shared_role
+from fxlrp.relevance.roles import give_role, role_of, shared_role
 
 
 class Kind(enum.Enum):
@@ -91,17 +91,22 @@ class Operation:
     uses it; ``weights * mask`` of attention weights are attention weights)."""
     moves_values: bool = False
     """Whether its output is its first argument's values moved, re-typed or selected (views,
-    copies, casts, indexing): its relevance function hands that argument's role on, and is the
-    native call where the argument can hold none (see
-    :func:`fxlrp.relevance_flow.nodes_that_may_hold_roles`)."""
+    copies, casts, indexing, the pieces of ``split``): it takes that argument's role, so that a
+    cast or a reshape between a softmax and the product it feeds keeps the product's rule; where
+    the argument can hold none (:func:`fxlrp.relevance_flow.nodes_that_may_hold_roles`) the
+    native call is all there is to it."""
 
     def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``relevance(call, function, *args, **kwargs)``, its output marked with :attr:`role`."""
+        """``relevance(call, function, *args, **kwargs)``, its output given the role it has as a
+        product's factor (:attr:`role`, :attr:`shares_role`, :attr:`moves_values`)."""
         result = self.relevance(call, function, *args, **kwargs)
-        role = self.role
-        if role is None and self.shares_role:
+        if self.moves_values:
+            role = role_of(args[0]) if args else None
+        elif self.shares_role:
             role = shared_role((*args, *kwargs.values()))
-        return mark(result, role) if role is not None and isinstance(result, Tensor) else result
+        else:
+            role = self.role
+        return give_role(result, role)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled by name (an explainer saved with torch.save): its functions may be closures, and

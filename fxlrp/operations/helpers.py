@@ -62,6 +62,12 @@ def passes(
     return relevance
 
 
+def native(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The native call: its backward already routes relevance (views, copies, indexing); the
+    entry's role fields still apply (:meth:`fxlrp.registry.Operation.explained`)."""
+    return function(*args, **kwargs)
+
+
 def identity(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """The operation is the identity at explanation time (dropout in eval)."""
     return input

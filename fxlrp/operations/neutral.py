@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import builtins
 import operator
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxlrp.operations.helpers import held_constant, identity
+from fxlrp.operations.helpers import held_constant, identity, native
 from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.roles import keep_role
 
 VIEW_METHODS = (
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose",
@@ -47,13 +44,6 @@ VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.Pixel
                 nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReplicationPad1d, nn.ReplicationPad2d)
 
 
-def with_input_role(call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """The native operation; a role of its input (attention weights, a gate) passes to its output,
-    so that a cast or a reshape between a softmax and the product it feeds keeps the product's
-    rule (CP-LRP treats the weights as constants whatever their dtype or layout)."""
-    return keep_role(args[0] if args else None, function(*args, **kwargs))
-
-
 register(
     Operation(
         "view",
@@ -61,7 +51,7 @@ register(
         functions=VIEW_FUNCTIONS,
         methods=VIEW_METHODS,
         modules=VIEW_MODULES,
-        relevance=with_input_role,
+        relevance=native,
         moves_values=True,
         description="views, copies, indexing, gathering, concatenation, padding",
     )

@@ -40,26 +40,26 @@ def role_of(value: Any) -> str | None:
     """The role recorded on ``value`` by :func:`mark`, or None. For a list or tuple of tensors
     (what ``torch.cat`` and ``torch.stack`` take), the role all of them share, or None."""
     if isinstance(value, (list, tuple)):
-        roles = {role_of(item) for item in value}
-        return roles.pop() if len(roles) == 1 else None
+        return _one({role_of(item) for item in value})
     return getattr(value, _ATTRIBUTE, None) if isinstance(value, Tensor) else None
 
 
 def shared_role(values: Sequence[Any]) -> str | None:
     """The role every relevance-carrying tensor among ``values`` has, or None (none carries one,
     or their roles differ)."""
-    roles = {role_of(value) for value in values if carries_relevance(value)}
-    return roles.pop() if len(roles) == 1 else None
+    return _one({role_of(value) for value in values if carries_relevance(value)})
 
 
-def keep_role(source: Any, result: Any) -> Any:
-    """Give ``result`` - a tensor, or the tensors of a tuple or list (the pieces of ``split``,
-    ``chunk``, ``unbind``) - the role of ``source`` (for operations that only move or re-type
-    values)."""
-    role = role_of(source)
+def give_role(result: Any, role: str | None) -> Any:
+    """Mark ``result`` - a tensor, or the tensors of a tuple or list (the pieces of ``split``,
+    ``chunk``, ``unbind``) - with ``role``, where it has none yet; ``result`` is returned."""
     if role is None:
         return result
     for value in result if isinstance(result, (list, tuple)) else (result,):
         if isinstance(value, Tensor) and role_of(value) is None:
             mark(value, role)
     return result
+
+
+def _one(roles: set[str | None]) -> str | None:
+    return roles.pop() if len(roles) == 1 else None
