@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor
 
 from fxlrp.relevance import AffineLayer, apply_rule
-from fxlrp.relevance.form import gradient_form_active
+from fxlrp.relevance.form import gradient_form_active, gradient_is_native
 
 
 class RelevanceCall:
@@ -65,10 +65,7 @@ class RelevanceCall:
         (LRP-0, the z-rule: :meth:`~fxlrp.rules.Rule.gradient_is_native`). :meth:`affine` would
         run the operation unchanged then; the caller skips building its layer. This is asked at
         every call of an operation in code run eagerly."""
-        if not gradient_form_active() or self.rule is None or self.warn_lost_relevance:
-            return False
-        native = getattr(self.rule, "gradient_is_native", None)  # (a rule of the user's may lack it)
-        return native is not None and native()
+        return gradient_form_active() and not self.warn_lost_relevance and gradient_is_native(self.rule)
 
     def affine(self, layer: AffineLayer, *inputs: Any) -> Tensor:
         """Run ``layer`` on ``inputs`` with this call's rule in backward."""

@@ -88,6 +88,29 @@ def _run_outside_compilation() -> Any:
     return _outside_compilation[0]
 
 
+class PlainCallNode(nn.Module):
+    """Calls ``call(function, *args, **kwargs, **keywords)`` and nothing else: a node of a
+    recorded graph whose relevance function is that call (:class:`~fxlrp.registry.NativeInGradientForm`),
+    with a module's detached parameters in ``keywords``."""
+
+    def __init__(self, call: Any, function: Any, keywords: dict[str, Any]) -> None:
+        super().__init__()
+        # Not registered as submodules: ``function`` may be the user's module.
+        object.__setattr__(self, "call", call)
+        object.__setattr__(self, "function", function)
+        object.__setattr__(self, "keywords", keywords)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call(self.function, *args, **kwargs, **self.keywords)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # (a node of a recorded graph: nobody hooks it; see RelevanceNode.__call__)
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return getattr(self.function, "__name__", type(self.function).__name__)
+
+
 class NativeModuleNode(nn.Module):
     """Runs a module natively with its parameters detached."""
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from fxlrp.relevance.form import gradient_is_native
 from fxlrp.relevance.roles import give_role, role_of, shared_role
 
 
@@ -27,6 +28,32 @@ class Kind(enum.Enum):
     NATIVE = "native"
     """The native backward already routes relevance correctly (ReLU, max, views, indexing,
     concatenation) or the operation carries no relevance (shapes, comparisons, creation)."""
+
+
+def called(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``: the call as the model makes it."""
+    return function(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class NativeInGradientForm:
+    """Where an operation's relevance function is a plain call in the gradient form
+    (:mod:`fxlrp.relevance.form`, ``R = x * g``) with at most one relevance-carrying factor: an
+    affine map's rule ``R_x = x * J^T (R / z)`` is then ``g_x = J^T g_z``, autograd's own. A
+    recorded graph (:mod:`fxlrp.replay`) runs such a node as that call alone.
+
+    ``needs_native_rule``: only under a rule whose gradient is the native gradient (LRP-0 and the
+    z-rule: :meth:`~fxlrp.rules.Rule.gradient_is_native`); False: under any rule (a map linear in
+    its one relevance-carrying argument, whose identity rule ``x g_x = y g_y`` is ``g_x = J^T g_y``).
+    ``call(function, *args, **kwargs)``: the call the relevance function makes then."""
+
+    needs_native_rule: bool = True
+    call: Callable[..., Any] = called
+
+    def holds(self, rule: Any, warn_lost_relevance: bool) -> bool:
+        """Whether the relevance function under ``rule`` is :attr:`call` in the gradient form
+        (warning of relevance lost at zero denominators takes the rule's own backward)."""
+        return not warn_lost_relevance and (not self.needs_native_rule or gradient_is_native(rule))
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,6 +122,9 @@ class Operation:
     cast or a reshape between a softmax and the product it feeds keeps the product's rule; where
     the argument can hold none (:func:`fxlrp.relevance_flow.nodes_that_may_hold_roles`) the
     native call is all there is to it."""
+    gradient_native: NativeInGradientForm | None = None
+    """Where its relevance function is a plain call in the gradient form (affine maps, layers,
+    products with one relevance-carrying factor): see :class:`NativeInGradientForm`."""
 
     def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``relevance(call, function, *args, **kwargs)``, its output given the role it has as a

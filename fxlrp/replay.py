@@ -31,6 +31,7 @@ from fxlrp.capture import RelevanceTracer, call_beyond_forward, first_line
 from fxlrp.interpret import LayerRunner, intercepted_functions
 from fxlrp.record import CONSTANT_TYPES, Recording, record
 from fxlrp.registry import REGISTRY
+from fxlrp.relevance.form import gradient_form_active
 from fxlrp.rewrite import Rewriter
 
 KEPT = 8
@@ -41,7 +42,7 @@ def signature(leaves: list[Any], spec: pytree.TreeSpec) -> Hashable | None:
     """What a recorded graph of a call with these arguments (``pytree.tree_flatten((args,
     kwargs))``) is valid for, or None when an argument is not a value a signature can hold (an
     object, a cache)."""
-    described: list[Hashable] = [spec, torch.is_grad_enabled(), torch.get_default_dtype()]
+    described: list[Hashable] = [spec, torch.is_grad_enabled(), torch.get_default_dtype(), gradient_form_active()]
     for leaf in leaves:
         if isinstance(leaf, Tensor):
             described.append((leaf.shape, leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad))
@@ -167,5 +168,6 @@ def _recorded(call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dic
     }
     rewriter = Rewriter(root, graph, call.composite, strict=True, warn_lost_relevance=call.warn_lost_relevance,
                         in_place_modules=in_place_modules, modules=modules, input_relevance=carrying_inputs,
-                        first_layer=site is not None and site.is_first_layer, named_nodes=False)
+                        first_layer=site is not None and site.is_first_layer, named_nodes=False,
+                        gradient_form=gradient_form_active())
     return Replay(rewriter.run(), recording)

@@ -13,9 +13,16 @@ from fxlrp.call import RelevanceCall
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph_module import ExplainedGraphModule
-from fxlrp.nodes import NativeModuleNode, RelevanceNode, detached_state, out_of_place, rewritten_module_name
+from fxlrp.nodes import (
+    NativeModuleNode,
+    PlainCallNode,
+    RelevanceNode,
+    detached_state,
+    out_of_place,
+    rewritten_module_name,
+)
 from fxlrp.operations.helpers import method
-from fxlrp.registry import REGISTRY, Kind, Operation
+from fxlrp.registry import REGISTRY, Kind, Operation, called
 from fxlrp.relevance_flow import (
     find_operation,
     nodes_relevance_returns_to,
@@ -63,18 +70,24 @@ class Rewriter:
                  warn_lost_relevance: bool, in_place_modules: set[str],
                  modules: dict[str, nn.Module] | None = None, constants: dict[str, Any] | None = None,
                  eager_modules: dict[str, str] | None = None, input_relevance: dict[str, bool] | None = None,
-                 first_layer: bool = True, named_nodes: bool = True) -> None:
+                 first_layer: bool = True, named_nodes: bool = True, gradient_form: bool = False) -> None:
         """``input_relevance``: for a recorded run (:mod:`fxlrp.replay`), which inputs carry
         relevance; relevance then also starts at every embedding lookup, as in code run eagerly.
         ``first_layer``: whether the graph's inputs are where the composite's first layer may be.
         ``named_nodes``: whether every node of an operation with a relevance function stays a
         module named after the node, which hooks can reach (relevant walks record node states
         by name); else views that hand on no role are plain calls (a recorded run's graph, whose
-        nodes are nobody's rows: hundreds of views per Llama call, each a Python call less)."""
+        nodes are nobody's rows: hundreds of views per Llama call, each a Python call less).
+        ``gradient_form``: the graph runs in the gradient form alone (a run recorded in it, whose
+        signature holds the form): with ``named_nodes=False``, nodes whose relevance function is
+        then a plain call (:class:`~fxlrp.registry.NativeInGradientForm`) and whose output can hold
+        no role are that call (layers, sums, products with constants under LRP-0)."""
         self.model = model
         self.input_relevance = input_relevance
         self.first_layer = first_layer
         self.named_nodes = named_nodes
+        self.gradient_form = gradient_form
+        self.holding: set[fx.Node] = set()
         self.constants = constants or {}
         self.eager_modules = eager_modules or {}
         self.graph = graph
@@ -99,7 +112,9 @@ class Rewriter:
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
         factors = {node: relevance_factors(node, operation, carrying)
                    for node in nodes if (operation := self._operation_of(node)) is not None}
-        plain_views = set() if self.named_nodes else self._views_handing_on_no_role(carrying)
+        if not self.named_nodes:
+            self.holding = nodes_that_may_hold_roles(self.graph, self._operation_of, carrying)
+        plain_views = set() if self.named_nodes else self._views_handing_on_no_role()
         for node in nodes:
             if node.op in ("placeholder", "output"):
                 role = "input" if node.op == "placeholder" else "output"
@@ -170,10 +185,10 @@ class Rewriter:
                 raw.add(node)
         return first
 
-    def _views_handing_on_no_role(self, carrying: set[fx.Node]) -> set[fx.Node]:
+    def _views_handing_on_no_role(self) -> set[fx.Node]:
         """Nodes of operations that move values whose first argument can hold no role: their
         relevance function would hand none on, so it is their native call."""
-        holding = nodes_that_may_hold_roles(self.graph, self._operation_of, carrying)
+        holding = self.holding
 
         def may_hand_on_a_role(node: fx.Node) -> bool:  # (the first argument may be a list: torch.cat)
             sources: list[fx.Node] = []
@@ -233,13 +248,24 @@ class Rewriter:
             function, keywords = method(node.target), {}
         else:
             function, keywords = node.target, {}
-        self._install(node, RelevanceNode(operation, call, function, keywords))
+        if self._is_plain_call(node, operation, rule, factors):
+            if node.op == "call_module" or operation.gradient_native.call is not called:
+                self._install(node, PlainCallNode(operation.gradient_native.call, function, keywords))
+        else:
+            self._install(node, RelevanceNode(operation, call, function, keywords))
         if operation.name == "eager":
             self._report(node, operation.name, "eager", "chosen per operation as it runs")
             return
         handling = "rule" if operation.kind is Kind.AFFINE else (
             "identity" if operation.kind is Kind.PASS else "native")
         self._report(node, operation.name, handling, rule)
+
+    def _is_plain_call(self, node: fx.Node, operation: Operation, rule: Any, factors: int) -> bool:
+        """Whether the node's relevance function under ``rule`` is a plain call in this graph (see
+        ``gradient_form`` in :meth:`__init__`): then nothing but that call needs to run."""
+        plain = operation.gradient_native
+        return (self.gradient_form and not self.named_nodes and plain is not None and factors < 2
+                and node not in self.holding and plain.holds(rule, self.warn_lost_relevance))
 
     def _sole_consumer_of_rule_output(self, node: fx.Node) -> bool:
         """Whether ``node``'s first argument is the output of a rewritten rule node that no other

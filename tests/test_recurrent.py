@@ -397,6 +397,27 @@ def test_a_gru_written_out_in_operations_matches_the_reference(capture: str) -> 
         assert relative_error(actual[1], expected_state[0]) < TOLERANCE
 
 
+def test_a_gru_written_out_and_replayed_in_the_gradient_form_matches_the_reference() -> None:
+    """``fxlrp.attribute`` under LRP-0 explains in the gradient form, where a replay runs sums and
+    products with one relevance-carrying factor as plain calls: not ``1 - z``, which hands the
+    gate's role on to the product that reads it (a plain call there: 119% off here)."""
+    cell = recurrent(nn.GRUCell)
+    model = WrittenOutGRU(cell, LENGTH)
+    x = random(LENGTH, BATCH, FEATURES, seed=7)
+    state = random(BATCH, HIDDEN, seed=11)
+    explain = fxlrp.convert(model, fxlrp.rules.Epsilon(0.0), capture="eager")
+    final_relevance = random(BATCH, HIDDEN, seed=21)
+    expected_x, [expected_state] = arras_reference(
+        "GRU", [weights_of(cell, "")], 1, False, x, [state[None]], torch.zeros(LENGTH, BATCH, HIDDEN,
+                                                                               dtype=x.dtype),
+        [final_relevance[None]], 0.0)
+    for _ in range(3):  # the relevance mode, the recording, a replay
+        actual = fxlrp.attribute(explain, (x, state), target=final_relevance, output=lambda outputs: outputs[1])
+        assert explain.gradient_form
+        assert relative_error(actual[0], expected_x) < TOLERANCE
+        assert relative_error(actual[1], expected_state[0]) < TOLERANCE
+
+
 class WrittenOutLSTM(CellLoop):
     """An LSTM cell written out in torch operations, with one linear map over input and state as in
     Arras et al.: ``i * g`` and ``o * tanh(c)`` are gates times activations."""

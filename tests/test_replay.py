@@ -305,3 +305,75 @@ def test_roles_reach_products_through_views_in_a_replay() -> None:
         assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
     [recorded] = recordings(explain)
     assert len(recorded.replays) == 1 and not recorded.refused
+
+
+class GatedPerToken(nn.Module):
+    """A product of two relevance-carrying factors after a loop over the tokens (run eagerly)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.left, self.right, self.head = (nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 6),
+                                                        nn.Linear(6, 3))
+
+    def forward(self, x):
+        hidden = torch.stack([torch.relu(self.embed(x[:, index])) for index in range(x.shape[1])], dim=1)
+        return self.head((self.left(hidden) * -self.right(hidden)).sum(dim=1))
+
+
+def test_a_replay_in_the_gradient_form_keeps_the_rule_of_a_product_of_two_carriers() -> None:
+    """Under LRP-0 the replay runs layers, sums, the negation as plain calls, but not the product
+    of two relevance-carrying factors: its uniform rule gives each half of its relevance, where
+    gradient x input gives each all of it. Everything else is LRP-0 = gradient x input, so the
+    relevance is half of gradient x input (a plain call there: twice it)."""
+    torch.manual_seed(0)
+    model = GatedPerToken().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    for _ in range(3):  # relevance mode, recording, replay
+        assert relative_error(fxlrp.attribute(explain, x, target=1), expected / 2) < 1e-12
+    assert explain.gradient_form
+    # The explainer's own forward carries relevance itself (the relevance form): a graph of its
+    # own, recorded at its second call (the gradient form's would give gradient x input).
+    for _ in range(3):
+        leaf = x.clone().requires_grad_()
+        output = explain(leaf)
+        [relevance] = torch.autograd.grad(output, leaf, onehot_relevance(output, 1))
+        assert relative_error(relevance, expected / 2) < 1e-12
+    [recorded] = recordings(explain)
+    assert len(recorded.replays) == 2 and not recorded.refused
+
+
+class HalvedGradient(Epsilon):
+    """A user's rule whose gradient form is not the layer's gradient: LRP-0 at half strength."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+
+    def gradient_forward(self, layer, inputs):
+        from fxlrp.relevance.form import scaled_gradient
+
+        return scaled_gradient(layer.forward(inputs), 0.5)
+
+    def gradient_is_native(self) -> bool:
+        return False
+
+
+class LayersPerToken(GatedPerToken):
+    def forward(self, x):
+        hidden = torch.stack([torch.relu(self.embed(x[:, index])) for index in range(x.shape[1])], dim=1)
+        return self.head(hidden.sum(dim=1))
+
+
+def test_a_replay_in_the_gradient_form_keeps_a_rule_whose_gradient_is_not_native() -> None:
+    """Only rules whose gradient form is the native gradient make a layer a plain call; a rule of
+    the user's that modifies it keeps running (two linear layers at half strength: 1/4 of
+    gradient x input)."""
+    torch.manual_seed(0)
+    model = LayersPerToken().double().eval()
+    explain = fxlrp.convert(model, Composite(LRP0, type_rules={nn.Linear: HalvedGradient()}))
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    for _ in range(3):  # relevance mode, recording, replay
+        assert relative_error(fxlrp.attribute(explain, x, target=1), expected / 4) < 1e-12
+    assert explain.gradient_form

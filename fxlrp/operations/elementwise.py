@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fxlrp.call import RelevanceCall
-from fxlrp.operations.helpers import module_as_function, passes
+from fxlrp.operations.helpers import NATIVE_WITH_ONE_CARRIER, module_as_function, passes
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.roles import ACTIVATION
@@ -154,6 +154,7 @@ register(
         functions=(operator.neg, torch.neg, torch.negative),
         methods=("neg", "negative", "__neg__"),
         relevance=passes((0,), linear=True),
+        gradient_native=NATIVE_WITH_ONE_CARRIER,
         shares_role=True,
         description="negation: R_in = R_out",
     )

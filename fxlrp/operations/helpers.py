@@ -10,7 +10,15 @@ import torch
 from torch import Tensor, nn
 
 from fxlrp.call import RelevanceCall
+from fxlrp.registry import NativeInGradientForm
 from fxlrp.relevance import apply_pass
+
+NATIVE_UNDER_NATIVE_RULE = NativeInGradientForm()
+"""Affine maps and layers (``affine``, ``weighted``): their own call in the gradient form under
+LRP-0 or the z-rule."""
+NATIVE_WITH_ONE_CARRIER = NativeInGradientForm(needs_native_rule=False)
+"""Maps linear in their one relevance-carrying argument under the identity rule (a negation, a
+product with constants): their own call in the gradient form."""
 
 
 def bind(function: Callable[..., Tensor], kwargs: dict[str, Any]) -> Callable[..., Tensor]:

@@ -10,21 +10,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fxlrp.call import RelevanceCall
-from fxlrp.operations.helpers import weighted
+from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, weighted
 from fxlrp.operations.normalization import normalisation, scaled_and_shifted
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Kind, NativeInGradientForm, Operation, register
 from fxlrp.relevance.rule_function import carries_relevance
 
 
+def as_matrix_rows(input: Tensor) -> Tensor:
+    """``F.linear``'s input, contiguous: for an input that requires grad and cannot be viewed as
+    one matrix (a batch-first sequence transposed by ``nn.MultiheadAttention``), torch's matmul
+    broadcasts the weight into a batched product of ``length`` tiny matrices instead of copying
+    the input into one (ViT-B/16's in-projection: 185 ms against 12 ms), and rounds differently
+    from the model's own forward, which runs without gradients."""
+    return input.contiguous() if input.dim() > 2 and not input.is_contiguous() else input
+
+
 def linear(call: RelevanceCall, function: Any, input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """``F.linear`` by the node's rule, on a contiguous input: for an input that requires grad and
-    cannot be viewed as one matrix (a batch-first sequence transposed by ``nn.MultiheadAttention``),
-    torch's matmul broadcasts the weight into a batched product of ``length`` tiny matrices
-    instead of copying the input into one (ViT-B/16's in-projection: 185 ms against 12 ms), and
-    rounds differently from the model's own forward, which runs without gradients."""
-    if input.dim() > 2 and not input.is_contiguous():
-        input = input.contiguous()
-    return weighted(call, function, input, *args, input_gradient=linear_input_gradient, **kwargs)
+    """``F.linear`` by the node's rule, on a contiguous input (:func:`as_matrix_rows`)."""
+    return weighted(call, function, as_matrix_rows(input), *args, input_gradient=linear_input_gradient, **kwargs)
+
+
+def linear_on_matrix_rows(function: Any, input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """:func:`linear` in the gradient form under LRP-0: the layer's own call on a contiguous input."""
+    return function(as_matrix_rows(input), *args, **kwargs)
 
 
 def linear_input_gradient(gradient: Tensor, weight: Tensor) -> Tensor:
@@ -43,6 +51,7 @@ register(
         functions=(F.linear,),
         modules=(nn.Linear,),
         relevance=linear,
+        gradient_native=NativeInGradientForm(call=linear_on_matrix_rows),
         module_function=linear_module,
         weighted=True,
         description="y = x W^T + b",
@@ -83,6 +92,7 @@ register(
         functions=(F.conv1d, F.conv2d, F.conv3d, torch.conv1d, torch.conv2d, torch.conv3d),
         modules=(nn.Conv1d, nn.Conv2d, nn.Conv3d),
         relevance=weighted,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         module_function=convolution_module,
         weighted=True,
         description="convolution, any dimension, groups, stride, padding, dilation",
@@ -110,6 +120,7 @@ register(
         functions=(F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d),
         modules=(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
         relevance=weighted,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         module_function=transposed_convolution_module,
         weighted=True,
         description="transposed convolution",

@@ -21,7 +21,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import affine
+from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
 
@@ -52,6 +52,7 @@ register(
         functions=(F.fold,),
         modules=(nn.Fold,),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         module_function=fold_module,
         default_rule=proportional,
         description="columns summed into an image (overlaps added): z-rule",

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.call import RelevanceCall
-from fxlrp.operations.helpers import bind
+from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, NATIVE_WITH_ONE_CARRIER, bind
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
 from fxlrp.relevance.roles import role_of
@@ -185,6 +185,7 @@ register(
         functions=(operator.mul, torch.mul, torch.multiply),
         methods=("mul", "multiply", "__mul__", "__rmul__"),
         relevance=elementwise_product,
+        gradient_native=NATIVE_WITH_ONE_CARRIER,
         default_rule=Product,
         shares_role=True,
         factors=leading_pair,
@@ -199,6 +200,7 @@ register(
         functions=(torch.matmul, torch.mm, torch.bmm, operator.matmul),
         methods=("matmul", "mm", "bmm", "__matmul__"),
         relevance=matrix_product,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         weighted=True,
         factors=leading_pair,
         description="matrix product: a layer when one factor is constant; attention products by the Product rule",
@@ -210,6 +212,7 @@ register(
         Kind.AFFINE,
         functions=(torch.einsum,),
         relevance=einsum,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         weighted=True,
         factors=einsum_operands,
         description="einsum: a layer when one operand carries relevance; attention products by the Product rule",
@@ -225,6 +228,7 @@ if hasattr(torch, "_grouped_mm"):
             Kind.AFFINE,
             functions=(torch._grouped_mm,),
             relevance=matrix_product,
+            gradient_native=NATIVE_UNDER_NATIVE_RULE,
             weighted=True,
             factors=leading_pair,
             description="grouped matrix product (mixture-of-experts): a layer in the factor that carries relevance",

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.call import RelevanceCall
-from fxlrp.operations.helpers import affine, bind
+from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine, bind
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.scatter_library import (
@@ -60,6 +60,7 @@ register(
         functions=scatter_functions(SUM_FUNCTIONS + MEAN_FUNCTIONS),
         index_arguments=(1,),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
         description="torch_scatter sum/mean aggregation",
     )
@@ -103,6 +104,7 @@ register(
         functions=(torch.scatter_add, torch.index_add),
         methods=("scatter_add", "index_add"),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
         description="native scatter_add/index_add (PyG's zeros(...).scatter_add_(...))",
     )

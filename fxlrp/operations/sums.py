@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fxlrp.operations.helpers import affine, module_as_function
+from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine, module_as_function
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.rules import Epsilon
 
@@ -26,6 +26,7 @@ register(
         functions=(operator.add, torch.add),
         methods=("add", "__add__", "__radd__"),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
         shares_role=True,
         output_free_backward=True,
@@ -39,6 +40,7 @@ register(
         functions=(operator.sub, torch.sub, torch.subtract, torch.rsub),
         methods=("sub", "subtract", "__sub__", "__rsub__"),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
         shares_role=True,
         output_free_backward=True,
@@ -52,6 +54,7 @@ register(
         functions=(torch.sum,),
         methods=("sum",),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
         output_free_backward=True,
         description="sum over dimensions",
@@ -64,6 +67,7 @@ register(
         functions=(torch.mean,),
         methods=("mean",),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
         output_free_backward=True,
         description="mean over dimensions",
@@ -76,6 +80,7 @@ register(
         functions=(torch.cumsum,),
         methods=("cumsum",),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
         description="cumulative sum",
     )
@@ -94,6 +99,7 @@ register(
             nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
         ),
         relevance=affine,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
         module_function=module_as_function,
         default_rule=proportional,
         output_free_backward=True,

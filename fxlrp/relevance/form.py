@@ -60,6 +60,14 @@ def require_relevance_form(what: str) -> None:
         raise GradientFormUnavailable(what)
 
 
+def gradient_is_native(rule: Any) -> bool:
+    """Whether ``rule``'s gradient form is the layer's native gradient (LRP-0, the z-rule:
+    :meth:`~fxlrp.rules.Rule.gradient_is_native`); False for None and for a rule of the user's
+    that does not say."""
+    native = getattr(rule, "gradient_is_native", None)
+    return native is not None and native()
+
+
 def rules_of(composite: Any) -> list[Any]:
     """Every rule a composite names."""
     return [
