@@ -22,7 +22,8 @@ the second) and then ``--repeats`` rounds of one
 call each, the order rotating (``gxi`` and ``attnlrp`` in one process; ``lxt_gxi``,
 ``lxt_attnlrp`` and ``lxt`` in another); ``--rounds`` rounds alternate the processes of the two
 environments; medians of all calls, and paired ratios: the median over repeats of the ratio of
-two configurations' calls of the same repeat, which ran one after the other.
+two configurations' calls of the same repeat, which ran one after the other, with a 95% interval
+of that median (order statistics: no assumption on how the ratios spread).
 
 Calls of different methods in one process share glibc's heap, which hands freed memory back to
 the system and faults it in again when the next call needs it: which method pays for that
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -231,10 +233,25 @@ def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.N
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def _paired(times: dict[str, list[float]], name: str, base: str) -> float:
-    """The median ratio of ``name``'s times to ``base``'s, taken position by position (calls of one
+def _ratios(times: dict[str, list[float]], name: str, base: str) -> list[float]:
+    """The ratios of ``name``'s times to ``base``'s, taken position by position (calls of one
     repeat, or one round's medians)."""
-    return statistics.median(a / b for a, b in zip(times[name], times[base], strict=True))
+    return [a / b for a, b in zip(times[name], times[base], strict=True)]
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median: the order statistics ``k`` and ``n + 1 - k``
+    with ``k`` the largest rank where ``P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2`` (the
+    whole range where ``n`` is too small for the confidence)."""
+    ordered, n = sorted(values), len(values)
+    tail, k = 0.0, 0
+    while k < n // 2:
+        tail += math.comb(n, k) / 2**n  # P(B = k), B ~ Binomial(n, 1/2)
+        if tail > (1 - confidence) / 2:
+            break
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
 
 
 def _relative_error(ours: list, theirs: list) -> float:
@@ -274,8 +291,11 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
     return {
         "config": config, "length": arguments.length, "threads": arguments.threads,
         "seconds": {name: statistics.median(values) for name, values in times.items()},
-        "paired": {f"{name} / {base}": _paired(round_medians if arguments.isolated else times, name, base)
-                   for name, base in PAIRS},
+        "paired": {f"{name} / {base}": statistics.median(_ratios(round_medians if arguments.isolated else times,
+                                                                name, base)) for name, base in PAIRS},
+        "paired_interval": {f"{name} / {base}": median_interval(_ratios(round_medians if arguments.isolated
+                                                                        else times, name, base))
+                            for name, base in PAIRS},
         "isolated": arguments.isolated, "keep_heap": arguments.keep_heap,
         "times": times, "allocated_mb": memory, "versions": versions,
         "attnlrp_vs_lxt_relative_error": _relative_error(relevance["attnlrp"], relevance["lxt"]),
@@ -347,6 +367,9 @@ def main() -> None:
     pairing = "of the rounds' medians" if report.get("isolated") else "over repeats of adjacent calls"
     print(f"Paired ratios (median ratio {pairing}; heap kept: {report.get('keep_heap', False)}): " + ", ".join(
         f"{pair} {ratio:.3f}" for pair, ratio in report["paired"].items()))
+    if "paired_interval" in report:
+        print("95% intervals of those medians: " + ", ".join(
+            f"{pair} {low:.3f}-{high:.3f}" for pair, (low, high) in report["paired_interval"].items()))
     print(f"AttnLRP vs LXT relative error: {report['attnlrp_vs_lxt_relative_error']:.1e} "
           f"(same environment: {report.get('same_environment_relative_error', float('nan')):.1e}); "
           f"{report['cpu']}, {report['threads']} threads; load {report['load_average']}")
