@@ -24,7 +24,7 @@ VIEW_METHODS = (
     "repeat_interleave", "tile", "movedim", "moveaxis", "swapaxes", "swapdims", "narrow", "select",
     "index_select", "gather", "take_along_dim", "masked_select", "chunk", "split", "tensor_split",
     "unbind", "flip", "roll", "unfold", "to", "type", "type_as", "float", "double", "half",
-    "bfloat16", "cpu", "cuda", "detach", "masked_fill", "where", "tril", "triu", "diagonal",
+    "bfloat16", "cpu", "cuda", "detach", "masked_fill", "tril", "triu", "diagonal",
     "__getitem__", "scatter", "index_put", "index_fill",
 )
 VIEW_FUNCTIONS = (
@@ -33,7 +33,7 @@ VIEW_FUNCTIONS = (
     torch.narrow, torch.select, torch.index_select, torch.gather, torch.take_along_dim,
     torch.masked_select, torch.chunk, torch.split, torch.tensor_split, torch.unbind, torch.flip,
     torch.roll, torch.cat, torch.concat, torch.concatenate, torch.stack, torch.hstack,
-    torch.vstack, torch.dstack, torch.repeat_interleave, torch.tile, torch.where,
+    torch.vstack, torch.dstack, torch.repeat_interleave, torch.tile,
     torch.masked_fill, torch.tril, torch.triu, torch.diagonal, torch.scatter, torch.detach,
     torch.broadcast_to, torch.atleast_1d, torch.atleast_2d, torch.atleast_3d,
     F.pad, F.one_hot, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
@@ -54,6 +54,19 @@ register(
         relevance=native,
         moves_values=True,
         description="views, copies, indexing, gathering, concatenation, padding",
+    )
+)
+
+register(
+    Operation(
+        "where",
+        Kind.NATIVE,
+        functions=(torch.where,),
+        methods=("where",),
+        relevance=native,
+        shares_role=True,
+        description="elementwise choice between two tensors: each value's relevance goes back to the "
+        "tensor it was taken from; the role both share stays (attention weights masked after the softmax)",
     )
 )
 
