@@ -3,7 +3,8 @@
 A part torch.fx cannot trace runs its module's code under the relevance mode, which pays Python
 at every torch call of every explanation (on an 8-layer Llama that is 3-4% of an explanation).
 When a part meets an input signature (:func:`signature`: the tensors' shapes, strides, dtypes,
-devices and whether they carry relevance, and every other argument's value) for the second
+devices and whether they carry relevance, every other argument's value, and whether relevance
+travels in the gradient form, where layers and sums are plain calls) for the second
 time, its run is recorded into a graph (:mod:`fxlrp.record`), which goes through the same
 pipeline as a captured graph - canonicalise, the composite's rules, rewrite - and later runs of
 that signature run the rewritten graph. A run the recording refuses (Python read values of the
