@@ -76,12 +76,11 @@ class Rewriter:
         ``first_layer``: whether the graph's inputs are where the composite's first layer may be.
         ``named_nodes``: whether every node of an operation with a relevance function stays a
         module named after the node, which hooks can reach (relevant walks record node states
-        by name); else views that hand on no role are plain calls (a recorded run's graph, whose
-        nodes are nobody's rows: hundreds of views per Llama call, each a Python call less).
+        by name); else a node whose relevance function is a plain call and whose output can hold
+        no role is that call (a recorded run's graph, whose nodes are nobody's rows: hundreds of
+        nodes per Llama call, each a Python call less): see :meth:`_plain_call`.
         ``gradient_form``: the graph runs in the gradient form alone (a run recorded in it, whose
-        signature holds the form): with ``named_nodes=False``, nodes whose relevance function is
-        then a plain call (:class:`~fxlrp.registry.NativeInGradientForm`) and whose output can hold
-        no role are that call (layers, sums, products with constants under LRP-0)."""
+        signature holds the form)."""
         self.model = model
         self.input_relevance = input_relevance
         self.first_layer = first_layer
@@ -114,7 +113,6 @@ class Rewriter:
                    for node in nodes if (operation := self._operation_of(node)) is not None}
         if not self.named_nodes:
             self.holding = nodes_that_may_hold_roles(self.graph, self._operation_of, carrying)
-        plain_views = set() if self.named_nodes else self._views_handing_on_no_role()
         for node in nodes:
             if node.op in ("placeholder", "output"):
                 role = "input" if node.op == "placeholder" else "output"
@@ -138,8 +136,6 @@ class Rewriter:
                 self._keep_native(node, operation=None)
                 continue
             if operation.relevance is None:
-                self._keep_native(node, operation)
-            elif node in plain_views:
                 self._keep_native(node, operation)
             elif node not in returning and self._native_equals_explained(node, operation):
                 # A parameter transform (weight standardisation's F.batch_norm on the weights), a
@@ -184,20 +180,6 @@ class Rewriter:
             elif meets_input:
                 raw.add(node)
         return first
-
-    def _views_handing_on_no_role(self) -> set[fx.Node]:
-        """Nodes of operations that move values whose first argument can hold no role: their
-        relevance function would hand none on, so it is their native call."""
-        holding = self.holding
-
-        def may_hand_on_a_role(node: fx.Node) -> bool:  # (the first argument may be a list: torch.cat)
-            sources: list[fx.Node] = []
-            fx.node.map_arg(node.args[:1], sources.append)
-            return any(source in holding for source in sources)
-
-        return {node for node in self.graph.nodes
-                if (operation := self._operation_of(node)) is not None and operation.moves_values
-                and not may_hand_on_a_role(node)}
 
     def _native_equals_explained(self, node: fx.Node, operation: Operation) -> bool:
         """Whether the native call computes the values the operation's relevance function would.
@@ -248,11 +230,11 @@ class Rewriter:
             function, keywords = method(node.target), {}
         else:
             function, keywords = node.target, {}
-        if self._is_plain_call(node, operation, rule, factors):
-            if node.op == "call_module" or operation.gradient_native.call is not called:
-                self._install(node, PlainCallNode(operation.gradient_native.call, function, keywords))
-        else:
+        plain = self._plain_call(node, operation, rule, factors)
+        if plain is None:
             self._install(node, RelevanceNode(operation, call, function, keywords))
+        elif node.op == "call_module" or plain is not called:
+            self._install(node, PlainCallNode(plain, function, keywords))
         if operation.name == "eager":
             self._report(node, operation.name, "eager", "chosen per operation as it runs")
             return
@@ -260,12 +242,22 @@ class Rewriter:
             "identity" if operation.kind is Kind.PASS else "native")
         self._report(node, operation.name, handling, rule)
 
-    def _is_plain_call(self, node: fx.Node, operation: Operation, rule: Any, factors: int) -> bool:
-        """Whether the node's relevance function under ``rule`` is a plain call in this graph (see
-        ``gradient_form`` in :meth:`__init__`): then nothing but that call needs to run."""
+    def _plain_call(self, node: fx.Node, operation: Operation, rule: Any, factors: int) -> Any:
+        """The call ``(function, *args, **kwargs)`` that is all the node's relevance function under
+        ``rule`` does in this graph, or None: with ``named_nodes=False``, for a node whose output
+        can hold no role (:func:`~fxlrp.relevance_flow.nodes_that_may_hold_roles`; products read
+        their factors' roles), the native call of an operation that moves values (a view, a
+        cast: all 156 views of the Llama benchmark's replayed graph), and in the gradient form
+        the call its entry names (:class:`~fxlrp.registry.NativeInGradientForm`: layers, sums,
+        products with one relevance-carrying factor under LRP-0)."""
+        if self.named_nodes or node in self.holding:
+            return None
+        if operation.moves_values:
+            return called
         plain = operation.gradient_native
-        return (self.gradient_form and not self.named_nodes and plain is not None and factors < 2
-                and node not in self.holding and plain.holds(rule, self.warn_lost_relevance))
+        if self.gradient_form and plain is not None and factors < 2 and plain.holds(rule, self.warn_lost_relevance):
+            return plain.call
+        return None
 
     def _sole_consumer_of_rule_output(self, node: fx.Node) -> bool:
         """Whether ``node``'s first argument is the output of a rewritten rule node that no other
