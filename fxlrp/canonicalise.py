@@ -28,6 +28,21 @@ OUT_OF_PLACE_OPERATORS = {
 KEEP_IN_PLACE = {"requires_grad_", "share_memory_", "fill_", "zero_", "copy_", "set_"}
 
 
+_TENSOR_METHOD_NAMES = {id(value): name for name, value in vars(torch.Tensor).items() if callable(value)}
+"""torch.Tensor's methods written in Python, by identity: two are wrappers named after another
+method (``x ** 2`` calls ``Tensor.__pow__``, whose ``__name__`` is ``pow``; ``x **= 2`` calls
+``Tensor.__ipow__``, named ``pow_``)."""
+
+
+def tensor_method_name(function: Any) -> str | None:
+    """The name under which torch.Tensor holds ``function``; None for a function that is no
+    Tensor method."""
+    name = getattr(function, "__name__", None)
+    if name is not None and getattr(torch.Tensor, name, None) is function:
+        return name
+    return _TENSOR_METHOD_NAMES.get(id(function))
+
+
 def out_of_place_method(name: str) -> str | None:
     """``add_`` -> ``add``; None if ``name`` is not an in-place Tensor method with a twin."""
     if not name.endswith("_") or name.endswith("__") or name in KEEP_IN_PLACE:

@@ -434,6 +434,14 @@ def _backward(
                 "none of the inputs can receive relevance: give the floating-point input to explain (an "
                 "image, node features, inputs_embeds) or token ids the model looks up in an embedding"
             )
+        if not explained.requires_grad:
+            raise ValueError(
+                "the explained output does not depend on the inputs along any path relevance can take: each "
+                "path is cut by a .detach() or torch.no_grad() in the model, or passes an operation LRP holds "
+                "constant (a norm, variance, sqrt or rsqrt of an input-dependent value is a statistic and gets "
+                "no relevance), so there is no relevance to give. Explain an output the inputs reach; where such "
+                "a sqrt is an activation of your model, register it with the identity rule (docs/extending.md)"
+            )
         if check_finite:
             refuse_non_finite_output(explained)
         samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)

@@ -38,7 +38,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 
 from fxlrp.call import RelevanceCall
-from fxlrp.canonicalise import out_of_place_method, without_inplace_flag
+from fxlrp.canonicalise import out_of_place_method, tensor_method_name, without_inplace_flag
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
@@ -50,7 +50,7 @@ from fxlrp.rules import Rule
 from fxlrp.source import calling_line, function_name
 
 AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
-                         "__itruediv__": "__truediv__"}
+                         "__itruediv__": "__truediv__", "__ipow__": "__pow__"}
 
 
 def _arguments_carry(args: tuple, kwargs: dict) -> bool:
@@ -237,8 +237,8 @@ class Interpretation:
                                     relevance_factors=relevance_factors)
         return composite.resolve(inner, operation)
 
-    def call_for(self, operation: Operation, args: tuple) -> RelevanceCall:
-        """The :class:`RelevanceCall` of this call with arguments ``args``: one per module,
+    def call_for(self, operation: Operation, args: tuple, kwargs: dict[str, Any]) -> RelevanceCall:
+        """The :class:`RelevanceCall` of this call with arguments ``args, kwargs``: one per module,
         operation, first-layer flag and, for a product, whether several of its factors carry
         relevance; kept by the enclosing call across runs, so that the rule is chosen once (not at
         every call of a torch function) and parameter transforms (z+'s ``w+``) are made once."""
@@ -248,7 +248,7 @@ class Interpretation:
         factors = operation.factors
         relevance_factors = 0
         if factors is not None:  # a product: several relevance-carrying factors take a Product rule
-            for value in factors(args):
+            for value in factors(args, kwargs):
                 if isinstance(value, Tensor) and value.requires_grad:
                     relevance_factors += 1
         key = (id(module), operation.name, first, relevance_factors > 1)
@@ -270,7 +270,7 @@ class Interpretation:
         """``operation``'s relevance function on this call, or the native call without one."""
         if operation.relevance is None:
             return function(*args, **kwargs)
-        result = operation.explained(self.call_for(operation, args), function, *args, **kwargs)
+        result = operation.explained(self.call_for(operation, args, kwargs), function, *args, **kwargs)
         if self.holds_first_layer and isinstance(result, Tensor) and result.grad_fn is not None \
                 and self.composite.may_hold_first_layer(operation):
             self.layer_outputs[id(result.grad_fn)] = result.grad_fn  # (kept: ids stay unique)
@@ -367,8 +367,8 @@ class Dispatch:
 
 def _lookup(function: Any) -> Dispatch:
     """How calls of a torch function or Tensor method are handled."""
-    name = getattr(function, "__name__", None)
-    method = name is not None and getattr(torch.Tensor, name, None) is function
+    name = tensor_method_name(function)
+    method = name is not None
     if method and name in WRITES:
         return Dispatch(None, write=True)
     operation = REGISTRY.for_function(function)

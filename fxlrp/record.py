@@ -39,6 +39,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
+from fxlrp.canonicalise import tensor_method_name
 from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES
 from fxlrp.source import innermost_user_frame
@@ -96,16 +97,25 @@ VALUE_SHAPED = frozenset({
 values: later Python reads that shape."""
 
 
+def _deciding_shape(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The arguments of a :data:`VALUE_SHAPED` call whose values decide its output's shape:
+    ``repeat_interleave``'s ``repeats`` (GPT-J repeats its rotary sines by the int 2, a shape of
+    the signature; a tensor of counts makes one of the run's values), all of them otherwise."""
+    if name == "repeat_interleave":
+        return kwargs.get("repeats", args[1] if len(args) > 1 else args[:1])
+    return args, kwargs
+
+
 def _name(function: Any) -> str | None:
     """The name of a torch function or Tensor method, or of the property a getter reads."""
     name = getattr(function, "__name__", None)
     if name == "__get__":
         return getattr(getattr(function, "__self__", None), "__name__", None)
-    return name
+    return tensor_method_name(function) or name
 
 
 def _is_method(function: Any, name: str | None) -> bool:
-    return name is not None and getattr(torch.Tensor, name, None) is function
+    return name is not None and tensor_method_name(function) == name
 
 
 def _is_property(function: Any) -> bool:
@@ -228,7 +238,7 @@ class Recorder(TorchFunctionMode):
             return function(*args, **kwargs)
         if name in RANDOM:
             raise RecordingFailed(f"it calls {name}, whose results differ from run to run")
-        if name in VALUE_SHAPED and self.reads_variable((args, kwargs)):
+        if name in VALUE_SHAPED and self.reads_variable(_deciding_shape(name, args, kwargs)):
             raise RecordingFailed(f"{name} makes a tensor whose shape depends on values of the run")
         if name == "__getitem__" and self.reads_variable(args[1:]) and any(
                 isinstance(leaf, Tensor) and leaf.dtype == torch.bool for leaf in pytree.tree_leaves(args[1:])):

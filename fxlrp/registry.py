@@ -8,7 +8,7 @@ crosses it. Adding an operation is one ``register(Operation(...))`` in ``fxlrp/o
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -104,11 +104,12 @@ class Operation:
     """Whether it runs a module's own code, whose layers the composite's rules reach one by one (a
     part run eagerly, a PyG message-passing layer): the first layer may be inside, and is found as
     that code runs."""
-    factors: Callable[[Sequence[Any]], Sequence[Any]] | None = None
-    """For a product (``a * b``, ``a @ b``, ``einsum``): its factors among a call's positional
-    arguments (``lambda args: args[:2]``). Where two or more carry relevance, the rule the call is
-    given is a :class:`~fxlrp.rules.Product` rule (:meth:`fxlrp.composites.Composite.resolve`);
-    which do is read from the graph at conversion, from the tensors in code run eagerly."""
+    factors: Callable[[Sequence[Any], Mapping[str, Any]], Sequence[Any]] | None = None
+    """For a product (``a * b``, ``a @ b``, ``einsum``): its factors among a call's arguments,
+    positional and by keyword (``lambda args, kwargs: args[:2]``). Where two or more carry
+    relevance, the rule the call is given is a :class:`~fxlrp.rules.Product` rule
+    (:meth:`fxlrp.composites.Composite.resolve`); which do is read from the graph at conversion,
+    from the tensors in code run eagerly."""
     role: str | None = None
     """The role of its output for the products it enters (:mod:`fxlrp.relevance.roles`: a gate,
     attention weights, a gating activation): :meth:`explained` marks its results with it."""

@@ -113,7 +113,8 @@ def relevance_factors(node: fx.Node, operation: Operation, carrying: set[fx.Node
     product of relevance-carrying tensors, whose rule the composite turns into a product rule."""
     if operation.factors is None:
         return 0
-    return sum(isinstance(factor, fx.Node) and factor in carrying for factor in operation.factors(node.args))
+    factors = operation.factors(node.args, node.kwargs)
+    return sum(isinstance(factor, fx.Node) and factor in carrying for factor in factors)
 
 
 # Positions of index arguments: an index selects values but contributes none of its own.

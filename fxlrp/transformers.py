@@ -3,10 +3,12 @@
 Several of transformers' activation modules compute a smooth elementwise activation from
 elementary torch operations rather than one torch function: GPT-2's default ``gelu_new``
 (``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``), ``gelu_fast``,
-``gelu_accurate``, ``quick_gelu`` (``x * sigmoid(1.702 x)``), and the Python forms of ``gelu``,
-``gelu_python_tanh`` and ``mish``. Run operation by operation, such a formula is a product of two
-relevance-carrying factors, ``x`` and ``1 + tanh(...)``, which the product rule would split, and
-part of the relevance would go round the ``tanh``'s argument. AttnLRP (and LXT) explain an
+``gelu_accurate``, ``quick_gelu`` (``x * sigmoid(1.702 x)``), the Python forms of ``gelu``,
+``gelu_python_tanh`` and ``mish``, ``sqrtsoftplus``, ``xielu``, ``laplace``, and BLOOM's GeLU (an
+autograd Function of ``gelu_new``'s formula). Run operation by operation, such a formula is a
+product of two relevance-carrying factors, ``x`` and ``1 + tanh(...)``, which the product rule
+would split, and part of the relevance would go round the ``tanh``'s argument (BLOOM's GeLU lost
+half of it); ``sqrt(softplus(x))`` would be a statistic, which rules hold constant. AttnLRP (and LXT) explain an
 activation as one elementwise map with the identity rule, ``R_in = R_out``. Registering the
 modules as activations gives them that rule: a captured graph keeps them as single nodes, and
 code run eagerly (every Hugging Face model) hands the call of their ``forward`` to the rule as a
@@ -20,6 +22,7 @@ transformers).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -44,11 +47,28 @@ _NAMES = (
     "GELUTanh",  # gelu_pytorch_tanh; gelu_python_tanh runs the tanh formula in Python (transformers 5)
     "PytorchGELUTanh",  # its name in transformers 4
     "MishActivation",
+    "SqrtSoftplusActivation",  # sqrt(softplus(x)): a sqrt elsewhere is a statistic, held constant
+    "XIELUActivation",  # xIELU (Apertus), with trainable parameters of its own
+    "LaplaceActivation",  # the erf formula, which has no rule of its own
+)
+_MODEL_ACTIVATIONS = (
+    # A family's own activation module: BLOOM's GeLU is an autograd Function of the gelu_new formula.
+    ("bloom", "BloomGelu"),
 )
 
-ACTIVATION_MODULES: tuple[type, ...] = tuple(
-    dict.fromkeys(getattr(activations, name) for name in _NAMES if hasattr(activations, name))
-)
+
+def _activation_modules() -> tuple[type, ...]:
+    found = [getattr(activations, name) for name in _NAMES if hasattr(activations, name)]
+    for family, name in _MODEL_ACTIVATIONS:
+        try:
+            modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        except ImportError:  # pragma: no cover - a transformers without the family
+            continue
+        found += [getattr(modeling, name)] if hasattr(modeling, name) else []
+    return tuple(dict.fromkeys(found))
+
+
+ACTIVATION_MODULES: tuple[type, ...] = _activation_modules()
 """transformers' smooth elementwise activation modules that get the identity rule as a whole."""
 
 _ACTIVATION = passes((0,), recomputable=True)

@@ -203,11 +203,23 @@ class MultiplyAdd(nn.Module):
         return torch.addcmul(self.shift, a, b)
 
 
+class AttentionBias(nn.Module):
+    """``bias + a @ b / 2`` as BLOOM writes its ALiBi scores: ``bias.baddbmm(batch1=a, batch2=b)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(random(2, 3, 5))
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.bias.baddbmm(batch1=a, batch2=b, alpha=0.5)
+
+
 BILINEAR = {
     "matmul": (MatrixProduct, ((2, 3, 4), (2, 4, 5))),
     "einsum": (Einsum, ((2, 3, 4), (2, 4, 5))),
     "mul": (Product, ((3, 4), (3, 4))),
     "addcmul": (MultiplyAdd, ((3, 4), (3, 4))),
+    "baddbmm": (AttentionBias, ((2, 3, 4), (2, 4, 5))),
 }
 
 

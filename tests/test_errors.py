@@ -156,3 +156,28 @@ def test_torchscript_modules_are_refused_by_name(capture: str) -> None:
         fxlrp.convert(model, capture=capture)
     with pytest.raises(fxlrp.CaptureError, match=r"TorchScript modules \(the model itself\)"):
         fxlrp.convert(scripted_root, capture=capture)
+
+
+class DetachedInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.detach() * 2).sum(-1, keepdim=True)
+
+
+class SqrtOnTheOnlyPath(nn.Module):
+    """A sqrt of an input-dependent value is a statistic (held constant): no path is left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(self.layer(x) ** 2 + 1)
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+@pytest.mark.parametrize("model", [DetachedInput, SqrtOnTheOnlyPath])
+def test_an_output_no_relevance_can_reach_says_why(model: type[nn.Module], capture: str) -> None:
+    """Not autograd's "element 0 of tensors does not require grad": the paths and what cuts them."""
+    explain = fxlrp.convert(model(), capture=capture)
+    with pytest.raises(ValueError, match="does not depend on the inputs along any path relevance can take.*sqrt"):
+        fxlrp.attribute(explain, torch.randn(2, 4), target=0)

@@ -100,6 +100,25 @@ MULTIPLY_ADDS = [
     Case("addcmul of two relevant factors", lambda m, x, y: torch.addcmul(m.bias, x, y, value=2.0),
          ((3, 4), (3, 4)), "halves of rule", True, parameters={"bias": randn(4)}),
 ]
+# beta * input + alpha * a @ b (GPT-2's Conv1D: addmm; BLOOM's ALiBi scores: baddbmm), factors by
+# position or by keyword
+ADDED_MATRIX_PRODUCTS = [
+    Case("torch.addmm right factor relevant", lambda m, x: torch.addmm(m.bias, m.weight, x, beta=0.5, alpha=2.0),
+         ((4, 5),), "rule", True, parameters={"weight": randn(3, 4), "bias": randn(5)}),
+    Case("addmm relevant summand", lambda m, x, y: torch.addmm(y, x, m.weight), ((3, 4), (3, 5)), "rule", True,
+         parameters={"weight": randn(4, 5)}),
+    Case("addmm of two relevant factors by keyword", lambda m, x, y: m.bias.addmm(mat1=x, mat2=y, alpha=0.5),
+         ((3, 4), (4, 5)), "halves of rule", True, parameters={"bias": randn(3, 5)}),
+    Case("torch.baddbmm weight second", lambda m, x: torch.baddbmm(m.bias, x, m.weight, beta=0.5, alpha=2.0),
+         ((2, 3, 4),), "rule", True, parameters={"weight": randn(2, 4, 5), "bias": randn(1, 5)}),
+    Case("baddbmm method weight first by keyword", lambda m, x: m.bias.baddbmm(batch1=m.weight, batch2=x),
+         ((2, 4, 5),), "rule", True, parameters={"weight": randn(2, 3, 4), "bias": randn(2, 3, 5)}),
+    Case("baddbmm of two relevant factors by keyword (ALiBi)",
+         lambda m, x, y: m.bias.baddbmm(batch1=x, batch2=y, beta=1.0, alpha=0.5), ((2, 3, 4), (2, 4, 5)),
+         "halves of rule", True, parameters={"bias": randn(2, 3, 5)}),
+    Case("torch.addbmm of two relevant factors", lambda m, x, y: torch.addbmm(m.bias, x, y), ((2, 3, 4), (2, 4, 5)),
+         "halves of rule", True, parameters={"bias": randn(3, 5)}),
+]
 
 RESAMPLING = [
     *(
@@ -150,7 +169,7 @@ PATCHES = [
          "rule"),
 ]
 
-CASES = POWERS + MULTIPLY_ADDS + RESAMPLING + PATCHES
+CASES = POWERS + MULTIPLY_ADDS + ADDED_MATRIX_PRODUCTS + RESAMPLING + PATCHES
 
 
 def reference(case: Case, model: nn.Module, inputs: list[Tensor], relevance: Tensor, epsilon: float) -> list[Tensor]:
@@ -168,23 +187,28 @@ def reference(case: Case, model: nn.Module, inputs: list[Tensor], relevance: Ten
 RUNS = [(case, 0.0) for case in CASES] + [(case, 0.25) for case in CASES if case.weighted]
 
 
+@pytest.mark.parametrize("capture", ["auto", "eager"])
 @pytest.mark.parametrize(("case", "epsilon"), RUNS, ids=[f"{case.name}-eps{epsilon}" for case, epsilon in RUNS])
-def test_operation_matches_dense_reference(case: Case, epsilon: float) -> None:
+def test_operation_matches_dense_reference(case: Case, epsilon: float, capture: str) -> None:
+    """Captured as a graph and run eagerly (three calls: the second records the run, the third
+    replays it), each spelling as the model writes it (``x ** 2`` reaches code run eagerly as
+    ``Tensor.__pow__``, a wrapper named ``pow``)."""
     generator = torch.Generator().manual_seed(11)
     model, inputs = case.build(generator)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # F.upsample* are deprecated
-        explain = fxlrp.convert(model, Epsilon(epsilon))
+        explain = fxlrp.convert(model, Epsilon(epsilon), capture=capture)
         with torch.no_grad():
             output = model(*inputs)
             assert torch.equal(explain(*inputs), output)
         relevance = torch.randn(output.shape, generator=generator, dtype=torch.float64)
-        actual = explained_relevance(explain, inputs, relevance)
         expected = reference(case, model, inputs, relevance, epsilon)
-    for actual_input, expected_input in zip(actual, expected, strict=True):
-        assert actual_input.shape == expected_input.shape
-        assert torch.isfinite(actual_input).all()
-        assert relative_error(actual_input, expected_input) < TOLERANCE
+        for _ in range(3 if capture == "eager" else 1):
+            actual = explained_relevance(explain, inputs, relevance)
+            for actual_input, expected_input in zip(actual, expected, strict=True):
+                assert actual_input.shape == expected_input.shape
+                assert torch.isfinite(actual_input).all()
+                assert relative_error(actual_input, expected_input) < TOLERANCE
 
 
 CONSERVING = ("interpolate bilinear align_corners=False", "interpolate bicubic align_corners=True",
@@ -348,11 +372,13 @@ def test_addcmul_gets_the_composites_layer_rule() -> None:
     assert relative_error(actual, expected) < TOLERANCE
 
 
-def test_addcmul_with_three_relevant_tensors_is_an_error() -> None:
-    model = Op(lambda m, x, y, z: torch.addcmul(x, y, z))
+@pytest.mark.parametrize(("function", "shapes"), [
+    (torch.addcmul, ((3,), (3,), (3,))), (torch.baddbmm, ((2, 3, 5), (2, 3, 4), (2, 4, 5)))])
+def test_a_sum_and_product_of_three_relevant_tensors_is_an_error(function, shapes) -> None:
+    model = Op(lambda m, x, y, z: function(x, y, z))
     explain = fxlrp.convert(model)
-    inputs = [torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(3)]
-    with pytest.raises(fxlrp.UnsupportedOperationError, match="input \\+ tensor1 \\* tensor2"):
+    inputs = [torch.randn(shape, dtype=torch.float64, requires_grad=True) for shape in shapes]
+    with pytest.raises(fxlrp.UnsupportedOperationError, match=f"torch.{function.__name__} .* a sum and a product"):
         explain(*inputs)
 
 

@@ -377,3 +377,41 @@ def test_a_replay_in_the_gradient_form_keeps_a_rule_whose_gradient_is_not_native
     for _ in range(3):  # relevance mode, recording, replay
         assert relative_error(fxlrp.attribute(explain, x, target=1), expected / 4) < 1e-12
     assert explain.gradient_form
+
+
+class RepeatedBy(PerToken):
+    """``repeat_interleave`` by an int (GPT-J's rotary sines: a shape of the signature) or by
+    counts computed from the input (a shape of the run's values)."""
+
+    def __init__(self, counts_from_input: bool) -> None:
+        super().__init__()
+        self.counts_from_input = counts_from_input
+
+    def forward(self, x):
+        hidden = torch.relu(self.embed(x))
+        if self.counts_from_input:
+            counts = (x[0, :, 0] > 0).long() + 1
+            repeated = hidden.repeat_interleave(counts, dim=1)
+        else:
+            repeated = torch.repeat_interleave(hidden, 2, 1)
+        steps = [torch.relu(self.mix(repeated[:, index])) for index in range(repeated.shape[1])]
+        return self.head(torch.stack(steps, dim=1).sum(dim=1))
+
+
+@pytest.mark.parametrize("counts_from_input", [False, True])
+def test_repeat_interleave_is_recorded_where_its_repeats_are_no_values_of_the_run(counts_from_input: bool) -> None:
+    """By an int the shape is the signature's: recorded and replayed. By counts from the input,
+    never: inputs of one signature repeat differently (gradient x input each call, LRP-0)."""
+    torch.manual_seed(0)
+    model = RepeatedBy(counts_from_input).double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    for seed in range(4):
+        x = torch.randn(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        relevance = fxlrp.attribute(explain, x, target=1)
+        [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+        assert relative_error(relevance, expected) < 1e-12
+    [recorded] = recordings(explain)
+    if counts_from_input:
+        assert not recorded.replays and "shape depends on values" in next(iter(recorded.refused.values()))
+    else:
+        assert len(recorded.replays) == 1 and not recorded.refused

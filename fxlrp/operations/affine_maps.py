@@ -1,24 +1,25 @@
-"""``torch.addcmul``: ``input + value * tensor1 * tensor2``, a per-element affine layer.
+"""A term plus a product: ``torch.addcmul``, ``torch.addmm``, ``torch.baddbmm``, ``torch.addbmm``.
 
-ResMLP's ``Affine`` (``torch.addcmul(beta, alpha, x)``) and ConvNeXt V2's response normalisation
-(``torch.addcmul(bias, weight, x * n)``) scale a relevance-carrying tensor ``x`` elementwise by a
-parameter ``w`` and shift it by a parameter ``b``: a layer with weights, ``z = b + value * w * x``,
-which gets the composite's layer rule (the epsilon rule by default), as BatchNorm's per-channel
-affine map does:
+Each computes ``beta * input + alpha * (tensor1 . tensor2)``, the product elementwise (addcmul,
+whose scale is called ``value``), a matrix product (addmm), a batch of them (baddbmm: ALiBi's
+attention scores in BLOOM, ``alibi.baddbmm(batch1=q, batch2=k)``) or their sum (addbmm). Where
+one factor carries relevance it is a layer whose weight is the other factor and whose bias is
+the term: GPT-2's ``Conv1D`` (``torch.addmm(b, x, W)``), ResMLP's ``Affine``
+(``torch.addcmul(beta, alpha, x)``), ConvNeXt V2's response normalisation. It gets the
+composite's layer rule (the epsilon rule by default), as ``F.linear`` does:
 
-.. math:: R_{x_i} = \\frac{\\text{value} \\, w_i x_i}{s(z_i)} R_i
+.. math:: R_{x_i} = \\sum_k \\frac{x_i \\, \\partial z_k / \\partial x_i}{s(z_k)} R_k
 
-(``s`` the rule's stabilised denominator; the bias absorbs its share). Where ``input`` carries
-relevance too, it is a second input of the same affine map (``z = input + value * w * x``).
-Where both multiplicands carry relevance, it is a product: the rule of ``products.py`` for
-several relevance-carrying factors (:class:`~fxlrp.rules.Product`, which the composite gives such
-a call: the epsilon rule's share of each factor divided by their number, ``input`` a constant in
-``z``).
+(``s`` the rule's stabilised denominator; the term absorbs its share). Where the term carries
+relevance too, it is a second input of the same affine map. Where both factors carry relevance,
+it is a product: the rule of ``products.py`` for several relevance-carrying factors
+(:class:`~fxlrp.rules.Product`, which the composite gives such a call: the epsilon rule's share
+of each factor divided by their number, the term a constant in ``z``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,54 +33,76 @@ from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.rule_function import carries_relevance
 
 
-def multiply_add(
-    call: RelevanceCall, function: Callable[..., Tensor], input: Any, tensor1: Any, tensor2: Any, **kwargs: Any
-) -> Tensor:
-    """``input + value * tensor1 * tensor2`` by the node's rule: a layer whose weight is the
-    multiplicand that carries no relevance and whose bias is ``input`` (when it carries none)."""
-    input_carries, first_carries, second_carries = (carries_relevance(value) for value in (input, tensor1, tensor2))
-    if first_carries and second_carries:
+class AddedProduct:
+    """The relevance function and the factors of ``input + product(first, second)``, whose
+    arguments a model may pass by position or by name (``first`` and ``second``: the factors'
+    parameter names, ``batch1`` and ``batch2`` for baddbmm)."""
+
+    def __init__(self, name: str, first: str, second: str) -> None:
+        self.name, self.names = name, ("input", first, second)
+
+    def operands(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """``[input, first, second]`` and the other keyword arguments (the scales)."""
+        rest = dict(kwargs)
+        operands = [args[index] if index < len(args) else rest.pop(name, None) for index, name in enumerate(self.names)]
+        return operands, rest
+
+    def factors(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Sequence[Any]:
+        """The two factors (the Product rule is given where both carry relevance)."""
+        return self.operands(args, kwargs)[0][1:]
+
+    def __call__(self, call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+        (input, first, second), scales = self.operands(args, kwargs)
+        input_carries, first_carries, second_carries = (carries_relevance(value) for value in (input, first, second))
+        if first_carries and second_carries:
+            if input_carries:
+                raise UnsupportedOperationError(
+                    f"fxlrp has no LRP rule for torch.{self.name} where the added input and both factors depend "
+                    f"on the explained input; write it as a sum and a product (input + {self.names[1]} times "
+                    f"{self.names[2]}), whose rules fxlrp has"
+                )
+            return multilinear(call, function, input, first, second, **scales)
+        if not (first_carries or second_carries):
+            # input + a constant: a sum whose constant term acts as a bias (or no relevance at all)
+            return affine(call, function, input, first, second, **scales)
+
+        def product(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+            return (x, weight) if first_carries else (weight, x)
+
+        signal, weight = (first, second) if first_carries else (second, first)
         if input_carries:
-            raise UnsupportedOperationError(
-                "fxlrp has no LRP rule for torch.addcmul(input, tensor1, tensor2) where all three tensors "
-                "depend on the explained input; write it as input + tensor1 * tensor2 (a sum and a product)"
-            )
-        return multilinear(call, function, input, tensor1, tensor2, **kwargs)
-    if not (first_carries or second_carries):
-        # input + a constant: a sum whose constant term acts as a bias (or no relevance at all)
-        return affine(call, function, input, tensor1, tensor2, **kwargs)
+            def with_summand(summand: Tensor, x: Tensor, w: Tensor, b: None) -> Tensor:
+                return function(summand, *product(x, w), **scales)
 
-    def product(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-        return (x, weight) if first_carries else (weight, x)
+            return call.affine(call.layer(with_summand, weight, None, has_parameters=True), input, signal)
 
-    signal, weight = (tensor1, tensor2) if first_carries else (tensor2, tensor1)
-    if input_carries:
-        def with_summand(summand: Tensor, x: Tensor, w: Tensor, b: None) -> Tensor:
-            return function(summand, *product(x, w), **kwargs)
+        def with_bias(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+            return function(b, *product(x, w), **scales)
 
-        return call.affine(call.layer(with_summand, weight, None, has_parameters=True), input, signal)
-
-    def with_bias(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-        return function(b, *product(x, w), **kwargs)
-
-    return call.affine(call.layer(with_bias, weight, input, has_parameters=True), signal)
+        return call.affine(call.layer(with_bias, weight, input, has_parameters=True), signal)
 
 
-def multiplicands(args: Sequence[Any]) -> Sequence[Any]:
-    """The factors of ``torch.addcmul(input, tensor1, tensor2)``: ``tensor1`` and ``tensor2``."""
-    return args[1:3]
-
-
-register(
-    Operation(
-        "addcmul",
-        Kind.AFFINE,
-        functions=(torch.addcmul,),
-        methods=("addcmul",),
-        relevance=multiply_add,
-        weighted=True,
-        factors=multiplicands,
-        description="input + value * w * x (ResMLP's Affine, ConvNeXt V2's GRN): a per-element layer with "
-        "weight w and bias input; a product when both factors carry relevance",
+def _register(name: str, first: str, second: str, description: str) -> None:
+    added_product = AddedProduct(name, first, second)
+    register(
+        Operation(
+            name,
+            Kind.AFFINE,
+            functions=(getattr(torch, name),),
+            methods=(name,),
+            relevance=added_product,
+            weighted=True,
+            factors=added_product.factors,
+            description=description,
+        )
     )
-)
+
+
+_register("addcmul", "tensor1", "tensor2", "input + value * w * x (ResMLP's Affine, ConvNeXt V2's GRN): a per-element "
+          "layer with weight w and bias input; a product when both factors carry relevance")
+_register("addmm", "mat1", "mat2", "beta * input + alpha * x @ W (GPT-2's Conv1D): a linear layer; a product when both "
+          "factors carry relevance")
+_register("baddbmm", "batch1", "batch2", "beta * input + alpha * a @ b, batched (BLOOM's ALiBi attention scores): a "
+          "layer in the factor that carries relevance, the Product rule when both do")
+_register("addbmm", "batch1", "batch2", "beta * input + alpha * the sum of the batch's a @ b: a layer in the factor "
+          "that carries relevance, the Product rule when both do")

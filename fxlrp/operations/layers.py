@@ -13,7 +13,6 @@ from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, weighted
 from fxlrp.operations.normalization import normalisation, scaled_and_shifted
 from fxlrp.registry import Kind, NativeInGradientForm, Operation, register
-from fxlrp.relevance.rule_function import carries_relevance
 
 
 def as_matrix_rows(input: Tensor) -> Tensor:
@@ -220,29 +219,5 @@ register(
         weighted=True,
         description="BatchNorm: with running statistics a per-channel affine map; without, by the batch's "
         "statistics with sigma constant (identity rule), centring, scale and shift as one affine map",
-    )
-)
-
-
-def addmm(call: RelevanceCall, function: Any, bias: Any, left: Any, right: Any, *, beta=1, alpha=1) -> Tensor:
-    """``beta * bias + alpha * left @ right`` with a constant ``right``: a linear layer."""
-    if carries_relevance(right) or carries_relevance(bias):
-        raise NotImplementedError("fxlrp: addmm is explained with a constant right factor and bias only")
-
-    def layer_function(x, w, b):
-        return function(b, x, w, beta=beta, alpha=alpha)
-
-    return call.affine(call.layer(layer_function, right, bias, has_parameters=True), left)
-
-
-register(
-    Operation(
-        "addmm",
-        Kind.AFFINE,
-        functions=(torch.addmm,),
-        methods=("addmm",),
-        relevance=addmm,
-        weighted=True,
-        description="bias + input @ weight",
     )
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -102,7 +102,7 @@ def matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *a
     return call.affine(call.layer(left_layer, right, None, has_parameters=True), left)
 
 
-def leading_pair(args: Sequence[Any]) -> Sequence[Any]:
+def leading_pair(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Sequence[Any]:
     """The factors of ``a * b``, ``a @ b``, ``torch._grouped_mm(a, b, offs)``: the first two arguments."""
     return args[:2]
 
@@ -114,7 +114,7 @@ def listed(operands: Sequence[Any]) -> Sequence[Any]:
     return operands
 
 
-def einsum_operands(args: Sequence[Any]) -> Sequence[Any]:
+def einsum_operands(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Sequence[Any]:
     """The factors of ``torch.einsum(equation, *operands)``."""
     return listed(args[1:])
 
