@@ -125,7 +125,7 @@ def capture(
     _refuse_torchscript(model)
     if path == "eager":
         return Capture(whole_model_graph(model), eager_modules={"": "capture='eager' was asked for"})
-    leaves = (*leaf_functions, *REGISTRY.leaf_functions())
+    leaves = tuple(dict.fromkeys((*leaf_functions, *REGISTRY.leaf_functions())))
     concrete_args = {**REGISTRY.fixed_arguments(model), **(concrete_args or {})}
     # A flag (``is_causal: bool = False``) is a setting, not an input: traced as a symbolic value,
     # any ``if`` on it fails the trace. Traced at its default; a call passing another value gets a

@@ -250,7 +250,7 @@ POOLS = [
     Case("torch.amax", lambda m, x: torch.amax(x, dim=0), ((3, 5),), "routed"),
 ]
 
-SCATTERS = [
+TORCH_SCATTERS = [
     Case("scatter_add attribute", lambda m, x: torch_scatter.scatter_add(x, m.index, dim=0, dim_size=5),
          ((6, 3),), "rule", buffers={"index": INDEX}),
     Case("scatter_sum", lambda m, x: torch_scatter.scatter_sum(x, m.index, 0), ((6, 3),), "rule",
@@ -275,6 +275,8 @@ SCATTERS = [
          "routed", buffers={"index": INDEX}),
     Case("segment_csr max", lambda m, x: segment_csr(x, m.pointer, reduce="max"), ((6, 3),), "routed",
          buffers={"pointer": POINTER}),
+]
+SCATTERS = TORCH_SCATTERS + [
     Case("scatter_add_ on new_zeros", lambda m, x: x.new_zeros(5, 3).scatter_add_(0, m.index2d, x), ((6, 3),),
          "rule", buffers={"index2d": INDEX[:, None].expand(6, 3).contiguous()}),
     Case("scatter_add_ on torch.zeros", lambda m, x: torch.zeros(5, 3, dtype=x.dtype).scatter_add_(0, m.index2d, x),
@@ -471,3 +473,21 @@ def test_operators_are_recorded_by_identity() -> None:
     from fxlrp.registry import REGISTRY
 
     assert REGISTRY.for_function(operator.add) is REGISTRY.for_function(torch.add)
+
+
+@pytest.mark.parametrize("case", TORCH_SCATTERS, ids=lambda case: case.name)
+def test_torch_scatter_in_code_run_eagerly_matches_dense_reference(case: Case) -> None:
+    """torch_scatter's functions are handed to their rules whole in code run eagerly, as a graph
+    records them (inside, segment_csr and the max/min reductions call compiled operations no rule
+    reaches): three calls (the second records the run, the third replays it), LRP-0."""
+    generator = torch.Generator().manual_seed(7)
+    model, inputs = case.build(generator)
+    explain = fxlrp.convert(model, Epsilon(0.0), capture="eager")
+    with torch.no_grad():
+        output = model(*inputs)
+        assert torch.equal(explain(*inputs), output)
+    relevance = torch.randn(output.shape, generator=generator, dtype=torch.float64)
+    expected = reference(case, model, inputs, relevance, 0.0)
+    for _ in range(3):
+        for actual_input, expected_input in zip(explained_relevance(explain, inputs, relevance), expected, strict=True):
+            assert relative_error(actual_input, expected_input) < TOLERANCE

@@ -1,5 +1,9 @@
 """Scatter reductions (torch_scatter and native) and index-add.
 
+torch_scatter's functions are leaves: a captured graph records each call as one node, and code
+run eagerly hands each call to its rule whole (inside, ``segment_csr`` and the max/min
+reductions call compiled operations that no rule reaches).
+
 Sums and means follow the proportional (z) rule: an edge message gets the share of a node's
 relevance it contributed to the node's sum. Max and min are winner-take-all, which their native
 backward already does. Native ``scatter_add``/``index_add``/``scatter_reduce`` are affine in both
@@ -59,6 +63,7 @@ register(
         Kind.AFFINE,
         functions=scatter_functions(SUM_FUNCTIONS + MEAN_FUNCTIONS),
         index_arguments=(1,),
+        leaf=True,
         relevance=affine,
         gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
@@ -82,6 +87,7 @@ register(
         Kind.AFFINE,
         functions=scatter_functions(REDUCE_FUNCTIONS),
         index_arguments=(1,),
+        leaf=True,
         relevance=reduce_by_argument,
         default_rule=proportional,
         description="torch_scatter scatter/segment with a reduce argument: sum/mean proportional, "
@@ -94,6 +100,7 @@ register(
         Kind.NATIVE,
         functions=scatter_functions(MAX_FUNCTIONS + INDEX_FUNCTIONS),
         index_arguments=(1,),
+        leaf=True,
         description="torch_scatter max/min (winner-take-all) and gathers",
     )
 )
