@@ -27,7 +27,7 @@ from torch import Tensor
 
 from fxlrp.call import RelevanceCall
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.operations.helpers import affine
+from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine
 from fxlrp.operations.products import multilinear
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.rule_function import carries_relevance
@@ -91,6 +91,8 @@ def _register(name: str, first: str, second: str, description: str) -> None:
             functions=(getattr(torch, name),),
             methods=(name,),
             relevance=added_product,
+            # at most one relevance-carrying factor: an affine map of the carriers (LRP-0: its gradient)
+            gradient_native=NATIVE_UNDER_NATIVE_RULE,
             weighted=True,
             factors=added_product.factors,
             description=description,
