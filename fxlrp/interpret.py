@@ -457,13 +457,12 @@ class RelevanceMode(TorchFunctionMode):
         """``target.op_(...)`` / ``target op= ...``: the out-of-place twin with its rule, written back."""
         target = args[0]
         result = self.interpretation.run(operation, runnable, args, kwargs)
-        if carries_relevance(target):
-            return replace_values(target, result)
-        if name in AUGMENTED_ASSIGNMENTS:
+        if name in AUGMENTED_ASSIGNMENTS and not carries_relevance(target):
             return result  # ``a += b`` rebinds ``a`` to the result
-        # A fresh buffer filled in place (``zeros.scatter_add_(...)``): it takes the result,
-        # and relevance reaches the result through the copy's identity backward.
-        return target.copy_(result)
+        # A fresh buffer filled in place (``zeros.scatter_reduce_(...)``) is swapped for the
+        # result, not written: the twin's backward may keep the buffer (scatter_reduce's does),
+        # and a write would change what it kept.
+        return replace_values(target, result)
 
 
 WRITES = ("__setitem__", "copy_", "fill_", "zero_")

@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.canonicalise import tensor_method_name
+from fxlrp.canonicalise import tensor_method_name, without_inplace_flag
 from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES
 from fxlrp.source import innermost_user_frame
@@ -460,14 +460,15 @@ def _storage(tensor: Tensor) -> int:
 
 
 def may_write(node: fx.Node) -> bool:
-    """Whether a call writes into its first argument (or ``out=``), or may (a module's code); kept
+    """Whether a call writes into its first argument (or ``out=``, or ``inplace=True``: ``F.relu(x,
+    inplace=True)`` returns its input, so nothing reads the node), or may (a module's code); kept
     even if nothing reads its result."""
     if "out" in node.kwargs:
         return True
     if node.op == "call_method":
         name = node.target
     elif node.op == "call_function":
-        if node.target is operator.setitem:
+        if node.target is operator.setitem or without_inplace_flag(node.target, node.args, node.kwargs) is not None:
             return True
         name = getattr(node.target, "__name__", "")
     else:

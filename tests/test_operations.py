@@ -475,11 +475,13 @@ def test_operators_are_recorded_by_identity() -> None:
     assert REGISTRY.for_function(operator.add) is REGISTRY.for_function(torch.add)
 
 
-@pytest.mark.parametrize("case", TORCH_SCATTERS, ids=lambda case: case.name)
-def test_torch_scatter_in_code_run_eagerly_matches_dense_reference(case: Case) -> None:
-    """torch_scatter's functions are handed to their rules whole in code run eagerly, as a graph
-    records them (inside, segment_csr and the max/min reductions call compiled operations no rule
-    reaches): three calls (the second records the run, the third replays it), LRP-0."""
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_operation_in_code_run_eagerly_matches_dense_reference(case: Case) -> None:
+    """Every case in code run eagerly, three calls (the second records the run, the third replays
+    it), LRP-0. torch_scatter's functions are handed to their rules whole there, as a graph records
+    them (inside, segment_csr and the max/min reductions call compiled operations no rule reaches);
+    a fresh buffer filled in place whose twin's backward keeps the buffer (scatter_reduce_) is
+    swapped for the result, not written."""
     generator = torch.Generator().manual_seed(7)
     model, inputs = case.build(generator)
     explain = fxlrp.convert(model, Epsilon(0.0), capture="eager")
