@@ -14,7 +14,7 @@ import operator
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import Tensor, fx, nn
 
 OUT_OF_PLACE_OPERATORS = {
     operator.iadd: operator.add,
@@ -51,22 +51,27 @@ def out_of_place_method(name: str) -> str | None:
     return twin if callable(getattr(torch.Tensor, twin, None)) else None
 
 
-def without_inplace_flag(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """The call's keyword arguments with ``inplace=False`` if it asked for ``inplace=True``."""
+def without_inplace_flag(function: Any, args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The call's arguments with ``inplace=False`` where it asked for ``inplace=True`` (by
+    position or keyword; every other argument stays where it was given: relevance functions
+    take their inputs by position), or None if it did not ask."""
     try:
         bound = inspect.signature(function).bind(*args, **kwargs)
     except (TypeError, ValueError):
         return None
     if bound.arguments.get("inplace") is not True:
         return None
-    bound.arguments["inplace"] = False
-    return dict(bound.arguments)
+    if "inplace" in kwargs:
+        return args, {**kwargs, "inplace": False}
+    position = list(bound.signature.parameters).index("inplace")
+    return (*args[:position], False, *args[position + 1:]), kwargs
 
 
 def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[str]:
     """Rewrite in-place nodes of ``graph``; return names of call_module nodes whose module runs
     in place (the rewrite gives them an out-of-place copy)."""
-    order = {node: position for position, node in enumerate(graph.nodes)}
+    order: dict[fx.Node, float] = {node: position for position, node in enumerate(graph.nodes)}
     in_place_modules: set[str] = set()
     for node in list(graph.nodes):
         mutated = None
@@ -74,18 +79,118 @@ def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set
             node.target = OUT_OF_PLACE_OPERATORS[node.target]
             mutated = node.args[0]
         elif node.op == "call_method" and out_of_place_method(node.target):
+            view_metadata = node.target in VIEW_METADATA_METHODS
             node.target = out_of_place_method(node.target)
-            mutated = node.args[0]
+            mutated = None if view_metadata else node.args[0]
+            if view_metadata:  # ``v.unsqueeze_(0)`` changes ``v`` alone, never what it views
+                _redirect_later_users(node.args[0], node, node, order)
         elif node.op == "call_function" and callable(node.target):
             arguments = without_inplace_flag(node.target, node.args, node.kwargs)
             if arguments is not None:
-                node.args, node.kwargs = (), arguments
-                mutated = next(iter(arguments.values()))
+                node.args, node.kwargs = arguments
+                mutated = next(value for value in (*node.args, *node.kwargs.values()) if isinstance(value, fx.Node))
         elif node.op == "call_module" and getattr(modules.get(node.target), "inplace", False) is True:
             in_place_modules.add(node.name)
             mutated = node.args[0] if node.args else None
         if isinstance(mutated, fx.Node):
-            for user in list(mutated.users):
-                if user is not node and order[user] > order[node]:
-                    user.replace_input_with(mutated, node)
+            _redirect_later_users(mutated, node, node, order)
+            _write_through_views(graph, mutated, node, order)
     return in_place_modules
+
+
+def _redirect_later_users(old: fx.Node, new: fx.Node, after: fx.Node, order: dict[fx.Node, float]) -> None:
+    """Point the users of ``old`` that come after ``after`` at ``new``."""
+    for user in list(old.users):
+        if user is not new and order[user] > order[after]:
+            user.replace_input_with(old, new)
+
+
+ALIASING = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose", "t",
+    "squeeze", "unsqueeze", "expand", "expand_as", "movedim", "moveaxis", "swapaxes", "swapdims",
+    "narrow", "select", "chunk", "split", "split_with_sizes", "tensor_split", "unbind", "diagonal",
+    "unfold", "as_strided", "contiguous", "to", "type_as", "float", "double", "half", "bfloat16",
+    "real", "imag", "getitem", "__getitem__",
+})
+"""Operations whose result may share memory with their first argument (a view, or the tensor
+itself), so that an in-place write into the result writes into the argument."""
+
+VIEW_METADATA_METHODS = frozenset({"unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_", "swapaxes_",
+                                   "as_strided_"})
+"""In-place methods that change a tensor's shape, not its values (nor what it views)."""
+
+
+def _may_alias(node: Any) -> bool:
+    if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    if node.op == "call_method":
+        return node.target in ALIASING
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", None) in ALIASING and (
+            node.target is operator.getitem or getattr(node.target, "__module__", "").startswith("torch"))
+    return False
+
+
+def _write_through_views(graph: fx.Graph, mutated: fx.Node, node: fx.Node, order: dict[fx.Node, float]) -> None:
+    """An in-place write (``node``, now out of place) into ``mutated``, which may be a view of an
+    earlier value (``h[:, :2].mul_(2)``, ``x.t().add_(y)``): the earlier value's later users read
+    it with the view's elements written (:func:`written_through_view`), and later users of its
+    other views read them again from the written value. Whether a node is a view is decided when
+    the graph runs (indexing by a tensor copies)."""
+    base = mutated
+    while _may_alias(base):
+        base = base.args[0]
+    if base is mutated:
+        return
+    aliases = []
+    pending = [base]
+    while pending:
+        for user in pending.pop().users:
+            if (_may_alias(user) and order[user] < order[node] and user is not mutated
+                    and user.args[0] in (base, *aliases) and user not in aliases):
+                aliases.append(user)
+                pending.append(user)
+    with graph.inserting_after(node):
+        written = graph.call_function(written_through_view, (base, mutated, node))
+    order[written] = order[node] + 0.5
+    _redirect_later_users(base, written, written, order)
+    anchor, step = written, 0.25
+    for alias in aliases:
+        if any(order[user] > order[node] for user in alias.users):
+            with graph.inserting_after(anchor):
+                again = graph.call_function(view_of_written, (written, alias, base))
+            order[again], step = order[anchor] + step, step / 2  # (between ``node`` and the next)
+            _redirect_later_users(alias, again, again, order)
+            anchor = again
+
+
+def written_through_view(base: Any, view: Tensor, values: Tensor) -> Any:
+    """``base`` with the elements that ``view`` shows of it replaced by ``values``: an in-place
+    write into a view, out of place (a new tensor with ``base``'s strides). Relevance follows the
+    values: the written elements' to ``values``, the others' to ``base``. ``base`` itself where
+    ``view`` is no view of it (indexing by a tensor copies)."""
+    if not _aliases(view, base):
+        return base
+    written = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
+    written.copy_(base)
+    _region(written, view, base).copy_(values)
+    return written
+
+
+def view_of_written(written: Any, alias: Any, base: Any) -> Any:
+    """``alias``, a view of ``base`` taken before :func:`written_through_view` wrote into it,
+    taken of ``written`` instead (``alias`` itself where it was no view of ``base``)."""
+    if written is base or not _aliases(alias, base):
+        return alias
+    return _region(written, alias, base)
+
+
+def _aliases(view: Any, base: Any) -> bool:
+    return (isinstance(view, Tensor) and isinstance(base, Tensor)
+            and view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr())
+
+
+def _region(tensor: Tensor, view: Tensor, base: Tensor) -> Tensor:
+    """The elements of ``tensor`` (laid out as ``base``) at the place ``view`` shows of ``base``."""
+    return tensor.as_strided(view.size(), view.stride(),
+                             tensor.storage_offset() + view.storage_offset() - base.storage_offset())

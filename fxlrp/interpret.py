@@ -26,6 +26,7 @@ import dataclasses
 import operator
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import repeat
@@ -38,7 +39,14 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 
 from fxlrp.call import RelevanceCall
-from fxlrp.canonicalise import out_of_place_method, tensor_method_name, without_inplace_flag
+from fxlrp.canonicalise import (
+    VIEW_METADATA_METHODS,
+    out_of_place_method,
+    tensor_method_name,
+    view_of_written,
+    without_inplace_flag,
+    written_through_view,
+)
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
@@ -411,6 +419,7 @@ class RelevanceMode(TorchFunctionMode):
     def __init__(self, interpretation: Interpretation) -> None:
         super().__init__()
         self.interpretation = interpretation
+        self.views = Views()
 
     def __torch_function__(self, function, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -423,7 +432,7 @@ class RelevanceMode(TorchFunctionMode):
                 return interpretation.run(dispatch.operation, function, args, kwargs)
             return function(*args, **kwargs)
         if dispatch.write:
-            return _write(function, args, kwargs)
+            return _write(function, args, kwargs, self.views)
         operation, in_place = dispatch.operation, dispatch.in_place
         runnable = function if in_place is None else dispatch.twin
         observer = Interpretation.observer
@@ -437,16 +446,17 @@ class RelevanceMode(TorchFunctionMode):
         if in_place is None:
             # ``F.relu(x, inplace=True)`` (an activation module built with inplace=True) would
             # overwrite a tensor a rule keeps: it runs out of place, as capture makes it in a graph.
-            # The input stays positional (relevance functions take it first); a signature is bound
-            # only for a flag given by position (binding costs, and most calls have no flag).
+            # A signature is bound only for a flag given by position (binding costs, and most
+            # calls have no flag).
             if kwargs.get("inplace") is True:
                 kwargs = {**kwargs, "inplace": False}
             elif len(args) > 1 and any(map(operator.is_, args[1:], repeat(True))):
                 arguments = without_inplace_flag(runnable, args, kwargs)
                 if arguments is not None:
-                    input_name = next(iter(arguments))
-                    args, kwargs = (arguments.pop(input_name),), arguments
+                    args, kwargs = arguments
             result = interpretation.run(operation, runnable, args, kwargs)
+            if operation.moves_values and isinstance(result, Tensor) and result._is_view():
+                self.views.note(result)
         else:
             result = self._in_place(operation, runnable, in_place, args, kwargs)
         if observer is not None and _carries(result):
@@ -459,10 +469,13 @@ class RelevanceMode(TorchFunctionMode):
         result = self.interpretation.run(operation, runnable, args, kwargs)
         if name in AUGMENTED_ASSIGNMENTS and not carries_relevance(target):
             return result  # ``a += b`` rebinds ``a`` to the result
+        if name in VIEW_METADATA_METHODS:  # ``v.unsqueeze_(0)``: ``v`` takes the new shape, what it views stays
+            _swap(target, result)
+            return target
         # A fresh buffer filled in place (``zeros.scatter_reduce_(...)``) is swapped for the
         # result, not written: the twin's backward may keep the buffer (scatter_reduce's does),
         # and a write would change what it kept.
-        return replace_values(target, result)
+        return replace_values(target, result, self.views)
 
 
 WRITES = ("__setitem__", "copy_", "fill_", "zero_")
@@ -470,7 +483,7 @@ WRITES = ("__setitem__", "copy_", "fill_", "zero_")
 passes its relevance on to nothing, a copied one to where it came from)."""
 
 
-def _write(function: Any, args: tuple, kwargs: dict) -> Any:
+def _write(function: Any, args: tuple, kwargs: dict, views: Views) -> Any:
     """``target[index] = value``, ``target.copy_(source)``, ...: natively when ``target`` carries no
     relevance (a buffer being filled), else on a copy of ``target`` that then replaces it."""
     target = args[0]
@@ -478,11 +491,39 @@ def _write(function: Any, args: tuple, kwargs: dict) -> Any:
         return function(*args, **kwargs)
     written = target.clone()
     result = function(written, *args[1:], **kwargs)
-    replace_values(target, written)
+    replace_values(target, written, views)
     return None if result is None else target
 
 
-def replace_values(target: Tensor, new: Tensor) -> Tensor:
+class Views:
+    """The views of relevance-carrying tensors taken in one run (by their base), so that after a
+    write has replaced a base (:func:`replace_values`) each view taken before it is taken again
+    of the written base, as it would see the write in memory."""
+
+    def __init__(self) -> None:
+        self.of_base: dict[int, tuple[weakref.ref, list[weakref.ref]]] = {}
+
+    def note(self, view: Tensor) -> None:
+        base = view._base
+        entry = self.of_base.get(id(base))
+        if entry is None or entry[0]() is not base:
+            entry = self.of_base[id(base)] = (weakref.ref(base), [])
+        entry[1].append(weakref.ref(view))
+
+    def taken_of(self, base: Tensor) -> list[Tensor]:
+        """The views of ``base`` still alive."""
+        entry = self.of_base.get(id(base))
+        if entry is None or entry[0]() is not base:
+            return []
+        return [view for view in (reference() for reference in entry[1]) if view is not None]
+
+    def take_again(self, views: list[Tensor], base: Tensor, old: Tensor) -> None:
+        """Make ``views`` (of ``old``, which ``base`` replaced) views of ``base``."""
+        for view in views:
+            _swap(view, view_of_written(base, view, old))
+
+
+def replace_values(target: Tensor, new: Tensor, views: Views | None = None) -> Tensor:
     """Make ``target`` hold ``new``'s values and relevance, as an in-place write into ``target``
     would, without writing into memory that a relevance function keeps for its backward (its
     input, or its output as the epsilon rule's denominator; writing there would change the
@@ -490,20 +531,23 @@ def replace_values(target: Tensor, new: Tensor) -> Tensor:
     ``torch.utils.swap_tensors``, without its check that nothing else holds ``target``'s tensor:
     what holds it is exactly the relevance functions, which keep the old values); code holding
     ``target`` sees the new values, as after an in-place write. A write into a view reaches its
-    base the same way: the base is replaced by a copy with the view's region written."""
+    base the same way: the base is replaced by a copy with the view's region written; views of
+    the base taken before (``views``) are taken again of the copy."""
     if new.shape != target.shape:
         raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape "
                            f"{list(new.shape)}")
     new = new.to(target.dtype)
-    if target._is_view():
-        base = target._base
-        offset = target.storage_offset() - base.storage_offset()
-        written = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
-        written.copy_(base)
-        written.as_strided(target.size(), target.stride(), offset).copy_(new)
-        _swap(base, written)
-        new = base.as_strided(target.size(), target.stride(), offset)
-    _swap(target, new)
+    base = target._base if target._is_view() else target
+    taken = [] if views is None else [view for view in views.taken_of(base) if view is not target]
+    if base is target and not taken:
+        _swap(target, new)
+        return target
+    written = written_through_view(base, target, new)  # (laid out as ``base``: its views are taken again)
+    _swap(base, written)  # (``written`` now stands for the old base)
+    if views is not None:
+        views.take_again(taken, base, written)
+    if base is not target:
+        _swap(target, view_of_written(base, target, written))
     return target
 
 

@@ -130,6 +130,30 @@ def _relu_in_place(m, x):
     return out
 
 
+def _written_into(write):
+    """``write`` applied to views of a copy of ``x``, which is returned (``y[:, :2].mul_(2)``)."""
+
+    def spelling(m, x):
+        out = x * 1.0
+        write(out)
+        return out
+
+    return spelling
+
+
+def _relu_into_slice_read_through_earlier_view(m, x):
+    out = x * 1.0
+    flat = out.view(-1)  # a view taken before the write, read after it
+    out[:, :2].relu_()
+    return flat.view(3, 4)
+
+
+def _unsqueeze_in_place(m, x):
+    out = x * 1.0
+    out.unsqueeze_(0)
+    return out[0]
+
+
 SUMS = [
     Case("add operator", lambda m, x, y: x + y, ((3, 4), (3, 4)), "rule"),
     Case("add torch.add", lambda m, x, y: torch.add(x, y), ((3, 4), (3, 4)), "rule"),
@@ -336,7 +360,13 @@ ROUTING = [
     Case("relu_ method", _relu_in_place, ((3, 4),), "routed"),
     # identity since commit 9755653 (a leaky ReLU passes all its relevance, negative side included)
     Case("leaky_relu", lambda m, x: F.leaky_relu(x, 0.1), ((3, 4),), "identity"),
+    Case("leaky_relu inplace", lambda m, x: F.leaky_relu(x * 1.0, 0.1, inplace=True), ((3, 4),), "identity"),
+    Case("leaky_relu inplace by position", lambda m, x: F.leaky_relu(x * 1.0, 0.1, True), ((3, 4),), "identity"),
     Case("clamp", lambda m, x: x.clamp(min=-0.5, max=0.5), ((3, 4),), "routed"),
+    Case("relu_ into a slice, read through an earlier view", _relu_into_slice_read_through_earlier_view,
+         ((3, 4),), "routed"),
+    Case("relu_ into rows chosen by a tensor (a copy: nothing written)",
+         _written_into(lambda out: out[torch.tensor([0, 2])].relu_()), ((3, 4),), "routed"),
 ]
 
 IDENTITIES = [
@@ -368,6 +398,11 @@ IDENTITIES = [
     Case("dropout module eval", lambda m, x: m.layer(x), ((3, 4),), "identity",
          modules=layer(lambda: nn.Dropout(0.5))),
     Case("F.dropout eval", lambda m, x: F.dropout(x, 0.3, training=m.training), ((3, 4),), "identity"),
+    Case("mul_ into a slice", _written_into(lambda out: out[:, :2].mul_(2.0)), ((3, 4),), "identity"),
+    Case("mul_ into the diagonal", _written_into(lambda out: out.diagonal().mul_(3.0)), ((3, 4),), "identity"),
+    Case("div_ into a narrowed transpose", _written_into(lambda out: out.t().narrow(0, 1, 2).div_(4.0)),
+         ((3, 4),), "identity"),
+    Case("unsqueeze_", _unsqueeze_in_place, ((3, 4),), "identity"),
 ]
 
 HALVES = [

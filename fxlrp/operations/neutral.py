@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxlrp.canonicalise import view_of_written, written_through_view
 from fxlrp.operations.helpers import held_constant, identity, native
 from fxlrp.registry import Kind, Operation, register
 
@@ -37,7 +38,7 @@ VIEW_FUNCTIONS = (
     torch.masked_fill, torch.tril, torch.triu, torch.diagonal, torch.scatter, torch.detach,
     torch.broadcast_to, torch.atleast_1d, torch.atleast_2d, torch.atleast_3d,
     F.pad, F.one_hot, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
-    operator.getitem, operator.setitem, builtins.getattr,
+    operator.getitem, operator.setitem, builtins.getattr, written_through_view, view_of_written,
 )
 VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
                 nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
