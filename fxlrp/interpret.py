@@ -445,16 +445,21 @@ class RelevanceMode(TorchFunctionMode):
             return result
         if in_place is None:
             # ``F.relu(x, inplace=True)`` (an activation module built with inplace=True) would
-            # overwrite a tensor a rule keeps: it runs out of place, as capture makes it in a graph.
+            # overwrite a tensor a rule keeps: it runs out of place, as capture makes it in a graph,
+            # and its input then takes the result as an in-place write's target does (code may
+            # read the input, or what it views, rather than the result).
             # A signature is bound only for a flag given by position (binding costs, and most
             # calls have no flag).
+            written = None
             if kwargs.get("inplace") is True:
-                kwargs = {**kwargs, "inplace": False}
+                kwargs, written = {**kwargs, "inplace": False}, args[0] if args else None
             elif len(args) > 1 and any(map(operator.is_, args[1:], repeat(True))):
                 arguments = without_inplace_flag(runnable, args, kwargs)
                 if arguments is not None:
-                    args, kwargs = arguments
+                    (args, kwargs), written = arguments, args[0]
             result = interpretation.run(operation, runnable, args, kwargs)
+            if isinstance(written, Tensor) and isinstance(result, Tensor):
+                result = replace_values(written, result, self.views)
             if operation.moves_values and isinstance(result, Tensor) and result._is_view():
                 self.views.note(result)
         else:

@@ -148,6 +148,12 @@ def _relu_into_slice_read_through_earlier_view(m, x):
     return flat.view(3, 4)
 
 
+def _module_in_place_on_slice(m, x):
+    out = x * 1.0
+    m.layer(out[:, :2])  # its result unread: the write into ``out`` is what counts
+    return out
+
+
 def _unsqueeze_in_place(m, x):
     out = x * 1.0
     out.unsqueeze_(0)
@@ -365,6 +371,8 @@ ROUTING = [
     Case("clamp", lambda m, x: x.clamp(min=-0.5, max=0.5), ((3, 4),), "routed"),
     Case("relu_ into a slice, read through an earlier view", _relu_into_slice_read_through_earlier_view,
          ((3, 4),), "routed"),
+    Case("relu module in place on a slice", _module_in_place_on_slice, ((3, 4),), "routed",
+         modules=layer(lambda: nn.ReLU(inplace=True))),
     Case("relu_ into rows chosen by a tensor (a copy: nothing written)",
          _written_into(lambda out: out[torch.tensor([0, 2])].relu_()), ((3, 4),), "routed"),
 ]
