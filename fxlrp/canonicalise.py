@@ -78,6 +78,10 @@ def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set
         if node.op == "call_function" and node.target in OUT_OF_PLACE_OPERATORS:
             node.target = OUT_OF_PLACE_OPERATORS[node.target]
             mutated = node.args[0]
+        elif (node.op == "call_method" and node.target in WRITTEN_COPIES
+              or node.op == "call_function" and node.target is operator.setitem):
+            node.op, node.target = "call_function", WRITTEN_COPIES.get(node.target, items_set)
+            mutated = node.args[0]
         elif node.op == "call_method" and out_of_place_method(node.target):
             view_metadata = node.target in VIEW_METADATA_METHODS
             node.target = out_of_place_method(node.target)
@@ -96,6 +100,43 @@ def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set
             _redirect_later_users(mutated, node, node, order)
             _write_through_views(graph, mutated, node, order)
     return in_place_modules
+
+
+def _laid_out_as(tensor: Tensor) -> Tensor:
+    return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+
+
+def copied(target: Tensor, source: Any, non_blocking: bool = False) -> Tensor:
+    """``target.copy_(source)`` out of place: ``source``'s values in ``target``'s shape, dtype and
+    layout (relevance goes back to ``source``; ``target``'s, replaced, to nothing)."""
+    return _laid_out_as(target).copy_(source, non_blocking)
+
+
+def filled(target: Tensor, value: Any) -> Tensor:
+    """``target.fill_(value)`` out of place."""
+    return _laid_out_as(target).fill_(value)
+
+
+def zeroed(target: Tensor) -> Tensor:
+    """``target.zero_()`` out of place."""
+    return _laid_out_as(target).zero_()
+
+
+def items_set(target: Tensor, index: Any, value: Any) -> Tensor:
+    """``target[index] = value`` out of place (relevance of the replaced items goes to nothing)."""
+    written = _laid_out_as(target).copy_(target)
+    written[index] = value
+    return written
+
+
+def diagonal_filled(target: Tensor, value: Any, wrap: bool = False) -> Tensor:
+    """``target.fill_diagonal_(value, wrap)`` out of place."""
+    return _laid_out_as(target).copy_(target).fill_diagonal_(value, wrap)
+
+
+WRITTEN_COPIES = {"copy_": copied, "fill_": filled, "zero_": zeroed, "fill_diagonal_": diagonal_filled}
+"""In-place writes as the functions that return the written tensor (``target[index] = value``:
+:func:`items_set`): relevance is routed as the values are."""
 
 
 def _redirect_later_users(old: fx.Node, new: fx.Node, after: fx.Node, order: dict[fx.Node, float]) -> None:

@@ -483,7 +483,7 @@ class RelevanceMode(TorchFunctionMode):
         return replace_values(target, result, self.views)
 
 
-WRITES = ("__setitem__", "copy_", "fill_", "zero_")
+WRITES = ("__setitem__", "copy_", "fill_", "zero_", "fill_diagonal_")
 """In-place writes that replace or move values: their gradient routes relevance (a replaced value
 passes its relevance on to nothing, a copied one to where it came from)."""
 

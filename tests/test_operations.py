@@ -148,6 +148,11 @@ def _relu_into_slice_read_through_earlier_view(m, x):
     return flat.view(3, 4)
 
 
+def _then(value, write):
+    write(value)
+    return value
+
+
 def _module_in_place_on_slice(m, x):
     out = x * 1.0
     m.layer(out[:, :2])  # its result unread: the write into ``out`` is what counts
@@ -370,6 +375,18 @@ ROUTING = [
     Case("leaky_relu inplace by position", lambda m, x: F.leaky_relu(x * 1.0, 0.1, True), ((3, 4),), "identity"),
     Case("clamp", lambda m, x: x.clamp(min=-0.5, max=0.5), ((3, 4),), "routed"),
     Case("relu_ into a slice, read through an earlier view", _relu_into_slice_read_through_earlier_view,
+         ((3, 4),), "routed"),
+    Case("copy_ into a narrowed buffer",
+         lambda m, x: _then(torch.zeros_like(x), lambda g: g.narrow(1, 0, 2).copy_(x[:, 1:3])), ((3, 4),), "routed"),
+    Case("copy_ into a slice", _written_into(lambda out: out[:, :2].copy_(out[:, 2:])), ((3, 4),), "routed"),
+    Case("zero_ of a column", _written_into(lambda out: out[:, 0].zero_()), ((3, 4),), "routed"),
+    Case("fill_ of a column", _written_into(lambda out: out[:, 1].fill_(0.5)), ((3, 4),), "routed"),
+    Case("fill_diagonal_", _written_into(lambda out: out.fill_diagonal_(0.0)), ((3, 4),), "routed"),
+    Case("index_copy", lambda m, x: x.new_zeros(5, 4).index_copy(0, torch.tensor([4, 0, 2]), x), ((3, 4),),
+         "routed"),
+    Case("index_copy_", lambda m, x: x.new_zeros(5, 4).index_copy_(0, torch.tensor([4, 0, 2]), x), ((3, 4),),
+         "routed"),
+    Case("masked_scatter", lambda m, x: x.new_zeros(3, 4).masked_scatter(torch.arange(12).reshape(3, 4) % 3 == 0, x),
          ((3, 4),), "routed"),
     Case("relu module in place on a slice", _module_in_place_on_slice, ((3, 4),), "routed",
          modules=layer(lambda: nn.ReLU(inplace=True))),

@@ -15,7 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxlrp.canonicalise import view_of_written, written_through_view
+from fxlrp.canonicalise import (
+    copied,
+    diagonal_filled,
+    filled,
+    items_set,
+    view_of_written,
+    written_through_view,
+    zeroed,
+)
 from fxlrp.operations.helpers import held_constant, identity, native
 from fxlrp.registry import Kind, Operation, register
 
@@ -26,7 +34,7 @@ VIEW_METHODS = (
     "index_select", "gather", "take_along_dim", "masked_select", "chunk", "split", "tensor_split",
     "unbind", "flip", "roll", "unfold", "to", "type", "type_as", "float", "double", "half",
     "bfloat16", "cpu", "cuda", "detach", "masked_fill", "tril", "triu", "diagonal",
-    "__getitem__", "scatter", "index_put", "index_fill",
+    "__getitem__", "scatter", "index_put", "index_fill", "index_copy", "masked_scatter",
 )
 VIEW_FUNCTIONS = (
     torch.reshape, torch.flatten, torch.unflatten, torch.permute, torch.transpose, torch.t,
@@ -39,6 +47,7 @@ VIEW_FUNCTIONS = (
     torch.broadcast_to, torch.atleast_1d, torch.atleast_2d, torch.atleast_3d,
     F.pad, F.one_hot, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
     operator.getitem, operator.setitem, builtins.getattr, written_through_view, view_of_written,
+    copied, filled, zeroed, items_set, diagonal_filled, torch.index_copy, torch.masked_scatter,
 )
 VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
                 nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
