@@ -471,16 +471,22 @@ class RelevanceMode(TorchFunctionMode):
     def _in_place(self, operation: Operation, runnable: Any, name: str, args: tuple, kwargs: dict) -> Any:
         """``target.op_(...)`` / ``target op= ...``: the out-of-place twin with its rule, written back."""
         target = args[0]
+        carries = carries_relevance(target)
+        if not carries and name not in AUGMENTED_ASSIGNMENTS and name not in VIEW_METADATA_METHODS:
+            # A buffer filled in place (``zeros.scatter_reduce_(...)``) takes the result below;
+            # the twin's backward may keep its first argument (scatter_reduce's does): a copy.
+            args = (target.clone(), *args[1:])
         result = self.interpretation.run(operation, runnable, args, kwargs)
-        if name in AUGMENTED_ASSIGNMENTS and not carries_relevance(target):
-            return result  # ``a += b`` rebinds ``a`` to the result
         if name in VIEW_METADATA_METHODS:  # ``v.unsqueeze_(0)``: ``v`` takes the new shape, what it views stays
             _swap(target, result)
             return target
-        # A fresh buffer filled in place (``zeros.scatter_reduce_(...)``) is swapped for the
-        # result, not written: the twin's backward may keep the buffer (scatter_reduce's does),
-        # and a write would change what it kept.
-        return replace_values(target, result, self.views)
+        if carries:
+            return replace_values(target, result, self.views)
+        if name in AUGMENTED_ASSIGNMENTS:
+            return result  # ``a += b`` rebinds ``a`` to the result
+        # The buffer (perhaps a module's) keeps its memory and takes the values, and relevance
+        # reaches the result through the copy's identity backward.
+        return target.copy_(result)
 
 
 WRITES = ("__setitem__", "copy_", "fill_", "zero_", "fill_diagonal_")
