@@ -56,6 +56,8 @@ def without_inplace_flag(function: Any, args: tuple[Any, ...],
     """The call's arguments with ``inplace=False`` where it asked for ``inplace=True`` (by
     position or keyword; every other argument stays where it was given: relevance functions
     take their inputs by position), or None if it did not ask."""
+    if not any(value is True for value in (*args, *kwargs.values())):
+        return None  # (binding a signature costs; most calls pass no True at all)
     try:
         bound = inspect.signature(function).bind(*args, **kwargs)
     except (TypeError, ValueError):
@@ -71,7 +73,7 @@ def without_inplace_flag(function: Any, args: tuple[Any, ...],
 def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[str]:
     """Rewrite in-place nodes of ``graph``; return names of call_module nodes whose module runs
     in place (the rewrite gives them an out-of-place copy)."""
-    order: dict[fx.Node, float] = {node: position for position, node in enumerate(graph.nodes)}
+    order = {node: position for position, node in enumerate(graph.nodes)}
     in_place_modules: set[str] = set()
     for node in list(graph.nodes):
         mutated = None
@@ -92,7 +94,8 @@ def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set
             arguments = without_inplace_flag(node.target, node.args, node.kwargs)
             if arguments is not None:
                 node.args, node.kwargs = arguments
-                mutated = next(value for value in (*node.args, *node.kwargs.values()) if isinstance(value, fx.Node))
+                mutated = next((value for value in (*node.args, *node.kwargs.values()) if isinstance(value, fx.Node)),
+                               None)
         elif node.op == "call_module" and getattr(modules.get(node.target), "inplace", False) is True:
             in_place_modules.add(node.name)
             mutated = node.args[0] if node.args else None
@@ -102,36 +105,32 @@ def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set
     return in_place_modules
 
 
-def _laid_out_as(tensor: Tensor) -> Tensor:
-    return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device)
-
-
 def copied(target: Tensor, source: Any, non_blocking: bool = False) -> Tensor:
-    """``target.copy_(source)`` out of place: ``source``'s values in ``target``'s shape, dtype and
-    layout (relevance goes back to ``source``; ``target``'s, replaced, to nothing)."""
-    return _laid_out_as(target).copy_(source, non_blocking)
+    """``target.copy_(source)`` out of place: ``source``'s values in ``target``'s shape and dtype
+    (relevance goes back to ``source``; ``target``'s, replaced, to nothing)."""
+    return torch.empty_like(target).copy_(source, non_blocking)
 
 
 def filled(target: Tensor, value: Any) -> Tensor:
     """``target.fill_(value)`` out of place."""
-    return _laid_out_as(target).fill_(value)
+    return torch.empty_like(target).fill_(value)
 
 
 def zeroed(target: Tensor) -> Tensor:
     """``target.zero_()`` out of place."""
-    return _laid_out_as(target).zero_()
+    return torch.zeros_like(target)
 
 
 def items_set(target: Tensor, index: Any, value: Any) -> Tensor:
     """``target[index] = value`` out of place (relevance of the replaced items goes to nothing)."""
-    written = _laid_out_as(target).copy_(target)
+    written = target.clone()
     written[index] = value
     return written
 
 
 def diagonal_filled(target: Tensor, value: Any, wrap: bool = False) -> Tensor:
     """``target.fill_diagonal_(value, wrap)`` out of place."""
-    return _laid_out_as(target).copy_(target).fill_diagonal_(value, wrap)
+    return target.clone().fill_diagonal_(value, wrap)
 
 
 WRITTEN_COPIES = {"copy_": copied, "fill_": filled, "zero_": zeroed, "fill_diagonal_": diagonal_filled}
@@ -191,18 +190,19 @@ def _write_through_views(graph: fx.Graph, mutated: fx.Node, node: fx.Node, order
                     and user.args[0] in (base, *aliases) and user not in aliases):
                 aliases.append(user)
                 pending.append(user)
+    # The nodes added here follow ``node`` and take its place in ``order``: the users redirected
+    # are the ones after it, and later writes find the added nodes before themselves.
     with graph.inserting_after(node):
         written = graph.call_function(written_through_view, (base, mutated, node))
-    order[written] = order[node] + 0.5
-    _redirect_later_users(base, written, written, order)
-    anchor, step = written, 0.25
+    order[written] = order[node]
+    _redirect_later_users(base, written, node, order)
+    anchor = written
     for alias in aliases:
         if any(order[user] > order[node] for user in alias.users):
             with graph.inserting_after(anchor):
-                again = graph.call_function(view_of_written, (written, alias, base))
-            order[again], step = order[anchor] + step, step / 2  # (between ``node`` and the next)
-            _redirect_later_users(alias, again, again, order)
-            anchor = again
+                anchor = graph.call_function(view_of_written, (written, alias, base))
+            order[anchor] = order[node]
+            _redirect_later_users(alias, anchor, node, order)
 
 
 def written_through_view(base: Any, view: Tensor, values: Tensor) -> Any:
