@@ -101,7 +101,7 @@ def test_identity_rule_at_inputs_of_zero(capture) -> None:
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.float64, 1e-14)])
 def test_silu_identity_rule_over_its_whole_range(dtype, tolerance) -> None:
-    """SiLU's identity rule in the gradient form (``g sigmoid(x)`` in closed form, in one pass)
+    """SiLU's identity rule in the gradient form (``g y / x``, the ratio kept from forward)
     conserves relevance at every unit: ``x g_x = silu(x) g`` from -120 to 120 (where ``exp(x)``
     overflows float32 and the sigmoid rounds to 1), and 0 at ``x = 0``."""
     x = torch.cat([torch.linspace(-120, 120, 2001, dtype=dtype), torch.zeros(3, dtype=dtype)]).requires_grad_()

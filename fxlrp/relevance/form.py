@@ -23,12 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from fxlrp.relevance.tracing import known_on_host
 
@@ -103,63 +101,51 @@ def scaled_gradient(tensor: Tensor, scale: float) -> Tensor:
     return tensor if scale == 1.0 else ScaledGradient.apply(tensor, scale)
 
 
-def sigmoid_times(x: Tensor, gradient: Tensor) -> Tensor:
-    """``gradient * sigmoid(x)`` in one pass (a fresh tensor): softplus's backward, whose
-    derivative is the sigmoid. Beyond ``threshold`` that kernel passes the gradient unchanged;
-    it is set where the sigmoid rounds to 1 in the dtype, and ``exp(x)`` below it is finite."""
-    threshold = 40.0 if x.dtype == torch.float64 else 20.0
-    return torch.ops.aten.softplus_backward(gradient, x, 1.0, threshold)
-
-
-RATIOS: dict[Any, Callable[[Tensor, Tensor], Tensor]] = {F.silu: sigmoid_times, nn.SiLU: sigmoid_times}
-"""``g * f(x) / x`` in closed form (a fresh tensor) for activations (functions, or module types)
-whose identity rule is common enough to save the passes of recomputing ``f(x)``, dividing by
-``x`` and multiplying by ``g``: SiLU's ratio is ``sigmoid(x)`` (Llama, Qwen, Gemma's gated MLPs;
-LXT keeps ``f(x) / (x + 1e-10)`` from forward)."""
-
-
-def _ratio_of(function: Any) -> Callable[[Tensor, Tensor], Tensor] | None:
-    """The closed-form ``g * f(x) / x`` of ``function`` (possibly bound to keyword arguments), if known."""
-    if isinstance(function, partial):
-        if function.args or any(value is not False for value in function.keywords.values()):
-            return None  # only ``inplace=False`` leaves the map as it is
-        function = function.func
-    if isinstance(function, nn.Module):
-        return RATIOS.get(type(function))
-    return RATIOS.get(function)
-
-
 class IdentityRuleGradient(torch.autograd.Function):
     """The identity rule in the gradient form: ``R_i = share_i R`` becomes
     ``g_i = share_i (g y) / x_i`` (summed back over broadcast dimensions), for ``y =
     function(*inputs)``. Inputs of exactly 0 get 0: their relevance ``x_i g_i`` is 0, and a rule
-    before them drops the relevance of a zero output, as in the relevance form. The output is
-    recomputed in backward from the kept inputs (what the function's own backward keeps), or
-    the ratio ``f(x) / x`` computed directly where :data:`RATIOS` knows it."""
+    before them drops the relevance of a zero output, as in the relevance form.
+
+    For one receiving input ``x`` of the output's shape and dtype (an activation: SiLU, GELU, a
+    gate's sigmoid) the ratio ``y / x`` is computed in forward, where ``x`` and ``y`` have just
+    been read and written, and kept in the place of ``x`` (one tensor either way; LXT keeps the
+    same ratio): backward is one multiplication, where recomputing ``f(x)`` there took two to four
+    passes over memory gone cold. Otherwise the inputs are kept and the output is recomputed in
+    backward."""
 
     @staticmethod
     def forward(ctx, function: Callable[..., Tensor], shares: tuple[float, ...], *inputs: Any) -> Tensor:
-        ctx.function, ctx.shares = function, shares
+        output = function(*inputs)
+        ctx.shares = shares
+        receivers = [index for index, share in enumerate(shares) if share != 0.0]
+        ctx.ratio_of = receivers[0] if len(receivers) == 1 else None
+        x = inputs[ctx.ratio_of] if ctx.ratio_of is not None else None
+        if (isinstance(x, Tensor) and isinstance(output, Tensor) and output.shape == x.shape
+                and output.dtype == x.dtype and output.data_ptr() != x.data_ptr()):
+            ctx.save_for_backward(_ratio(output, x))
+            ctx.inputs = len(inputs)
+            return output
+        ctx.ratio_of, ctx.function = None, function
         ctx.positions = [index for index, value in enumerate(inputs) if isinstance(value, Tensor)]
         ctx.others = [None if isinstance(value, Tensor) else value for value in inputs]
         ctx.save_for_backward(*(inputs[index] for index in ctx.positions))
-        return function(*inputs)
+        return output
 
     @staticmethod
     def backward(ctx, gradient: Tensor) -> tuple[Tensor | None, ...]:
+        if ctx.ratio_of is not None:  # g share f(x) / x
+            (ratio,) = ctx.saved_tensors
+            share = ctx.shares[ctx.ratio_of]
+            weighted = gradient * ratio
+            result: list[Tensor | None] = [None] * ctx.inputs
+            result[ctx.ratio_of] = weighted.mul_(share) if share != 1.0 else weighted
+            return (None, None, *result)
         inputs = list(ctx.others)
         for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
             inputs[index] = value
-        receivers = [index for index, share in enumerate(ctx.shares) if share != 0.0]
-        weighted, output = _weighted_by_ratio(ctx, inputs, receivers, gradient)
-        if weighted is not None:  # one receiver of the output's shape: g f(x) / x
-            share = ctx.shares[receivers[0]]
-            result: list[Tensor | None] = [None] * len(inputs)
-            result[receivers[0]] = weighted.mul_(share) if share != 1.0 else weighted
-            return (None, None, *result)
-        if output is None:
-            with torch.no_grad():
-                output = ctx.function(*inputs)
+        with torch.no_grad():
+            output = ctx.function(*inputs)
         weighted = output.mul_(gradient)
         result = []
         for share, value in zip(ctx.shares, inputs, strict=True):
@@ -172,34 +158,14 @@ class IdentityRuleGradient(torch.autograd.Function):
         return (None, None, *result)
 
 
-def _weighted_by_ratio(
-    ctx: Any, inputs: list[Any], receivers: list[int], gradient: Tensor,
-) -> tuple[Tensor | None, Tensor | None]:
-    """``(g f(x) / x, None)`` (0 where ``x = 0``) in a fresh buffer, for a function of one receiving
-    input of the output's shape (an activation); else ``(None, the recomputed output or None)``."""
-    if len(receivers) != 1 or not isinstance(inputs[receivers[0]], Tensor):
-        return None, None
-    x = inputs[receivers[0]]
-    if x.shape != gradient.shape:
-        return None, None
-    # Looked up here, where it is used: the relevance of many activations never comes back (the
-    # square inside a norm's statistic, which is held constant).
-    closed_form = _ratio_of(ctx.function) if len(inputs) == 1 else None
-    if closed_form is not None:
-        weighted = closed_form(x, gradient)
-        # An input of exactly 0 gets 0, as f(x) / x does (the rule before it drops the relevance
-        # of a zero output): looked for by a read-only pass, written only where there are any.
-        # (count_nonzero reads x as it is; torch.all first copies a float tensor to booleans,
-        # which took twice as long on the Llama benchmark's activations.)
-        if not known_on_host(x, lambda x: torch.count_nonzero(x) == x.numel()):
-            weighted.masked_fill_(x == 0, 0.0)
-        return weighted, None
-    with torch.no_grad():
-        output = ctx.function(*inputs)
-    if output.shape != x.shape or output.data_ptr() == x.data_ptr():
-        return None, output  # broadcasting, or worked in place: the general path
-    # in the recomputed output's buffer; 0 / 0 and overflow to 0
-    return torch.nan_to_num_(output.div_(x), nan=0.0, posinf=0.0, neginf=0.0).mul_(gradient), None
+def _ratio(output: Tensor, x: Tensor) -> Tensor:
+    """``output / x`` in a fresh tensor, 0 where that is not finite (``x = 0``: 0 / 0; an overflow
+    at subnormal ``x``). Whether there is any is read from the sum on the CPU (a reduction costs a
+    fifth of a pass that writes); elsewhere, and in traces, the fix runs unconditionally."""
+    ratio = output / x
+    if not known_on_host(ratio, lambda ratio: torch.isfinite(ratio.sum())):
+        torch.nan_to_num_(ratio, nan=0.0, posinf=0.0, neginf=0.0)
+    return ratio
 
 
 def relevance_at(value: Tensor, gradient: Tensor | None) -> Tensor | None:
