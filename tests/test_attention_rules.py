@@ -410,3 +410,24 @@ def test_fused_attention_decomposition_cp_lrp_reference() -> None:
     [expected] = epsilon_reference(lambda value: attention @ value, [v], relevance, 0.0)
     assert relative_error(relevance_v, expected) < 1e-10
     assert (relevance_q == 0).all() and (relevance_k == 0).all()
+
+
+@pytest.mark.parametrize("given", [
+    ((1, 2, 3), {}),
+    ((1, 2, 3), {"attn_mask": 4, "dropout_p": 0.1, "scale": 0.5, "is_causal": True, "enable_gqa": True}),
+    ((1, 2, 3, 4, 0.2), {"enable_gqa": True}),
+    ((1,), {"value": 3, "key": 2, "scale": 0.25}),
+    ((), {"query": 1, "key": 2, "value": 3, "is_causal": True}),
+])
+def test_attention_arguments_bound_as_inspect_binds_them(given) -> None:
+    """The attention rules bind a call's arguments by a plan made at its pattern's first call
+    (how many by position, which by keyword); the reference is ``inspect``'s binding, every call."""
+    from fxlrp.operations.attention import _ATTENTION, _bound
+
+    args, kwargs = given
+    expected = _ATTENTION.bind(*args, **kwargs)
+    expected.apply_defaults()
+    for _ in range(2):  # made, then followed
+        assert _bound(_ATTENTION, args, kwargs) == (expected.args, expected.kwargs)
+    with pytest.raises(TypeError):  # a call that does not fit the signature, as torch refuses it
+        _bound(_ATTENTION, (1, 2), {"unknown": 3})

@@ -159,10 +159,36 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
 def _bound(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """A call's arguments with their defaults, by position where the signature allows: the
     decomposition hands relevance back to positional inputs only (a mask given by keyword and
-    computed from the input carries relevance), and a piece of it takes its part of each."""
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound.args, bound.kwargs
+    computed from the input carries relevance), and a piece of it takes its part of each.
+
+    Bound by ``signature.bind`` the first time a call site's pattern (how many arguments by
+    position, which by keyword) is met, by its plan from then on (a fifth of the time: attention
+    runs at every layer of every explanation)."""
+    pattern = (id(signature), len(args), tuple(kwargs))
+    plan = _BINDINGS.get(pattern)
+    if plan is None:
+        bound = signature.bind(*args, **kwargs)  # (the call's own TypeError where it does not fit)
+        bound.apply_defaults()
+        _BINDINGS[pattern] = _binding(signature, len(args))
+        return bound.args, bound.kwargs
+    by_position, by_keyword = plan
+    return ((*args, *(kwargs.get(name, default) for name, default in by_position)),
+            {name: kwargs.get(name, default) for name, default in by_keyword})
+
+
+_BINDINGS: dict[tuple[int, int, tuple[str, ...]], tuple[list[tuple[str, Any]], list[tuple[str, Any]]]] = {}
+""":func:`_bound`'s plans: for a signature and a call's pattern, the parameters after those given
+by position, with their defaults, that the call takes by position and by keyword."""
+
+
+def _binding(signature: inspect.Signature, given: int) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """:data:`_BINDINGS`' plan for calls of ``signature`` with ``given`` arguments by position
+    (signatures without ``*args`` or ``**kwargs``: every parameter is named)."""
+    parameters = list(signature.parameters.values())
+    keyword_only = [parameter for parameter in parameters if parameter.kind == parameter.KEYWORD_ONLY]
+    positional = [parameter for parameter in parameters if parameter.kind != parameter.KEYWORD_ONLY]
+    return ([(parameter.name, parameter.default) for parameter in positional[given:]],
+            [(parameter.name, parameter.default) for parameter in keyword_only])
 
 
 def _own_heads(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> bool:
