@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fxlrp.explainer import default_output, padding_mask
 from fxlrp.relevance.tracing import traced
 
 EXACT_INDUCTOR_OPTIONS = {"layout_optimization": False}
@@ -118,7 +119,8 @@ class CompiledExplanation:
             target = tensors[len(positions)] if target_tensor is not None else None
             with torch.enable_grad():
                 result = self.explain(*arguments)
-                output = self.output(result) if self.output is not None else _logits(result)
+                output = (self.output(result) if self.output is not None
+                          else default_output(result, padding_mask(self.explain, arguments)))
                 if not isinstance(output, Tensor):
                     raise TypeError(f"the model returns {type(output).__name__}; pass output=... to fxlrp.compile "
                                     "to pick the tensor to explain")
@@ -224,15 +226,6 @@ def _start_relevance(output: Tensor, target: Tensor | None, kind: str) -> Tensor
     index = index.expand(output.shape[:-1]) if index.dim() == 0 else index.reshape(output.shape[:-1])
     mask = torch.zeros_like(output).scatter_(-1, index.unsqueeze(-1), 1.0)
     return output.detach() * mask
-
-
-def _logits(result: Any) -> Any:
-    """As ``fxlrp.attribute``: the output, or a model output's ``logits`` (of the last position for
-    per-position logits)."""
-    logits = getattr(result, "logits", None) if not isinstance(result, Tensor) else None
-    if not isinstance(logits, Tensor):
-        return result
-    return logits[:, -1] if logits.dim() == 3 else logits
 
 
 def _views_as_reshapes(graph: torch.fx.GraphModule) -> None:

@@ -109,6 +109,7 @@ def convert(
         ModelSnapshot(model, [original[name] for name in sorted(folded)]),
         partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
                 fold_batch_norm=fold_batch_norm, capture=capture))
+    explainer.input_names = tuple(inspect.signature(model.forward).parameters)
     if captured.optional_inputs or captured.settings or concrete_args:
         explainer.bind_inputs(inspect.signature(model.forward), captured.optional_inputs, concrete_args or {},
                               captured.settings)

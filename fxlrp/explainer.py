@@ -46,9 +46,11 @@ class Explainer(nn.Module):
     def _conversion_defaults() -> dict[str, Any]:
         """What a conversion sets after making the explainer (:func:`fxlrp.convert`), as it is
         before: ``gradient_form``, whether :func:`attribute` may explain in the gradient form
-        (:mod:`fxlrp.relevance.form`); the rest, see :meth:`bind_inputs` and :meth:`converted_from`."""
-        return {"gradient_form": False, "_signature": None, "_optional_inputs": (), "_concrete_args": {},
-                "_settings": {}, "_traced_for": {}, "_snapshot": None, "_convert_again": None}
+        (:mod:`fxlrp.relevance.form`); ``input_names``, the names of the model's inputs in order
+        (:func:`attribute` finds a padding mask by its name); the rest, see :meth:`bind_inputs`
+        and :meth:`converted_from`."""
+        return {"gradient_form": False, "input_names": (), "_signature": None, "_optional_inputs": (),
+                "_concrete_args": {}, "_settings": {}, "_traced_for": {}, "_snapshot": None, "_convert_again": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # An explainer saved by an earlier version of fxlrp lacks what later versions added: it
@@ -324,7 +326,8 @@ def attribute(
     ``output``: picks the explained tensor from the model's output (e.g.
     ``lambda graphs: graphs.global_features``); by default the output itself, or for a model
     output with ``logits`` (Hugging Face) the logits, of the last position where they are given
-    per position (a causal LM: the next token; pass ``output=`` for another position).
+    per position (a causal LM: the next token; pass ``output=`` for another position) - with an
+    input named ``attention_mask`` (a padding mask), of each sequence's last token.
     Relevance is returned with the shapes of the inputs: a tensor for a tensor input, a tuple for
     a sequence of inputs (:data:`InputRelevance`).
     ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
@@ -420,7 +423,7 @@ def _backward(
                 result, recorded = explain.run_recording(list(nodes), *leaves)
         except (RuntimeError, TypeError) as error:
             raise no_floating_input_error(inputs, error) from error
-        explained = output(result) if output is not None else _logits(result)
+        explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
         if not isinstance(explained, Tensor):
             raise TypeError(
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
@@ -529,14 +532,38 @@ def _attribute_repeated(explain: nn.Module, inputs: Tensor | Sequence[Any], targ
     return _merged(chunks, torch.cat)
 
 
-def _logits(result: Any) -> Any:
+def default_output(result: Any, mask: Tensor | None = None) -> Any:
     """The tensor to explain when no ``output=`` is given: the output itself; a model output with
     ``logits`` (Hugging Face's), its logits - of the last position if they are per position
-    ``[batch, length, vocabulary]``, which is a causal language model's next-token prediction."""
+    ``[batch, length, vocabulary]``, which is a causal language model's next-token prediction.
+    With a padding ``mask`` of the logits' ``[batch, length]`` (1 at tokens, 0 at padding), each
+    sequence's last token: in a batch padded on the right, a shorter sequence's last position is
+    padding, whose prediction nobody asked to explain."""
     logits = getattr(result, "logits", None) if not isinstance(result, Tensor) else None
     if not isinstance(logits, Tensor):
         return result
-    return logits[:, -1] if logits.dim() == 3 else logits
+    if logits.dim() != 3:
+        return logits
+    if mask is None or mask.shape != logits.shape[:2]:
+        return logits[:, -1]
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.where(mask != 0, positions, -1).amax(dim=1).to(logits.device)  # (-1: no token marked)
+    return logits[torch.arange(logits.shape[0], device=logits.device), last]
+
+
+PADDING_MASK = "attention_mask"
+"""The name of the input :func:`default_output` takes as a padding mask (Hugging Face's)."""
+
+
+def padding_mask(explain: nn.Module, inputs: Tensor | Sequence[Any]) -> Tensor | None:
+    """The tensor given for the model's input named :data:`PADDING_MASK`, if any (``inputs`` as
+    :func:`attribute` takes them: by position)."""
+    names = getattr(explain, "input_names", ())
+    if PADDING_MASK not in names or isinstance(inputs, Tensor):
+        return None
+    position = names.index(PADDING_MASK)
+    mask = inputs[position] if position < len(inputs) else None
+    return mask if isinstance(mask, Tensor) else None
 
 
 def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:

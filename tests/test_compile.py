@@ -168,3 +168,42 @@ def test_a_part_run_eagerly_is_compiled_as_it_runs() -> None:
         assert reference.abs().sum() > 0
         assert torch.allclose(compiled(images), reference, rtol=1e-12, atol=1e-15)
     assert compiled.graphs == 1
+
+
+class Logits:
+    """A model output with ``logits`` (as Hugging Face's)."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+class PerPositionLogits(torch.nn.Module):
+    """A causal-LM-shaped toy: logits per position, a linear map of that position's embedding
+    (``x W^T``), in an output with ``logits``, and a padding mask among the inputs by
+    Hugging Face's name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(4, 5, bias=False)
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Logits:
+        return Logits(self.head(inputs_embeds))
+
+
+def test_a_padded_batch_is_explained_at_each_sequences_last_token() -> None:
+    """The default output of per-position logits is each sequence's last position the padding
+    mask marks (right padding), compiled and not; LRP-0 of the linear head is x W[target] at that
+    position (the dense reference) and nothing elsewhere."""
+    torch.manual_seed(0)
+    model = PerPositionLogits().double().eval()
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    embeds = torch.randn(2, 6, 4, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    expected = torch.zeros_like(embeds)
+    for sample, last in enumerate((5, 2)):
+        expected[sample, last] = embeds[sample, last] * model.head.weight[3]
+    compiled = fxlrp.compile(explain, backend="aot_eager")
+    for relevance in (fxlrp.attribute(explain, (embeds, mask), target=3)[0], compiled((embeds, mask), 3)[0]):
+        assert torch.allclose(relevance, expected, rtol=1e-12, atol=0)
+    unpadded = fxlrp.attribute(explain, (embeds, torch.ones_like(mask)), target=3)[0]  # the last position
+    assert torch.equal(unpadded[:, :5], torch.zeros_like(unpadded[:, :5])) and unpadded[1, 5].abs().sum() > 0
