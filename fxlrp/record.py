@@ -377,6 +377,11 @@ def _tensors_held(value: Any, depth: int = 0) -> list[Tensor]:
     elif isinstance(value, dict):
         items = value.values()
     elif hasattr(value, "__dict__") or hasattr(type(value), "__slots__"):
+        if any(isinstance(item, Tensor) for cls in type(value).__mro__ for item in vars(cls).values()):
+            # (a class made by the run, with the run's tensor in a class attribute: a copy of the
+            # object would hand back the recorded run's tensor, and relevance would not reach it)
+            raise RecordingFailed(f"its output's class {type(value).__name__} holds a tensor, which a recording "
+                                  "cannot rebuild")
         items = [*getattr(value, "__dict__", {}).values(), *_slot_values(value)]
     else:
         raise RecordingFailed(f"its output holds a {type(value).__name__}, which a recording cannot rebuild")

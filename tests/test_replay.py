@@ -193,6 +193,31 @@ def test_only_the_latest_signatures_are_kept() -> None:
     assert len(recorded.replays) == KEPT
 
 
+class OutputOfAClassMadePerCall(nn.Module):
+    """Returns an object of a class made at each call, whose tensor is a class attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = PerToken()
+
+    def forward(self, x):
+        return type("Output", (), {"logits": self.inner(x)})()
+
+
+def test_an_output_holding_the_runs_tensor_in_its_class_is_never_recorded() -> None:
+    """A copy of such an output would hand back the recorded run's tensor: relevance 0 from the
+    second call on (before). It runs eagerly at every call, with the relevance mode's relevance."""
+    torch.manual_seed(0)
+    model = OutputOfAClassMadePerCall().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    [expected] = gradient_times_input(model.inner, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    for _ in range(3):
+        relevance = fxlrp.attribute(explain, x, target=1, output=lambda out: out.logits)
+        assert relative_error(relevance, expected) < 1e-12
+    assert all(not recorded.replays for recorded in recordings(explain))
+
+
 class WritesThroughAView(nn.Module):
     """A fresh buffer written through a view with values of the input; Python then reads the
     buffer: its value depends on the input, though the buffer was made from a shape."""
