@@ -43,6 +43,15 @@ def tensor_method_name(function: Any) -> str | None:
     return _TENSOR_METHOD_NAMES.get(id(function))
 
 
+def as_python_number(value: Any) -> Any:
+    """A NumPy scalar (``np.sqrt(d)``'s ``np.float64``, an ``np.int64`` size) as the Python number
+    it equals, any other value as it is. torch takes the two alike, but a graph's code would name
+    ``np``, which it does not import, and torch.fx refuses NumPy integers as arguments."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
+
+
 def out_of_place_method(name: str) -> str | None:
     """``add_`` -> ``add``; None if ``name`` is not an in-place Tensor method with a twin."""
     if not name.endswith("_") or name.endswith("__") or name in KEEP_IN_PLACE:

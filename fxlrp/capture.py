@@ -13,6 +13,7 @@ import torch
 from torch import fx, nn
 from torch.nn.utils import parametrize
 
+from fxlrp.canonicalise import as_python_number
 from fxlrp.errors import CaptureError
 from fxlrp.integrations import load_integrations
 from fxlrp.leaf_functions import leaf_function_calls
@@ -56,6 +57,9 @@ class RelevanceTracer(fx.Tracer):
             raise
         finally:
             self.tracing.pop()
+
+    def create_arg(self, a: Any) -> Any:
+        return super().create_arg(as_python_number(a))
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)

@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.canonicalise import tensor_method_name, without_inplace_flag
+from fxlrp.canonicalise import as_python_number, tensor_method_name, without_inplace_flag
 from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES
 from fxlrp.source import innermost_user_frame
@@ -217,8 +217,9 @@ class Recorder(TorchFunctionMode):
 
     def record(self, kind: str, target: Any, args: tuple, kwargs: dict, value: Any) -> None:
         variable = self.reads_variable((args, kwargs))
-        node = self.graph.create_node(kind, target, *pytree.tree_map_only((Tensor, nn.Module), self._argument,
-                                                                         (args, kwargs)))
+        node = self.graph.create_node(kind, target, *pytree.tree_map(
+            lambda value: self._argument(value) if isinstance(value, (Tensor, nn.Module)) else as_python_number(value),
+            (args, kwargs)))
         node.meta["nn_module_stack"] = dict(self.module_stack)
         trace = innermost_user_frame()
         if trace:

@@ -7,6 +7,7 @@ rules included): the eager path must give the graph path's relevance.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -569,3 +570,29 @@ def test_the_observer_sees_each_call_of_a_part_run_eagerly_as_the_module_code_ma
         Interpretation.observer = None
     assert len(reference.calls) > 5
     assert len([name for runs_module, name in seen if runs_module]) == len(reference.calls)
+
+
+class NumpyConstants(nn.Module):
+    """Constants NumPy made (CTRL scales its embeddings by ``np.sqrt(d_model)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 6)
+
+    def forward(self, x):
+        return self.layer(x).reshape(-1, np.int64(2), 3).sum(dim=1) * np.sqrt(4.0)
+
+
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_numpy_constants_in_graphs_and_recordings(capture: str) -> None:
+    """A graph's code took NumPy scalars as written (``np.float64(2.0)``) and failed at its run
+    for want of ``np``; torch.fx refused ``np.int64`` (and so ran the model eagerly). Both paths,
+    three calls each (the second records, the third replays), against gradient x input."""
+    torch.manual_seed(0)
+    model, x = NumpyConstants().double(), torch.randn(4, 3, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    assert (str(explain.report()).splitlines()[-1] == "captured by torch.fx") is (capture == "auto")
+    [expected] = gradient_times_input(model, [x], lambda output: output, onehot_relevance)
+    for _ in range(3):
+        assert torch.equal(explain(x), model(x))
+        assert relative_error(fxlrp.attribute(explain, x, target=0), expected) < 1e-12
