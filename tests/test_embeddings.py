@@ -97,6 +97,33 @@ def test_position_embeddings_take_their_share_like_a_bias() -> None:
     assert relative_error(relevance, (tokens * gradient).detach().sum(dim=-1)) < TOLERANCE
 
 
+def _positions_added_in_place(self, ids):
+    embedded = self.tokens(ids)
+    embedded += self.positions(torch.arange(ids.shape[1], device=ids.device))  # (GIT, CTRL)
+    embedded[..., :2] *= 3.0  # (a write into a view of it)
+    return embedded
+
+
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_writes_into_the_lookups_output_leave_its_relevance_at_the_lookup(capture: str) -> None:
+    """``embeddings += position_embeddings`` in code run eagerly gave the lookup's Python object
+    the sum's values, and relevance was read at the sum: the position embeddings' share went to
+    the tokens, on the first call of each input signature (GIT's first explanation 41% off its
+    replays). Three calls each (the second records, the third replays)."""
+    torch.manual_seed(1)
+    model = TokenModel(_positions_added_in_place).double().eval()
+    ids = ids_batch()
+    tokens = model.tokens(ids).detach().requires_grad_()
+    scale = torch.tensor([3.0, 3.0] + [1.0] * (WIDTH - 2), dtype=torch.float64)
+    output = model.rest((tokens + model.positions.weight[: ids.shape[1]]) * scale)
+    [gradient] = torch.autograd.grad(output, [tokens], onehot_relevance(output, 2) / output.detach())
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    for _ in range(3):
+        assert torch.equal(explain(ids), model(ids))
+        relevance = fxlrp.attribute(explain, ids, target=2)
+        assert relative_error(relevance, (tokens * gradient).detach().sum(dim=-1)) < TOLERANCE
+
+
 class BagModel(nn.Module):
     def __init__(self, mode: str) -> None:
         super().__init__()

@@ -53,6 +53,18 @@ def relevance_source(indices: Tensor, embedding: Tensor) -> Tensor:
     return leaf
 
 
+def values_exchanged(holder: Tensor, other: Tensor) -> None:
+    """``holder`` and ``other`` have exchanged the tensors they stand for (an in-place write in code
+    run eagerly gives the written Python object the new values, see
+    :func:`fxlrp.interpret.replace_values`): a lookup's leaf goes on being the object that holds
+    it, so that relevance is still read at the lookup's output, not at what was written over it
+    (``embeddings += position_embeddings``)."""
+    sources = _collected.get()
+    for index, source in enumerate(sources or ()):
+        if source.embedding is holder or source.embedding is other:
+            sources[index] = RelevanceSource(source.indices, other if source.embedding is holder else holder)
+
+
 def same_values(indices: Tensor, ids: Tensor) -> bool:
     """Whether ``indices`` are ``ids`` or a view of them (``ids.view(-1, length)``, ``ids.long()``
     of long ids): same storage, same number of elements."""
