@@ -79,6 +79,33 @@ def without_inplace_flag(function: Any, args: tuple[Any, ...],
     return (*args[:position], False, *args[position + 1:]), kwargs
 
 
+GRADIENTS_OFF = "fxlrp_gradients_off"
+"""``node.meta`` key of a call the model's code made with gradients turned off (``with
+torch.no_grad():``) while they were on around it."""
+
+
+def cut_where_gradients_were_off(graph: fx.Graph) -> None:
+    """Calls the model's code made with gradients off read the values from outside that block
+    through ``detach``: neither a torch.fx graph nor a recording keeps the grad mode, and relevance,
+    like the gradient, must not pass where the model turned gradients off (as it does not in code
+    run eagerly)."""
+    detached: dict[fx.Node, fx.Node] = {}
+    for node in list(graph.nodes):
+        if not node.meta.get(GRADIENTS_OFF):
+            continue
+
+        def through_detach(value: fx.Node, before: fx.Node = node) -> fx.Node:
+            if value.meta.get(GRADIENTS_OFF) or value.op == "get_attr":
+                return value
+            if value not in detached:
+                with graph.inserting_before(before):
+                    detached[value] = graph.call_method("detach", (value,))
+                detached[value].meta[GRADIENTS_OFF] = True
+            return detached[value]
+
+        node.args, node.kwargs = fx.map_arg((node.args, node.kwargs), through_detach)
+
+
 def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[str]:
     """Rewrite in-place nodes of ``graph``; return names of call_module nodes whose module runs
     in place (the rewrite gives them an out-of-place copy)."""

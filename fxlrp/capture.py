@@ -13,10 +13,15 @@ import torch
 from torch import fx, nn
 from torch.nn.utils import parametrize
 
-from fxlrp.canonicalise import as_python_number
+from fxlrp.canonicalise import GRADIENTS_OFF, as_python_number
 from fxlrp.errors import CaptureError
 from fxlrp.integrations import load_integrations
-from fxlrp.leaf_functions import leaf_function_calls
+from fxlrp.leaf_functions import (
+    checkpoints_run_their_function,
+    forward_of,
+    intercepted_applications,
+    leaf_function_calls,
+)
 from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY
 from fxlrp.source import error_line, innermost_user_frame
@@ -63,6 +68,8 @@ class RelevanceTracer(fx.Tracer):
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
+        if not torch.is_grad_enabled():  # (traced with gradients on: the model's code turned them off)
+            node.meta[GRADIENTS_OFF] = True
         if not node.stack_trace:
             trace = innermost_user_frame()
             if trace:
@@ -75,7 +82,12 @@ class RelevanceTracer(fx.Tracer):
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         try:
-            with leaf_function_calls(self, self.leaf_functions):
+            # With gradients on, so that calls the model's code makes with them off are seen
+            # (GRADIENTS_OFF); custom Functions' forwards and checkpointed functions run as the
+            # code around them (their own machinery turns gradients off).
+            with (leaf_function_calls(self, self.leaf_functions), torch.enable_grad(),
+                  intercepted_applications(lambda function, args, kwargs, own: forward_of(function, args, kwargs)),
+                  checkpoints_run_their_function()):
                 return super().trace(root, concrete_args)
         except Exception:
             if self.failing_module is None:

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import Function, FunctionCtx
+from torch.autograd.function import Function
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
@@ -49,7 +49,7 @@ from fxlrp.canonicalise import (
 )
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
+from fxlrp.leaf_functions import checkpoints_run_their_function, forward_of, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.form import require_relevance_form
@@ -606,12 +606,7 @@ def _forward_explained(interpretation: Interpretation, function: type[Function],
     An output that carries no relevance although the inputs do (an operation the mode does not
     see, such as a compiled extension's) makes the Function an operation without a rule: its own
     backward is used (``strict=False``) or it is named."""
-    if function.setup_context is not Function.setup_context:  # forward without ctx (setup_context style)
-        output = function.forward(*args, **kwargs)
-    else:
-        context = FunctionCtx()
-        context.needs_input_grad = tuple(isinstance(value, Tensor) and value.requires_grad for value in args)
-        output = function.forward(context, *args, **kwargs)
+    output = forward_of(function, args, kwargs)
     if _carries(output):
         return output
     return interpretation.unsupported(f"{function.__name__}.apply (a custom autograd Function)", own(*args, **kwargs))

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch.utils.checkpoint
 from torch import fx
-from torch.autograd.function import Function
+from torch.autograd.function import Function, FunctionCtx
 
 DISPATCH_NAME = "__fxlrp_leaf_call__"
 
@@ -197,6 +197,16 @@ def intercepted_applications(handler: Handler) -> Iterator[None]:
         with _LOCK:
             if _APPLY_HANDLERS.pop(thread):
                 Function.apply = _APPLY
+
+
+def forward_of(function: type[Function], args: tuple, kwargs: dict) -> Any:
+    """``function.forward`` run as the code around it runs: ``apply`` would turn gradients off
+    (and its backward is a rule of training; an explanation goes through the forward's operations)."""
+    if function.setup_context is not Function.setup_context:  # forward without ctx (setup_context style)
+        return function.forward(*args, **kwargs)
+    context = FunctionCtx()
+    context.needs_input_grad = tuple(isinstance(value, torch.Tensor) and value.requires_grad for value in args)
+    return function.forward(context, *args, **kwargs)
 
 
 @contextmanager

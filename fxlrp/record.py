@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.canonicalise import as_python_number, tensor_method_name, without_inplace_flag
+from fxlrp.canonicalise import GRADIENTS_OFF, as_python_number, tensor_method_name, without_inplace_flag
 from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES
 from fxlrp.source import innermost_user_frame
@@ -151,6 +151,9 @@ class Recorder(TorchFunctionMode):
         self.module_stack: dict[str, tuple[str, type]] = {}
         self.paused = False
         self.thread = threading.get_ident()
+        self.gradients = torch.is_grad_enabled()
+        """Whether the recorded call runs with gradients on: calls its code makes with them off
+        are marked (:data:`~fxlrp.canonicalise.GRADIENTS_OFF`)."""
 
     # -- values ----------------------------------------------------------------------------------
 
@@ -221,6 +224,8 @@ class Recorder(TorchFunctionMode):
             lambda value: self._argument(value) if isinstance(value, (Tensor, nn.Module)) else as_python_number(value),
             (args, kwargs)))
         node.meta["nn_module_stack"] = dict(self.module_stack)
+        if self.gradients and not torch.is_grad_enabled():
+            node.meta[GRADIENTS_OFF] = True
         trace = innermost_user_frame()
         if trace:
             node.stack_trace = trace

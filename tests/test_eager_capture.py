@@ -596,3 +596,35 @@ def test_numpy_constants_in_graphs_and_recordings(capture: str) -> None:
     for _ in range(3):
         assert torch.equal(explain(x), model(x))
         assert relative_error(fxlrp.attribute(explain, x, target=0), expected) < 1e-12
+
+
+class GradientsOffInside(nn.Module):
+    """A branch computed with gradients off (HRM runs its early recurrent cycles so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept, self.cut, self.head = nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        kept = self.kept(x)
+        with torch.no_grad():
+            cut = torch.relu(self.cut(x))
+        return self.head(kept + cut)
+
+
+@pytest.mark.parametrize("converted_without_gradients", [False, True])
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_relevance_does_not_pass_where_the_model_turns_gradients_off(capture: str,
+                                                                      converted_without_gradients: bool) -> None:
+    """torch.fx graphs and recordings do not keep the grad mode: relevance went through the
+    branch the model computes under ``torch.no_grad()`` in captured graphs and in replays, and
+    not on the first eager call (HRM's replays 19% off its first explanation). Against the
+    model's own gradient x input (LRP-0), which the branch does not reach: three calls each."""
+    torch.manual_seed(0)
+    model, x = GradientsOffInside().double(), torch.randn(4, 3, dtype=torch.float64)
+    with torch.set_grad_enabled(not converted_without_gradients):
+        explain = fxlrp.convert(model, LRP0, capture=capture)
+    [expected] = gradient_times_input(model, [x], lambda output: output, onehot_relevance)
+    for _ in range(3):
+        assert torch.equal(explain(x), model(x))
+        assert relative_error(fxlrp.attribute(explain, x, target=0), expected) < 1e-12
