@@ -32,7 +32,8 @@ def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: 
     whether or not its inputs carry relevance (token ids do not; their embedding starts it); or,
     from the second call with the same input signature, the run's recorded graph
     (:mod:`fxlrp.replay`)."""
-    kwargs = {**kwargs, **(kwargs.pop(EXTRA_KEYWORDS, None) or {})}
+    extra = kwargs.pop(EXTRA_KEYWORDS, None) or {}  # (before kwargs are unpacked: the key is fxlrp's)
+    kwargs = {**kwargs, **extra}
     if Interpretation.observer is None:  # (an observer counts the calls of runs in the relevance mode)
         recordings = getattr(runner, "recordings", None)
         if recordings is None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import LRP0, gradient_times_input, onehot_relevance, relative_error
+from conftest import LRP0, explained_relevance, gradient_times_input, onehot_relevance, relative_error
 from torch import nn
 
 import fxlrp
@@ -628,3 +628,41 @@ def test_relevance_does_not_pass_where_the_model_turns_gradients_off(capture: st
     for _ in range(3):
         assert torch.equal(explain(x), model(x))
         assert relative_error(fxlrp.attribute(explain, x, target=0), expected) < 1e-12
+
+
+class HandsOnKeywords(nn.Module):
+    """An untraceable forward that hands its ``**kwargs`` to a layer taking only what it names
+    (Hugging Face's TimmWrapper hands them to a timm model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Scaled()
+
+    def forward(self, x, **kwargs):
+        if x.sum() > 1e9:  # (a branch on values: torch.fx cannot trace it)
+            x = -x
+        return self.inner(x, **kwargs)
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+
+    def forward(self, x, scale: float = 1.0):
+        return self.layer(x) * scale
+
+
+@pytest.mark.parametrize("keywords", [{}, {"scale": 3.0}])
+def test_keywords_of_a_model_run_eagerly_reach_its_code_and_no_others(keywords: dict) -> None:
+    """The model's ``**kwargs`` came with fxlrp's own keyword for them in it: a layer given them
+    failed with an error naming fxlrp's internals (TimmWrapperForImageClassification)."""
+    torch.manual_seed(0)
+    model, x = HandsOnKeywords().double(), torch.randn(4, 3, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0)
+    [expected] = gradient_times_input(lambda value: model(value, **keywords), [x], lambda output: output,
+                                      onehot_relevance)
+    for _ in range(3):
+        assert torch.equal(explain(x, **keywords), model(x, **keywords))
+        [relevance] = explained_relevance(lambda value: explain(value, **keywords), [x], onehot_relevance)
+        assert relative_error(relevance, expected) < 1e-12
