@@ -431,7 +431,7 @@ def _backward(
         intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
         looked_up = [_looked_up(leaf, sources) for leaf in leaves]
         wanted = explained_leaves + [value for value in intermediate if value is not None]
-        wanted += [source.embedding for found in looked_up for source in found]
+        wanted += [source.edge for found in looked_up for source in found]
         if not wanted:
             raise ValueError(
                 "none of the inputs can receive relevance: give the floating-point input to explain (an "
@@ -454,7 +454,7 @@ def _backward(
         found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
                  for start in starts]
     if gradient:  # R = x g at the inputs and the lookups' outputs
-        values = values + [source.embedding.detach() for found_here in looked_up for source in found_here]
+        values = values + [source.embedding for found_here in looked_up for source in found_here]
         found = [tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
                  for grads in found]
     return found, looked_up, recorded, intermediate

@@ -54,7 +54,6 @@ from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
-from fxlrp.relevance.sources import values_exchanged
 from fxlrp.rules import Rule
 from fxlrp.source import calling_line, function_name
 
@@ -567,8 +566,6 @@ def _swap(tensor: Tensor, other: Tensor) -> None:
     """Exchange the tensors two Python objects stand for, with their attributes (roles)."""
     tensor.__dict__, other.__dict__ = other.__dict__, tensor.__dict__
     torch._C._swap_tensor_impl(tensor, other)
-    if (tensor.is_leaf and tensor.requires_grad) or (other.is_leaf and other.requires_grad):
-        values_exchanged(tensor, other)
 
 
 def _leaf_function_handler(interpretation: Interpretation):

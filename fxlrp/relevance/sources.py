@@ -17,13 +17,19 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 
 @dataclass(frozen=True)
 class RelevanceSource:
-    """An embedding lookup's output (a leaf) and the indices it was looked up with."""
+    """An embedding lookup's output and the indices it was looked up with. The output is named
+    by its gradient edge and its values as the lookup made them, taken at the lookup, as the
+    explained inputs are: code run eagerly that writes into the output (``embeddings +=
+    position_embeddings``) gives the Python object the written values
+    (:func:`fxlrp.interpret.replace_values`), while relevance belongs to the lookup's."""
 
     indices: Tensor
+    edge: GradientEdge
     embedding: Tensor
 
 
@@ -49,20 +55,8 @@ def relevance_source(indices: Tensor, embedding: Tensor) -> Tensor:
     leaf = embedding.detach().requires_grad_()
     sources = _collected.get()
     if sources is not None:
-        sources.append(RelevanceSource(indices, leaf))
+        sources.append(RelevanceSource(indices, get_gradient_edge(leaf), leaf.detach()))
     return leaf
-
-
-def values_exchanged(holder: Tensor, other: Tensor) -> None:
-    """``holder`` and ``other`` have exchanged the tensors they stand for (an in-place write in code
-    run eagerly gives the written Python object the new values, see
-    :func:`fxlrp.interpret.replace_values`): a lookup's leaf goes on being the object that holds
-    it, so that relevance is still read at the lookup's output, not at what was written over it
-    (``embeddings += position_embeddings``)."""
-    sources = _collected.get()
-    for index, source in enumerate(sources or ()):
-        if source.embedding is holder or source.embedding is other:
-            sources[index] = RelevanceSource(source.indices, other if source.embedding is holder else holder)
 
 
 def same_values(indices: Tensor, ids: Tensor) -> bool:
