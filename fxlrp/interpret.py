@@ -67,7 +67,7 @@ def _arguments_carry(args: tuple, kwargs: dict) -> bool:
     torch call)."""
     for item in args:
         if isinstance(item, Tensor):
-            if item.requires_grad:
+            if item.requires_grad and type(item) is not nn.Parameter:
                 return True
         elif isinstance(item, (tuple, list, dict)) and _carries(item):
             return True
@@ -75,17 +75,17 @@ def _arguments_carry(args: tuple, kwargs: dict) -> bool:
 
 
 def _carries(value: Any) -> bool:
-    """Whether a relevance-carrying tensor is inside nested tuples, lists and dicts (stops at the
-    first one)."""
+    """Whether a relevance-carrying tensor (:func:`~fxlrp.relevance.rule_function.carries_relevance`)
+    is inside nested tuples, lists and dicts (stops at the first one)."""
     if isinstance(value, Tensor):
-        return value.requires_grad
+        return value.requires_grad and type(value) is not nn.Parameter
     if type(value) is torch.Size or not isinstance(value, (tuple, list, dict)):
         return False  # (a shape, a dtype: what most property reads of tensors return)
     pending = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, Tensor):
-            if item.requires_grad:
+            if item.requires_grad and type(item) is not nn.Parameter:
                 return True
         elif isinstance(item, (tuple, list)):
             pending.extend(item)

@@ -666,3 +666,67 @@ def test_keywords_of_a_model_run_eagerly_reach_its_code_and_no_others(keywords: 
         assert torch.equal(explain(x, **keywords), model(x, **keywords))
         [relevance] = explained_relevance(lambda value: explain(value, **keywords), [x], onehot_relevance)
         assert relative_error(relevance, expected) < 1e-12
+
+
+class Dense(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.projection = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return torch.relu(self.projection(x))
+
+
+class Sparse(Dense):
+    def forward(self, x):
+        return torch.relu(self.projection(x)) * 3.0
+
+
+class SwitchesToANewModule(nn.Module):
+    """BigBird: a short input switches the attention to a new module (its own layers initialised,
+    then replaced by the old module's) from inside ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention, self.head = Sparse(), nn.Linear(5, 3)
+
+    def forward(self, x):
+        if x.shape[-2] < 8 and isinstance(self.attention, Sparse):
+            dense = Dense()
+            dense.projection = self.attention.projection
+            self.attention = dense
+        return self.head(self.attention(x)).sum(-2)
+
+
+class BuildsALayer(nn.Module):
+    """A layer built in ``forward`` from the model's buffers, and a product with its weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.randn(3, 5))
+
+    def forward(self, x):
+        layer = nn.Linear(5, 3, bias=False, dtype=self.weight.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(self.weight)
+        return (layer(x.abs()) + (layer.weight @ x.transpose(-1, -2)).transpose(-1, -2)).sum(-2)
+
+
+@pytest.mark.parametrize("model_type", [SwitchesToANewModule, BuildsALayer])
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_modules_the_model_builds_while_it_runs(model_type: type[nn.Module], capture: str) -> None:
+    """The parameters of a module built inside ``forward`` require gradients, and were taken for
+    relevance-carrying tensors: their initialisation was refused as operations without a rule
+    (BigBird, which switches to full attention for a short input). They are constants, like the
+    model's own parameters: three calls each (the second records, the third replays), against the
+    gradient x input of the model, which is left as it was."""
+    torch.manual_seed(0)
+    model, x = model_type().double(), torch.randn(2, 4, 5, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    for _ in range(3):
+        relevance = fxlrp.attribute(explain, x, target=1)
+        assert getattr(model, "attention", Sparse()).__class__ is Sparse  # the model's own switch is not made
+    [expected] = gradient_times_input(model, [x], lambda output: output, lambda output: output * F.one_hot(
+        torch.tensor(1), 3).to(output))
+    assert relative_error(relevance, expected) < 1e-12
+

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from fxlrp.relevance.form import gradient_form_active, require_relevance_form
@@ -19,9 +19,12 @@ from fxlrp.relevance.layer import AffineLayer
 def carries_relevance(value: Any) -> bool:
     """Relevance flows only along tensors that depend on the explained inputs.
 
-    The explainer detaches every parameter, so ``requires_grad`` marks exactly those tensors.
+    The explainer detaches every parameter of the model, so ``requires_grad`` marks exactly those
+    tensors - except the parameters of modules the model builds while it runs (BigBird switching
+    its attention to a new module, a layer built in ``forward``): an ``nn.Parameter`` never
+    carries relevance.
     """
-    return isinstance(value, Tensor) and value.requires_grad
+    return isinstance(value, Tensor) and value.requires_grad and type(value) is not nn.Parameter
 
 
 def gradient_root(output: Tensor) -> GradientEdge:
