@@ -43,6 +43,14 @@ def tensor_method_name(function: Any) -> str | None:
     return _TENSOR_METHOD_NAMES.get(id(function))
 
 
+def tensor_property_name(function: Any) -> str | None:
+    """The name of the property whose getter ``function`` is (what a torch function mode sees for
+    ``x.mT``: a new ``__get__`` wrapper at each read); None for any other function."""
+    if getattr(function, "__name__", None) != "__get__":
+        return None
+    return getattr(getattr(function, "__self__", None), "__name__", None)
+
+
 def as_python_number(value: Any) -> Any:
     """A NumPy scalar (``np.sqrt(d)``'s ``np.float64``, an ``np.int64`` size) as the Python number
     it equals, any other value as it is. torch takes the two alike, but a graph's code would name

@@ -43,6 +43,7 @@ from fxlrp.canonicalise import (
     VIEW_METADATA_METHODS,
     out_of_place_method,
     tensor_method_name,
+    tensor_property_name,
     view_of_written,
     without_inplace_flag,
     written_through_view,
@@ -375,7 +376,7 @@ class Dispatch:
 
 def _lookup(function: Any) -> Dispatch:
     """How calls of a torch function or Tensor method are handled."""
-    name = tensor_method_name(function)
+    name = tensor_method_name(function) or tensor_property_name(function)
     method = name is not None
     if method and name in WRITES:
         return Dispatch(None, write=True)

@@ -39,7 +39,13 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.canonicalise import GRADIENTS_OFF, as_python_number, tensor_method_name, without_inplace_flag
+from fxlrp.canonicalise import (
+    GRADIENTS_OFF,
+    as_python_number,
+    tensor_method_name,
+    tensor_property_name,
+    without_inplace_flag,
+)
 from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES
 from fxlrp.source import innermost_user_frame
@@ -110,7 +116,7 @@ def _name(function: Any) -> str | None:
     """The name of a torch function or Tensor method, or of the property a getter reads."""
     name = getattr(function, "__name__", None)
     if name == "__get__":
-        return getattr(getattr(function, "__self__", None), "__name__", None)
+        return tensor_property_name(function)
     return tensor_method_name(function) or name
 
 

@@ -730,3 +730,29 @@ def test_modules_the_model_builds_while_it_runs(model_type: type[nn.Module], cap
         torch.tensor(1), 3).to(output))
     assert relative_error(relevance, expected) < 1e-12
 
+
+class Transposes(nn.Module):
+    """Transposes read as properties, in code torch.fx cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 1e9:  # (a branch on values: torch.fx cannot trace it)
+            x = -x
+        hidden = self.layer(x).mT  # (batch, 4, length)
+        return (hidden.mH @ self.layer.weight.T).relu().sum(-2) + x[0].T.sum(-1)
+
+
+def test_transposes_read_as_properties_in_eager_code() -> None:
+    """``x.T``, ``x.mT``, ``x.mH`` call the property's getter, which code run eagerly did not match
+    to the view it is: refused as an operation without a rule. Three calls (the second records,
+    the third replays) against gradient x input."""
+    torch.manual_seed(0)
+    model, x = Transposes().double(), torch.randn(4, 3, 4, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0)
+    [expected] = gradient_times_input(model, [x], lambda output: output, onehot_relevance)
+    for _ in range(3):
+        assert torch.equal(explain(x), model(x))
+        assert relative_error(fxlrp.attribute(explain, x, target=0), expected) < 1e-12

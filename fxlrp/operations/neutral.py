@@ -35,6 +35,8 @@ VIEW_METHODS = (
     "unbind", "flip", "roll", "unfold", "to", "type", "type_as", "float", "double", "half",
     "bfloat16", "cpu", "cuda", "detach", "masked_fill", "tril", "triu", "diagonal",
     "__getitem__", "scatter", "index_put", "index_fill", "index_copy", "masked_scatter",
+    # transposes read as properties (a graph reads them by ``getattr``)
+    "T", "mT", "H", "mH",
 )
 VIEW_FUNCTIONS = (
     torch.reshape, torch.flatten, torch.unflatten, torch.permute, torch.transpose, torch.t,
