@@ -112,14 +112,21 @@ def _unwrapped(function: Any) -> Any:
     return getattr(function, "__wrapped__", function)
 
 
+SCAN_FAMILIES = ("mamba", "falcon_mamba", "jamba", "zamba")
+"""Families whose modeling file has its own copy of Mamba's ``mamba_selective_scan`` (transformers
+5 writes the scan into each family's file; 4.x writes it inline in each mixer's ``slow_forward``)."""
+
+
 def _selective_scans() -> tuple[Callable[..., Any], ...]:
-    try:
-        from transformers.models.mamba import modeling_mamba
-    except ImportError:  # pragma: no cover - a transformers without Mamba
-        return ()
-    # transformers 5 runs the scan in a function; 4.x writes it inline in MambaMixer.slow_forward
-    scan = getattr(modeling_mamba, "mamba_selective_scan", None)
-    return () if scan is None else (_unwrapped(scan),)
+    found = []
+    for family in SCAN_FAMILIES:
+        try:
+            modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        except ImportError:  # pragma: no cover - a transformers without the family
+            continue
+        scan = getattr(modeling, "mamba_selective_scan", None)
+        found += [] if scan is None else [_unwrapped(scan)]
+    return tuple(found)
 
 
 def selective_scan(call: RelevanceCall, function: Callable[..., Any], hidden_states: Tensor, dt: Tensor, A: Tensor,
