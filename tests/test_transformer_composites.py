@@ -124,3 +124,49 @@ def test_attnlrp_on_torchvision_vit_runs_through_the_graph_with_finite_relevance
         assert "eager" not in {row.handling for row in explain.report().rows}
         relevance = fxlrp.attribute(explain, x)
         assert torch.isfinite(relevance).all() and relevance.abs().sum() > 0
+
+
+class ComplexRotary(nn.Module):
+    """A rotary embedding as Llama 4 writes it: pairs of features as complex numbers times
+    ``e^(i theta)`` (``as_complex=True``), or as its real form on the pairs (``False``), between
+    two linear layers; a branch on the input's values makes it run eagerly (``eager=True``)."""
+
+    def __init__(self, as_complex: bool, eager: bool) -> None:
+        super().__init__()
+        self.as_complex, self.eager = as_complex, eager
+        self.query, self.out = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.register_buffer("angles", torch.randn(5, 4))
+
+    def forward(self, x):
+        if self.eager and x.sum() > 1e9:
+            x = -x
+        q = self.query(x).reshape(*x.shape[:-1], 4, 2)  # (batch, 5, 4 pairs, 2)
+        if self.as_complex:
+            rotation = torch.polar(torch.ones_like(self.angles), self.angles)
+            rotated = torch.view_as_real(torch.view_as_complex(q) * rotation).flatten(-2)
+        else:
+            cos, sin = self.angles.cos(), self.angles.sin()
+            real, imaginary = q[..., 0], q[..., 1]
+            rotated = torch.stack((real * cos - imaginary * sin, real * sin + imaginary * cos), -1).flatten(-2)
+        return self.out(F.gelu(rotated)).sum(-2)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1e-6])
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_complex_rotary_embedding_is_explained_as_its_real_form(eager: bool, epsilon: float) -> None:
+    """Llama 4 rotates query and key as complex numbers (``view_as_complex``, a product with
+    ``e^(i theta)``, ``view_as_real``): views had no rule for them, and an elementwise product's
+    rule (relevance passes unchanged) would not see that a complex product mixes the two parts of
+    each number. The same rotation written on the real pairs is the reference: the same relevance,
+    in the gradient form (epsilon 0) and the relevance form (1e-6), captured and run eagerly."""
+    torch.manual_seed(0)
+    complex_model = ComplexRotary(as_complex=True, eager=eager).double()
+    real_model = ComplexRotary(as_complex=False, eager=eager).double()
+    real_model.load_state_dict(complex_model.state_dict())
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    explain = fxlrp.convert(complex_model, AttnLRP(epsilon))
+    reference = fxlrp.convert(real_model, AttnLRP(epsilon))
+    assert torch.equal(explain(x), complex_model(x))
+    expected = fxlrp.attribute(reference, x, target=1)
+    for _ in range(3):  # (run eagerly: the second call records, the third replays)
+        assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12

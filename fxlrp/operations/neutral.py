@@ -50,6 +50,7 @@ VIEW_FUNCTIONS = (
     F.pad, F.one_hot, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
     operator.getitem, operator.setitem, builtins.getattr, written_through_view, view_of_written,
     copied, filled, zeroed, items_set, diagonal_filled, torch.index_copy, torch.masked_scatter,
+    torch.view_as_real, torch.view_as_complex, torch.complex,
 )
 VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
                 nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,

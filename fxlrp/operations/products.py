@@ -15,17 +15,21 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from fxlrp.call import RelevanceCall
+from fxlrp.interpret import interpret
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, NATIVE_WITH_ONE_CARRIER, bind
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
+from fxlrp.relevance.form import gradient_form_active
 from fxlrp.relevance.roles import role_of
 from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.relevance.straight_through import decomposed_in_backward
 from fxlrp.rules import Product
 
 
@@ -80,10 +84,44 @@ def multilinear(call: RelevanceCall, function: Callable[..., Tensor], *args: Any
 def elementwise_product(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
     """``a * b``: rescaling by constants passes relevance unchanged; between relevance-carrying
     factors it is shared equally among the receivers of the :class:`Product` rule (each term of an
-    elementwise product is the whole product, so the uniform epsilon rule is exactly ``R / N``)."""
+    elementwise product is the whole product, so the uniform epsilon rule is exactly ``R / N``).
+    A product with a complex factor by its real form (:func:`complex_product`)."""
+    if len(args) == 2 and (_is_complex(args[0]) or _is_complex(args[1])) and not kwargs:
+        return complex_product(call, function, *args)
     if len(args) != 2 or not (carries_relevance(args[0]) and carries_relevance(args[1])):
         return apply_pass(bind(function, kwargs), None, *args, linear=True)
     return apply_pass(bind(function, kwargs), receivers(rule_of_product(call), args, (0, 1)), *args, linear=True)
+
+
+def _is_complex(value: Any) -> bool:
+    return isinstance(value, Tensor) and value.is_complex()
+
+
+def complex_product(call: RelevanceCall, function: Callable[..., Tensor], a: Any, b: Any) -> Tensor:
+    """``a * b`` with a complex factor (Llama 4's rotary embedding: ``view_as_complex(q) * e^(i
+    theta)``), explained as its real form on the pairs of real numbers the complex ones are
+    (:func:`torch.view_as_real`), ``(a_re b_re - a_im b_im, a_re b_im + a_im b_re)``: products and
+    sums under their rules, as ``q cos + rotate_half(q) sin`` is in Llama. A complex product mixes
+    the two parts of each number, which the rule of an elementwise product (relevance passes
+    unchanged) would not see. The values are the model's own call's
+    (:func:`~fxlrp.relevance.straight_through.decomposed_in_backward`). In the gradient form, with
+    one relevance-carrying factor, the relevance function is the product's own call, as for a real
+    product (``mul``'s entry: a recorded graph runs it so): autograd's gradient of a complex
+    product is the transposed Jacobian of its real form, the z-rule's gradient form there."""
+    if gradient_form_active() and not (carries_relevance(a) and carries_relevance(b)):
+        return function(a, b)
+    return decomposed_in_backward(function, partial(interpret, call, _complex_product_real_form), a, b)
+
+
+def _complex_product_real_form(a: Any, b: Any) -> Tensor:
+    def parts(value: Any) -> tuple[Any, Any]:
+        if not _is_complex(value):
+            return value, 0.0
+        real, imaginary = torch.view_as_real(value).unbind(-1)
+        return real, imaginary
+
+    (a_real, a_imaginary), (b_real, b_imaginary) = parts(a), parts(b)
+    return torch.complex(a_real * b_real - a_imaginary * b_imaginary, a_real * b_imaginary + a_imaginary * b_real)
 
 
 def matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Tensor:
