@@ -3,8 +3,8 @@
 For each of 17 architectures of the issue's list (``CASES``) and 28 more families
 (``MORE_CASES``: Mistral, Phi, GPT-NeoX, OPT, GPT-J, Gemma 2, Mixtral, Qwen2-MoE, ALBERT, DeBERTa-v2,
 BART, BEiT, DINOv2, Swin, ConvNeXt, Llama 4, FalconMamba, ...), a tiny configuration with random
-weights (nothing from a hub): conversion (strict where fxlrp has a rule for every operation), the explainer's outputs equal to
-the model's, finite relevance, and the relevance equal to an independent reference: LXT's
+weights (nothing from a hub): conversion (strict where fxlrp has a rule for every operation), the
+explainer's outputs equal to the model's, finite relevance, and the relevance equal to an independent reference: LXT's
 Gradient x Input formulation of AttnLRP, built here without fxlrp. The model runs under a
 ``TorchFunctionMode`` of this file that changes the backward pass the way LXT's efficient mode
 does (see tests/test_transformer_composites.py), on plain autograd:
