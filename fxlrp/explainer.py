@@ -414,7 +414,8 @@ def _backward(
     """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
     inputs, the intermediate nodes and the embedding lookups, per target. ``gradient``: in the
     gradient form (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
-    with (torch.enable_grad(), sources_collected() as sources, reusable_graph() if many else nullcontext(),
+    with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as sources,
+          reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
         try:
             if nodes is None:
@@ -566,9 +567,15 @@ def padding_mask(explain: nn.Module, inputs: Tensor | Sequence[Any]) -> Tensor |
     return mask if isinstance(mask, Tensor) else None
 
 
+def _token_ids(inputs: Sequence[Any]) -> list[Tensor]:
+    """The inputs that may be token ids: tensors neither floating-point nor complex."""
+    return [value for value in inputs
+            if isinstance(value, Tensor) and not value.is_floating_point() and not value.is_complex()]
+
+
 def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:
     """The embedding lookups made with the token ids ``value`` (none for other inputs)."""
-    if not isinstance(value, Tensor) or value.is_floating_point() or value.is_complex():
+    if not _token_ids([value]):
         return []
     return [source for source in sources if same_values(source.indices, value)]
 

@@ -97,6 +97,30 @@ def test_position_embeddings_take_their_share_like_a_bias() -> None:
     assert relative_error(relevance, (tokens * gradient).detach().sum(dim=-1)) < TOLERANCE
 
 
+def _positions_multiplied(self, ids):
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    return self.tokens(ids) * self.positions(positions)  # (RoFormer's rotary positions: a lookup)
+
+
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_position_embeddings_that_multiply_are_constants(capture: str) -> None:
+    """Every embedding lookup was a relevance source, so a position embedding that multiplies the
+    token embeddings (RoFormer's sinusoidal rotary table is an nn.Embedding) made a product of two
+    relevance-carrying factors, which took half of the relevance from the tokens (LRP-0: the
+    product rule shares it). Only lookups of the explained ids are sources; the positions are a
+    constant, as in the reference. Three calls each (the second records, the third replays)."""
+    torch.manual_seed(1)
+    model = TokenModel(_positions_multiplied).double().eval()
+    ids = ids_batch()
+    tokens = model.tokens(ids).detach().requires_grad_()
+    output = model.rest(tokens * model.positions.weight[: ids.shape[1]])
+    [gradient] = torch.autograd.grad(output, [tokens], onehot_relevance(output, 2) / output.detach())
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    for _ in range(3):
+        relevance = fxlrp.attribute(explain, ids, target=2)
+        assert relative_error(relevance, (tokens * gradient).detach().sum(dim=-1)) < TOLERANCE
+
+
 def _positions_added_in_place(self, ids):
     embedded = self.tokens(ids)
     embedded += self.positions(torch.arange(ids.shape[1], device=ids.device))  # (GIT, CTRL)

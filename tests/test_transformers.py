@@ -1,8 +1,8 @@
 """Hugging Face transformers models (transformers 5) explained with AttnLRP(epsilon=0).
 
-For each of 17 architectures of the issue's list (``CASES``) and 28 more families
+For each of 17 architectures of the issue's list (``CASES``) and 29 more families
 (``MORE_CASES``: Mistral, Phi, GPT-NeoX, OPT, GPT-J, Gemma 2, Mixtral, Qwen2-MoE, ALBERT, DeBERTa-v2,
-BART, BEiT, DINOv2, Swin, ConvNeXt, Llama 4, FalconMamba, ...), a tiny configuration with random
+BART, BEiT, DINOv2, Swin, ConvNeXt, RoFormer, Llama 4, FalconMamba, ...), a tiny configuration with random
 weights (nothing from a hub): conversion (strict where fxlrp has a rule for every operation), the
 explainer's outputs equal to the model's, finite relevance, and the relevance equal to an independent reference: LXT's
 Gradient x Input formulation of AttnLRP, built here without fxlrp. The model runs under a
@@ -647,6 +647,10 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
     "ConvNextForImageClassification": Case(
         _built("ConvNextForImageClassification", "ConvNextConfig", num_stages=2, hidden_sizes=[8, 16],
                depths=[1, 1], num_labels=3), lambda: (_floats(2, 3, 32, 32),), _logits),
+    "RoFormerForSequenceClassification": Case(  # rotary positions from a sinusoidal embedding table
+        _built("RoFormerForSequenceClassification", "RoFormerConfig", vocab_size=VOCABULARY, **SMALL,
+               max_position_embeddings=64, num_labels=3), lambda: (_ids(),), _logits,
+        replays=False),  # its padding warning reads the ids
     "Llama4ForCausalLM": Case(  # rotary embedding as a complex product; a sigmoid router, a gate
         _built("Llama4ForCausalLM", "Llama4TextConfig", **DECODER, head_dim=8, intermediate_size_mlp=64,
                num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=1),

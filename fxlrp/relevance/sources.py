@@ -10,7 +10,7 @@ per token of the ids the user passed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -33,14 +33,25 @@ class RelevanceSource:
     embedding: Tensor
 
 
-_collected: ContextVar[list[RelevanceSource] | None] = ContextVar("fxlrp_relevance_sources", default=None)
+@dataclass(frozen=True)
+class _Collection:
+    sources: list[RelevanceSource]
+    ids: tuple[Tensor, ...]
+
+
+_collected: ContextVar[_Collection | None] = ContextVar("fxlrp_relevance_sources", default=None)
 
 
 @contextmanager
-def sources_collected() -> Iterator[list[RelevanceSource]]:
-    """Record the relevance sources made while the block runs, in the order they are made."""
+def sources_collected(ids: Sequence[Tensor]) -> Iterator[list[RelevanceSource]]:
+    """Record the relevance sources made while the block runs, in the order they are made: the
+    lookups of the explained token ``ids`` (or of views of them, :func:`same_values`). Other
+    lookups - of positions (RoFormer's sinusoidal table, BERT's learned one), of token types the
+    model makes itself - are constants of the explanation there, as the rest of the model's
+    parameters: a position embedding that multiplies the queries (RoFormer's rotary one) would
+    otherwise be a relevance-carrying factor of that product and take a share of its relevance."""
     sources: list[RelevanceSource] = []
-    token = _collected.set(sources)
+    token = _collected.set(_Collection(sources, tuple(ids)))
     try:
         yield sources
     finally:
@@ -49,13 +60,16 @@ def sources_collected() -> Iterator[list[RelevanceSource]]:
 
 def relevance_source(indices: Tensor, embedding: Tensor) -> Tensor:
     """``embedding`` as a leaf that collects the relevance reaching it (when gradients are
-    recorded); recorded with its ``indices`` inside :func:`sources_collected`."""
+    recorded); inside :func:`sources_collected`, only for the explained ids, recorded with its
+    ``indices``."""
     if not torch.is_grad_enabled() or embedding.requires_grad or not embedding.is_floating_point():
         return embedding
+    collection = _collected.get()
+    if collection is not None and not any(same_values(indices, ids) for ids in collection.ids):
+        return embedding
     leaf = embedding.detach().requires_grad_()
-    sources = _collected.get()
-    if sources is not None:
-        sources.append(RelevanceSource(indices, get_gradient_edge(leaf), leaf.detach()))
+    if collection is not None:
+        collection.sources.append(RelevanceSource(indices, get_gradient_edge(leaf), leaf.detach()))
     return leaf
 
 
