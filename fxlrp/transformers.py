@@ -112,21 +112,44 @@ def _unwrapped(function: Any) -> Any:
     return getattr(function, "__wrapped__", function)
 
 
-SCAN_FAMILIES = ("mamba", "falcon_mamba", "jamba", "zamba")
-"""Families whose modeling file has its own copy of Mamba's ``mamba_selective_scan`` (transformers
-5 writes the scan into each family's file; 4.x writes it inline in each mixer's ``slow_forward``)."""
-
-
-def _selective_scans() -> tuple[Callable[..., Any], ...]:
+def _family_functions(families: tuple[str, ...], name: str) -> tuple[Callable[..., Any], ...]:
+    """The function ``name`` of each family's modeling file that has one (transformers 5 writes a
+    copy of a shared function into each family's file)."""
     found = []
-    for family in SCAN_FAMILIES:
+    for family in families:
         try:
             modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
         except ImportError:  # pragma: no cover - a transformers without the family
             continue
-        scan = getattr(modeling, "mamba_selective_scan", None)
-        found += [] if scan is None else [_unwrapped(scan)]
+        function = getattr(modeling, name, None)
+        found += [] if function is None else [_unwrapped(function)]
     return tuple(found)
+
+
+SCAN_FAMILIES = ("mamba", "falcon_mamba", "jamba", "zamba")
+"""Families with a copy of Mamba's ``mamba_selective_scan`` (transformers 4.x writes the scan
+inline in each mixer's ``slow_forward``)."""
+CHUNKED_SCAN_FAMILIES = ("mamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba2")
+"""Families with a copy of Mamba-2's ``mamba2_chunk_scan``."""
+
+
+def _scan_of_input(call: RelevanceCall, function: Callable[..., Any], hidden_states: Tensor,
+                   selective: tuple[Any, ...], *args: Any, state_flag: str, **kwargs: Any) -> Any:
+    """``function(hidden_states, *selective, *args, **kwargs)`` with the selective parameters
+    held constant: a linear map of ``hidden_states`` without bias, under the node's rule (the
+    z-rule by default: ``R_u = u * J^T (R / y)``, conserving). ``state_flag``: the keyword that
+    asks the scan for its last state as well, which it is then given without relevance."""
+    selective = tuple(value.detach() if isinstance(value, Tensor) else value for value in selective)
+    wants_state = kwargs.pop(state_flag, False)
+    states: list[Tensor] = []
+
+    def scan(u: Tensor) -> Tensor:
+        output, state = function(u, *selective, *args, **{state_flag: True}, **kwargs)
+        states.append(state.detach())
+        return output
+
+    output = call.affine(call.layer(scan), hidden_states)
+    return (output, states[-1]) if wants_state else output
 
 
 def selective_scan(call: RelevanceCall, function: Callable[..., Any], hidden_states: Tensor, dt: Tensor, A: Tensor,
@@ -142,19 +165,13 @@ def selective_scan(call: RelevanceCall, function: Callable[..., Any], hidden_sta
     registry's rules for ``silu`` and ``mul`` under the composite (AttnLRP: the identity rule and
     ``R / 2`` to each factor, MambaLRP's gating rule; CP-LRP: the gate is a constant).
     """
-    dt, B, C = (value.detach() if isinstance(value, Tensor) else value for value in (dt, B, C))
-    return_last_state = kwargs.pop("return_last_state", False)
-    last_states: list[Tensor] = []
-
-    def scan(u: Tensor) -> Tensor:
-        output, last_state = function(u, dt, A, B, C, D, None, *args, return_last_state=True, **kwargs)
-        last_states.append(last_state.detach())
-        return output
-
-    output = call.affine(call.layer(scan), hidden_states)
-    if z is not None:
-        output = interpret(call, _gated, output, z)
-    return (output, last_states[-1]) if return_last_state else output
+    scanned = _scan_of_input(call, function, hidden_states, (dt, A, B, C), D, None, *args,
+                             state_flag="return_last_state", **kwargs)
+    if z is None:
+        return scanned
+    output, state = scanned if isinstance(scanned, tuple) else (scanned, None)
+    output = interpret(call, _gated, output, z)
+    return output if state is None else (output, state)
 
 
 def _gated(output: Tensor, z: Tensor) -> Tensor:
@@ -165,12 +182,38 @@ SELECTIVE_SCAN = register(
     Operation(
         "selective_scan",
         Kind.AFFINE,
-        functions=_selective_scans(),
+        functions=_family_functions(SCAN_FAMILIES, "mamba_selective_scan"),
         relevance=selective_scan,
         default_rule=proportional,
         leaf=True,
         description="Mamba's selective scan (MambaLRP): dt, B, C and the decay exp(dt A) held constant, "
         "the z-rule on the linear map of u that remains; the gate silu(z) by the silu and mul rules",
+    )
+)
+
+
+def chunked_selective_scan(call: RelevanceCall, function: Callable[..., Any], hidden_states: Tensor, dt: Tensor,
+                           A: Tensor, B: Tensor, C: Tensor, *args: Any, **kwargs: Any) -> Any:
+    """MambaLRP for Mamba-2's scan computed in chunks (the state-space duality form: within a
+    chunk ``y = (C B^T * L) (dt x)`` with the decays ``L = exp(segsum(dt A))``, between chunks a
+    recurrence of states), plus ``D x``: as for Mamba's scan, the time step ``dt`` and ``B`` and
+    ``C`` are held constant, and what remains is a linear map of ``x`` without bias, under the
+    node's rule (the z-rule by default). The gate, a separate gated RMSNorm in these models
+    (``norm(y * silu(z))``), is explained by the registry's rules for its operations."""
+    return _scan_of_input(call, function, hidden_states, (dt, A, B, C), *args,
+                          state_flag="return_final_states", **kwargs)
+
+
+CHUNKED_SELECTIVE_SCAN = register(
+    Operation(
+        "chunked_selective_scan",
+        Kind.AFFINE,
+        functions=_family_functions(CHUNKED_SCAN_FAMILIES, "mamba2_chunk_scan"),
+        relevance=chunked_selective_scan,
+        default_rule=proportional,
+        leaf=True,
+        description="Mamba-2's chunked selective scan (MambaLRP): dt, B, C and the decays held constant, "
+        "the z-rule on the linear map of x that remains",
     )
 )
 
