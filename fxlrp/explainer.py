@@ -567,15 +567,18 @@ def padding_mask(explain: nn.Module, inputs: Tensor | Sequence[Any]) -> Tensor |
     return mask if isinstance(mask, Tensor) else None
 
 
+def _may_be_token_ids(value: Any) -> bool:
+    """A tensor neither floating-point nor complex."""
+    return isinstance(value, Tensor) and not value.is_floating_point() and not value.is_complex()
+
+
 def _token_ids(inputs: Sequence[Any]) -> list[Tensor]:
-    """The inputs that may be token ids: tensors neither floating-point nor complex."""
-    return [value for value in inputs
-            if isinstance(value, Tensor) and not value.is_floating_point() and not value.is_complex()]
+    return [value for value in inputs if _may_be_token_ids(value)]
 
 
 def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:
     """The embedding lookups made with the token ids ``value`` (none for other inputs)."""
-    if not _token_ids([value]):
+    if not _may_be_token_ids(value):
         return []
     return [source for source in sources if same_values(source.indices, value)]
 

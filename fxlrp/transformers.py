@@ -57,15 +57,19 @@ _MODEL_ACTIVATIONS = (
 )
 
 
+def _modeling(family: str) -> Any:
+    """transformers' modeling file of ``family``, or None in a transformers without the family."""
+    try:
+        return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except ImportError:  # pragma: no cover - a transformers without the family
+        return None
+
+
 def _activation_modules() -> tuple[type, ...]:
     found = [getattr(activations, name) for name in _NAMES if hasattr(activations, name)]
     for family, name in _MODEL_ACTIVATIONS:
-        try:
-            modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        except ImportError:  # pragma: no cover - a transformers without the family
-            continue
-        found += [getattr(modeling, name)] if hasattr(modeling, name) else []
-    return tuple(dict.fromkeys(found))
+        found += [getattr(_modeling(family), name, None)]
+    return tuple(dict.fromkeys(value for value in found if value is not None))
 
 
 ACTIVATION_MODULES: tuple[type, ...] = _activation_modules()
@@ -115,15 +119,8 @@ def _unwrapped(function: Any) -> Any:
 def _family_functions(families: tuple[str, ...], name: str) -> tuple[Callable[..., Any], ...]:
     """The function ``name`` of each family's modeling file that has one (transformers 5 writes a
     copy of a shared function into each family's file)."""
-    found = []
-    for family in families:
-        try:
-            modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        except ImportError:  # pragma: no cover - a transformers without the family
-            continue
-        function = getattr(modeling, name, None)
-        found += [] if function is None else [_unwrapped(function)]
-    return tuple(found)
+    found = (getattr(_modeling(family), name, None) for family in families)
+    return tuple(_unwrapped(function) for function in found if function is not None)
 
 
 SCAN_FAMILIES = ("mamba", "falcon_mamba", "jamba", "zamba")
