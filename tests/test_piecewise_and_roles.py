@@ -242,3 +242,43 @@ def test_gates_stay_gates_when_cut_into_pieces(spelling: str, capture: str) -> N
     explain = fxlrp.convert(model, LRP0, capture=capture)
     for _ in range(3):  # eagerly: the relevance mode, the recording, a replay
         assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < TOLERANCE
+
+
+class GatedLinearUnit(nn.Module):
+    """A convolution's channels halved by a GLU (a Conformer's convolution module), as
+    ``F.glu``, as ``nn.GLU``, or written out; ``detach_gates``: the gradient reference."""
+
+    def __init__(self, spelling: str, detach_gates: bool = False) -> None:
+        super().__init__()
+        self.convolution, self.out = nn.Conv1d(4, 8, 3, padding=1), nn.Linear(4, 3)
+        self.spelling, self.detach_gates, self.glu = spelling, detach_gates, nn.GLU(dim=1)
+
+    def forward(self, x):
+        hidden = self.convolution(x)  # (batch, 8 channels, length)
+        if self.spelling == "F.glu":
+            gated = F.glu(hidden, dim=1)
+        elif self.spelling == "nn.GLU":
+            gated = self.glu(hidden)
+        else:
+            signal, gates = hidden.chunk(2, dim=1)
+            gated = signal * (torch.sigmoid(gates).detach() if self.detach_gates else torch.sigmoid(gates))
+        return self.out(gated.broadcast_to(torch.stack((gated, gated)).shape).sum(0).mean(-1))
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+@pytest.mark.parametrize("spelling", ["F.glu", "nn.GLU"])
+def test_a_gated_linear_unit_is_a_product_with_a_gate(spelling: str, capture: str) -> None:
+    """GLU (``a * sigmoid(b)`` on the halves of its input) had no rule, and ``Tensor.broadcast_to``
+    none in code run eagerly (wav2vec2-Conformer and WavLM were refused). LRP-0 gives the gate no
+    relevance: gradient x input of the model written out with the gates detached; captured, run
+    eagerly and replayed."""
+    torch.manual_seed(3)
+    model = GatedLinearUnit(spelling).double().eval()
+    reference = GatedLinearUnit("written out", detach_gates=True).double().eval()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(3, 4, 6, dtype=torch.float64)
+    [expected] = gradient_times_input(reference, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    assert torch.equal(explain(x), model(x))
+    for _ in range(3):  # eagerly: the relevance mode, the recording, a replay
+        assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < TOLERANCE

@@ -34,7 +34,7 @@ VIEW_METHODS = (
     "index_select", "gather", "take_along_dim", "masked_select", "chunk", "split", "tensor_split",
     "unbind", "flip", "roll", "unfold", "to", "type", "type_as", "float", "double", "half",
     "bfloat16", "cpu", "cuda", "detach", "masked_fill", "tril", "triu", "diagonal",
-    "__getitem__", "scatter", "index_put", "index_fill", "index_copy", "masked_scatter",
+    "__getitem__", "scatter", "index_put", "index_fill", "index_copy", "masked_scatter", "broadcast_to",
     # transposes read as properties (a graph reads them by ``getattr``)
     "T", "mT", "H", "mH",
 )
