@@ -4,8 +4,9 @@ Several of transformers' activation modules compute a smooth elementwise activat
 elementary torch operations rather than one torch function: GPT-2's default ``gelu_new``
 (``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``), ``gelu_fast``,
 ``gelu_accurate``, ``quick_gelu`` (``x * sigmoid(1.702 x)``), the Python forms of ``gelu``,
-``gelu_python_tanh`` and ``mish``, ``sqrtsoftplus``, ``xielu``, ``laplace``, and BLOOM's GeLU (an
-autograd Function of ``gelu_new``'s formula). Run operation by operation, such a formula is a
+``gelu_python_tanh`` and ``mish``, ``sqrtsoftplus``, ``xielu``, ``laplace``, BLOOM's GeLU (an
+autograd Function of ``gelu_new``'s formula), and ESM's and Evolla's ``gelu`` functions (the erf
+formula). Run operation by operation, such a formula is a
 product of two relevance-carrying factors, ``x`` and ``1 + tanh(...)``, which the product rule
 would split, and part of the relevance would go round the ``tanh``'s argument (BLOOM's GeLU lost
 half of it); ``sqrt(softplus(x))`` would be a statistic, which rules hold constant. AttnLRP (and LXT) explain an
@@ -55,6 +56,8 @@ _MODEL_ACTIVATIONS = (
     # A family's own activation module: BLOOM's GeLU is an autograd Function of the gelu_new formula.
     ("bloom", "BloomGelu"),
 )
+_MODEL_ACTIVATION_FUNCTIONS = ("esm", "evolla")
+"""Families with an activation function of their own, ``gelu``: the erf formula in Python."""
 
 
 def _modeling(family: str) -> Any:
@@ -63,6 +66,19 @@ def _modeling(family: str) -> Any:
         return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     except ImportError:  # pragma: no cover - a transformers without the family
         return None
+
+
+def _unwrapped(function: Any) -> Any:
+    """The torch implementation behind transformers' kernel-hub wrapper (a closure, whose code
+    cannot be intercepted; it calls this plain function unless a CUDA kernel package is installed)."""
+    return getattr(function, "__wrapped__", function)
+
+
+def _family_functions(families: tuple[str, ...], name: str) -> tuple[Callable[..., Any], ...]:
+    """The function ``name`` of each family's modeling file that has one (transformers 5 writes a
+    copy of a shared function into each family's file)."""
+    found = (getattr(_modeling(family), name, None) for family in families)
+    return tuple(_unwrapped(function) for function in found if function is not None)
 
 
 def _activation_modules() -> tuple[type, ...]:
@@ -95,7 +111,8 @@ TRANSFORMERS_ACTIVATION = register(
         # The forward functions are intercepted when a model runs eagerly (their ``self`` carries
         # no relevance, so relevance passes to the input); the module types keep a captured
         # graph's call as one node.
-        functions=tuple(dict.fromkeys(module_type.forward for module_type in ACTIVATION_MODULES)),
+        functions=(*dict.fromkeys(module_type.forward for module_type in ACTIVATION_MODULES),
+                   *_family_functions(_MODEL_ACTIVATION_FUNCTIONS, "gelu")),
         modules=ACTIVATION_MODULES,
         relevance=activation_module,
         role=ACTIVATION,
@@ -108,19 +125,6 @@ TRANSFORMERS_ACTIVATION = register(
 
 
 # -- Mamba's selective scan (MambaLRP) ---------------------------------------------------------------
-
-
-def _unwrapped(function: Any) -> Any:
-    """The torch implementation behind transformers' kernel-hub wrapper (a closure, whose code
-    cannot be intercepted; it calls this plain function unless a CUDA kernel package is installed)."""
-    return getattr(function, "__wrapped__", function)
-
-
-def _family_functions(families: tuple[str, ...], name: str) -> tuple[Callable[..., Any], ...]:
-    """The function ``name`` of each family's modeling file that has one (transformers 5 writes a
-    copy of a shared function into each family's file)."""
-    found = (getattr(_modeling(family), name, None) for family in families)
-    return tuple(_unwrapped(function) for function in found if function is not None)
 
 
 SCAN_FAMILIES = ("mamba", "falcon_mamba", "jamba", "zamba")

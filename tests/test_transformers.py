@@ -1,6 +1,6 @@
 """Hugging Face transformers models (transformers 5) explained with AttnLRP(epsilon=0).
 
-For each of 17 architectures of the issue's list (``CASES``) and 31 more families
+For each of 17 architectures of the issue's list (``CASES``) and 32 more families
 (``MORE_CASES``: Mistral, Phi, GPT-NeoX, OPT, GPT-J, Gemma 2, Mixtral, Qwen2-MoE, ALBERT, DeBERTa-v2,
 BART, BEiT, DINOv2, Swin, ConvNeXt, RoFormer, Llama 4, FalconMamba, ...), a tiny configuration with random
 weights (nothing from a hub): conversion (strict where fxlrp has a rule for every operation), the
@@ -436,6 +436,18 @@ def _mamba_lrp_scan(family: str = "mamba", function: str = "mamba_selective_scan
     return patches
 
 
+def _activation_function(family: str, name: str) -> Patches:
+    """A family's own activation function (ESM's ``gelu``, the erf formula in Python) as one
+    activation for the reference: the identity rule on its input."""
+
+    def patches() -> list[tuple[Any, str, Callable[..., Any]]]:
+        modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=[name])
+        activation = getattr(modeling, name)
+        return [(modeling, name, lambda x: IdentityRule.apply(x, activation(x.detach())))]
+
+    return patches
+
+
 def _norm_in_input_dtype(self, hidden_states: Tensor) -> Tensor:
     """Llama's, Qwen's and Mamba's RMSNorm without its float32 upcast."""
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
@@ -648,6 +660,10 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
     "ConvNextForImageClassification": Case(
         _built("ConvNextForImageClassification", "ConvNextConfig", num_stages=2, hidden_sizes=[8, 16],
                depths=[1, 1], num_labels=3), lambda: (_floats(2, 3, 32, 32),), _logits),
+    "EsmForSequenceClassification": Case(  # rotary positions, its own erf GeLU function
+        _built("EsmForSequenceClassification", "EsmConfig", vocab_size=VOCABULARY, **SMALL, pad_token_id=1,
+               mask_token_id=2, position_embedding_type="rotary", max_position_embeddings=64, num_labels=3),
+        lambda: (_ids(),), _logits, reference_forwards=_activation_function("esm", "gelu")),
     "RoFormerForSequenceClassification": Case(  # rotary positions from a sinusoidal embedding table
         _built("RoFormerForSequenceClassification", "RoFormerConfig", vocab_size=VOCABULARY, **SMALL,
                max_position_embeddings=64, num_labels=3), lambda: (_ids(),), _logits,
