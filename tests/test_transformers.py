@@ -1,6 +1,6 @@
 """Hugging Face transformers models (transformers 5) explained with AttnLRP(epsilon=0).
 
-For each of 17 architectures of the issue's list (``CASES``) and 32 more families
+For each of 17 architectures of the issue's list (``CASES``) and 33 more families
 (``MORE_CASES``: Mistral, Phi, GPT-NeoX, OPT, GPT-J, Gemma 2, Mixtral, Qwen2-MoE, ALBERT, DeBERTa-v2,
 BART, BEiT, DINOv2, Swin, ConvNeXt, RoFormer, Llama 4, FalconMamba, ...), a tiny configuration with random
 weights (nothing from a hub): conversion (strict where fxlrp has a rule for every operation), the
@@ -668,6 +668,13 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
         _built("RoFormerForSequenceClassification", "RoFormerConfig", vocab_size=VOCABULARY, **SMALL,
                max_position_embeddings=64, num_labels=3), lambda: (_ids(),), _logits,
         replays=False),  # its padding warning reads the ids
+    "DeepseekV3ForCausalLM": Case(  # multi-head latent attention; a sigmoid router over groups, a gate
+        _built("DeepseekV3ForCausalLM", "DeepseekV3Config", **{**DECODER, "num_key_value_heads": 4},
+               moe_intermediate_size=16, n_routed_experts=4,
+               n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+               kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8),
+        lambda: (_ids(),), _next_token, dtype=torch.float32, replays=False,
+        reference_forwards=_router_held_constant("deepseek_v3", "DeepseekV3TopkRouter")),
     "Llama4ForCausalLM": Case(  # rotary embedding as a complex product; a sigmoid router, a gate
         _built("Llama4ForCausalLM", "Llama4TextConfig", **DECODER, head_dim=8, intermediate_size_mlp=64,
                num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=1),
