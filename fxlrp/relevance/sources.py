@@ -49,7 +49,10 @@ def sources_collected(ids: Sequence[Tensor]) -> Iterator[list[RelevanceSource]]:
     lookups - of positions (RoFormer's sinusoidal table, BERT's learned one), of token types the
     model makes itself - are constants of the explanation there, as the rest of the model's
     parameters: a position embedding that multiplies the queries (RoFormer's rotary one) would
-    otherwise be a relevance-carrying factor of that product and take a share of its relevance."""
+    otherwise be a relevance-carrying factor of that product and take a share of its relevance.
+    (The explainer called by itself keeps every lookup a leaf: its outputs are then the model's
+    own with gradients on, bit for bit, where kernels are chosen by whether a lookup requires
+    gradients - T5's attention, whose position bias is one.)"""
     sources: list[RelevanceSource] = []
     token = _collected.set(_Collection(sources, tuple(ids)))
     try:
