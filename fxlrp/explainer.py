@@ -414,7 +414,7 @@ def _backward(
     """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
     inputs, the intermediate nodes and the embedding lookups, per target. ``gradient``: in the
     gradient form (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
-    with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as sources,
+    with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
           reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
         try:
@@ -430,9 +430,16 @@ def _backward(
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
             )
         intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
-        looked_up = [_looked_up(leaf, sources) for leaf in leaves]
+        looked_up = [_looked_up(leaf, lookups.sources) for leaf in leaves]
         wanted = explained_leaves + [value for value in intermediate if value is not None]
         wanted += [source.edge for found in looked_up for source in found]
+        if not wanted and lookups.of_reordered_ids():
+            raise ValueError(
+                "none of the inputs can receive relevance: the model looks up a copy of the token ids it is "
+                "given, in another order or shape (XLNet transposes them), so the relevance of the lookup "
+                "cannot be handed back per token of your ids. Explain the embeddings instead: pass "
+                "inputs_embeds=model.get_input_embeddings()(ids) in the place of the ids"
+            )
         if not wanted:
             raise ValueError(
                 "none of the inputs can receive relevance: give the floating-point input to explain (an "

@@ -198,8 +198,25 @@ def test_inputs_that_cannot_receive_relevance_are_named() -> None:
         def forward(self, ids):
             return (ids * 2).to(torch.float64)
 
-    with pytest.raises(ValueError, match="none of the inputs can receive relevance"):
+    with pytest.raises(ValueError, match="none of the inputs can receive relevance: give the floating-point"):
         fxlrp.attribute(fxlrp.convert(Counter(), strict=False), torch.tensor([[1, 2]]))
+
+
+def _transposed_copy(self, ids):
+    return self.tokens(ids.t().contiguous()).transpose(0, 1)  # (XLNet: its ids length-first)
+
+
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_a_lookup_of_a_reordered_copy_of_the_ids_names_the_copy_and_the_way_out(capture: str) -> None:
+    """A model that looks up a copy of its ids in another order (XLNet transposes them) had its
+    lookup matched to no input: the error said to pass token ids the model looks up, which it
+    does. It names the copy now, and says to pass the embeddings instead."""
+    torch.manual_seed(1)
+    model = TokenModel(_transposed_copy).double().eval()
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    with pytest.raises(ValueError, match="looks up a copy of the token ids it is given, in another order") as error:
+        fxlrp.attribute(explain, ids_batch(), target=2)
+    assert "inputs_embeds" in str(error.value)
 
 
 def test_a_contrastive_target_is_the_difference_of_two_explanations() -> None:

@@ -34,16 +34,26 @@ class RelevanceSource:
 
 
 @dataclass(frozen=True)
-class _Collection:
-    sources: list[RelevanceSource]
+class Lookups:
+    """The embedding lookups of a run: the relevance sources, and the indices of the others."""
+
     ids: tuple[Tensor, ...]
+    sources: list[RelevanceSource]
+    other_indices: list[Tensor]
+
+    def of_reordered_ids(self) -> bool:
+        """Whether some lookup that is no source looked up the explained ids in another order or
+        shape: a copy the model made of them (XLNet transposes its ids), not a view."""
+        return any(indices.numel() == ids.numel() and indices.dtype == ids.dtype and torch.equal(
+            indices.flatten().sort().values, ids.flatten().sort().values)
+            for indices in self.other_indices for ids in self.ids)
 
 
-_collected: ContextVar[_Collection | None] = ContextVar("fxlrp_relevance_sources", default=None)
+_collected: ContextVar[Lookups | None] = ContextVar("fxlrp_relevance_sources", default=None)
 
 
 @contextmanager
-def sources_collected(ids: Sequence[Tensor]) -> Iterator[list[RelevanceSource]]:
+def sources_collected(ids: Sequence[Tensor]) -> Iterator[Lookups]:
     """Record the relevance sources made while the block runs, in the order they are made: the
     lookups of the explained token ``ids`` (or of views of them, :func:`same_values`). Other
     lookups - of positions (RoFormer's sinusoidal table, BERT's learned one), of token types the
@@ -53,10 +63,10 @@ def sources_collected(ids: Sequence[Tensor]) -> Iterator[list[RelevanceSource]]:
     (The explainer called by itself keeps every lookup a leaf: its outputs are then the model's
     own with gradients on, bit for bit, where kernels are chosen by whether a lookup requires
     gradients - T5's attention, whose position bias is one.)"""
-    sources: list[RelevanceSource] = []
-    token = _collected.set(_Collection(sources, tuple(ids)))
+    lookups = Lookups(tuple(ids), [], [])
+    token = _collected.set(lookups)
     try:
-        yield sources
+        yield lookups
     finally:
         _collected.reset(token)
 
@@ -67,12 +77,13 @@ def relevance_source(indices: Tensor, embedding: Tensor) -> Tensor:
     ``indices``."""
     if not torch.is_grad_enabled() or embedding.requires_grad or not embedding.is_floating_point():
         return embedding
-    collection = _collected.get()
-    if collection is not None and not any(same_values(indices, ids) for ids in collection.ids):
+    lookups = _collected.get()
+    if lookups is not None and not any(same_values(indices, ids) for ids in lookups.ids):
+        lookups.other_indices.append(indices)
         return embedding
     leaf = embedding.detach().requires_grad_()
-    if collection is not None:
-        collection.sources.append(RelevanceSource(indices, get_gradient_edge(leaf), leaf.detach()))
+    if lookups is not None:
+        lookups.sources.append(RelevanceSource(indices, get_gradient_edge(leaf), leaf.detach()))
     return leaf
 
 
