@@ -433,12 +433,12 @@ def _backward(
         looked_up = [_looked_up(leaf, lookups.sources) for leaf in leaves]
         wanted = explained_leaves + [value for value in intermediate if value is not None]
         wanted += [source.edge for found in looked_up for source in found]
-        if not wanted and lookups.of_reordered_ids():
+        if not wanted and lookups.of_copied_ids():
             raise ValueError(
-                "none of the inputs can receive relevance: the model looks up a copy of the token ids it is "
-                "given, in another order or shape (XLNet transposes them), so the relevance of the lookup "
-                "cannot be handed back per token of your ids. Explain the embeddings instead: pass "
-                "inputs_embeds=model.get_input_embeddings()(ids) in the place of the ids"
+                "none of the inputs can receive relevance: the model looks up a copy it makes of the token ids "
+                "it is given (reordered or padded: XLNet transposes them, Longformer pads them), so the "
+                "relevance of the lookup cannot be handed back per token of your ids. Explain the embeddings "
+                "instead: pass inputs_embeds=model.get_input_embeddings()(ids) in the place of the ids"
             )
         if not wanted:
             raise ValueError(

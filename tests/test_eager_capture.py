@@ -756,3 +756,34 @@ def test_transposes_read_as_properties_in_eager_code() -> None:
     for _ in range(3):
         assert torch.equal(explain(x), model(x))
         assert relative_error(fxlrp.attribute(explain, x, target=0), expected) < 1e-12
+
+
+class SlidingWindows(nn.Module):
+    """Overlapping windows of a sequence made by ``as_strided`` (Longformer's and LED's local
+    attention chunks its sequence so), each window summed; eagerly or captured."""
+
+    def __init__(self, spelling: str) -> None:
+        super().__init__()
+        self.spelling, self.layer, self.head = spelling, nn.Linear(3, 3), nn.Linear(3, 2)
+
+    def forward(self, x):  # x: (batch, 6, 3)
+        hidden = torch.relu(self.layer(x)).contiguous()
+        size, stride = (hidden.shape[0], 2, 4, 3), (18, 6, 3, 1)  # 2 windows of 4 steps, half overlapping
+        windows = hidden.as_strided(size, stride) if self.spelling == "method" else torch.as_strided(
+            hidden, size, stride)
+        return self.head(windows.sum(2)).sum(1)
+
+
+@pytest.mark.parametrize("spelling", ["method", "function"])
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_overlapping_windows_made_by_as_strided_route_relevance_to_each_value(capture: str, spelling: str) -> None:
+    """``as_strided`` had no rule (Longformer and LED were refused): it is a view, whose values may
+    repeat, and its gradient adds up what reaches each value, as for any gather. Three calls
+    against gradient x input (LRP-0)."""
+    torch.manual_seed(0)
+    model, x = SlidingWindows(spelling).double(), torch.randn(2, 6, 3, dtype=torch.float64)
+    explain = fxlrp.convert(model, LRP0, capture=capture)
+    [expected] = gradient_times_input(model, [x], lambda output: output, onehot_relevance)
+    for _ in range(3):
+        assert torch.equal(explain(x), model(x))
+        assert relative_error(fxlrp.attribute(explain, x, target=0), expected) < 1e-12

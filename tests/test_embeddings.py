@@ -202,19 +202,22 @@ def test_inputs_that_cannot_receive_relevance_are_named() -> None:
         fxlrp.attribute(fxlrp.convert(Counter(), strict=False), torch.tensor([[1, 2]]))
 
 
-def _transposed_copy(self, ids):
-    return self.tokens(ids.t().contiguous()).transpose(0, 1)  # (XLNet: its ids length-first)
+COPIES = {
+    "transposed": lambda self, ids: self.tokens(ids.t().contiguous()).transpose(0, 1),  # (XLNet: length first)
+    "padded": lambda self, ids: self.tokens(F.pad(ids, (0, 3)))[:, :ids.shape[1]],  # (Longformer: to its window)
+}
 
 
 @pytest.mark.parametrize("capture", ["auto", "eager"])
-def test_a_lookup_of_a_reordered_copy_of_the_ids_names_the_copy_and_the_way_out(capture: str) -> None:
-    """A model that looks up a copy of its ids in another order (XLNet transposes them) had its
-    lookup matched to no input: the error said to pass token ids the model looks up, which it
-    does. It names the copy now, and says to pass the embeddings instead."""
+@pytest.mark.parametrize("copy", list(COPIES))
+def test_a_lookup_of_a_copy_of_the_ids_names_the_copy_and_the_way_out(copy: str, capture: str) -> None:
+    """A model that looks up a copy it makes of its ids (XLNet transposes them, Longformer pads
+    them) had its lookup matched to no input: the error said to pass token ids the model looks
+    up, which it does. It names the copy now, and says to pass the embeddings instead."""
     torch.manual_seed(1)
-    model = TokenModel(_transposed_copy).double().eval()
+    model = TokenModel(COPIES[copy]).double().eval()
     explain = fxlrp.convert(model, LRP0, capture=capture)
-    with pytest.raises(ValueError, match="looks up a copy of the token ids it is given, in another order") as error:
+    with pytest.raises(ValueError, match="looks up a copy it makes of the token ids it is given") as error:
         fxlrp.attribute(explain, ids_batch(), target=2)
     assert "inputs_embeds" in str(error.value)
 

@@ -35,6 +35,7 @@ VIEW_METHODS = (
     "unbind", "flip", "roll", "unfold", "to", "type", "type_as", "float", "double", "half",
     "bfloat16", "cpu", "cuda", "detach", "masked_fill", "tril", "triu", "diagonal",
     "__getitem__", "scatter", "index_put", "index_fill", "index_copy", "masked_scatter", "broadcast_to",
+    "as_strided",
     # transposes read as properties (a graph reads them by ``getattr``)
     "T", "mT", "H", "mH",
 )
@@ -50,7 +51,7 @@ VIEW_FUNCTIONS = (
     F.pad, F.one_hot, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
     operator.getitem, operator.setitem, builtins.getattr, written_through_view, view_of_written,
     copied, filled, zeroed, items_set, diagonal_filled, torch.index_copy, torch.masked_scatter,
-    torch.view_as_real, torch.view_as_complex, torch.complex,
+    torch.view_as_real, torch.view_as_complex, torch.complex, torch.as_strided,
 )
 VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
                 nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,

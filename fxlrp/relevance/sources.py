@@ -41,12 +41,13 @@ class Lookups:
     sources: list[RelevanceSource]
     other_indices: list[Tensor]
 
-    def of_reordered_ids(self) -> bool:
-        """Whether some lookup that is no source looked up the explained ids in another order or
-        shape: a copy the model made of them (XLNet transposes its ids), not a view."""
-        return any(indices.numel() == ids.numel() and indices.dtype == ids.dtype and torch.equal(
-            indices.flatten().sort().values, ids.flatten().sort().values)
-            for indices in self.other_indices for ids in self.ids)
+    def of_copied_ids(self) -> bool:
+        """Whether some lookup that is no source looked up a copy the model made of the explained
+        ids, not a view of them: all of their values among its indices (XLNet transposes its ids,
+        Longformer pads them to a multiple of its attention window)."""
+        return any(indices.dtype == ids.dtype and indices.numel() >= ids.numel()
+                   and bool(torch.isin(ids, indices).all())
+                   for indices in self.other_indices for ids in self.ids)
 
 
 _collected: ContextVar[Lookups | None] = ContextVar("fxlrp_relevance_sources", default=None)
