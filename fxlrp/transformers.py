@@ -135,11 +135,12 @@ CHUNKED_SCAN_FAMILIES = ("mamba2", "bamba", "falcon_h1", "granitemoehybrid", "ne
 
 
 def _scan_of_input(call: RelevanceCall, function: Callable[..., Any], hidden_states: Tensor,
-                   selective: tuple[Any, ...], *args: Any, state_flag: str, **kwargs: Any) -> Any:
+                   selective: tuple[Any, ...], *args: Any, state_flag: str, **kwargs: Any) -> tuple[Tensor, Any]:
     """``function(hidden_states, *selective, *args, **kwargs)`` with the selective parameters
     held constant: a linear map of ``hidden_states`` without bias, under the node's rule (the
     z-rule by default: ``R_u = u * J^T (R / y)``, conserving). ``state_flag``: the keyword that
-    asks the scan for its last state as well, which it is then given without relevance."""
+    asks the scan for its last state as well; returned (without relevance) where the call asked
+    for it, else None."""
     selective = tuple(value.detach() if isinstance(value, Tensor) else value for value in selective)
     wants_state = kwargs.pop(state_flag, False)
     states: list[Tensor] = []
@@ -150,7 +151,12 @@ def _scan_of_input(call: RelevanceCall, function: Callable[..., Any], hidden_sta
         return output
 
     output = call.affine(call.layer(scan), hidden_states)
-    return (output, states[-1]) if wants_state else output
+    return output, states[-1] if wants_state else None
+
+
+def _as_called(output: Tensor, state: Any) -> Any:
+    """The scan's result as its caller asked for it: the output, with the last state if asked."""
+    return output if state is None else (output, state)
 
 
 def selective_scan(call: RelevanceCall, function: Callable[..., Any], hidden_states: Tensor, dt: Tensor, A: Tensor,
@@ -166,13 +172,11 @@ def selective_scan(call: RelevanceCall, function: Callable[..., Any], hidden_sta
     registry's rules for ``silu`` and ``mul`` under the composite (AttnLRP: the identity rule and
     ``R / 2`` to each factor, MambaLRP's gating rule; CP-LRP: the gate is a constant).
     """
-    scanned = _scan_of_input(call, function, hidden_states, (dt, A, B, C), D, None, *args,
-                             state_flag="return_last_state", **kwargs)
-    if z is None:
-        return scanned
-    output, state = scanned if isinstance(scanned, tuple) else (scanned, None)
-    output = interpret(call, _gated, output, z)
-    return output if state is None else (output, state)
+    output, state = _scan_of_input(call, function, hidden_states, (dt, A, B, C), D, None, *args,
+                                   state_flag="return_last_state", **kwargs)
+    if z is not None:
+        output = interpret(call, _gated, output, z)
+    return _as_called(output, state)
 
 
 def _gated(output: Tensor, z: Tensor) -> Tensor:
@@ -201,8 +205,8 @@ def chunked_selective_scan(call: RelevanceCall, function: Callable[..., Any], hi
     ``C`` are held constant, and what remains is a linear map of ``x`` without bias, under the
     node's rule (the z-rule by default). The gate, a separate gated RMSNorm in these models
     (``norm(y * silu(z))``), is explained by the registry's rules for its operations."""
-    return _scan_of_input(call, function, hidden_states, (dt, A, B, C), *args,
-                          state_flag="return_final_states", **kwargs)
+    return _as_called(*_scan_of_input(call, function, hidden_states, (dt, A, B, C), *args,
+                                      state_flag="return_final_states", **kwargs))
 
 
 CHUNKED_SELECTIVE_SCAN = register(

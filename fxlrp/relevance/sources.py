@@ -44,9 +44,10 @@ class Lookups:
     def of_copied_ids(self) -> bool:
         """Whether some lookup that is no source looked up a copy the model made of the explained
         ids, not a view of them: all of their values among its indices (XLNet transposes its ids,
-        Longformer pads them to a multiple of its attention window)."""
+        Longformer pads them to a multiple of its attention window). An integer input of two
+        values at most (a padding mask of 0 and 1, found among any positions) is not taken for ids."""
         return any(indices.dtype == ids.dtype and indices.numel() >= ids.numel()
-                   and bool(torch.isin(ids, indices).all())
+                   and ids.unique().numel() > 2 and bool(torch.isin(ids, indices).all())
                    for indices in self.other_indices for ids in self.ids)
 
 
