@@ -170,3 +170,33 @@ def test_a_complex_rotary_embedding_is_explained_as_its_real_form(eager: bool, e
     expected = fxlrp.attribute(reference, x, target=1)
     for _ in range(3):  # (run eagerly: the second call records, the third replays)
         assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
+
+
+class ComplexSum(nn.Module):
+    """Two complex tensors added (``as_complex=True``), or the same sum on their real pairs."""
+
+    def __init__(self, as_complex: bool) -> None:
+        super().__init__()
+        self.as_complex = as_complex
+        self.first, self.second, self.out = nn.Linear(6, 8), nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        a, b = self.first(x).reshape(-1, 4, 2), self.second(x).reshape(-1, 4, 2)
+        if self.as_complex:
+            return self.out(torch.view_as_real(torch.view_as_complex(a) + torch.view_as_complex(b)).flatten(-2))
+        return self.out((a + b).flatten(-2))
+
+
+def test_other_operations_on_complex_numbers_are_refused_where_their_rule_would_divide() -> None:
+    """Rules divide relevance by values; for complex values that mixes their two parts (a sum of
+    two complex tensors under the z-rule: 107% other relevance than the same sum on real pairs).
+    With epsilon > 0 such an operation is refused, naming the way out; with epsilon 0 its
+    relevance is the modified gradient, which equals the real form's."""
+    torch.manual_seed(0)
+    complex_model, real_model = ComplexSum(as_complex=True).double(), ComplexSum(as_complex=False).double()
+    real_model.load_state_dict(complex_model.state_dict())
+    x = torch.randn(5, 6, dtype=torch.float64)
+    with pytest.raises(fxlrp.UnsupportedOperationError, match="on complex numbers"):
+        fxlrp.attribute(fxlrp.convert(complex_model, AttnLRP(1e-6)), x, target=1)
+    expected = fxlrp.attribute(fxlrp.convert(real_model, AttnLRP(0.0)), x, target=1)
+    assert relative_error(fxlrp.attribute(fxlrp.convert(complex_model, AttnLRP(0.0)), x, target=1), expected) < 1e-12

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.relevance.form import IdentityRuleGradient, gradient_form_active, scaled_gradient
-from fxlrp.relevance.rule_function import carries_relevance, storage_identity
+from fxlrp.relevance.rule_function import carries_relevance, refuse_complex_relevance, storage_identity
 from fxlrp.relevance.terms import shared_equally
 
 
@@ -61,6 +61,7 @@ def apply_pass(
     gradient = gradient_form_active()
     if gradient and linear and len(carrying) == 1 and sum(map(carries_relevance, inputs)) == 1:
         return function(*inputs)  # the one relevance-carrying input takes its gradient unchanged
+    refuse_complex_relevance(inputs)
     shares = tuple(1.0 / len(carrying) if i in carrying else 0.0 for i in range(len(inputs)))
     if gradient:
         if not linear:

