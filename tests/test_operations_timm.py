@@ -69,6 +69,16 @@ def interpolation(mode: str, align_corners: bool) -> Callable[..., Tensor]:
     return spelling
 
 
+def sampling(**settings: object) -> Callable[..., Tensor]:
+    def spelling(m, x):
+        return F.grid_sample(x, m.grid, **settings)
+
+    return spelling
+
+
+SAMPLING_GRID = 2.4 * torch.rand(2, 3, 6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) - 1.2
+VOLUME_GRID = 1.2 * torch.rand(1, 2, 3, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) - 0.6
+
 POWERS = [
     Case("pow operator", lambda m, x: x ** 2, ((3, 4),), "identity"),
     Case("pow operator odd", lambda m, x: x ** 3, ((3, 4),), "identity"),
@@ -152,6 +162,16 @@ RESAMPLING = [
     Case("UpsamplingNearest2d module", lambda m, x: m.layer(x), ((1, 2, 3, 4),), "routed",
          modules=layer(lambda: nn.UpsamplingNearest2d(size=(5, 7)))),
     Case("F.upsample_nearest", lambda m, x: F.upsample_nearest(x, scale_factor=2), ((1, 2, 3, 4),), "routed"),
+    # grid_sample at fixed positions (some outside the input: zero padding, border, reflection)
+    *(
+        Case(f"grid_sample {mode} {padding} align_corners={corners}",
+             sampling(mode=mode, padding_mode=padding, align_corners=corners), ((2, 3, 4, 5),),
+             "routed" if mode == "nearest" else "rule", buffers={"grid": SAMPLING_GRID})
+        for mode, padding, corners in (("bilinear", "zeros", False), ("bilinear", "border", True),
+                                       ("bicubic", "reflection", False), ("nearest", "zeros", True))
+    ),
+    Case("grid_sample default mode 3d", lambda m, x: F.grid_sample(x, m.grid, align_corners=False),
+         ((1, 2, 3, 4, 5),), "rule", buffers={"grid": VOLUME_GRID}),
 ]
 
 PATCHES = [
@@ -226,6 +246,43 @@ def test_resampling_conserves_relevance(case: Case) -> None:
     relevance = torch.randn(output.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     (actual,) = explained_relevance(fxlrp.convert(model), inputs, relevance)
     assert abs(actual.sum().item() - relevance.sum().item()) < 1e-10 * relevance.abs().sum().item()
+
+
+class DeformableSampling(nn.Module):
+    """Deformable attention's sampling: positions computed from the input (a pooled query's
+    offsets around a base grid), values sampled there and weighted."""
+
+    def __init__(self, positions_detached: bool = False) -> None:
+        super().__init__()
+        self.offsets, self.values, self.weights = nn.Linear(3, 8), nn.Conv2d(3, 3, 1), nn.Parameter(torch.randn(4))
+        self.positions_detached = positions_detached
+
+    def forward(self, x: Tensor) -> Tensor:
+        query = x.mean((2, 3))
+        grid = torch.tanh(self.offsets(query)).view(-1, 1, 4, 2) + torch.linspace(-0.5, 0.5, 8).view(1, 1, 4, 2)
+        grid = grid.detach() if self.positions_detached else grid
+        sampled = F.grid_sample(self.values(x), grid, align_corners=False)  # [batch, 3, 1, 4]
+        return (sampled * self.weights).sum(-1).flatten(1)
+
+
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_grid_sample_positions_are_held_constant(capture: str) -> None:
+    """The sampling positions, computed from the relevance-carrying input, receive no relevance:
+    LRP-0 equals gradient x input of the model whose positions are detached (which differs from
+    the model's own gradient x input), for the first call, the recording and the replay."""
+    torch.manual_seed(0)
+    model = DeformableSampling().double().eval()
+    reference_model = DeformableSampling(positions_detached=True).double().eval()
+    reference_model.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    leaf = x.clone().requires_grad_()
+    (gradient,) = torch.autograd.grad(reference_model(leaf)[:, 1].sum(), leaf)
+    (own_gradient,) = torch.autograd.grad(model(leaf)[:, 1].sum(), leaf)
+    assert relative_error(x * own_gradient, x * gradient) > 1e-3  # the positions matter to the gradient
+    explain = fxlrp.convert(model, Epsilon(0.0), capture=capture)
+    for _ in range(3):
+        relevance = fxlrp.attribute(explain, x, target=1)
+        assert relative_error(relevance, x * gradient) < TOLERANCE
 
 
 def test_nearest_upsampling_keeps_relevance_of_zero_values() -> None:

@@ -1,4 +1,4 @@
-"""Resampling: ``F.interpolate`` and ``nn.Upsample`` in every mode.
+"""Resampling: ``F.interpolate`` and ``nn.Upsample`` in every mode, ``F.grid_sample``.
 
 Every mode is a fixed linear map of the input, ``z_k = sum_j a_kj x_j`` with interpolation
 weights ``a`` (nearest, linear, bilinear, bicubic, trilinear, area; ``align_corners`` either way;
@@ -16,6 +16,14 @@ antialiased downsampling). Two cases:
   .. math:: R_j = \\sum_k \\frac{x_j a_{kj}}{z_k} R_k
 
   which conserves relevance (bicubic weights may be negative: shares may then exceed ``R_k``).
+
+``F.grid_sample(input, grid)`` (deformable attention: Deformable DETR, RT-DETR, Mask2Former's pixel
+decoder) samples ``input`` at the positions ``grid`` gives, which the model computes from its
+queries. The positions are held constant, as a gate's values or MambaLRP's selective parameters
+are: they say where to read, not what is read, and receive no relevance (the queries' relevance
+comes through the attention weights the sampled values are multiplied by). For a fixed grid the
+sampling is a linear map of ``input`` in every mode and padding mode, explained as above: nearest
+natively, bilinear and bicubic by the node's rule (the z-rule by default).
 """
 
 from __future__ import annotations
@@ -37,19 +45,26 @@ _FIXED_MODE = {F.upsample_nearest: "nearest", F.upsample_bilinear: "bilinear"}
 
 
 def mode_of(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The interpolation mode of a call of ``F.interpolate`` or one of its aliases."""
+    """The interpolation mode of a call (all its arguments) of ``F.interpolate``, one of its
+    aliases or ``F.grid_sample``."""
     if function in _FIXED_MODE:
         return _FIXED_MODE[function]
-    arguments = inspect.signature(function).bind(None, *args, **kwargs).arguments
-    return arguments.get("mode", "nearest")
+    signature = inspect.signature(function)
+    return signature.bind(*args, **kwargs).arguments.get("mode", signature.parameters["mode"].default)
 
 
 def resample(call: RelevanceCall, function: Callable[..., Tensor], input: Any, *args: Any, **kwargs: Any) -> Tensor:
     """Nearest modes natively (relevance routed to the copied value); the others by the node's
     rule (the z-rule by default)."""
-    if mode_of(function, args, kwargs) in COPYING_MODES:
+    if mode_of(function, (input, *args), kwargs) in COPYING_MODES:
         return function(input, *args, **kwargs)
     return affine(call, function, input, *args, **kwargs)
+
+
+def sample(call: RelevanceCall, function: Callable[..., Tensor], input: Any, grid: Tensor, *args: Any,
+           **kwargs: Any) -> Tensor:
+    """``grid_sample`` with its sampling positions held constant: a linear map of ``input``."""
+    return resample(call, function, input, grid.detach(), *args, **kwargs)
 
 
 def upsample_module(module: nn.Upsample, parameters: dict[str, Any]) -> tuple[Callable[..., Tensor], dict[str, Any]]:
@@ -73,5 +88,17 @@ register(
         default_rule=proportional,
         description="interpolation, a linear map: z-rule (linear, bilinear, bicubic, trilinear, area); "
         "nearest modes copy values, native backward routes relevance to the source",
+    )
+)
+register(
+    Operation(
+        "grid_sample",
+        Kind.AFFINE,
+        functions=(F.grid_sample,),
+        relevance=sample,
+        default_rule=proportional,
+        index_arguments=(1,),
+        description="sampling at given positions, held constant: a linear map of the input, z-rule (bilinear, "
+        "bicubic); nearest copies values, native backward routes relevance to the source",
     )
 )
