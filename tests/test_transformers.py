@@ -1,21 +1,23 @@
 """Hugging Face transformers models (transformers 5) explained with AttnLRP(epsilon=0).
 
-For each of 17 architectures of the issue's list (``CASES``) and 33 more families
+For each of 17 architectures of the issue's list (``CASES``) and 35 more families
 (``MORE_CASES``: Mistral, Phi, GPT-NeoX, OPT, GPT-J, Gemma 2, Mixtral, Qwen2-MoE, ALBERT, DeBERTa-v2,
-BART, BEiT, DINOv2, Swin, ConvNeXt, RoFormer, Llama 4, FalconMamba, ...), a tiny configuration with random
-weights (nothing from a hub): conversion (strict where fxlrp has a rule for every operation), the
-explainer's outputs equal to the model's, finite relevance, and the relevance equal to an independent reference: LXT's
-Gradient x Input formulation of AttnLRP, built here without fxlrp. The model runs under a
+BART, BEiT, DINOv2, Swin, ConvNeXt, RoFormer, Llama 4, FalconMamba, ConvBERT, RT-DETR, ...), a tiny
+configuration with random weights (nothing from a hub): conversion (strict where fxlrp has a rule for
+every operation), the explainer's outputs equal to the model's, finite relevance, and the relevance
+equal to an independent reference: LXT's Gradient x Input formulation of AttnLRP, built here without
+fxlrp. The model runs under a
 ``TorchFunctionMode`` of this file that changes the backward pass the way LXT's efficient mode
 does (see tests/test_transformer_composites.py), on plain autograd:
 
 - a product of two input-dependent tensors (``q k^T``, attention times values, ``a * b``)
   divides its gradient by 2: each factor receives half (the uniform rule);
-- an activation (``F.gelu``, ``F.silu``, ``tanh``, a power by a constant, transformers'
+- an activation (``F.gelu``, ``F.silu``, ``tanh``, ``sigmoid``, a power by a constant, transformers'
   activation modules as a whole) scales its gradient by ``act(x) / x``: the identity rule;
 - LayerNorm, GroupNorm, RMSNorm, norms, ``sqrt``, ``rsqrt``, variances and the denominator of a
   quotient are constants (detached): the identity rule on ``sigma``;
 - ``F.scaled_dot_product_attention`` is written out: ``softmax(q k^T * scale + mask) v``;
+- ``F.grid_sample`` (deformable attention) samples at positions held constant (detached);
 - everything else - linear layers, convolutions, sums, the softmax - keeps its gradient
   (epsilon 0 on an affine map is gradient x input).
 
@@ -206,22 +208,27 @@ def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     return beta * input + alpha * _product(torch.bmm, [batch1, batch2], (batch1, batch2), {})
 
 
+def _grid_sample(input, grid, *settings, **kwargs):
+    return F.grid_sample(input, grid.detach(), *settings, **kwargs)
+
+
 def _einsum(equation, *operands):
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     return _product(torch.einsum, list(operands), (equation, *operands), {})
 
 
-ACTIVATIONS = (F.gelu, F.silu, F.tanh, torch.tanh, Tensor.tanh, F.elu, F.softplus, F.mish)
+ACTIVATIONS = (F.gelu, F.silu, F.tanh, torch.tanh, Tensor.tanh, F.elu, F.softplus, F.mish,
+               torch.sigmoid, Tensor.sigmoid, F.sigmoid)  # a sigmoid gating a product is not covered
 POWERS = (torch.pow, Tensor.pow, Tensor.__pow__, torch.square, Tensor.square)
-PRODUCTS = (torch.mul, Tensor.mul, Tensor.__mul__, Tensor.__rmul__, torch.matmul, Tensor.matmul,
-            Tensor.__matmul__, torch.bmm, Tensor.bmm, torch.mm, Tensor.mm)
+PRODUCTS = (torch.mul, torch.multiply, Tensor.mul, Tensor.multiply, Tensor.__mul__, Tensor.__rmul__, torch.matmul,
+            Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm, torch.mm, Tensor.mm)
 CONSTANTS = (torch.sqrt, Tensor.sqrt, torch.rsqrt, Tensor.rsqrt, torch.var, Tensor.var, torch.std, Tensor.std,
              torch.norm, Tensor.norm, torch.linalg.vector_norm)
 QUOTIENTS = (torch.div, Tensor.div, Tensor.__truediv__, Tensor.div_, Tensor.__itruediv__)
 DECOMPOSED = {F.layer_norm: _layer_norm, F.group_norm: _group_norm, F.rms_norm: _rms_norm, F.normalize: _normalize,
               F.scaled_dot_product_attention: _attention, torch.einsum: _einsum,
-              torch.baddbmm: _baddbmm, Tensor.baddbmm: _baddbmm}
+              torch.baddbmm: _baddbmm, Tensor.baddbmm: _baddbmm, F.grid_sample: _grid_sample}
 ACTIVATION_MODULES = tuple(getattr(activations, name) for name in (
     "NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation", "QuickGELUActivation", "GELUActivation",
     "GELUTanh", "MishActivation") if hasattr(activations, name)) + (modeling_bloom.BloomGelu,)
@@ -263,7 +270,7 @@ class GradientTimesInput(TorchFunctionMode):
             return _constant(function, args, kwargs)
         if function in QUOTIENTS:
             return _quotient(function, args, kwargs)
-        if function in (torch.exp, Tensor.exp, torch.sigmoid, Tensor.sigmoid, F.sigmoid, torch.log, Tensor.log):
+        if function in (torch.exp, Tensor.exp, torch.log, Tensor.log):
             self.unknown.add(getattr(function, "__name__", str(function)))
         return function(*args, **kwargs)
 
@@ -660,6 +667,19 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
     "ConvNextForImageClassification": Case(
         _built("ConvNextForImageClassification", "ConvNextConfig", num_stages=2, hidden_sizes=[8, 16],
                depths=[1, 1], num_labels=3), lambda: (_floats(2, 3, 32, 32),), _logits),
+    "ConvBertForSequenceClassification": Case(  # dynamic convolution: unfold, a softmax kernel, torch.multiply
+        _built("ConvBertForSequenceClassification", "ConvBertConfig", vocab_size=VOCABULARY, **SMALL,
+               embedding_size=16, conv_kernel_size=3, max_position_embeddings=64, num_labels=3),
+        lambda: (_ids(),), _logits, replays=False),  # its padding warning reads the ids
+    "RTDetrForObjectDetection": Case(  # deformable attention (grid_sample) over a ResNet's feature maps
+        _built("RTDetrForObjectDetection", "RTDetrConfig", backbone_config=transformers.RTDetrResNetConfig(
+            embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], layer_type="basic",
+            out_features=["stage2", "stage3", "stage4"]), encoder_in_channels=[16, 16, 32],
+            decoder_in_channels=[16, 16, 16], encoder_hidden_dim=16, d_model=16, encoder_ffn_dim=32,
+            decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2, decoder_layers=1,
+            decoder_n_points=2, num_queries=5, num_labels=3),
+        lambda: (_floats(2, 3, 32, 32),), lambda output: output.logits[:, 0],  # the first query's classes
+        replays=False),  # its position embeddings and anchors come from an lru_cache: made by an earlier call
     "EsmForSequenceClassification": Case(  # rotary positions, its own erf GeLU function
         _built("EsmForSequenceClassification", "EsmConfig", vocab_size=VOCABULARY, **SMALL, pad_token_id=1,
                mask_token_id=2, position_embedding_type="rotary", max_position_embeddings=64, num_labels=3),
