@@ -92,6 +92,14 @@ GRADIENTS_OFF = "fxlrp_gradients_off"
 torch.no_grad():``) while they were on around it."""
 
 
+def canonicalise(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[str]:
+    """The canonical form of a captured or recorded graph, in place: values read into a block run
+    with gradients off are detached, in-place operations are out of place. Returns the names of
+    call_module nodes whose module runs in place (the rewrite gives them an out-of-place copy)."""
+    cut_where_gradients_were_off(graph)
+    return canonicalise_in_place(graph, modules)
+
+
 def cut_where_gradients_were_off(graph: fx.Graph) -> None:
     """Calls the model's code made with gradients off read the values from outside that block
     through ``detach``: neither a torch.fx graph nor a recording keeps the grad mode, and relevance,

@@ -11,7 +11,7 @@ from torch import fx, nn
 
 import fxlrp.eager  # noqa: F401  (registers the parts run eagerly)
 import fxlrp.operations  # noqa: F401  (registers the operations)
-from fxlrp.canonicalise import canonicalise_in_place, cut_where_gradients_were_off
+from fxlrp.canonicalise import canonicalise
 from fxlrp.capture import capture as capture_model
 from fxlrp.composites import Composite, as_composite
 from fxlrp.explainer import Explainer
@@ -93,8 +93,7 @@ def convert(
     captured = capture_model(model, _is_explained_module, all_scatter_functions(), concrete_args, capture)
     graph = captured.graph
     original = dict(model.named_modules())
-    cut_where_gradients_were_off(graph)
-    in_place_modules = canonicalise_in_place(graph, original)
+    in_place_modules = canonicalise(graph, original)
     called = _called_modules(graph)
     modules = fold_batch_norms(graph, original) if fold_batch_norm else original
     # Folded BatchNorms left the graph; the layers they went into became copies with new tensors.

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 
 from fxlrp.call import RelevanceCall
-from fxlrp.canonicalise import canonicalise_in_place, cut_where_gradients_were_off
+from fxlrp.canonicalise import canonicalise
 from fxlrp.capture import RelevanceTracer, call_beyond_forward, first_line
 from fxlrp.interpret import LayerRunner, intercepted_functions
 from fxlrp.record import CONSTANT_TYPES, Recording, record
@@ -160,8 +160,7 @@ def _recorded(call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dic
                        runner, args, kwargs)
     graph, root = recording.graph, recording.root
     modules = dict(root.named_modules())
-    cut_where_gradients_were_off(graph)
-    in_place_modules = canonicalise_in_place(graph, modules)
+    in_place_modules = canonicalise(graph, modules)
     carrying_inputs = {
         node.name: leaf.requires_grad
         for node, leaf in zip(graph.find_nodes(op="placeholder"),
