@@ -30,7 +30,7 @@ from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import canonicalise
 from fxlrp.capture import RelevanceTracer, call_beyond_forward, first_line
 from fxlrp.interpret import LayerRunner, intercepted_functions
-from fxlrp.record import CONSTANT_TYPES, Recording, record
+from fxlrp.record import CONSTANT_TYPES, Recording, RecordingFailed, record
 from fxlrp.registry import REGISTRY
 from fxlrp.relevance.form import gradient_form_active
 from fxlrp.rewrite import Rewriter
@@ -123,7 +123,7 @@ class Recordings:
             # (RecordingFailed: the run depends on more than its signature; UnsupportedOperationError:
             # the relevance mode names or warns about the operation itself)
             with self.lock:
-                self.refused[key] = first_line(refusal)
+                self.refused[key] = _reason(refusal)
                 if len(self.refused) > 4 * KEPT:
                     del self.refused[next(iter(self.refused))]
             return None
@@ -148,6 +148,15 @@ def _leaf_modules() -> Callable[[nn.Module, str], bool]:
         return tracer.is_leaf_module(module, name) and call_beyond_forward(module) is None
 
     return is_leaf
+
+
+def _reason(refusal: Exception) -> str:
+    """Why a signature is not recorded, for the report: a recording's own reason whole, on one line
+    (it ends with the model's file, line and code that caused it, which a cut first line lost);
+    any other error's first line."""
+    if isinstance(refusal, RecordingFailed):
+        return f"{type(refusal).__name__}: " + ": ".join(line.strip() for line in str(refusal).strip().splitlines())
+    return first_line(refusal)
 
 
 def _recorded(call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dict) -> Replay:

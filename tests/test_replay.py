@@ -8,6 +8,8 @@ took on values (an input's, a parameter's) or hand back a stale object.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from conftest import LRP0, gradient_times_input, onehot_relevance, recordings, relative_error
@@ -121,7 +123,12 @@ def test_a_branch_on_values_is_never_recorded() -> None:
     branches, and every call is the relevance mode's (gradient x input under LRP-0)."""
     torch.manual_seed(0)
     recorded = _both_branches_as_gradient_times_input(ValueBranch().double().eval(), offset=0.5)
-    assert not recorded.replays and "reads values of the run" in next(iter(recorded.refused.values()))
+    [reason] = recorded.refused.values()
+    # the whole reason, ending with the model's line: where to look
+    line = inspect.getsourcelines(ValueBranch.forward)[1] + 2
+    assert not recorded.replays and "reads values of the run" in reason
+    assert reason.endswith(f'test_replay.py", line {line}, in forward: if hidden.sum() > 0:'), reason
+    assert reason in str(recorded.summary())
 
     model = ParameterBranch().double().eval()
     explain = fxlrp.convert(model, LRP0)
