@@ -240,13 +240,13 @@ def _explained(call: RelevanceCall, exact: Callable[..., Any], decomposition: Ca
                input: Tensor, states: tuple[Tensor, ...]) -> Any:
     """``exact(input, *states)`` (the native kernel), with relevance through ``decomposition``
     run in backward under the relevance mode."""
-    if not torch.is_grad_enabled() or not any(carries_relevance(value) for value in (input, *states)):
-        with torch.no_grad():  # the kernel may be handed the model's own parameters
-            return exact(input, *states)
-    # The kernel run as the model runs it on these inputs, with gradients on: with them off, the CPU
-    # kernel may take another path that rounds differently (an LSTM in float32 on AVX2: 1 ulp).
+    # The kernel runs as the model runs it on these inputs, in the caller's grad mode (with gradients
+    # off the CPU kernel may take another path that rounds differently: an LSTM in float32 on AVX2,
+    # 1 ulp); its outputs are detached, since it may be handed the model's own parameters.
     result = exact(input, *states)
     result = tuple(output.detach() for output in result) if isinstance(result, tuple) else result.detach()
+    if not torch.is_grad_enabled() or not any(carries_relevance(value) for value in (input, *states)):
+        return result
     return decomposed_in_backward(partial(_given, result), partial(interpret, _inner_call(call), decomposition),
                                   input, *states)
 
