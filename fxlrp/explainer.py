@@ -423,7 +423,7 @@ def _backward(
             else:
                 result, recorded = explain.run_recording(list(nodes), *leaves)
         except (RuntimeError, TypeError) as error:
-            raise no_floating_input_error(inputs, error) from error
+            raise no_floating_input_error(inputs, error, bool(lookups.sources) or lookups.of_copied_ids()) from error
         explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
         if not isinstance(explained, Tensor):
             raise TypeError(

@@ -90,14 +90,16 @@ def _tensors(value: Any) -> list[Tensor]:
     return []
 
 
-def no_floating_input_error(inputs: Tensor | Sequence[Any], error: Exception) -> Exception:
+def no_floating_input_error(inputs: Tensor | Sequence[Any], error: Exception, ids_looked_up: bool) -> Exception:
     """The error for a model that failed on inputs none of which is floating-point (an image as
     ``uint8``, a mask as ``bool``): relevance is explained for floating-point inputs, and the
     model's own message (``Input type (unsigned char) and bias type (float)``) does not say so.
-    Other failures are the model's own and are raised as they are."""
+    Other failures are the model's own and are raised as they are: so are those after the model
+    looked up the inputs in an embedding (``ids_looked_up``): they are token ids, as explained."""
     values = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
     tensors = [value for value in values if isinstance(value, Tensor)]
-    if not tensors or any(value.is_floating_point() or value.is_complex() for value in tensors):
+    if (ids_looked_up or not tensors
+            or any(value.is_floating_point() or value.is_complex() for value in tensors)):
         return error
     dtypes = ", ".join(str(value.dtype) for value in tensors)
     return ValueError(

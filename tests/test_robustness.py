@@ -491,6 +491,32 @@ def test_integer_and_boolean_inputs() -> None:
     assert mask_relevance is None and relative_error(relevance, expected) < 1e-12
 
 
+class NoBackwardHere(nn.Module):
+    """Token ids looked up, then a kernel without a backward on this device (FlexAttention on the
+    CPU refuses inputs that require grad with this kind of message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding, self.head = nn.Embedding(10, 4), nn.Linear(4, 2)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        hidden = self.embedding(ids)
+        if hidden.requires_grad:
+            raise NotImplementedError("this kernel does not support backward on CPU")
+        return self.head(hidden).sum(-2)
+
+
+def test_a_failure_after_token_ids_were_looked_up_is_the_models_own() -> None:
+    """Integer inputs the model looked up are token ids: a later failure is raised as the model's
+    own, not as advice to give the inputs as floats (which a language model's failure got)."""
+    ids = torch.tensor([[1, 2, 3]])
+    for capture in ("auto", "eager"):  # (a branch on requires_grad: not captured by torch.fx)
+        explain = fxlrp.convert(NoBackwardHere(), capture=capture)
+        with pytest.raises(NotImplementedError, match="does not support backward on CPU") as raised:
+            fxlrp.attribute(explain, ids, target=0)
+        assert "as floats" not in str(raised.value)
+
+
 @pytest.mark.parametrize("graph", ["no edges", "isolated node", "one node"])
 def test_graphs_without_edges_isolated_nodes_and_one_node(graph: str) -> None:
     torch.manual_seed(8)
