@@ -110,6 +110,8 @@ def convert(
         partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
                 fold_batch_norm=fold_batch_norm, capture=capture))
     explainer.input_names = tuple(inspect.signature(model.forward).parameters)
+    explainer.input_parameters = tuple(parameter.replace(annotation=inspect.Parameter.empty)  # (kept picklable)
+                                       for parameter in inspect.signature(model.forward).parameters.values())
     if captured.optional_inputs or captured.settings or concrete_args:
         explainer.bind_inputs(inspect.signature(model.forward), captured.optional_inputs, concrete_args or {},
                               captured.settings)

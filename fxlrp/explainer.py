@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -47,9 +47,11 @@ class Explainer(nn.Module):
         """What a conversion sets after making the explainer (:func:`fxlrp.convert`), as it is
         before: ``gradient_form``, whether :func:`attribute` may explain in the gradient form
         (:mod:`fxlrp.relevance.form`); ``input_names``, the names of the model's inputs in order
-        (:func:`attribute` finds a padding mask by its name); the rest, see :meth:`bind_inputs`
-        and :meth:`converted_from`."""
-        return {"gradient_form": False, "input_names": (), "_signature": None, "_optional_inputs": (),
+        (:func:`attribute` finds a padding mask by its name); ``input_parameters``, those inputs'
+        parameters (:func:`attribute` places inputs given by name); the rest, see
+        :meth:`bind_inputs` and :meth:`converted_from`."""
+        return {"gradient_form": False, "input_names": (), "input_parameters": (), "_signature": None,
+                "_optional_inputs": (),
                 "_concrete_args": {}, "_settings": {}, "_traced_for": {}, "_snapshot": None, "_convert_again": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -291,14 +293,16 @@ def _check_target(index: Tensor, target: Any, output: Tensor, given: Tensor | No
                          f"(indices 0 to {classes - 1})")
 
 
-InputRelevance = Tensor | tuple[Tensor | None, ...]
+InputRelevance = Tensor | tuple[Tensor | None, ...] | dict[str, Tensor | None]
 """Relevance of the inputs: a tensor for a tensor input, else one entry per input (None for
-inputs that receive none), as captum returns attributions."""
+inputs that receive none), as captum returns attributions; inputs given by name get a dict."""
+Inputs = Tensor | Sequence[Any] | Mapping[str, Any]
+"""A model's inputs: a tensor, a sequence by position, or a mapping by name (a tokenizer's output)."""
 
 
 def attribute(
     explain: Explainer | nn.Module,
-    inputs: Tensor | Sequence[Any],
+    inputs: Inputs,
     target: Any = None,
     *,
     output: Callable[[Any], Tensor] | None = None,
@@ -307,7 +311,10 @@ def attribute(
 ) -> InputRelevance:
     """Relevance of each input in one call.
 
-    ``inputs``: a tensor or a sequence of inputs. Each floating-point tensor gets its relevance;
+    ``inputs``: a tensor, a sequence of inputs, or a mapping of the model's inputs by name, as a
+    tokenizer returns them (``tokenizer(text, return_tensors="pt")``: ``input_ids``,
+    ``attention_mask``, ...), given to the model at their places in its ``forward`` (the inputs left
+    out before the last one given take their defaults). Each floating-point tensor gets its relevance;
     token ids that the model looks up in an embedding (``nn.Embedding``, ``F.embedding``,
     ``nn.EmbeddingBag``) get the relevance of each token: the relevance reaching the lookup's
     output summed over the embedding dimension, of the ids' shape (:func:`attribute_nodes` with
@@ -329,7 +336,7 @@ def attribute(
     per position (a causal LM: the next token; pass ``output=`` for another position) - with an
     input named ``attention_mask`` (a padding mask), of each sequence's last token.
     Relevance is returned with the shapes of the inputs: a tensor for a tensor input, a tuple for
-    a sequence of inputs (:data:`InputRelevance`).
+    a sequence of inputs, a dict with the same keys for a mapping (:data:`InputRelevance`).
     ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
     finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
     is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
@@ -340,7 +347,7 @@ def attribute(
 
 def attribute_nodes(
     explain: Explainer,
-    inputs: Tensor | Sequence[Any],
+    inputs: Inputs,
     nodes: Sequence[str],
     target: Any = None,
     *,
@@ -363,10 +370,17 @@ def attribute_nodes(
 
 
 def _attribute(
-    explain: Explainer | nn.Module, inputs: Tensor | Sequence[Any], target: Any, *,
+    explain: Explainer | nn.Module, inputs: Inputs, target: Any, *,
     output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int, check_finite: bool,
 ) -> Any:
     """:func:`attribute` and :func:`attribute_nodes` (``nodes`` not None)."""
+    if isinstance(inputs, Mapping):
+        by_position, positions = inputs_by_position(explain, inputs)
+        found = _attribute(explain, by_position, target, output=output, nodes=nodes, repeat=repeat,
+                           check_finite=check_finite)
+        input_relevance = found if nodes is None else found[0]
+        keyed = {name: input_relevance[position] for name, position in positions.items()}
+        return keyed if nodes is None else (keyed, found[1])
     if torch.is_inference_mode_enabled():
         # Relevance travels by autograd, which inference mode turns off: the explanation leaves it.
         with torch.inference_mode(False):
@@ -561,6 +575,36 @@ def default_output(result: Any, mask: Tensor | None = None) -> Any:
 
 PADDING_MASK = "attention_mask"
 """The name of the input :func:`default_output` takes as a padding mask (Hugging Face's)."""
+
+
+def inputs_by_position(explain: nn.Module, inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, int]]:
+    """Inputs given by name as :func:`attribute` takes them: by position in the model's
+    ``forward``, each input left out before the last one given taking its default; and the
+    position of each name."""
+    parameters = [parameter for parameter in getattr(explain, "input_parameters", ())
+                  if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
+    names = [parameter.name for parameter in parameters]
+    if not parameters:
+        raise TypeError(
+            f"the inputs are given by name ({', '.join(map(repr, inputs))}), but the names of the model's inputs "
+            "are not known here (a module not made by fxlrp.convert, or saved by an older fxlrp): give them by "
+            "position, in the order of the model's forward"
+        )
+    for name in inputs:
+        if name not in names:
+            raise TypeError(
+                f"the model's forward has no input {name!r} that can be given by position (its inputs: "
+                f"{', '.join(names)}): leave {name!r} out, or give the inputs by position"
+            )
+    last = max((names.index(name) for name in inputs), default=-1)
+    for parameter in parameters[:last]:
+        if parameter.name not in inputs and parameter.default is parameter.empty:
+            raise TypeError(
+                f"the model's input {parameter.name!r} comes before those given and has no default: give it too"
+            )
+    by_position = tuple(inputs[parameter.name] if parameter.name in inputs else parameter.default
+                        for parameter in parameters[:last + 1])
+    return by_position, {name: names.index(name) for name in inputs}
 
 
 def padding_mask(explain: nn.Module, inputs: Tensor | Sequence[Any]) -> Tensor | None:

@@ -850,6 +850,65 @@ def test_a_padded_batch_is_explained_at_each_sequences_last_token(name: str, in_
         assert torch.equal(relevance[sample, length:], torch.zeros(7 - length, dtype=relevance.dtype))
 
 
+def test_inputs_by_name_as_a_tokenizer_gives_them(in_float64) -> None:
+    """``fxlrp.attribute(explain, tokenizer(texts, return_tensors="pt"))``: a mapping of inputs by
+    name (before: its keys were handed to the model as inputs, an AttributeError on a str). Each
+    goes to its place in the model's forward; relevance comes back under the same keys, equal to
+    the call by position, and the padding mask found by its name: a right-padded sequence of
+    GPT-2 (whose forward takes the cache between the ids and the mask) equals the reference for it
+    alone."""
+    ids, lengths = _ids(length=7), (7, 4)
+    mask = (torch.arange(7) < torch.tensor(lengths)[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 0)
+    types = torch.zeros_like(ids).masked_fill(torch.arange(7) >= 3, 1)
+    bert, _ = _model(CASES["BertForSequenceClassification"])
+    explain = fxlrp.convert(bert, AttnLRP(epsilon=0.0))
+    encoding = transformers.BatchEncoding({"input_ids": ids, "token_type_ids": types, "attention_mask": mask})
+    by_name = fxlrp.attribute(explain, encoding, target=1)
+    by_position = fxlrp.attribute(explain, (ids, mask, types), target=1)  # BERT's order: ids, mask, types
+    assert list(by_name) == ["input_ids", "token_type_ids", "attention_mask"]
+    assert torch.equal(by_name["input_ids"], by_position[0]) and by_name["attention_mask"] is None
+    assert by_position[2] is not None and torch.equal(by_name["token_type_ids"], by_position[2])
+    expected, _, _ = reference_relevance(bert, (ids[:1], None, types[:1]), _logits, target=1)  # (unpadded)
+    assert relative_error(by_name["input_ids"][:1], expected) <= 1e-10
+
+    case = CASES["GPT2LMHeadModel"]
+    in_float64(case)
+    gpt2, _ = _model(case)
+    explain = fxlrp.convert(gpt2, AttnLRP(epsilon=0.0))
+    relevance, nodes = fxlrp.attribute_nodes(explain, {"input_ids": ids, "attention_mask": mask}, [], target=1)
+    assert list(relevance) == ["input_ids", "attention_mask"] and nodes == {}
+    positional = fxlrp.attribute(explain, (ids, None, mask), target=1)[0]  # (the replay of the first call's run)
+    assert relative_error(relevance["input_ids"], positional) <= 1e-12
+    [alone] = reference_relevance(gpt2, (ids[1:, :4],), _next_token, target=1)
+    assert relative_error(relevance["input_ids"][1, :4], alone[0]) <= 1e-10
+
+    with pytest.raises(TypeError, match=r"no input 'pixel_values' .* \(its inputs: input_ids, "):
+        fxlrp.attribute(explain, {"input_ids": ids, "pixel_values": ids}, target=1)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.layer(x * y)
+
+
+def test_inputs_by_name_name_what_is_missing() -> None:
+    explain = fxlrp.convert(TwoInputs())
+    x = torch.randn(3, 4)
+    with pytest.raises(TypeError, match=r"input 'x' comes before those given and has no default"):
+        fxlrp.attribute(explain, {"y": x}, target=0)
+    with pytest.raises(TypeError, match=r"names of the model's inputs are not known here"):
+        fxlrp.attribute(TwoInputs(), {"x": x, "y": x}, target=0)
+    relevance = fxlrp.attribute(explain, {"y": x, "x": 2 * x}, target=0)
+    assert list(relevance) == ["y", "x"]
+    expected = fxlrp.attribute(explain, (2 * x, x), target=0)
+    assert torch.equal(relevance["x"], expected[0]) and torch.equal(relevance["y"], expected[1])
+
+
 LOW_PRECISION_BOUNDS = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
 """Relative error to the reference in float64 on the same rounded weights: largest measured here
 bfloat16 1.3e-2 (Llama), float16 1.9e-3 (GPT-2) (docs/transformers.md: 2.3e-3 to 1.8e-2 and 9.5e-5
