@@ -109,10 +109,10 @@ def convert(
         ModelSnapshot(model, [original[name] for name in sorted(folded)]),
         partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
                 fold_batch_norm=fold_batch_norm, capture=capture))
-    explainer.input_names = tuple(inspect.signature(model.forward).parameters)
+    signature = inspect.signature(model.forward)
+    explainer.input_names = tuple(signature.parameters)
     explainer.input_parameters = tuple(parameter.replace(annotation=inspect.Parameter.empty)  # (kept picklable)
-                                       for parameter in inspect.signature(model.forward).parameters.values())
+                                       for parameter in signature.parameters.values())
     if captured.optional_inputs or captured.settings or concrete_args:
-        explainer.bind_inputs(inspect.signature(model.forward), captured.optional_inputs, concrete_args or {},
-                              captured.settings)
+        explainer.bind_inputs(signature, captured.optional_inputs, concrete_args or {}, captured.settings)
     return explainer
