@@ -5,8 +5,9 @@ from __future__ import annotations
 import inspect
 import threading
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 import torch
@@ -25,6 +26,13 @@ from fxlrp.leaf_functions import (
 from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY
 from fxlrp.source import error_line, innermost_user_frame
+
+
+def keeps_its_type(container: dict[Any, Any]) -> bool:
+    """A dict the capture builds again as its own type: an ``OrderedDict``, or a dataclass that
+    is one (transformers' ``ModelOutput``), whose constructor takes the items as they are."""
+    kind = type(container)
+    return kind is OrderedDict or (issubclass(kind, OrderedDict) and is_dataclass(kind))
 
 
 class RelevanceTracer(fx.Tracer):
@@ -64,6 +72,14 @@ class RelevanceTracer(fx.Tracer):
             self.tracing.pop()
 
     def create_arg(self, a: Any) -> Any:
+        if isinstance(a, dict) and keeps_its_type(a):
+            # torch.fx makes every dict a plain one: a model's OrderedDict (torchvision's
+            # segmentation models) or ModelOutput (a transformers model's ``.logits``) is built
+            # again by a node, so that the explainer returns what the model returns.
+            items = super().create_arg(dict(a))
+            if all(isinstance(key, str) for key in items):
+                return self.create_node("call_function", type(a), (), items)
+            return self.create_node("call_function", type(a), (items,), {})
         return super().create_arg(as_python_number(a))
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:

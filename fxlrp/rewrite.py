@@ -48,6 +48,12 @@ def is_container_method(node: fx.Node) -> bool:
     return node.op == "call_method" and not hasattr(torch.Tensor, node.target)
 
 
+def is_container_construction(node: fx.Node) -> bool:
+    """A dict of the model's own type built from its items (:func:`fxlrp.capture.keeps_its_type`):
+    it holds tensors and computes nothing."""
+    return node.op == "call_function" and isinstance(node.target, type) and issubclass(node.target, dict)
+
+
 def enclosing_module(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[str | None, type | None]:
     if node.op == "call_module":
         return node.target, type(modules[node.target])
@@ -123,7 +129,8 @@ class Rewriter:
                 continue
             operation = self._operation_of(node)
             if operation is None:
-                if node.op == "call_function" and node.target is getattr or is_container_method(node):
+                if (node.op == "call_function" and node.target is getattr or is_container_method(node)
+                        or is_container_construction(node)):
                     self._report(node, "container", "container")
                     continue
                 if node not in returning:
