@@ -556,6 +556,10 @@ CASES = {
     "Qwen3MoeForCausalLM-grouped_mm": Case(  # the default experts: a grouped matrix product (float32 only)
         lambda: _qwen3_moe(None), lambda: (_ids(),), _next_token, dtype=torch.float32, replays=False,
         reference_forwards=_router_held_constant()),
+    "Qwen3MoeForCausalLM-eager": Case(  # the experts' own loop (softmax, topk, products, index_add_), as
+        # transformers 4.x writes every MoE block: the top-k weights of the softmax are gates there too
+        lambda: _qwen3_moe("eager"), lambda: (_ids(),), _next_token, replays=False,
+        float64_forwards=_in_float64("qwen3_moe", "Qwen3MoeRMSNorm"), reference_forwards=_router_held_constant()),
     "Gemma3ForCausalLM": Case(
         lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
             **DECODER, head_dim=8, query_pre_attn_scalar=8, sliding_window=4,

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import builtins
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import (
     copied,
     diagonal_filled,
@@ -26,6 +29,7 @@ from fxlrp.canonicalise import (
 )
 from fxlrp.operations.helpers import held_constant, identity, native
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.roles import ATTENTION, GATE, mark, role_of
 
 VIEW_METHODS = (
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose",
@@ -92,15 +96,38 @@ register(
             torch.max, torch.min, torch.amax, torch.amin, torch.maximum, torch.minimum,
             F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool1d,
             F.adaptive_max_pool2d, F.adaptive_max_pool3d, torch.max_pool1d, torch.max_pool2d,
-            torch.max_pool3d, torch.topk, torch.sort,
+            torch.max_pool3d, torch.sort,
             F.max_pool1d_with_indices, F.max_pool2d_with_indices, F.max_pool3d_with_indices,
         ),
-        methods=("max", "min", "amax", "amin", "maximum", "minimum", "topk", "sort"),
+        methods=("max", "min", "amax", "amin", "maximum", "minimum", "sort"),
         modules=(
             nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
             nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
         ),
         description="max and min: winner-take-all",
+    )
+)
+
+def top_k(call: RelevanceCall, function: Callable[..., Any], input: Any, *args: Any, **kwargs: Any) -> Any:
+    """``topk``, winner-take-all as max. The largest ``k`` of a softmax's or a sigmoid's outputs
+    are a router's weights (a mixture of experts written out: ``softmax``, ``topk``, each chosen
+    expert's output times its weight): they are marked as gates, which the product rules of
+    AttnLRP and CP-LRP hold constant, so the chosen experts take the relevance, as in the
+    experts functions transformers 5 runs (:mod:`fxlrp.transformers`)."""
+    result = function(input, *args, **kwargs)
+    if role_of(input) in (ATTENTION, GATE):
+        mark(result[0], GATE)
+    return result
+
+
+register(
+    Operation(
+        "topk",
+        Kind.NATIVE,
+        functions=(torch.topk,),
+        methods=("topk",),
+        relevance=top_k,
+        description="top k: winner-take-all; the top k of a softmax or sigmoid (a router's weights) are gates",
     )
 )
 
