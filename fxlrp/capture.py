@@ -7,7 +7,7 @@ import threading
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
 import torch
@@ -29,10 +29,18 @@ from fxlrp.source import error_line, innermost_user_frame
 
 
 def keeps_its_type(container: dict[Any, Any]) -> bool:
-    """A dict the capture builds again as its own type: an ``OrderedDict``, or a dataclass that
-    is one (transformers' ``ModelOutput``), whose constructor takes the items as they are."""
+    """A dict the capture builds again as its own type: an ``OrderedDict`` (from the dict of its
+    items), or a dataclass that is one (transformers' ``ModelOutput``) whose items are fields it
+    takes by name, its required fields among them."""
     kind = type(container)
-    return kind is OrderedDict or (issubclass(kind, OrderedDict) and is_dataclass(kind))
+    if kind is OrderedDict:
+        return True
+    if not (issubclass(kind, OrderedDict) and is_dataclass(kind)):
+        return False
+    taken = {member.name: member for member in fields(kind) if member.init}
+    required = [name for name, member in taken.items()
+                if member.default is MISSING and member.default_factory is MISSING]
+    return all(key in taken for key in container) and all(name in container for name in required)
 
 
 class RelevanceTracer(fx.Tracer):
@@ -77,9 +85,9 @@ class RelevanceTracer(fx.Tracer):
             # segmentation models) or ModelOutput (a transformers model's ``.logits``) is built
             # again by a node, so that the explainer returns what the model returns.
             items = super().create_arg(dict(a))
-            if all(isinstance(key, str) for key in items):
-                return self.create_node("call_function", type(a), (), items)
-            return self.create_node("call_function", type(a), (items,), {})
+            if type(a) is OrderedDict:  # (any keys: the generated code writes the dict out)
+                return self.create_node("call_function", OrderedDict, (items,), {})
+            return self.create_node("call_function", type(a), (), items)
         return super().create_arg(as_python_number(a))
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:

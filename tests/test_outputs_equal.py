@@ -45,6 +45,11 @@ class ScoresAsModelOutput(torch.nn.Module):
         return SequenceClassifierOutput(logits=self.layer(torch.relu(x)))
 
 
+class FeaturesByLayer(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> OrderedDict:
+        return OrderedDict([("layer.1", torch.relu(x)), ("class", x.sum(1))])
+
+
 def test_an_ordered_dict_comes_back_as_the_models_own_type(generator: torch.Generator) -> None:
     """torch.fx makes every dict it captures a plain one: torchvision's segmentation models return
     an ``OrderedDict``, a transformers model captured by torch.fx (transformers 4.x) its
@@ -58,6 +63,8 @@ def test_an_ordered_dict_comes_back_as_the_models_own_type(generator: torch.Gene
         expected, explained = segmentation(x), fxlrp.convert(segmentation)(x)
     assert type(explained) is type(expected) is OrderedDict and list(explained) == list(expected)
     assert relative_error(explained["out"], expected["out"]) < 5e-6
+    by_layer = fxlrp.convert(FeaturesByLayer())(x)  # keys a call cannot take by name
+    assert type(by_layer) is OrderedDict and list(by_layer) == ["layer.1", "class"]
 
     model = ScoresAsModelOutput().double()
     x = torch.randn(2, 6, dtype=torch.float64, generator=generator)
