@@ -372,6 +372,14 @@ def _qwen3_moe(experts: str | None) -> nn.Module:
     return transformers.Qwen3MoeForCausalLM(config)
 
 
+def _gpt_oss(experts: str) -> nn.Module:
+    config = transformers.GptOssConfig(**DECODER, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                                       layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    config._experts_implementation = experts
+    config._attn_implementation = "eager"
+    return transformers.GptOssForCausalLM(config)
+
+
 Patches = Callable[[], list[tuple[Any, str, Callable[..., Any]]]]
 
 
@@ -636,6 +644,10 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
                moe_intermediate_size=16, shared_expert_intermediate_size=16),
         lambda: (_ids(),), _next_token, dtype=torch.float32, replays=False,
         reference_forwards=_router_held_constant("qwen2_moe", "Qwen2MoeTopKRouter", gated_shared_expert=True)),
+    "GptOssForCausalLM-eager": Case(  # its experts' own loop; the router takes topk of its logits, then
+        # softmax: the softmax of the chosen scores is the gate (attention sinks in its attention)
+        lambda: _gpt_oss("eager"), lambda: (_ids(),), _next_token, replays=False,
+        reference_forwards=_router_held_constant("gpt_oss", "GptOssTopKRouter")),
     "AlbertForSequenceClassification": Case(
         _built("AlbertForSequenceClassification", "AlbertConfig", vocab_size=VOCABULARY, embedding_size=16, **SMALL,
                num_labels=3), lambda: (_ids(),), _logits),

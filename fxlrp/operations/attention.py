@@ -31,7 +31,7 @@ from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance import AffineLayer
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
-from fxlrp.relevance.roles import ATTENTION, role_of
+from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, mark, role_of
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import Index, Piece, decomposed_in_backward
 from fxlrp.rules import Epsilon
@@ -39,9 +39,10 @@ from fxlrp.rules import Epsilon
 
 def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """The node's rule (AttnLRP's softmax rule by default); the output is attention weights (the
-    entry's role)."""
+    entry's role), or a router's weights, gates, where it normalises the scores ``topk`` chose."""
     layer = call.layer(bind(function, kwargs), softmax_dim=softmax_dimension(function, input, args, kwargs))
-    return call.affine(layer, input, *args)
+    output = call.affine(layer, input, *args)
+    return mark(output, GATE) if role_of(input) == SELECTED and isinstance(output, Tensor) else output
 
 
 def softmax_dimension(function: Any, input: Tensor, args: tuple, kwargs: dict[str, Any]) -> int | None:

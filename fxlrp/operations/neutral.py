@@ -29,7 +29,7 @@ from fxlrp.canonicalise import (
 )
 from fxlrp.operations.helpers import held_constant, identity, native
 from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.roles import ATTENTION, GATE, mark, role_of
+from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, mark, role_of
 
 VIEW_METHODS = (
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose",
@@ -109,14 +109,14 @@ register(
 )
 
 def top_k(call: RelevanceCall, function: Callable[..., Any], input: Any, *args: Any, **kwargs: Any) -> Any:
-    """``topk``, winner-take-all as max. The largest ``k`` of a softmax's or a sigmoid's outputs
-    are a router's weights (a mixture of experts written out: ``softmax``, ``topk``, each chosen
-    expert's output times its weight): they are marked as gates, which the product rules of
-    AttnLRP and CP-LRP hold constant, so the chosen experts take the relevance, as in the
-    experts functions transformers 5 runs (:mod:`fxlrp.transformers`)."""
+    """``topk``, winner-take-all as max. A router chooses experts by it (a mixture of experts
+    written out: each chosen expert's output times its weight), and its weights are gates, which
+    the product rules of AttnLRP and CP-LRP hold constant, so that the chosen experts take the
+    relevance, as in the experts functions transformers 5 runs (:mod:`fxlrp.transformers`): the
+    largest ``k`` of a softmax's or a sigmoid's outputs (Mixtral, Qwen-MoE) are marked as gates,
+    the largest ``k`` of other scores as selected, whose softmax (GPT-OSS) or sigmoid is a gate."""
     result = function(input, *args, **kwargs)
-    if role_of(input) in (ATTENTION, GATE):
-        mark(result[0], GATE)
+    mark(result[0], GATE if role_of(input) in (ATTENTION, GATE) else SELECTED)
     return result
 
 
