@@ -648,6 +648,12 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
         # softmax: the softmax of the chosen scores is the gate (attention sinks in its attention)
         lambda: _gpt_oss("eager"), lambda: (_ids(),), _next_token, replays=False,
         reference_forwards=_router_held_constant("gpt_oss", "GptOssTopKRouter")),
+    "SwitchTransformersForConditionalGeneration": Case(  # top-1 routing by max of the router's softmax
+        _built("SwitchTransformersForConditionalGeneration", "SwitchTransformersConfig", vocab_size=VOCABULARY,
+               d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4, num_experts=4,
+               expert_capacity=64, encoder_sparse_step=1, decoder_sparse_step=1, decoder_start_token_id=0),
+        lambda: (_ids(), None, _ids(length=3, seed=2)), _next_token, replays=False,
+        reference_forwards=_router_held_constant("switch_transformers", "SwitchTransformersTop1Router")),
     "AlbertForSequenceClassification": Case(
         _built("AlbertForSequenceClassification", "AlbertConfig", vocab_size=VOCABULARY, embedding_size=16, **SMALL,
                num_labels=3), lambda: (_ids(),), _logits),

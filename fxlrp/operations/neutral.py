@@ -93,13 +93,13 @@ register(
         "max",
         Kind.NATIVE,
         functions=(
-            torch.max, torch.min, torch.amax, torch.amin, torch.maximum, torch.minimum,
+            torch.min, torch.amax, torch.amin, torch.maximum, torch.minimum,
             F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool1d,
             F.adaptive_max_pool2d, F.adaptive_max_pool3d, torch.max_pool1d, torch.max_pool2d,
             torch.max_pool3d, torch.sort,
             F.max_pool1d_with_indices, F.max_pool2d_with_indices, F.max_pool3d_with_indices,
         ),
-        methods=("max", "min", "amax", "amin", "maximum", "minimum", "sort"),
+        methods=("min", "amax", "amin", "maximum", "minimum", "sort"),
         modules=(
             nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
             nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
@@ -109,14 +109,17 @@ register(
 )
 
 def top_k(call: RelevanceCall, function: Callable[..., Any], input: Any, *args: Any, **kwargs: Any) -> Any:
-    """``topk``, winner-take-all as max. A router chooses experts by it (a mixture of experts
-    written out: each chosen expert's output times its weight), and its weights are gates, which
-    the product rules of AttnLRP and CP-LRP hold constant, so that the chosen experts take the
-    relevance, as in the experts functions transformers 5 runs (:mod:`fxlrp.transformers`): the
-    largest ``k`` of a softmax's or a sigmoid's outputs (Mixtral, Qwen-MoE) are marked as gates,
-    the largest ``k`` of other scores as selected, whose softmax (GPT-OSS) or sigmoid is a gate."""
+    """``topk`` and ``max`` along a dimension, winner-take-all. A router chooses experts by them (a
+    mixture of experts written out: each chosen expert's output times its weight), and its weights
+    are gates, which the product rules of AttnLRP and CP-LRP hold constant, so that the chosen
+    experts take the relevance, as in the experts functions transformers 5 runs
+    (:mod:`fxlrp.transformers`): the largest values of a softmax's or a sigmoid's outputs (Mixtral,
+    Qwen-MoE; Switch Transformers' top 1 by ``max``) are marked as gates, those of other scores as
+    selected, whose softmax (GPT-OSS) or sigmoid is a gate. A ``max`` of all values (no
+    dimension: no index) is a plain maximum."""
     result = function(input, *args, **kwargs)
-    mark(result[0], GATE if role_of(input) in (ATTENTION, GATE) else SELECTED)
+    if isinstance(result, tuple):  # (values, indices)
+        mark(result[0], GATE if role_of(input) in (ATTENTION, GATE) else SELECTED)
     return result
 
 
@@ -124,10 +127,11 @@ register(
     Operation(
         "topk",
         Kind.NATIVE,
-        functions=(torch.topk,),
-        methods=("topk",),
+        functions=(torch.topk, torch.max),
+        methods=("topk", "max"),
         relevance=top_k,
-        description="top k: winner-take-all; the top k of a softmax or sigmoid (a router's weights) are gates",
+        description="top k and max: winner-take-all; the largest of a softmax or sigmoid (a router's weights) are "
+        "gates",
     )
 )
 
