@@ -108,7 +108,7 @@ register(
     )
 )
 
-def top_k(call: RelevanceCall, function: Callable[..., Any], input: Any, *args: Any, **kwargs: Any) -> Any:
+def largest(call: RelevanceCall, function: Callable[..., Any], input: Any, *args: Any, **kwargs: Any) -> Any:
     """``topk`` and ``max`` along a dimension, winner-take-all. A router chooses experts by them (a
     mixture of experts written out: each chosen expert's output times its weight), and its weights
     are gates, which the product rules of AttnLRP and CP-LRP hold constant, so that the chosen
@@ -125,12 +125,12 @@ def top_k(call: RelevanceCall, function: Callable[..., Any], input: Any, *args: 
 
 register(
     Operation(
-        "topk",
+        "largest",
         Kind.NATIVE,
         functions=(torch.topk, torch.max),
         methods=("topk", "max"),
-        relevance=top_k,
-        description="top k and max: winner-take-all; the largest of a softmax or sigmoid (a router's weights) are "
+        relevance=largest,
+        description="topk and max: winner-take-all; the largest of a softmax or sigmoid (a router's weights) are "
         "gates",
     )
 )

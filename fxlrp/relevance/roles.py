@@ -3,9 +3,10 @@
 A product of two relevance-carrying tensors is explained differently depending on what its
 factors are: in ``x * sigmoid(s)`` (squeeze-excitation) the gate rescales the signal ``x``; in
 ``softmax(q k^T) @ v`` CP-LRP treats the attention weights as constants. The operations that make
-gates and attention weights (sigmoid, hardsigmoid, softmax) mark their outputs, and the product
-rules read the mark. Operations that only move or re-type the values (views, reshapes, permutes,
-slices, dtype casts, ``contiguous``, dropout at inference) hand the mark on, so that
+gates and attention weights (sigmoid, hardsigmoid, softmax) mark their outputs, as do ``topk``
+and ``max`` where they pick a router's weights, and the product rules read the mark. Operations
+that only move or re-type the values (views, reshapes, permutes, slices, dtype casts,
+``contiguous``, dropout at inference) hand the mark on, so that
 ``softmax(w, dtype=torch.float32).to(q.dtype)`` - Hugging Face's eager attention - is still
 attention weights when it meets the values.
 """
@@ -25,7 +26,7 @@ ATTENTION = "attention"
 """Output of a softmax: attention weights."""
 SELECTED = "selected"
 """The values ``topk`` chose from scores that are not yet weights (a router's logits): their
-softmax or sigmoid is a router's weights, gates (:func:`fxlrp.operations.neutral.top_k`)."""
+softmax or sigmoid is a router's weights, gates (:func:`fxlrp.operations.neutral.largest`)."""
 ACTIVATION = "activation"
 """Output of a smooth activation (GELU, SiLU, ...): in ``act(x W_gate) * (x W_up)`` (SwiGLU,
 GeGLU) the gating factor; CP-LRP treats it as a constant, AttnLRP shares uniformly."""
