@@ -110,9 +110,11 @@ class Operation:
     relevance, the rule the call is given is a :class:`~fxlrp.rules.Product` rule
     (:meth:`fxlrp.composites.Composite.resolve`); which do is read from the graph at conversion,
     from the tensors in code run eagerly."""
-    role: str | None = None
+    role: str | Callable[..., str | None] | None = None
     """The role of its output for the products it enters (:mod:`fxlrp.relevance.roles`: a gate,
-    attention weights, a gating activation): :meth:`explained` marks its results with it."""
+    attention weights, a gating activation): :meth:`explained` marks its results with it. Where it
+    depends on the call, ``role(result, *args, **kwargs)`` gives it (a softmax of the scores a
+    router chose makes gates, not attention weights)."""
     shares_role: bool = False
     """Whether its output takes the role its relevance-carrying arguments share (elementwise
     affine maps: ``1 - z`` of a gate ``z`` is a gate, as GRU's update ``(1 - z) * n + z * h``
@@ -136,7 +138,7 @@ class Operation:
         elif self.shares_role:
             role = shared_role((*args, *kwargs.values()))
         else:
-            role = self.role
+            role = self.role(result, *args, **kwargs) if callable(self.role) else self.role
         return give_role(result, role)
 
     def __reduce__(self) -> tuple[Any, ...]:

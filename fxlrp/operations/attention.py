@@ -31,18 +31,23 @@ from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance import AffineLayer
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
-from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, mark, role_of
+from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, role_of
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import Index, Piece, decomposed_in_backward
 from fxlrp.rules import Epsilon
 
 
 def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """The node's rule (AttnLRP's softmax rule by default); the output is attention weights (the
-    entry's role), or a router's weights, gates, where it normalises the scores ``topk`` chose."""
+    """The node's rule (AttnLRP's softmax rule by default); the output's role is the entry's
+    (:func:`weights_role`)."""
     layer = call.layer(bind(function, kwargs), softmax_dim=softmax_dimension(function, input, args, kwargs))
-    output = call.affine(layer, input, *args)
-    return mark(output, GATE) if role_of(input) == SELECTED and isinstance(output, Tensor) else output
+    return call.affine(layer, input, *args)
+
+
+def weights_role(output: Any, input: Any, *args: Any, **kwargs: Any) -> str:
+    """A softmax makes attention weights, or a router's weights, gates, where it normalises the
+    scores ``topk`` chose (GPT-OSS)."""
+    return GATE if role_of(input) == SELECTED else ATTENTION
 
 
 def softmax_dimension(function: Any, input: Tensor, args: tuple, kwargs: dict[str, Any]) -> int | None:
@@ -63,7 +68,7 @@ register(
         methods=("softmax",),
         modules=(nn.Softmax,),
         relevance=softmax,
-        role=ATTENTION,
+        role=weights_role,
         module_function=module_as_function,
         default_rule=SoftmaxRule,
         description="softmax: AttnLRP rule R_in = x (R - s sum R); output marked as attention weights",

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import builtins
 import operator
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import (
     copied,
     diagonal_filled,
@@ -29,7 +27,7 @@ from fxlrp.canonicalise import (
 )
 from fxlrp.operations.helpers import held_constant, identity, native
 from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, mark, role_of
+from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, role_of
 
 VIEW_METHODS = (
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose",
@@ -108,19 +106,19 @@ register(
     )
 )
 
-def largest(call: RelevanceCall, function: Callable[..., Any], input: Any, *args: Any, **kwargs: Any) -> Any:
-    """``topk`` and ``max`` along a dimension, winner-take-all. A router chooses experts by them (a
-    mixture of experts written out: each chosen expert's output times its weight), and its weights
-    are gates, which the product rules of AttnLRP and CP-LRP hold constant, so that the chosen
-    experts take the relevance, as in the experts functions transformers 5 runs
-    (:mod:`fxlrp.transformers`): the largest values of a softmax's or a sigmoid's outputs (Mixtral,
-    Qwen-MoE; Switch Transformers' top 1 by ``max``) are marked as gates, those of other scores as
-    selected, whose softmax (GPT-OSS) or sigmoid is a gate. A ``max`` of all values (no
-    dimension: no index) is a plain maximum."""
-    result = function(input, *args, **kwargs)
-    if isinstance(result, tuple):  # (values, indices)
-        mark(result[0], GATE if role_of(input) in (ATTENTION, GATE) else SELECTED)
-    return result
+def largest_role(result: Any, input: Any, *args: Any, **kwargs: Any) -> str | None:
+    """``topk`` and ``max`` along a dimension pick values and their indices, winner-take-all. A
+    router chooses experts by them (a mixture of experts written out: each chosen expert's output
+    times its weight), and its weights are gates, which the product rules of AttnLRP and CP-LRP
+    hold constant, so that the chosen experts take the relevance, as in the experts functions
+    transformers 5 runs (:mod:`fxlrp.transformers`): the largest values of a softmax's or a
+    sigmoid's outputs (Mixtral, Qwen-MoE; Switch Transformers' top 1 by ``max``) are gates, those
+    of other scores selected, whose softmax (GPT-OSS) or sigmoid is a gate. A ``max`` of all values
+    or of two tensors (no indices) is a plain maximum. (The indices carry no relevance: their mark
+    is never read.)"""
+    if not isinstance(result, tuple):
+        return None
+    return GATE if role_of(input) in (ATTENTION, GATE) else SELECTED
 
 
 register(
@@ -129,7 +127,8 @@ register(
         Kind.NATIVE,
         functions=(torch.topk, torch.max),
         methods=("topk", "max"),
-        relevance=largest,
+        relevance=native,
+        role=largest_role,
         description="topk and max: winner-take-all; the largest of a softmax or sigmoid (a router's weights) are "
         "gates",
     )

@@ -26,7 +26,7 @@ ATTENTION = "attention"
 """Output of a softmax: attention weights."""
 SELECTED = "selected"
 """The values ``topk`` chose from scores that are not yet weights (a router's logits): their
-softmax or sigmoid is a router's weights, gates (:func:`fxlrp.operations.neutral.largest`)."""
+softmax or sigmoid is a router's weights, gates (:func:`fxlrp.operations.neutral.largest_role`)."""
 ACTIVATION = "activation"
 """Output of a smooth activation (GELU, SiLU, ...): in ``act(x W_gate) * (x W_up)`` (SwiGLU,
 GeGLU) the gating factor; CP-LRP treats it as a constant, AttnLRP shares uniformly."""
