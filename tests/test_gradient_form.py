@@ -351,3 +351,83 @@ def test_a_rule_whose_gradient_form_is_not_the_gradient_is_applied_in_the_gradie
     output = model.a(leaf) + model.b(leaf).detach()
     [gradient] = torch.autograd.grad(output, [leaf], onehot_relevance(output, 1) / output.detach())
     assert relative_error(relevance, leaf.detach() * gradient) < 1e-12
+
+
+@pytest.mark.parametrize("pattern", ["one-row", "one-row-of-negatives-and-zeros", "one-column", "one-entry",
+                                     "rows-at-both-ends", "half-zeros", "dense", "nan-in-a-row"])
+def test_linear_input_gradient_multiplies_only_what_carries_relevance(pattern: str) -> None:
+    """``g @ W`` over the rows and columns of ``g`` that are not all 0 (fxlrp/operations/layers.py)
+    against the dense product, and the rows and columns it keeps against an enumeration."""
+    from fxlrp.operations.layers import carrying_rows_and_columns, linear_input_gradient
+
+    generator = torch.Generator().manual_seed(0)
+    gradient = torch.zeros(2, 96, 200, dtype=torch.float64)  # (batch, positions, out features)
+    values = torch.randn(gradient.shape, generator=generator, dtype=torch.float64)
+    if pattern == "one-row":
+        gradient[1, 40] = values[1, 40]
+    elif pattern == "one-row-of-negatives-and-zeros":  # (its largest entry is 0)
+        gradient[1, 40] = -values[1, 40].clamp(min=0)
+    elif pattern == "one-column":
+        gradient[..., 7] = values[..., 7]
+    elif pattern == "one-entry":
+        gradient[0, -1, 123] = 2.5
+    elif pattern == "rows-at-both-ends":
+        gradient[0, 0], gradient[1, -1] = values[0, 0], values[1, -1]
+    elif pattern == "half-zeros":
+        gradient = values * (values > 0)
+    elif pattern == "dense":
+        gradient = values
+    else:
+        gradient[0, 5, 3] = float("nan")
+    weight = torch.randn(200, 64, generator=generator, dtype=torch.float64)
+    matrix = gradient.reshape(-1, 200)
+    carrying_rows = [i for i in range(len(matrix)) if any(value != 0 for value in matrix[i].tolist())]
+    carrying_columns = [j for j in range(200) if any(value != 0 for value in matrix[:, j].tolist())]
+    rows, columns = carrying_rows_and_columns(matrix, 64)
+    expected_rows = carrying_rows if 2 * len(carrying_rows) <= len(matrix) else None
+    expected_columns = carrying_columns if 2 * len(carrying_columns) <= 200 else None
+    assert (rows if rows is None else rows.tolist()) == expected_rows
+    assert (columns if columns is None else columns.tolist()) == expected_columns
+    assert (pattern in ("half-zeros", "dense")) == (rows is None and columns is None)
+    product = linear_input_gradient(gradient, weight)
+    assert product.shape == (2, 96, 64)
+    torch.testing.assert_close(product, gradient @ weight, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+class LastPositionHead(nn.Module):
+    """A sequence model explained at its last position through a wide head, as a causal LM is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.mix, self.head = nn.Linear(16, 24), nn.Linear(24, 16), nn.Linear(16, 300)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head((self.mix(torch.relu(self.inner(x))) + x)[:, -1])
+
+
+def test_lrp0_through_linear_layers_of_selected_rows_and_columns_is_gradient_times_input(monkeypatch) -> None:
+    """Below the head only the last position's rows carry relevance and the head's gradient is one
+    column per sample: linear layers multiply only those (every product large enough here), and
+    LRP-0 is still gradient x input computed by torch's own backward."""
+    from fxlrp.operations import layers
+
+    kept = []
+
+    def recorded(matrix: Tensor, inner: int) -> tuple[Tensor | None, Tensor | None]:
+        rows, columns = carrying_rows_and_columns(matrix, inner)
+        kept.append((rows is not None, columns is not None))
+        return rows, columns
+
+    carrying_rows_and_columns = layers.carrying_rows_and_columns
+    monkeypatch.setattr(layers, "SPARSE_CHECK_MIN_PRODUCT", 0)
+    monkeypatch.setattr(layers, "carrying_rows_and_columns", recorded)
+    torch.manual_seed(0)
+    model = LastPositionHead().double().eval()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    targets = torch.tensor([17, 250])
+    explain = fxlrp.convert(model, Composite(Epsilon(0.0)))
+    relevance = fxlrp.attribute(explain, x, target=targets)
+    leaf = x.clone().requires_grad_()
+    model(leaf)[[0, 1], targets].sum().backward()
+    assert relative_error(relevance, leaf.grad * x) <= 1e-12
+    assert sorted(set(kept)) == [(False, True), (True, False)]  # the head's columns, the rows below it
