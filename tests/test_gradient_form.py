@@ -385,7 +385,7 @@ def test_linear_input_gradient_multiplies_only_what_carries_relevance(pattern: s
     carrying_columns = [j for j in range(200) if any(value != 0 for value in matrix[:, j].tolist())]
     rows, columns = carrying_rows_and_columns(matrix, 64)
     expected_rows = carrying_rows if 2 * len(carrying_rows) <= len(matrix) else None
-    expected_columns = carrying_columns if 2 * len(carrying_columns) <= 200 else None
+    expected_columns = carrying_columns if 16 * len(carrying_columns) <= 200 else None
     assert (rows if rows is None else rows.tolist()) == expected_rows
     assert (columns if columns is None else columns.tolist()) == expected_columns
     assert (pattern in ("half-zeros", "dense")) == (rows is None and columns is None)
