@@ -34,8 +34,12 @@ def linear(call: RelevanceCall, function: Any, input: Tensor, *args: Any, **kwar
 
 def linear_on_matrix_rows(function: Any, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """:func:`linear` in the gradient form under LRP-0: the layer's own call on a contiguous input,
-    whose backward is :func:`linear_input_gradient`."""
-    return LinearInGradientForm.apply(function, as_matrix_rows(input), weight, bias)
+    whose backward is :func:`linear_input_gradient` where that may look for rows and columns of 0
+    (:func:`may_skip_zeros`), else autograd's own."""
+    input = as_matrix_rows(input)
+    if may_skip_zeros(input, input.numel() * weight.shape[0]):
+        return LinearInGradientForm.apply(function, input, weight, bias)
+    return function(input, weight, bias)
 
 
 class LinearInGradientForm(torch.autograd.Function):
@@ -57,8 +61,17 @@ class LinearInGradientForm(torch.autograd.Function):
 
 SPARSE_CHECK_MIN_PRODUCT = 2**20
 """Multiply-adds of ``g @ W`` below which :func:`linear_input_gradient` does not look for rows and
-columns of 0 (about 0.1 ms of a matrix product on one CPU core; the look costs a few
-microseconds)."""
+columns of 0 (about 0.1 ms of a matrix product on one CPU core; looking, and the Function that
+gives the gradient form's linear layer that backward, cost some 60 microseconds)."""
+
+
+def may_skip_zeros(tensor: Tensor, products: int) -> bool:
+    """Whether a matrix product of ``products`` multiply-adds on ``tensor``'s device may look for
+    rows and columns of 0 first: on the CPU (on a GPU the count would make the host wait for the
+    device), outside ``torch.compile`` (whose graph cannot branch on values), where large enough
+    to gain."""
+    return (products >= SPARSE_CHECK_MIN_PRODUCT and tensor.device.type == "cpu"
+            and not torch.compiler.is_compiling())
 
 
 def linear_input_gradient(gradient: Tensor, weight: Tensor) -> Tensor:
@@ -93,14 +106,13 @@ def carrying_rows_and_columns(matrix: Tensor, inner: int) -> tuple[Tensor | None
     column copies a row of ``W``: for one row of ``g``, a product that reads ``W`` once, a copy of
     a quarter of a 4096 x 25088 ``W`` took 2.5 times the whole product); None for all of them.
 
-    Looked for only on the CPU (on a GPU the count would make the host wait for the device),
-    outside ``torch.compile`` (whose graph cannot branch on values), for products large enough to
-    gain, and only where one of three entries - first, middle, last - is 0: where at most half the
-    rows (or columns) carry relevance, one of them almost always lies in a row (column) of 0, while
-    a dense gradient costs three reads."""
+    Looked for where :func:`may_skip_zeros`, and only where one of three entries - first, middle,
+    last - is 0: where at most half the rows (or columns) carry relevance, one of them almost
+    always lies in a row (column) of 0, while a dense gradient costs three reads."""
     count, width = matrix.shape
-    if (matrix.device.type != "cpu" or torch.compiler.is_compiling() or count * width * inner < SPARSE_CHECK_MIN_PRODUCT
-            or matrix[(0, count // 2, count - 1), (0, width // 2, width - 1)].all()):
+    if (not may_skip_zeros(matrix, count * width * inner)
+            or (matrix[0, 0].item() != 0 and matrix[count // 2, width // 2].item() != 0
+                and matrix[-1, -1].item() != 0)):
         return None, None
     magnitude = matrix.abs()
     rows = magnitude.amax(1).nonzero().squeeze(1)
