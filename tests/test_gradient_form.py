@@ -405,29 +405,54 @@ class LastPositionHead(nn.Module):
         return self.head((self.mix(torch.relu(self.inner(x))) + x)[:, -1])
 
 
-def test_lrp0_through_linear_layers_of_selected_rows_and_columns_is_gradient_times_input(monkeypatch) -> None:
-    """Below the head only the last position's rows carry relevance and the head's gradient is one
-    column per sample: linear layers multiply only those (every product large enough here), and
-    LRP-0 is still gradient x input computed by torch's own backward."""
+def _record_skipped_zeros(monkeypatch) -> list[tuple[bool, bool]]:
+    """Every product large enough to look for zeros; which of them left out rows, columns."""
     from fxlrp.operations import layers
 
-    kept = []
+    kept, carrying_rows_and_columns = [], layers.carrying_rows_and_columns
 
     def recorded(matrix: Tensor, inner: int) -> tuple[Tensor | None, Tensor | None]:
         rows, columns = carrying_rows_and_columns(matrix, inner)
         kept.append((rows is not None, columns is not None))
         return rows, columns
 
-    carrying_rows_and_columns = layers.carrying_rows_and_columns
     monkeypatch.setattr(layers, "SPARSE_CHECK_MIN_PRODUCT", 0)
     monkeypatch.setattr(layers, "carrying_rows_and_columns", recorded)
+    return kept
+
+
+@pytest.mark.parametrize("gradient_form", [True, False], ids=["gradient-form", "relevance-form"])
+def test_lrp0_through_linear_layers_of_selected_rows_and_columns_is_gradient_times_input(
+        monkeypatch, gradient_form: bool) -> None:
+    """Below the head only the last position's rows carry relevance and the head's gradient is one
+    column per sample: linear layers multiply only those, and LRP-0 is still gradient x input
+    computed by torch's own backward."""
+    kept = _record_skipped_zeros(monkeypatch)
     torch.manual_seed(0)
     model = LastPositionHead().double().eval()
     x = torch.randn(2, 12, 16, dtype=torch.float64)
     targets = torch.tensor([17, 250])
     explain = fxlrp.convert(model, Composite(Epsilon(0.0)))
+    explain.gradient_form = gradient_form
     relevance = fxlrp.attribute(explain, x, target=targets)
     leaf = x.clone().requires_grad_()
     model(leaf)[[0, 1], targets].sum().backward()
     assert relative_error(relevance, leaf.grad * x) <= 1e-12
     assert sorted(set(kept)) == [(False, True), (True, False)]  # the head's columns, the rows below it
+
+
+def test_epsilon_rule_through_linear_layers_of_selected_rows_and_columns(monkeypatch) -> None:
+    """The epsilon rule (relevance form) with the products over carrying rows and columns against
+    the same explainer with every product dense."""
+    from fxlrp.operations import layers
+
+    torch.manual_seed(0)
+    model = LastPositionHead().double().eval()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    explain = fxlrp.convert(model, Composite(Epsilon(0.1)))
+    monkeypatch.setattr(layers, "SPARSE_CHECK_MIN_PRODUCT", 2**62)
+    dense = fxlrp.attribute(explain, x, target=torch.tensor([17, 250]))
+    kept = _record_skipped_zeros(monkeypatch)
+    relevance = fxlrp.attribute(explain, x, target=torch.tensor([17, 250]))
+    assert relative_error(relevance, dense) <= 1e-12
+    assert sorted(set(kept)) == [(False, True), (True, False)]
