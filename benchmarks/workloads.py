@@ -77,6 +77,11 @@ def _torchvision(name: str, batch: int, size: int) -> Workload:
 
     kwargs = {"image_size": size} if name.startswith("vit") else {}
     model = getattr(torchvision.models, name)(weights=None, **kwargs)
+    # torchvision starts ViT's head at zero: its logits, gradients and relevance would all be 0,
+    # which every method computes fast. Random weights there, as in a trained head.
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and not module.weight.any():
+            nn.init.normal_(module.weight, std=0.02)
     # zennit has no DenseNet canonizer (its sequential BatchNorm merge pairs the wrong layers there).
     canonizers = {"resnet": ResNetCanonizer, "vgg": VGGCanonizer}
     canonizer = next((build for prefix, build in canonizers.items() if name.startswith(prefix)), None)
