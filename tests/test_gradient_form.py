@@ -456,3 +456,33 @@ def test_epsilon_rule_through_linear_layers_of_selected_rows_and_columns(monkeyp
     relevance = fxlrp.attribute(explain, x, target=torch.tensor([17, 250]))
     assert relative_error(relevance, dense) <= 1e-12
     assert sorted(set(kept)) == [(False, True), (True, False)]
+
+
+class ComputedWeight(nn.Module):
+    """A linear layer whose weight is computed from the input (a hypernetwork's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.make_weight, self.head = nn.Linear(16, 16 * 16), nn.Linear(16, 300)
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight = self.make_weight(x.mean(dim=(0, 1))).reshape(16, 16)
+        return self.head(F.linear(x, weight)[:, -1])
+
+
+def test_a_weight_computed_from_the_inputs_keeps_its_gradient(monkeypatch) -> None:
+    """LRP-0 in the gradient form is gradient x input also where a linear layer's weight carries
+    relevance: that layer keeps autograd's backward, which gives the weight its share (a backward
+    that skips zeros gives only the input's)."""
+    kept = _record_skipped_zeros(monkeypatch)
+    torch.manual_seed(0)
+    model = ComputedWeight().double().eval()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    targets = torch.tensor([17, 250])
+    explain = fxlrp.convert(model, Composite(Epsilon(0.0)))
+    relevance = fxlrp.attribute(explain, x, target=targets)
+    assert explain.gradient_form
+    leaf = x.clone().requires_grad_()
+    model(leaf)[[0, 1], targets].sum().backward()
+    assert relative_error(relevance, leaf.grad * x) <= 1e-12
+    assert (False, True) in kept  # the head's columns

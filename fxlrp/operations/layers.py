@@ -13,6 +13,7 @@ from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, weighted
 from fxlrp.operations.normalization import normalisation, scaled_and_shifted
 from fxlrp.registry import Kind, NativeInGradientForm, Operation, register
+from fxlrp.relevance.rule_function import carries_relevance
 
 
 def as_matrix_rows(input: Tensor) -> Tensor:
@@ -37,9 +38,10 @@ def linear_on_matrix_rows(function: Any, input: Tensor, weight: Tensor, bias: Te
     whose backward is :func:`linear_input_gradient` where that may look for rows and columns of 0
     (:func:`may_skip_zeros`), else autograd's own."""
     input = as_matrix_rows(input)
-    if may_skip_zeros(input, input.numel() * weight.shape[0]):
+    if (may_skip_zeros(input, input.numel() * weight.shape[0]) and not carries_relevance(weight)
+            and not carries_relevance(bias)):
         return LinearInGradientForm.apply(function, input, weight, bias)
-    return function(input, weight, bias)
+    return function(input, weight, bias)  # (a weight computed from the inputs gets its gradient too)
 
 
 class LinearInGradientForm(torch.autograd.Function):
@@ -70,7 +72,7 @@ def may_skip_zeros(tensor: Tensor, products: int) -> bool:
     rows and columns of 0 first: on the CPU (on a GPU the count would make the host wait for the
     device), outside ``torch.compile`` (whose graph cannot branch on values), where large enough
     to gain."""
-    return (products >= SPARSE_CHECK_MIN_PRODUCT and tensor.device.type == "cpu"
+    return (0 < products and products >= SPARSE_CHECK_MIN_PRODUCT and tensor.device.type == "cpu"
             and not torch.compiler.is_compiling())
 
 
