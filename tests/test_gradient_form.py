@@ -421,26 +421,6 @@ def _record_skipped_zeros(monkeypatch) -> list[tuple[bool, bool]]:
     return kept
 
 
-@pytest.mark.parametrize("gradient_form", [True, False], ids=["gradient-form", "relevance-form"])
-def test_lrp0_through_linear_layers_of_selected_rows_and_columns_is_gradient_times_input(
-        monkeypatch, gradient_form: bool) -> None:
-    """Below the head only the last position's rows carry relevance and the head's gradient is one
-    column per sample: linear layers multiply only those, and LRP-0 is still gradient x input
-    computed by torch's own backward."""
-    kept = _record_skipped_zeros(monkeypatch)
-    torch.manual_seed(0)
-    model = LastPositionHead().double().eval()
-    x = torch.randn(2, 12, 16, dtype=torch.float64)
-    targets = torch.tensor([17, 250])
-    explain = fxlrp.convert(model, Composite(Epsilon(0.0)))
-    explain.gradient_form = gradient_form
-    relevance = fxlrp.attribute(explain, x, target=targets)
-    leaf = x.clone().requires_grad_()
-    model(leaf)[[0, 1], targets].sum().backward()
-    assert relative_error(relevance, leaf.grad * x) <= 1e-12
-    assert sorted(set(kept)) == [(False, True), (True, False)]  # the head's columns, the rows below it
-
-
 def test_epsilon_rule_through_linear_layers_of_selected_rows_and_columns(monkeypatch) -> None:
     """The epsilon rule (relevance form) with the products over carrying rows and columns against
     the same explainer with every product dense."""
@@ -470,19 +450,28 @@ class ComputedWeight(nn.Module):
         return self.head(F.linear(x, weight)[:, -1])
 
 
-def test_a_weight_computed_from_the_inputs_keeps_its_gradient(monkeypatch) -> None:
-    """LRP-0 in the gradient form is gradient x input also where a linear layer's weight carries
-    relevance: that layer keeps autograd's backward, which gives the weight its share (a backward
-    that skips zeros gives only the input's)."""
+@pytest.mark.parametrize(("build", "gradient_form", "skipped"), [
+    (LastPositionHead, True, [(False, True), (True, False)]),  # the head's columns, the rows below it
+    (LastPositionHead, False, [(False, True), (True, False)]),
+    # a weight computed from the inputs carries relevance: that layer keeps autograd's backward,
+    # which gives the weight its share (a backward that skips zeros gave only the input's)
+    (ComputedWeight, True, [(False, True)]),
+], ids=["gradient-form", "relevance-form", "computed-weight"])
+def test_lrp0_through_linear_layers_of_selected_rows_and_columns_is_gradient_times_input(
+        monkeypatch, build: type[nn.Module], gradient_form: bool, skipped: list[tuple[bool, bool]]) -> None:
+    """Below the head only the last position's rows carry relevance and the head's gradient is one
+    column per sample: linear layers multiply only those, and LRP-0 is still gradient x input
+    computed by torch's own backward."""
     kept = _record_skipped_zeros(monkeypatch)
     torch.manual_seed(0)
-    model = ComputedWeight().double().eval()
+    model = build().double().eval()
     x = torch.randn(2, 12, 16, dtype=torch.float64)
     targets = torch.tensor([17, 250])
     explain = fxlrp.convert(model, Composite(Epsilon(0.0)))
+    explain.gradient_form = gradient_form
     relevance = fxlrp.attribute(explain, x, target=targets)
-    assert explain.gradient_form
+    assert explain.gradient_form == gradient_form
     leaf = x.clone().requires_grad_()
     model(leaf)[[0, 1], targets].sum().backward()
     assert relative_error(relevance, leaf.grad * x) <= 1e-12
-    assert (False, True) in kept  # the head's columns
+    assert sorted(set(kept)) == skipped
