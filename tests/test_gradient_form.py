@@ -454,8 +454,9 @@ class ComputedWeight(nn.Module):
     (LastPositionHead, True, [(False, True), (True, False)]),  # the head's columns, the rows below it
     (LastPositionHead, False, [(False, True), (True, False)]),
     # a weight computed from the inputs carries relevance: that layer keeps autograd's backward,
-    # which gives the weight its share (a backward that skips zeros gave only the input's)
-    (ComputedWeight, True, [(False, True)]),
+    # which gives the weight its share (a backward that skips zeros gave only the input's); the
+    # layer computing the weight gets a dense gradient and looks in vain
+    (ComputedWeight, True, [(False, False), (False, True)]),
 ], ids=["gradient-form", "relevance-form", "computed-weight"])
 def test_lrp0_through_linear_layers_of_selected_rows_and_columns_is_gradient_times_input(
         monkeypatch, build: type[nn.Module], gradient_form: bool, skipped: list[tuple[bool, bool]]) -> None:
