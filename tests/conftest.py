@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import fxlrp
 
@@ -21,6 +23,37 @@ def relative_error(actual: Tensor, expected: Tensor) -> float:
     scale = expected.abs().max().item()
     difference = (actual - expected).abs().max().item()
     return difference / scale if scale > 0 else difference
+
+
+class DispatchedKernels(TorchDispatchMode):
+    """The ATen kernels a computation runs, in order, each with the shapes, strides and dtypes of
+    its tensor arguments and its other arguments: what decides which kernel code computes a value.
+
+    Two computations with the same list run the same kernels on inputs of the same layout; torch
+    gives bit-identical results then only where the kernels are deterministic on the machine (a
+    math library may not be: oneMKL and oneDNN can sum in another order at another memory
+    alignment, docs/faq.md). So a test of "fxlrp computes the same thing again" compares these
+    lists exactly, and the values within a bound measured on the machine.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        described = tuple(
+            (tuple(value.shape), value.stride(), value.dtype) if isinstance(value, Tensor) else repr(value)
+            for value in tree_flatten((args, kwargs))[0])
+        self.calls.append((str(func), described))
+        return func(*args, **kwargs)
+
+
+def dispatched_kernels(function: Callable[[], Any]) -> tuple[Any, list[tuple[str, tuple[Any, ...]]]]:
+    """``function()``'s result and the kernels it ran (:class:`DispatchedKernels`)."""
+    with DispatchedKernels() as kernels:
+        result = function()
+    return result, kernels.calls
 
 
 def dense_jacobians(function: Callable[..., Tensor], inputs: Sequence[Tensor]) -> list[Tensor]:

@@ -2,8 +2,10 @@
 bfloat16, hostile inputs, long runs.
 
 References: gradient x input (LRP-0, float64), the explainer's own relevance before it was saved,
-copied or given another layout, float32 relevance for low precision (correlation bounds measured
-on these models, docs/faq.md), the model's own outputs, rules' formulas by hand.
+copied or given another layout, float32 relevance for low precision (a bound from the model's own
+gradient x input in that precision on the machine), the model's own outputs, rules' formulas by
+hand. Where two computations may round differently on another CPU, the bound is measured in the
+test (float64, the model's own rounding), never a number from one machine.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from unittest import mock
 import pytest
 import torch
 import torchvision
-from conftest import LRP0, gradient_times_input, onehot_relevance, relative_error
+from conftest import LRP0, dispatched_kernels, gradient_times_input, onehot_relevance, relative_error
 from pyg_networks import Stack
 from test_eager_capture import COMPOSITES, Network, OptionalMask
 from test_threads import MessagePassing
@@ -186,19 +188,63 @@ def test_moving_an_explainer_is_refused_and_moves_nothing(move: str) -> None:
     assert all(torch.equal(after[name], value) and after[name].dtype == value.dtype for name, value in state.items())
 
 
+def test_repeated_explanations_run_the_same_kernels_on_the_same_layouts() -> None:
+    """Explaining the same input again runs the same ATen kernels on tensors of the same shapes,
+    strides and dtypes, call after call (no path taken from some call on; the first call also
+    prepares the rules' parameter transforms, a clamp or ones, which later calls take from the
+    cache), so the values agree to the last bit wherever the machine's kernels are
+    deterministic. Where they are not (oneMKL and oneDNN may sum in another order at another
+    memory alignment: 5e-7 relative seen from the third call on a CPU with AVX-512 and AMX,
+    docs/faq.md), every call stays within the float32 rounding of the computation, measured
+    as the first call's distance from the same explanation in float64."""
+    model = resnet18().float()
+    x = torch.randn(1, 3, 32, 32)
+    for composite in (LRP0, EpsilonPlusFlat()):
+        explain = fxlrp.convert(model, composite)
+        exact = fxlrp.attribute(fxlrp.convert(copy.deepcopy(model).double(), composite), x.double(), target=1)
+        first = fxlrp.attribute(explain, x, target=1)
+        rounding = relative_error(first, exact)
+        # Another summation order of the same kernels rounds differently, by about as much again.
+        second, kernels = dispatched_kernels(lambda explain=explain: fxlrp.attribute(explain, x, target=1))
+        assert relative_error(second, exact) <= 2 * rounding
+        for _ in range(3):
+            again, kernels_again = dispatched_kernels(lambda explain=explain: fxlrp.attribute(explain, x, target=1))
+            assert kernels_again == kernels
+            assert relative_error(again, exact) <= 2 * rounding
+
+
+def _saved(explain: nn.Module) -> bytes:
+    """The explainer as ``torch.save`` writes it: every tensor it holds, byte for byte."""
+    buffer = io.BytesIO()
+    torch.save(explain, buffer)
+    return buffer.getvalue()
+
+
 def test_moves_that_change_nothing_are_allowed_and_a_moved_copy_converts() -> None:
+    """A move to where the explainer is already leaves it as it is: the same object, the same
+    tensors bit for bit (as ``torch.save`` writes them), the same kernels on the same
+    layouts afterwards and relevance within float32 rounding of float64 gradient x input."""
     model = resnet18().float()
     x = torch.randn(1, 3, 32, 32)
     explain = fxlrp.convert(model, LRP0)
-    before = fxlrp.attribute(explain, x, target=1)
+    before, kernels = dispatched_kernels(lambda: fxlrp.attribute(explain, x, target=1))
+    saved = _saved(explain)
     assert explain.to("cpu") is explain and explain.float() is explain and explain.to(torch.float32) is explain
     assert explain.cpu() is explain
-    assert torch.equal(fxlrp.attribute(explain, x, target=1), before)
+    assert _saved(explain) == saved
+    after, kernels_after = dispatched_kernels(lambda: fxlrp.attribute(explain, x, target=1))
+    assert kernels_after == kernels
     # What the error says to do: convert a moved copy. The user's model stays float32.
     explain64 = fxlrp.convert(copy.deepcopy(model).double(), LRP0)
     x64 = x.double()
     [expected] = gradient_times_input(model.double(), [x64], lambda out: out, lambda out: onehot_relevance(out, 1))
     assert relative_error(fxlrp.attribute(explain64, x64, target=1), expected) < 1e-12
+    # float32 rounding: how far the model's own float32 gradient x input is from float64. The
+    # explainer computes the same sums in another order (BatchNorm folded into the convolutions):
+    # 0.86x to 1.09x that far, measured with all threads and with one thread on older kernels.
+    [own] = gradient_times_input(model.float(), [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    rounding = relative_error(own, expected)
+    assert relative_error(before, expected) <= 2 * rounding and relative_error(after, expected) <= 2 * rounding
 
 
 # -- Memory layouts ----------------------------------------------------------------------------
@@ -234,13 +280,6 @@ def correlation(relevance: torch.Tensor, reference: torch.Tensor) -> torch.Tenso
     return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
 
 
-# Lowest correlation with float32 relevance over 2 samples, epsilon and EpsilonPlusFlat, model cast
-# or autocast (measured, docs/faq.md): resnet18 float16 0.9967, bfloat16 0.981; ViT float16
-# 0.99999, bfloat16 0.9998.
-BOUNDS = {("resnet18", torch.float16): 0.99, ("resnet18", torch.bfloat16): 0.97,
-          ("vit", torch.float16): 0.9999, ("vit", torch.bfloat16): 0.999}
-
-
 COMPOSITES_LOW_PRECISION = {"epsilon": lambda: None, "EpsilonPlusFlat": EpsilonPlusFlat}
 
 
@@ -253,10 +292,25 @@ def float32_case(name: str, composite: str) -> tuple[nn.Module, torch.Tensor, to
     return model, x, fxlrp.attribute(fxlrp.convert(model, COMPOSITES_LOW_PRECISION[composite]()), x, target=1)
 
 
+def _low_precision_gradient_times_input(model: nn.Module, x: torch.Tensor, dtype: torch.dtype, how: str) -> Tensor:
+    """The model's own gradient x input for class 1, computed the way the explanation is: with the
+    model cast to ``dtype`` or under autocast."""
+    pick, relevance = (lambda out: out), (lambda out: onehot_relevance(out, 1))
+    if how == "model":
+        return gradient_times_input(copy.deepcopy(model).to(dtype), [x.to(dtype)], pick, relevance)[0]
+    with torch.autocast("cpu", dtype=dtype):
+        return gradient_times_input(model, [x], pick, relevance)[0]
+
+
 @pytest.mark.parametrize("name", ["resnet18", "vit"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("how", ["model", "autocast"])
 def test_low_precision_relevance_is_finite_and_agrees_with_float32(name: str, dtype: torch.dtype, how: str) -> None:
+    """Low-precision relevance loses no more agreement with float32 relevance than the model's
+    own gradient x input loses in that precision, on this machine's kernels (a CPU with native
+    float16 arithmetic rounds more than one that computes float16 in float32): the bound is
+    ``1 - correlation <= 2 (1 - correlation of the model's gradient x input)``, the lowest
+    correlation of 2 samples. Measured: 0.03x to 1.17x of the model's loss (docs/faq.md)."""
     for composite, make in COMPOSITES_LOW_PRECISION.items():
         model, x, reference = float32_case(name, composite)
         if how == "model":
@@ -268,7 +322,9 @@ def test_low_precision_relevance_is_finite_and_agrees_with_float32(name: str, dt
                 relevance = fxlrp.attribute(explain, x, target=1)
             assert relevance.dtype == torch.float32
         assert bool(relevance.isfinite().all())
-        assert correlation(relevance, reference).min() > BOUNDS[name, dtype], composite
+        [model_float32] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+        model_loss = 1 - correlation(_low_precision_gradient_times_input(model, x, dtype, how), model_float32).min()
+        assert 1 - correlation(relevance, reference).min() <= 2 * model_loss, composite
 
 
 def test_a_forward_under_autocast_may_go_backward_outside_it() -> None:
