@@ -1,6 +1,6 @@
 """fxlrp benchmark: forward, gradient x input, fxlrp, zennit and captum side by side.
 
-    python benchmarks/run.py                      # everything; writes docs/benchmarks.md + README
+    python benchmarks/run.py                      # everything; writes its section of docs/benchmarks.md
     python benchmarks/run.py --quick              # small inputs, a smoke check (writes nothing)
     python benchmarks/run.py --models resnet50,gcn --configs fxlrp,zennit --repeats 3
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch threads (default: torch's choice); 1 is steadier on a busy machine")
     parser.add_argument("--quick", action="store_true", help="small inputs; a smoke check, writes nothing")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-configuration memory processes")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs and README alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument("--probe-memory", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
 

@@ -1,10 +1,12 @@
 """The benchmark's table: machine description, one section per model, target checks; written
-to docs/benchmarks.md and between the README's benchmark markers."""
+between the markers of its section in docs/benchmarks.md, with the date and commit of the run."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
+import subprocess
 from collections.abc import Mapping
 
 import torch
@@ -12,8 +14,8 @@ import torch
 from benchmarks.configurations import FLOOR
 from benchmarks.measure import ROOT, Result
 
-START_MARKER = "<!-- benchmark:start -->"
-END_MARKER = "<!-- benchmark:end -->"
+START_MARKER = "<!-- benchmarks/run.py:start -->"
+END_MARKER = "<!-- benchmarks/run.py:end -->"
 
 
 def machine() -> str:
@@ -139,10 +141,9 @@ SUMMARY_COLUMNS = ("fxlrp Epsilon", "fxlrp EpsilonPlusFlat", "fxlrp EpsilonGamma
 
 
 def summary(all_results: Mapping[str, Mapping[str, Result]], command: str) -> str:
-    """One row per model for the README: time and memory as multiples of gradient x input."""
+    """One row per model: time and memory as multiples of gradient x input."""
     lines = [
-        f"Time (and peak allocated memory) as multiples of gradient x input; {machine()}. "
-        f"Full tables, method and target checks: [docs/benchmarks.md](docs/benchmarks.md). Rerun: `{command}`.",
+        "Time (and peak allocated memory) as multiples of gradient x input; the tables per model below.",
         "",
         "| model | gradient x input (s) | " + " | ".join(SUMMARY_COLUMNS) + " | convert (s) |",
         "|---|---:|" + "---:|" * len(SUMMARY_COLUMNS) + "---:|",
@@ -163,22 +164,27 @@ def summary(all_results: Mapping[str, Mapping[str, Result]], command: str) -> st
     return "\n".join(lines)
 
 
-def write(text: str, readme_text: str, title: str = "# Benchmarks") -> list[str]:
-    """Write docs/benchmarks.md and the README's benchmark section; return the files written."""
-    written = []
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "an unknown commit"
+
+
+def write(text: str, summary_text: str) -> list[str]:
+    """Replace the run's section of docs/benchmarks.md (between its markers) with this run, dated
+    and with its commit; the rest of the page (other benchmarks' dated figures) is kept. Returns
+    the files written."""
     path = os.path.join(ROOT, "docs", "benchmarks.md")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path) as source:
+        content = source.read()
+    start, end = content.find(START_MARKER), content.find(END_MARKER)
+    if not 0 <= start < end:
+        raise SystemExit(f"{path} has no section between {START_MARKER} and {END_MARKER}: add the markers "
+                         "where the run's figures go, or pass --no-write")
+    run = f"Run: {datetime.date.today().isoformat()} at {_commit()}."
+    body = "\n\n".join([run, summary_text, text.rstrip()])
     with open(path, "w") as out:
-        out.write(f"{title}\n\n{text}\n")
-    written.append(path)
-    readme = os.path.join(ROOT, "README.md")
-    if os.path.exists(readme):
-        with open(readme) as source:
-            content = source.read()
-        start, end = content.find(START_MARKER), content.find(END_MARKER)
-        if 0 <= start < end:
-            content = content[: start + len(START_MARKER)] + "\n" + readme_text + "\n" + content[end:]
-            with open(readme, "w") as out:
-                out.write(content)
-            written.append(readme)
-    return written
+        out.write(content[: start + len(START_MARKER)] + "\n" + body + "\n" + content[end:])
+    return [path]
