@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from fxlrp.capture import GRADIENTS_OFF
+
 OUT_OF_PLACE_OPERATORS = {
     operator.iadd: operator.add,
     operator.isub: operator.sub,
@@ -51,15 +53,6 @@ def tensor_property_name(function: Any) -> str | None:
     return getattr(getattr(function, "__self__", None), "__name__", None)
 
 
-def as_python_number(value: Any) -> Any:
-    """A NumPy scalar (``np.sqrt(d)``'s ``np.float64``, an ``np.int64`` size) as the Python number
-    it equals, any other value as it is. torch takes the two alike, but a graph's code would name
-    ``np``, which it does not import, and torch.fx refuses NumPy integers as arguments."""
-    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
-        return value.item()
-    return value
-
-
 def out_of_place_method(name: str) -> str | None:
     """``add_`` -> ``add``; None if ``name`` is not an in-place Tensor method with a twin."""
     if not name.endswith("_") or name.endswith("__") or name in KEEP_IN_PLACE:
@@ -87,9 +80,21 @@ def without_inplace_flag(function: Any, args: tuple[Any, ...],
     return (*args[:position], False, *args[position + 1:]), kwargs
 
 
-GRADIENTS_OFF = "fxlrp_gradients_off"
-"""``node.meta`` key of a call the model's code made with gradients turned off (``with
-torch.no_grad():``) while they were on around it."""
+def may_write(node: fx.Node) -> bool:
+    """Whether a call writes into its first argument (or ``out=``, or ``inplace=True``: ``F.relu(x,
+    inplace=True)`` returns its input, so nothing reads the node), or may (a module's code); kept
+    even if nothing reads its result."""
+    if "out" in node.kwargs:
+        return True
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function":
+        if node.target is operator.setitem or without_inplace_flag(node.target, node.args, node.kwargs) is not None:
+            return True
+        name = getattr(node.target, "__name__", "")
+    else:
+        return node.op == "call_module"
+    return name.endswith("_") and not name.endswith("__")
 
 
 def canonicalise(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[str]:

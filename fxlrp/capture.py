@@ -14,7 +14,6 @@ import torch
 from torch import fx, nn
 from torch.nn.utils import parametrize
 
-from fxlrp.canonicalise import GRADIENTS_OFF, as_python_number
 from fxlrp.errors import CaptureError
 from fxlrp.integrations import load_integrations
 from fxlrp.leaf_functions import (
@@ -26,6 +25,19 @@ from fxlrp.leaf_functions import (
 from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY
 from fxlrp.source import error_line, innermost_user_frame
+
+GRADIENTS_OFF = "fxlrp_gradients_off"
+"""``node.meta`` key of a call the model's code made with gradients turned off (``with
+torch.no_grad():``) while they were on around it."""
+
+
+def as_python_number(value: Any) -> Any:
+    """A NumPy scalar (``np.sqrt(d)``'s ``np.float64``, an ``np.int64`` size) as the Python number
+    it equals, any other value as it is. torch takes the two alike, but a graph's code would name
+    ``np``, which it does not import, and torch.fx refuses NumPy integers as arguments."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
 
 
 def keeps_its_type(container: dict[Any, Any]) -> bool:

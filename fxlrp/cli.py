@@ -16,21 +16,25 @@ from typing import Any
 
 import torch
 
+import fxlrp
+from fxlrp import text
 from fxlrp.cli_inputs import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     InputError,
     Preprocessing,
     _first_sentence,
+    _preprocessing,
+    _run_model,
+    _targets,
     check_inputs,
     composite_by_name,
     composite_names,
-    first_layer_channels,
     load_model,
     stack_inputs,
 )
+from fxlrp.compiled import compile as fxlrp_compile
 from fxlrp.errors import FxlrpError
 from fxlrp.explain_dataset import add_dataset_options, explains_data_set, run_dataset
+from fxlrp.explainer import attribute
 
 BAD_INPUT = 2
 CANNOT_EXPLAIN = 1
@@ -103,26 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _preprocessing(args: argparse.Namespace, model: torch.nn.Module) -> Preprocessing:
-    channels = first_layer_channels(model)
-    from_torchvision = args.model.startswith("torchvision:")
-    imagenet = from_torchvision and channels == 3
-    size = getattr(args, "size", None) or (224 if from_torchvision else None)
-    mean = getattr(args, "mean", None) or (IMAGENET_MEAN if imagenet else (0.0,) * channels)
-    std = getattr(args, "std", None) or (IMAGENET_STD if imagenet else (1.0,) * channels)
-    for name, values in (("--mean", mean), ("--std", std)):
-        if len(values) != channels:
-            raise InputError(f"{name} has {len(values)} values; the model takes {channels} channels")
-    if any(value <= 0 for value in std):
-        raise InputError("--std values must be positive")
-    if size is not None and size < 1:
-        raise InputError(f"--size must be positive, got {size}")
-    return Preprocessing(size, channels, tuple(mean), tuple(std))
-
-
 def _convert(model: torch.nn.Module, composite: object) -> torch.nn.Module:
-    import fxlrp
-
     return fxlrp.convert(model, composite)
 
 
@@ -153,8 +138,6 @@ def run_explain(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fxlrp import image
-    from fxlrp.compiled import compile as fxlrp_compile
-    from fxlrp.explainer import attribute
 
     if args.compile and (args.text is not None or args.model.startswith(HF_PREFIX)):
         raise InputError("--compile explains images and data sets, not --text")
@@ -209,28 +192,6 @@ def run_explain(args: argparse.Namespace) -> int:
             progress.update(len(paths))
     print("\n".join(lines))
     return 0
-
-
-def _run_model(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[str]) -> torch.Tensor:
-    try:
-        with torch.no_grad():
-            logits = explain(inputs)
-    except RuntimeError as error:
-        detail = str(error).strip().splitlines()[0][:200]
-        raise InputError(f"the model cannot take {paths[0]!r} (input shape {tuple(inputs.shape[1:])}): "
-                         f"{detail}; check --size and the image") from None
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise InputError("fxlrp explain needs a classifier returning [batch, classes] scores")
-    return logits
-
-
-def _targets(target: int | None, logits: torch.Tensor) -> torch.Tensor:
-    classes = logits.shape[1]
-    if target is None:
-        return logits.argmax(dim=1)
-    if not 0 <= target < classes:
-        raise InputError(f"--target {target} is out of range: the model has {classes} classes (0..{classes - 1})")
-    return torch.full((logits.shape[0],), target, dtype=torch.long)
 
 
 def _class_index(target: str | None) -> int | None:
@@ -354,9 +315,6 @@ def _text_target(target: str | None, pretrained: Pretrained) -> int | None:
 
 
 def run_explain_text(args: argparse.Namespace) -> int:
-    from fxlrp import text
-    from fxlrp.explainer import attribute
-
     if not args.model.startswith(HF_PREFIX):
         raise InputError(f"--text needs a Hugging Face model, --model hf:DIR (got {args.model!r})")
     if not args.text:

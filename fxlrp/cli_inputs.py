@@ -4,6 +4,7 @@ message is one line naming the input and what to do."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -245,3 +246,42 @@ def check_inputs(paths: Sequence[str | Path], preprocessing: Preprocessing) -> t
         listing = ", ".join(f"{name} {shape[1:]}" for name, shape in list(shapes.items())[:4])
         raise InputError(f"inputs differ in size ({listing}, ...); pass --size to resize images")
     return next(iter(shapes.values()))
+
+
+def _preprocessing(args: argparse.Namespace, model: torch.nn.Module) -> Preprocessing:
+    channels = first_layer_channels(model)
+    from_torchvision = args.model.startswith("torchvision:")
+    imagenet = from_torchvision and channels == 3
+    size = getattr(args, "size", None) or (224 if from_torchvision else None)
+    mean = getattr(args, "mean", None) or (IMAGENET_MEAN if imagenet else (0.0,) * channels)
+    std = getattr(args, "std", None) or (IMAGENET_STD if imagenet else (1.0,) * channels)
+    for name, values in (("--mean", mean), ("--std", std)):
+        if len(values) != channels:
+            raise InputError(f"{name} has {len(values)} values; the model takes {channels} channels")
+    if any(value <= 0 for value in std):
+        raise InputError("--std values must be positive")
+    if size is not None and size < 1:
+        raise InputError(f"--size must be positive, got {size}")
+    return Preprocessing(size, channels, tuple(mean), tuple(std))
+
+
+def _run_model(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[str]) -> torch.Tensor:
+    try:
+        with torch.no_grad():
+            logits = explain(inputs)
+    except RuntimeError as error:
+        detail = str(error).strip().splitlines()[0][:200]
+        raise InputError(f"the model cannot take {paths[0]!r} (input shape {tuple(inputs.shape[1:])}): "
+                         f"{detail}; check --size and the image") from None
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise InputError("fxlrp explain needs a classifier returning [batch, classes] scores")
+    return logits
+
+
+def _targets(target: int | None, logits: torch.Tensor) -> torch.Tensor:
+    classes = logits.shape[1]
+    if target is None:
+        return logits.argmax(dim=1)
+    if not 0 <= target < classes:
+        raise InputError(f"--target {target} is out of range: the model has {classes} classes (0..{classes - 1})")
+    return torch.full((logits.shape[0],), target, dtype=torch.long)

@@ -24,9 +24,19 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 
-from fxlrp.cli_inputs import InputError, Preprocessing
+import fxlrp
+from fxlrp.cli_inputs import (
+    InputError,
+    Preprocessing,
+    _preprocessing,
+    _run_model,
+    _targets,
+    composite_by_name,
+    load_model,
+)
 from fxlrp.datasets import NO_LABEL, Item, Source, as_list, open_data
 from fxlrp.distributed import Processes, processes_from_environment
+from fxlrp.explainer import attribute
 from fxlrp.explanations_store import PNG, ExplanationWriter, ShardRows, write_atomic
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -237,8 +247,6 @@ def _problem(run: _Run, item: Item) -> str | None:
 def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Relevance, predictions, targets and explained scores of a batch, in one forward and one
     backward pass."""
-    from fxlrp.explainer import attribute
-
     inputs = prepare_inputs(torch.stack([item.values for item in items]), run.device, run.dtype)  # type: ignore[misc]
     outputs: list[Tensor] = []
 
@@ -391,13 +399,9 @@ def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: So
 
 
 def _explain_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
-    import fxlrp
-    from fxlrp import cli
-    from fxlrp.cli_inputs import composite_by_name, load_model
-
     torch.manual_seed(0)  # a model without --weights gets the same random weights in every process
     model = load_model(args.model, args.weights)
-    preprocessing = cli._preprocessing(args, model)
+    preprocessing = _preprocessing(args, model)
     composite = composite_by_name(args.composite, preprocessing)
     if args.png:
         from fxlrp import image
@@ -414,11 +418,11 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
         raise InputError(f"--png needs image-shaped samples [channels, height, width]; these are {sample_shape}")
     explain = fxlrp.convert(prepare_model(model, device, args.dtype), composite)
     with autocast(device, args.dtype):
-        logits = cli._run_model(explain, prepare_inputs(first.values[None], device, args.dtype),
-                                [source.names[first.index]])
+        logits = _run_model(explain, prepare_inputs(first.values[None], device, args.dtype),
+                            [source.names[first.index]])
     classes = logits.shape[1]
     if isinstance(args.target, int):
-        cli._targets(args.target, logits)
+        _targets(args.target, logits)
     elif args.target == "label" and source.classes is None and first.label == NO_LABEL:
         raise InputError(f"--target label: {source.description} has no labels")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -126,3 +127,19 @@ class NativeModuleNode(nn.Module):
 
     def extra_repr(self) -> str:
         return type(self.module).__name__
+
+
+def method(name: str) -> Callable[..., Any]:
+    """The function spelling of a Tensor method: ``self`` comes first."""
+    return TensorMethod(name)
+
+
+class TensorMethod:
+    """Calls the Tensor method ``__name__`` on its first argument. An object, not a closure, so
+    that an explainer holding it can be pickled (``torch.save(explain)``)."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+    def __call__(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(tensor, self.__name__)(*args, **kwargs)

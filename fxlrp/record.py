@@ -39,13 +39,8 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.canonicalise import (
-    GRADIENTS_OFF,
-    as_python_number,
-    tensor_method_name,
-    tensor_property_name,
-    without_inplace_flag,
-)
+from fxlrp.canonicalise import may_write, tensor_method_name, tensor_property_name
+from fxlrp.capture import GRADIENTS_OFF, as_python_number
 from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES
 from fxlrp.source import innermost_user_frame
@@ -159,7 +154,7 @@ class Recorder(TorchFunctionMode):
         self.thread = threading.get_ident()
         self.gradients = torch.is_grad_enabled()
         """Whether the recorded call runs with gradients on: calls its code makes with them off
-        are marked (:data:`~fxlrp.canonicalise.GRADIENTS_OFF`)."""
+        are marked (:data:`~fxlrp.capture.GRADIENTS_OFF`)."""
 
     # -- values ----------------------------------------------------------------------------------
 
@@ -474,23 +469,6 @@ def _storage(tensor: Tensor) -> int:
     """The address of ``tensor``'s storage (read past the recorder: not a call of the run)."""
     with torch._C.DisableTorchFunction():
         return tensor.untyped_storage().data_ptr()
-
-
-def may_write(node: fx.Node) -> bool:
-    """Whether a call writes into its first argument (or ``out=``, or ``inplace=True``: ``F.relu(x,
-    inplace=True)`` returns its input, so nothing reads the node), or may (a module's code); kept
-    even if nothing reads its result."""
-    if "out" in node.kwargs:
-        return True
-    if node.op == "call_method":
-        name = node.target
-    elif node.op == "call_function":
-        if node.target is operator.setitem or without_inplace_flag(node.target, node.args, node.kwargs) is not None:
-            return True
-        name = getattr(node.target, "__name__", "")
-    else:
-        return node.op == "call_module"
-    return name.endswith("_") and not name.endswith("__")
 
 
 def _eliminate_dead_code(graph: fx.Graph) -> None:

@@ -8,12 +8,15 @@ crosses it. Adding an operation is one ``register(Operation(...))`` in ``fxlrp/o
 from __future__ import annotations
 
 import enum
+import importlib
+import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
 
+from fxlrp.integrations import INTEGRATIONS
 from fxlrp.relevance.form import gradient_is_native
 from fxlrp.relevance.roles import give_role, role_of, shared_role
 
@@ -238,14 +241,9 @@ def register(operation: Operation) -> Operation:
 
 def registered_operation(name: str) -> Operation:
     """The registered operation ``name``, for an explainer loaded by ``pickle`` or ``torch.load``,
-    possibly in a process that has not converted a model yet: the core operations are loaded, then
-    the integrations of the libraries that are installed, until one registers ``name``."""
-    import importlib
-    import importlib.util
-
-    import fxlrp.operations  # noqa: F401  (registers the core operations)
-    from fxlrp.integrations import INTEGRATIONS
-
+    possibly in a process that has not converted a model yet: the core operations are registered
+    (loading imports ``fxlrp``, whose ``convert`` imports :mod:`fxlrp.operations`), then the
+    integrations of the libraries that are installed are loaded, until one registers ``name``."""
     for library, integration in INTEGRATIONS.items():
         if name in REGISTRY.operations:
             break

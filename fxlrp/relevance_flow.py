@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from torch import fx, nn
 
-from fxlrp.record import may_write
+from fxlrp.canonicalise import may_write
 from fxlrp.registry import REGISTRY, Kind, Operation
 
 

@@ -18,10 +18,10 @@ from fxlrp.nodes import (
     PlainCallNode,
     RelevanceNode,
     detached_state,
+    method,
     out_of_place,
     rewritten_module_name,
 )
-from fxlrp.operations.helpers import method
 from fxlrp.registry import REGISTRY, Kind, Operation, called
 from fxlrp.relevance_flow import (
     find_operation,

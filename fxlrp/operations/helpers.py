@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from fxlrp.call import RelevanceCall
+from fxlrp.nodes import TensorMethod, method  # noqa: F401  (explainers saved before name it here)
 from fxlrp.registry import NativeInGradientForm
 from fxlrp.relevance import apply_pass
 
@@ -84,22 +85,6 @@ def identity(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor
 def module_as_function(module: nn.Module, parameters: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
     """A parameterless module is its own functional form."""
     return module, {}
-
-
-def method(name: str) -> Callable[..., Any]:
-    """The function spelling of a Tensor method: ``self`` comes first."""
-    return TensorMethod(name)
-
-
-class TensorMethod:
-    """Calls the Tensor method ``__name__`` on its first argument. An object, not a closure, so
-    that an explainer holding it can be pickled (``torch.save(explain)``)."""
-
-    def __init__(self, name: str) -> None:
-        self.__name__ = name
-
-    def __call__(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        return getattr(tensor, self.__name__)(*args, **kwargs)
 
 
 def held_constant(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
