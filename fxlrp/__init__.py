@@ -4,7 +4,9 @@
 propagates relevance: ``explain(x).backward(R)`` leaves the relevance of ``x`` in ``x.grad``.
 """
 
-from fxlrp import composites, rules
+import sys
+
+from fxlrp import _moved, composites, rules
 from fxlrp.compiled import compile
 from fxlrp.convert import convert
 from fxlrp.errors import CaptureError, FxlrpError, UnsupportedOperationError
@@ -25,12 +27,18 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+_moved.install(sys.modules[__name__])
+
 
 def __getattr__(name: str) -> object:
     """``fxlrp.read_explanations`` (explanations written by ``fxlrp explain --data``), imported on
-    first use so that ``import fxlrp`` stays light."""
+    first use so that ``import fxlrp`` stays light; a module's path before the package layout
+    (``fxlrp.explainer``), the module it names now (:mod:`fxlrp._moved`)."""
     if name == "read_explanations":
         from fxlrp.explanations_store import read_explanations
 
         return read_explanations
+    module = _moved.moved_module(sys.modules[__name__], name)
+    if module is not None:
+        return module
     raise AttributeError(f"module 'fxlrp' has no attribute {name!r}")

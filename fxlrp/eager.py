@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxlrp.call import RelevanceCall
 from fxlrp.capture import EXTRA_KEYWORDS
 from fxlrp.interpret import Interpretation, LayerRunner, layer_runner, run_interpreted
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.replay import Recordings
 
 

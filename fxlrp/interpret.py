@@ -38,7 +38,6 @@ from torch.autograd.function import Function
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.call import RelevanceCall
 from fxlrp.canonicalise import (
     VIEW_METADATA_METHODS,
     out_of_place_method,
@@ -53,6 +52,7 @@ from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import checkpoints_run_their_function, forward_of, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY, Kind, Operation
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.rules import Rule

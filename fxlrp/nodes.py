@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fxlrp.call import RelevanceCall
 from fxlrp.registry import Operation
+from fxlrp.relevance.call import RelevanceCall
 
 REWRITTEN_PREFIX = "fxlrp_"
 """A rewritten node calls the explainer's module ``fxlrp_<original node name>``."""

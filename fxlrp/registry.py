@@ -64,7 +64,7 @@ class Operation:
     """A canonical operation and every way a model can spell it.
 
     ``relevance(call, function, *args, **kwargs)`` replaces the call: ``call`` is the
-    :class:`~fxlrp.call.RelevanceCall` with the node's rule, ``function`` the original callable
+    :class:`~fxlrp.relevance.call.RelevanceCall` with the node's rule, ``function`` the original callable
     of this spelling (the function itself, a caller of the Tensor method with ``self`` first, or
     the functional form of a module) and ``args``/``kwargs`` the call's arguments. With
     ``relevance=None`` the node keeps its native operation.

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxlrp.call import RelevanceCall
 from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph_module import ExplainedGraphModule
@@ -23,6 +22,7 @@ from fxlrp.nodes import (
     rewritten_module_name,
 )
 from fxlrp.registry import REGISTRY, Kind, Operation, called
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance_flow import (
     find_operation,
     nodes_relevance_returns_to,

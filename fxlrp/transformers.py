@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import activations
 
-from fxlrp.call import RelevanceCall
 from fxlrp.interpret import interpret
 from fxlrp.operations.helpers import module_as_function, passes
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.roles import ACTIVATION
 
 _NAMES = (

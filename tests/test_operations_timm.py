@@ -27,9 +27,9 @@ from test_operations import Case, Op, layer, randn
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.call import RelevanceCall
 from fxlrp.composites import Composite
 from fxlrp.operations.powers import power
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import Epsilon, ZPlus
 
 TOLERANCE = 1e-10

@@ -19,9 +19,9 @@ from conftest import dense_jacobians, epsilon_reference, explained_relevance, re
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.call import RelevanceCall
 from fxlrp.composites import Composite
 from fxlrp.relevance import AffineLayer
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import AlphaBeta, Epsilon, Flat, Gamma, Norm, Pass, Rule, WSquare, ZBox, ZPlus
 
 LAYERS: dict[str, tuple[Callable[[bool], nn.Module], tuple[int, ...]]] = {

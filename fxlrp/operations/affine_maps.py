@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fxlrp.call import RelevanceCall
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine
 from fxlrp.operations.products import multilinear
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
 
 

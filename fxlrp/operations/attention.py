@@ -24,12 +24,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fxlrp.attention_rules import AttentionAsConstant, Product, SoftmaxRule
-from fxlrp.call import RelevanceCall
 from fxlrp.interpret import Interpretation, interpret
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance import AffineLayer
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
 from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, role_of
 from fxlrp.relevance.rule_function import carries_relevance

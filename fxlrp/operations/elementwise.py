@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import NATIVE_WITH_ONE_CARRIER, module_as_function, passes
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.roles import ACTIVATION
 from fxlrp.relevance.rule_function import hand_over_activation, rectify_in_place

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.call import RelevanceCall
 from fxlrp.interpret import interpret
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import apply_pass
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.roles import GATE
 from fxlrp.relevance.straight_through import decomposed_in_backward
 

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fxlrp.call import RelevanceCall
 from fxlrp.nodes import TensorMethod, method  # noqa: F401  (explainers saved before name it here)
 from fxlrp.registry import NativeInGradientForm
 from fxlrp.relevance import apply_pass
+from fxlrp.relevance.call import RelevanceCall
 
 NATIVE_UNDER_NATIVE_RULE = NativeInGradientForm()
 """Affine maps and layers (``affine``, ``weighted``): their own call in the gradient form under

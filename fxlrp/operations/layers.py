@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, weighted
 from fxlrp.operations.normalization import normalisation, scaled_and_shifted
 from fxlrp.registry import Kind, NativeInGradientForm, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
 
 

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import passes
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import decomposed_in_backward
 

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fxlrp.call import RelevanceCall
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import apply_pass
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
 
 

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fxlrp.call import RelevanceCall
 from fxlrp.interpret import interpret
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, NATIVE_WITH_ONE_CARRIER, bind
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_form_active
 from fxlrp.relevance.roles import role_of
 from fxlrp.relevance.rule_function import carries_relevance

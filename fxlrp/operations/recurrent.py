@@ -60,10 +60,10 @@ import torch.nn.functional as F
 from torch import _VF, Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from fxlrp.call import RelevanceCall
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.interpret import interpret
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.roles import GATE, mark
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import decomposed_in_backward

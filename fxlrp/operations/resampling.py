@@ -36,10 +36,10 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import affine
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 
 COPYING_MODES = ("nearest", "nearest-exact")
 _FIXED_MODE = {F.upsample_nearest: "nearest", F.upsample_bilinear: "bilinear"}

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine, bind
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.scatter_library import (
     INDEX_FUNCTIONS,
     MAX_FUNCTIONS,

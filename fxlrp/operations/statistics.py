@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fxlrp.call import RelevanceCall
 from fxlrp.operations.helpers import affine, held_constant
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 
 
 def spread_and_mean(

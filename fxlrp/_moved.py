@@ -1,0 +1,84 @@
+"""The module paths fxlrp had before its package layout, still importable.
+
+fxlrp's modules once sat side by side in ``fxlrp/`` (``fxlrp.explainer``, ``fxlrp.interpret``);
+they now live in packages along the pipeline (``fxlrp.explain.explainer``,
+``fxlrp.eager.interpret``). User code imports the old paths, and explainers saved with ``pickle``
+or ``torch.save`` name their classes by them (``fxlrp.explainer.Explainer``,
+``fxlrp.call.RelevanceCall``). :data:`MOVED` maps each old path to its module, and the finder
+installed by ``import fxlrp`` makes ``import fxlrp.explainer`` give that module itself: the same
+object, so its classes are the same classes and old pickles load. Submodules of a moved package
+follow it (``fxlrp.pyg.walks`` is ``fxlrp.integrations.pyg.walks``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any
+
+MOVED = {
+    "fxlrp.call": "fxlrp.relevance.call",
+}
+"""Old module path -> the module it is now."""
+
+
+def new_name(name: str) -> str | None:
+    """The module an old path names now (a moved module, or one inside a moved package); None for a
+    path that did not move."""
+    if name in MOVED:
+        return MOVED[name]
+    package, _, rest = name.rpartition(".")
+    while package:
+        if package in MOVED:
+            return MOVED[package] + name[len(package):]
+        package, _, _ = package.rpartition(".")
+    return None
+
+
+class OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old path as the module it names now: the loader puts that module in
+    ``sys.modules`` under the old name, which the import system then returns."""
+
+    def find_spec(self, fullname: str, path: object = None,
+                  target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith("fxlrp.") or new_name(fullname) is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # a placeholder, replaced in exec_module
+
+    def exec_module(self, module: ModuleType) -> None:
+        sys.modules[module.__name__] = importlib.import_module(new_name(module.__name__))
+
+    def get_code(self, fullname: str) -> Any:
+        """The code of the module the old path names (``python -m fxlrp.cli`` runs it)."""
+        new = new_name(fullname)
+        return importlib.util.find_spec(new).loader.get_code(new)
+
+
+def install(package: ModuleType) -> None:
+    """Put the finder first on ``sys.meta_path`` (once). An old path whose name the package already
+    holds as something else (``fxlrp.convert``, the function) is entered now, so that importing
+    it does not replace the package's attribute with the module."""
+    if not any(isinstance(finder, OldPaths) for finder in sys.meta_path):
+        sys.meta_path.insert(0, OldPaths())
+    for old, new in MOVED.items():
+        parent, _, child = old.rpartition(".")
+        if parent == package.__name__ and child in vars(package) and old not in sys.modules:
+            module = importlib.import_module(new)
+            if vars(package)[child] is not module:
+                sys.modules[old] = module
+
+
+def moved_module(package: ModuleType, name: str) -> ModuleType | None:
+    """``fxlrp.<name>`` for an old path read as an attribute (``fxlrp.explainer.output_relevance``
+    after ``import fxlrp``, which once imported it); None for any other name."""
+    old = f"{package.__name__}.{name}"
+    if old not in MOVED:
+        return None
+    return importlib.import_module(old)
