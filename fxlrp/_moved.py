@@ -22,6 +22,7 @@ from typing import Any
 
 MOVED = {
     "fxlrp.call": "fxlrp.relevance.call",
+    "fxlrp.integrations": "fxlrp.registry.integrations",
 }
 """Old module path -> the module it is now."""
 

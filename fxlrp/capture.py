@@ -15,7 +15,6 @@ from torch import fx, nn
 from torch.nn.utils import parametrize
 
 from fxlrp.errors import CaptureError
-from fxlrp.integrations import load_integrations
 from fxlrp.leaf_functions import (
     checkpoints_run_their_function,
     forward_of,
@@ -24,6 +23,7 @@ from fxlrp.leaf_functions import (
 )
 from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY
+from fxlrp.registry.integrations import load_integrations
 from fxlrp.source import error_line, innermost_user_frame
 
 GRADIENTS_OFF = "fxlrp_gradients_off"

@@ -11,7 +11,7 @@ from torch import nn
 
 import fxlrp
 from fxlrp.composites import Composite
-from fxlrp.integrations import register_integration
+from fxlrp.registry.integrations import register_integration
 from fxlrp.relevance import terms
 from fxlrp.rules import InputIndependent
 
@@ -39,7 +39,7 @@ def test_a_rule_declared_in_four_lines_follows_its_formula() -> None:
 
 
 def test_a_library_taught_by_one_plug_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fxlrp import integrations
+    from fxlrp.registry import integrations
 
     monkeypatch.setattr(integrations, "INTEGRATIONS", dict(integrations.INTEGRATIONS))
     register_integration("extending_plugin", "extending_plugin_support")

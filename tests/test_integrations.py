@@ -13,7 +13,7 @@ from conftest import LRP0, gradient_times_input, onehot_relevance, relative_erro
 from torch import nn
 
 import fxlrp
-from fxlrp import integrations
+from fxlrp.registry import integrations
 
 
 def test_an_integration_that_fails_to_load_is_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
 """Registry entries, one file per family of operations. Importing this package registers them.
 
-``torchvision_ops`` is registered when torchvision is in use (see :mod:`fxlrp.integrations`).
+``torchvision_ops`` is registered when torchvision is in use (see :mod:`fxlrp.registry.integrations`).
 """
 
 from fxlrp.operations import (  # noqa: F401

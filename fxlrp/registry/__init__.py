@@ -3,6 +3,8 @@
 Each :class:`Operation` names a canonical operation, lists every spelling that reaches it
 (``nn.Module`` types, functions by identity, Tensor method names) and says how relevance
 crosses it. Adding an operation is one ``register(Operation(...))`` in ``fxlrp/operations/``.
+The operations fill it as they are imported; it imports nothing above it. Integrations with
+libraries are loaded by :mod:`fxlrp.registry.integrations` when a model uses the library.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from fxlrp.integrations import INTEGRATIONS
+from fxlrp.registry import integrations
 from fxlrp.relevance.form import gradient_is_native
 from fxlrp.relevance.roles import give_role, role_of, shared_role
 
@@ -244,7 +246,7 @@ def registered_operation(name: str) -> Operation:
     possibly in a process that has not converted a model yet: the core operations are registered
     (loading imports ``fxlrp``, whose ``convert`` imports :mod:`fxlrp.operations`), then the
     integrations of the libraries that are installed are loaded, until one registers ``name``."""
-    for library, integration in INTEGRATIONS.items():
+    for library, integration in integrations.INTEGRATIONS.items():
         if name in REGISTRY.operations:
             break
         if importlib.util.find_spec(library) is not None:
