@@ -128,7 +128,7 @@ def next_token_explainer(model: Any) -> Any:
     import torch
 
     import fxlrp
-    from fxlrp.composites import AttnLRP
+    from fxlrp.rules.composites import AttnLRP
 
     class NextToken(torch.nn.Module):
         def __init__(self) -> None:

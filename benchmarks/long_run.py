@@ -44,7 +44,7 @@ def report(name: str, round_: int, started: float, device: torch.device) -> None
 
 def cnn_run(rounds: int, every: int, device: torch.device) -> None:
     import fxlrp
-    from fxlrp.composites import EpsilonPlusFlat
+    from fxlrp.rules.composites import EpsilonPlusFlat
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),

@@ -6,11 +6,12 @@ propagates relevance: ``explain(x).backward(R)`` leaves the relevance of ``x`` i
 
 import sys
 
-from fxlrp import _moved, composites, rules
+from fxlrp import _moved, rules
 from fxlrp.compiled import compile
 from fxlrp.convert import convert
 from fxlrp.errors import CaptureError, FxlrpError, UnsupportedOperationError
 from fxlrp.explainer import Explainer, attribute, attribute_nodes
+from fxlrp.rules import composites
 
 __all__ = [
     "convert",

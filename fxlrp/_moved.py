@@ -23,6 +23,8 @@ from typing import Any
 MOVED = {
     "fxlrp.call": "fxlrp.relevance.call",
     "fxlrp.integrations": "fxlrp.registry.integrations",
+    "fxlrp.attention_rules": "fxlrp.rules.attention",
+    "fxlrp.composites": "fxlrp.rules.composites",
 }
 """Old module path -> the module it is now."""
 

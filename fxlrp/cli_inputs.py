@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fxlrp import composites, rules
+from fxlrp import rules
 from fxlrp.errors import FxlrpError
+from fxlrp.rules import composites
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

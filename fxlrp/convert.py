@@ -13,7 +13,6 @@ import fxlrp.eager  # noqa: F401  (registers the parts run eagerly)
 import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.canonicalise import canonicalise
 from fxlrp.capture import capture as capture_model
-from fxlrp.composites import Composite, as_composite
 from fxlrp.explainer import Explainer
 from fxlrp.fold_batchnorm import fold_batch_norms
 from fxlrp.model_snapshot import ModelSnapshot
@@ -22,6 +21,7 @@ from fxlrp.relevance.form import composite_has_gradient_form
 from fxlrp.report import Report
 from fxlrp.rewrite import Rewriter
 from fxlrp.rules import Rule
+from fxlrp.rules.composites import Composite, as_composite
 from fxlrp.scatter_library import all_scatter_functions
 
 
@@ -64,7 +64,7 @@ def convert(
 
     ``composite``: None (Epsilon(1e-6) on every weighted layer, the z-rule on sums), a single
     rule for every weighted layer (``fxlrp.rules.Epsilon(0.0)`` is LRP-0), or a
-    :class:`~fxlrp.composites.Composite`.
+    :class:`~fxlrp.rules.composites.Composite`.
     ``strict``: raise :class:`~fxlrp.UnsupportedOperationError` for operations without a rule
     that are not known to be relevance-neutral; with False they follow their gradient and a
     warning lists them.

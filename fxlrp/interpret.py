@@ -47,7 +47,6 @@ from fxlrp.canonicalise import (
     without_inplace_flag,
     written_through_view,
 )
-from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.leaf_functions import checkpoints_run_their_function, forward_of, intercepted_applications, intercepted_calls
 from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
@@ -56,6 +55,7 @@ from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.rules import Rule
+from fxlrp.rules.composites import Composite, Site
 from fxlrp.source import calling_line, function_name
 
 AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
@@ -230,7 +230,7 @@ class Interpretation:
     def rule_for(self, operation: Operation, module: nn.Module | None, first: bool, relevance_factors: int) -> Any:
         """The composite's rule for ``operation`` run by ``module`` (the innermost running module,
         or None), as the first layer or not, with ``relevance_factors`` of its factors carrying
-        relevance (see :meth:`fxlrp.composites.Composite.resolve`)."""
+        relevance (see :meth:`fxlrp.rules.composites.Composite.resolve`)."""
         if operation.kind is not Kind.AFFINE:
             return None
         site, composite = self.site, self.composite

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxlrp.composites import Composite, Site
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph_module import ExplainedGraphModule
 from fxlrp.nodes import (
@@ -31,6 +30,7 @@ from fxlrp.relevance_flow import (
     relevance_factors,
 )
 from fxlrp.report import NodeReport
+from fxlrp.rules.composites import Composite, Site
 from fxlrp.source import function_name, source_line
 
 

@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 import fxlrp
 import fxlrp.operations.attention as attention
-from fxlrp.composites import CPLRP, AttnLRP, Composite
 from fxlrp.rules import Epsilon
+from fxlrp.rules.composites import CPLRP, AttnLRP, Composite
 
 LENGTH = 6
 

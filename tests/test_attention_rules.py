@@ -19,10 +19,10 @@ from conftest import epsilon_reference, explained_relevance, gradient_times_inpu
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.attention_rules import cp_lrp, uniform_gates
-from fxlrp.composites import Composite, Site
 from fxlrp.registry import REGISTRY
 from fxlrp.rules import Product as ProductRule
+from fxlrp.rules.attention import cp_lrp, uniform_gates
+from fxlrp.rules.composites import Composite, Site
 
 TOLERANCE = 1e-12
 

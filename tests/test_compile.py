@@ -11,8 +11,8 @@ from torch._dynamo.utils import counters
 
 import fxlrp
 from fxlrp import cli
-from fxlrp.composites import EpsilonGammaBox, EpsilonPlusFlat
 from fxlrp.rules import Epsilon
+from fxlrp.rules.composites import EpsilonGammaBox, EpsilonPlusFlat
 from fxlrp.toys.digits import DigitsCNN
 
 

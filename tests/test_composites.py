@@ -10,7 +10,8 @@ from test_rules import epsilon_dense, flat_dense, zplus_dense
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.composites import (
+from fxlrp.rules import AlphaBeta, Epsilon, Flat, Gamma, Norm, Pass, Rule, WSquare, ZBox, ZPlus
+from fxlrp.rules.composites import (
     Composite,
     EpsilonAlpha2Beta1,
     EpsilonAlpha2Beta1Flat,
@@ -19,7 +20,6 @@ from fxlrp.composites import (
     EpsilonPlusFlat,
     Site,
 )
-from fxlrp.rules import AlphaBeta, Epsilon, Flat, Gamma, Norm, Pass, Rule, WSquare, ZBox, ZPlus
 
 
 def site(operation: str = "conv", *, weighted: bool = True, name: str | None = "features.3",

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 import fxlrp
-from fxlrp.composites import EpsilonPlusFlat
+from fxlrp.rules.composites import EpsilonPlusFlat
 
 
 class StraightThrough(torch.autograd.Function):

@@ -15,8 +15,8 @@ from conftest import LRP0, explained_relevance, gradient_times_input, onehot_rel
 from torch import nn
 
 import fxlrp
-from fxlrp.composites import Composite, EpsilonGammaBox, EpsilonPlusFlat
 from fxlrp.rules import Epsilon, ZPlus
+from fxlrp.rules.composites import Composite, EpsilonGammaBox, EpsilonPlusFlat
 
 
 class Branchy(nn.Module):

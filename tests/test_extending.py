@@ -10,10 +10,10 @@ from conftest import LRP0, gradient_times_input, onehot_relevance, relative_erro
 from torch import nn
 
 import fxlrp
-from fxlrp.composites import Composite
 from fxlrp.registry.integrations import register_integration
 from fxlrp.relevance import terms
 from fxlrp.rules import InputIndependent
+from fxlrp.rules.composites import Composite
 
 
 class PositiveWSquare(InputIndependent):

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.composites import EpsilonPlusFlat
+from fxlrp.rules.composites import EpsilonPlusFlat
 
 
 class SmallNet(nn.Module):

@@ -13,10 +13,10 @@ from conftest import onehot_relevance, relative_error
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.composites import CPLRP, AttnLRP, Composite, EpsilonPlusFlat
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, require_relevance_form
 from fxlrp.relevance.roles import ATTENTION, GATE
 from fxlrp.rules import Epsilon, Product
+from fxlrp.rules.composites import CPLRP, AttnLRP, Composite, EpsilonPlusFlat
 
 
 class Residual(nn.Module):

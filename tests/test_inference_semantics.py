@@ -17,7 +17,7 @@ from conftest import relative_error
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.composites import AttnLRP
+from fxlrp.rules.composites import AttnLRP
 
 
 class FusedAttentionWithDropout(nn.Module):

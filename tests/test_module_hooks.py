@@ -17,7 +17,7 @@ from torch.nn.utils import parametrizations
 
 import fxlrp
 from fxlrp import CaptureError
-from fxlrp.composites import EpsilonAlpha2Beta1Flat, EpsilonPlusFlat
+from fxlrp.rules.composites import EpsilonAlpha2Beta1Flat, EpsilonPlusFlat
 
 
 class Net(nn.Module):

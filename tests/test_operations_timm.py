@@ -27,10 +27,10 @@ from test_operations import Case, Op, layer, randn
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.composites import Composite
 from fxlrp.operations.powers import power
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import Epsilon, ZPlus
+from fxlrp.rules.composites import Composite
 
 TOLERANCE = 1e-10
 Held = Callable[[Tensor], Tensor]

@@ -12,7 +12,7 @@ import torchvision
 from conftest import randomise_batch_norm_statistics, relative_error
 
 import fxlrp
-from fxlrp.composites import Epsilon
+from fxlrp.rules.composites import Epsilon
 
 
 def test_outputs_are_bit_identical_without_batch_norm(generator: torch.Generator) -> None:

@@ -24,9 +24,9 @@ from conftest import LRP0, gradient_times_input, onehot_relevance, relative_erro
 from torch import nn
 
 import fxlrp
-from fxlrp.attention_rules import Product, cp_lrp
-from fxlrp.composites import Composite
 from fxlrp.rules import Epsilon, ZPlus
+from fxlrp.rules.attention import Product, cp_lrp
+from fxlrp.rules.composites import Composite
 
 TOLERANCE = 1e-12
 

@@ -42,9 +42,9 @@ from random_models import Example, Family, RandomModel, WeightedCall, examples
 from torch import Tensor, fx, nn
 
 import fxlrp
-from fxlrp.attention_rules import cp_lrp
-from fxlrp.composites import Composite
 from fxlrp.rules import AlphaBeta, Epsilon, Gamma, Rule, ZPlus
+from fxlrp.rules.attention import cp_lrp
+from fxlrp.rules.composites import Composite
 
 LONG_RUN = int(os.environ.get("FXLRP_PROPERTY_EXAMPLES", "0"))
 

@@ -146,7 +146,7 @@ def test_plain_index_select_after_pyg_import() -> None:
 def test_the_first_layer_rule_reaches_inside_the_first_message_passing_layer(layer: str) -> None:
     # EpsilonPlusFlat's Flat belongs to the first linear layer the input meets: inside the first
     # message-passing layer, where the model run eagerly as a whole also puts it (not the head).
-    from fxlrp.composites import EpsilonPlusFlat
+    from fxlrp.rules.composites import EpsilonPlusFlat
 
     torch.manual_seed(0)
     model = Stack(layer).double().eval()

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import fxlrp
-from fxlrp.composites import CPLRP, AttnLRP, Composite
 from fxlrp.errors import UnsupportedOperationError
+from fxlrp.rules.composites import CPLRP, AttnLRP, Composite
 
 TOLERANCE = 1e-10
 LENGTH, BATCH, FEATURES, HIDDEN = 5, 2, 3, 4

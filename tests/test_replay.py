@@ -16,9 +16,9 @@ from conftest import LRP0, gradient_times_input, onehot_relevance, recordings, r
 from torch import nn
 
 import fxlrp
-from fxlrp.composites import Composite, EpsilonPlusFlat
 from fxlrp.replay import KEPT
 from fxlrp.rules import Epsilon, Gamma
+from fxlrp.rules.composites import Composite, EpsilonPlusFlat
 
 
 class PerToken(nn.Module):
@@ -324,7 +324,7 @@ def test_roles_reach_products_through_views_in_a_replay() -> None:
     other factor takes its relevance, which is gradient x input of the model with those outputs
     detached. The roles pass through the views of the replayed graph (where views that can hand
     on no role are plain calls); without them each product would split its relevance."""
-    from fxlrp.composites import CPLRP
+    from fxlrp.rules.composites import CPLRP
 
     torch.manual_seed(0)
     model = RolesThroughViews().double().eval()

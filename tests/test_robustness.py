@@ -31,9 +31,9 @@ from test_threads import MessagePassing
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.composites import EpsilonPlusFlat
 from fxlrp.explainer import Explainer
 from fxlrp.rules import AlphaBeta, Epsilon, ZPlus
+from fxlrp.rules.composites import EpsilonPlusFlat
 
 
 def resnet18(classes: int = 5) -> nn.Module:

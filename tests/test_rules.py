@@ -19,10 +19,10 @@ from conftest import dense_jacobians, epsilon_reference, explained_relevance, re
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.composites import Composite
 from fxlrp.relevance import AffineLayer
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import AlphaBeta, Epsilon, Flat, Gamma, Norm, Pass, Rule, WSquare, ZBox, ZPlus
+from fxlrp.rules.composites import Composite
 
 LAYERS: dict[str, tuple[Callable[[bool], nn.Module], tuple[int, ...]]] = {
     "linear": (lambda bias: nn.Linear(7, 5, bias=bias), (3, 7)),

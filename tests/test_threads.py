@@ -100,7 +100,7 @@ def test_one_explainer_from_several_threads_and_several_explainers_of_one_model(
     of serial use."""
     from test_eager_capture import COMPOSITES, Network
 
-    from fxlrp.composites import EpsilonGammaBox, EpsilonPlusFlat
+    from fxlrp.rules.composites import EpsilonGammaBox, EpsilonPlusFlat
 
     torch.manual_seed(3)
     model = Network(branch=True).double().eval()

@@ -23,8 +23,8 @@ from torchvision.models.convnext import CNBlockConfig, ConvNeXt
 from zoo import INPUT_SIZE, NAMES, PIECEWISE_LINEAR, build, image, liven
 
 import fxlrp
-from fxlrp.attention_rules import cp_lrp
-from fxlrp.composites import Composite
+from fxlrp.rules.attention import cp_lrp
+from fxlrp.rules.composites import Composite
 
 OUTPUT_TOLERANCE = 1e-5
 """Relative to the largest logit: folding BatchNorm into convolutions changes float32 rounding."""

@@ -20,7 +20,7 @@ from conftest import relative_error
 from torch import nn
 
 import fxlrp
-from fxlrp.composites import CPLRP, AttnLRP
+from fxlrp.rules.composites import CPLRP, AttnLRP
 
 
 class DivideGradient(torch.autograd.Function):

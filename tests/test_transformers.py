@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 import fxlrp
-from fxlrp.composites import AttnLRP
+from fxlrp.rules.composites import AttnLRP
 
 transformers = pytest.importorskip("transformers")
 from transformers import activations  # noqa: E402

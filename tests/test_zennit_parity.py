@@ -27,7 +27,7 @@ from zennit import composites as zennit_composites
 from zennit.torchvision import ResNetCanonizer, VGGCanonizer
 
 import fxlrp
-from fxlrp import composites
+from fxlrp.rules import composites
 
 TARGET = 3
 LOW = torch.tensor([-2.1, -2.0, -1.8], dtype=torch.float64).reshape(1, 3, 1, 1)

@@ -28,7 +28,7 @@ from torch import nn
 
 import fxlrp
 import fxlrp.transformers  # noqa: F401  (transformers' activation modules: GPT-2's gelu_new)
-from fxlrp.composites import CPLRP, AttnLRP
+from fxlrp.rules.composites import CPLRP, AttnLRP
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

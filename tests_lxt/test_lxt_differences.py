@@ -40,7 +40,7 @@ from lxt_harness import (
 from torch import nn
 
 import fxlrp
-from fxlrp.composites import AttnLRP
+from fxlrp.rules.composites import AttnLRP
 
 
 def test_lxts_identity_rule_has_a_stabiliser_fxlrps_passes_relevance_exactly() -> None:

@@ -39,7 +39,7 @@ from lxt_harness import (
     targets,
 )
 
-from fxlrp.composites import CPLRP, AttnLRP
+from fxlrp.rules.composites import CPLRP, AttnLRP
 
 ATTENTION = ("eager", "sdpa")
 

@@ -1,10 +1,10 @@
 """Softmax and attention: ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention``.
 
-Softmax takes AttnLRP's rule (:class:`~fxlrp.attention_rules.SoftmaxRule`) and marks its output as
+Softmax takes AttnLRP's rule (:class:`~fxlrp.rules.attention.SoftmaxRule`) and marks its output as
 attention weights. Fused attention is explained through its decomposition
 ``softmax(q k^T * scale + mask) @ v``, run under :class:`~fxlrp.interpret.RelevanceMode`
-so that the products follow the node's :class:`~fxlrp.attention_rules.Product` rule (AttnLRP's
-uniform split by default, CP-LRP with :func:`~fxlrp.attention_rules.cp_lrp`); the outputs keep the
+so that the products follow the node's :class:`~fxlrp.rules.attention.Product` rule (AttnLRP's
+uniform split by default, CP-LRP with :func:`~fxlrp.rules.attention.cp_lrp`); the outputs keep the
 values of the fused kernel.
 """
 
@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.attention_rules import AttentionAsConstant, Product, SoftmaxRule
 from fxlrp.interpret import Interpretation, interpret
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.operations.products import receiving
@@ -35,6 +34,7 @@ from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, role_of
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import Index, Piece, decomposed_in_backward
 from fxlrp.rules import Epsilon
+from fxlrp.rules.attention import AttentionAsConstant, Product, SoftmaxRule
 
 
 def softmax(call: RelevanceCall, function: Callable[..., Tensor], input: Tensor, *args: Any, **kwargs: Any) -> Tensor:

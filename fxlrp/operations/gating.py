@@ -3,7 +3,7 @@
 They pass relevance unchanged to their input (the identity rule, like every smooth activation)
 and mark their output as a gate, so that a product ``x * gate`` (squeeze-excitation in
 EfficientNet, RegNetY, MobileNetV3, MaxViT) gives the gate no relevance by default; see
-:class:`fxlrp.attention_rules.Product` for the choices. The gated linear unit (GLU,
+:class:`fxlrp.rules.attention.Product` for the choices. The gated linear unit (GLU,
 ``a * sigmoid(b)`` for the two halves of its input: the convolution module of Conformers) is
 explained as that product.
 """

@@ -23,12 +23,12 @@ from typing import Any
 
 from torch import Tensor
 
-from fxlrp.attention_rules import GRAPH_SOFTMAX
 from fxlrp.operations.helpers import bind
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import AttentionAsConstant
+from fxlrp.rules.attention import GRAPH_SOFTMAX
 from fxlrp.scatter_library import scatter_functions
 
 

@@ -5,7 +5,7 @@ With one relevance-carrying factor a product is a layer in that factor: an eleme
 rescales it (relevance passes unchanged), a matrix product or einsum is a linear layer whose
 weight is the constant factor (the composite's rule). With several, the call's rule is a
 :class:`~fxlrp.rules.Product` rule (each entry names its ``factors``, and
-:meth:`~fxlrp.composites.Composite.resolve` gives such a call the Product rule): factors that are
+:meth:`~fxlrp.rules.composites.Composite.resolve` gives such a call the Product rule): factors that are
 constants by role (gates, and attention weights under CP-LRP) get nothing, the others share
 uniformly.
 """

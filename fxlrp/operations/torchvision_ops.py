@@ -3,7 +3,7 @@
 - ``stochastic_depth``: the identity at explanation time, like dropout;
 - Swin's ``shifted_window_attention``: run with relevance functions inside (see
   :mod:`fxlrp.interpret`): linear projections by the layer rule, ``q k^T`` and
-  ``attention @ v`` by the :class:`~fxlrp.attention_rules.Product` rule, softmax by its rule, the
+  ``attention @ v`` by the :class:`~fxlrp.rules.attention.Product` rule, softmax by its rule, the
   relative position bias and the shift mask as constants added to the scores (z-rule);
 - ``_patch_merging_pad``: padding and strided slices, a copy routed by its native backward;
 - ``_get_relative_position_bias``: computed from parameters only, it carries no relevance.

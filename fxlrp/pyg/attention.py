@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 
-from fxlrp import attention_rules
-from fxlrp.composites import Composite, as_composite
 from fxlrp.rules import Rule
+from fxlrp.rules import attention as attention_rules
+from fxlrp.rules.composites import Composite, as_composite
 
 
 def with_cp_lrp(composite: Composite | Rule | None = None) -> Composite:
@@ -15,7 +15,7 @@ def with_cp_lrp(composite: Composite | Rule | None = None) -> Composite:
     No relevance enters the attention logits; a message ``alpha_ij * x_j`` passes all of its
     relevance to ``x_j``. Without it, the softmax gets AttnLRP's rule and a product of two
     relevance-carrying factors splits relevance in halves. The same choice as
-    ``operation_rules=fxlrp.attention_rules.cp_lrp()``, added to an existing composite.
+    ``operation_rules=fxlrp.rules.attention.cp_lrp()``, added to an existing composite.
     """
     chosen = copy.copy(as_composite(composite))
     chosen.operation_rules = {**chosen.operation_rules, **attention_rules.cp_lrp()}

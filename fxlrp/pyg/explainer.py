@@ -11,10 +11,10 @@ from torch_geometric.explain.algorithm import ExplainerAlgorithm
 from torch_geometric.explain.config import MaskType, ModelMode
 
 import fxlrp
-from fxlrp.composites import Composite
 from fxlrp.pyg.forward_reuse import ForwardReuse
 from fxlrp.pyg.relevance import explained_forward, output_relevance, relevance_from
 from fxlrp.rules import Rule
+from fxlrp.rules.composites import Composite
 
 _MODES = {
     ModelMode.multiclass_classification: "multiclass",

@@ -12,13 +12,13 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.utils import scatter, softmax
 
-from fxlrp.attention_rules import GRAPH_SOFTMAX
 from fxlrp.interpret import LayerRunner, interpret, layer_runner
 from fxlrp.operations.scatter import reduce_by_argument
 from fxlrp.operations.sums import proportional
 from fxlrp.pyg.messages import given_edges, messages_of
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
+from fxlrp.rules.attention import GRAPH_SOFTMAX
 
 
 def message_passing(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: Any) -> Tensor:

@@ -134,13 +134,13 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch_geometric.nn.conv import MessagePassing
 
 import fxlrp
-from fxlrp.composites import Composite
 from fxlrp.explainer import Explainer
 from fxlrp.nodes import REWRITTEN_PREFIX
 from fxlrp.pyg.messages import Messages, recording_messages
 from fxlrp.pyg.relevance import _edge_type_of, layer_names
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.rules import Rule
+from fxlrp.rules.composites import Composite
 
 AGGREGATIONS = frozenset({"scatter_sum", "scatter", "scatter_max", "scatter_reduce", "index_add", "pyg_scatter"})
 """Canonical operations that aggregate rows by an index (a message aggregation or a pooling)."""

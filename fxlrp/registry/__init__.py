@@ -113,7 +113,7 @@ class Operation:
     """For a product (``a * b``, ``a @ b``, ``einsum``): its factors among a call's arguments,
     positional and by keyword (``lambda args, kwargs: args[:2]``). Where two or more carry
     relevance, the rule the call is given is a :class:`~fxlrp.rules.Product` rule
-    (:meth:`fxlrp.composites.Composite.resolve`); which do is read from the graph at conversion,
+    (:meth:`fxlrp.rules.composites.Composite.resolve`); which do is read from the graph at conversion,
     from the tensors in code run eagerly."""
     role: str | Callable[..., str | None] | None = None
     """The role of its output for the products it enters (:mod:`fxlrp.relevance.roles`: a gate,

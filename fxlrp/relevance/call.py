@@ -18,7 +18,7 @@ class RelevanceCall:
     affine part of their work. Parameter transforms of the rule (``Rule.prepare``) are cached
     per weight tensor and recomputed only when the weight changes in place.
 
-    ``site`` and ``composite`` are the node's :class:`~fxlrp.composites.Site` and the conversion's
+    ``site`` and ``composite`` are the node's :class:`~fxlrp.rules.composites.Site` and the conversion's
     composite, for operations that run a whole sub-model at explanation time and choose rules for
     its parts (PyG's message-passing layers); ``strict`` is the conversion's setting.
     ``sole_consumer``: the node is the only consumer of its first argument's value (known from

@@ -2,7 +2,7 @@
 :class:`~fxlrp.rules.SoftmaxRule`, :class:`~fxlrp.rules.AttentionAsConstant`, which live with
 the other rules): CP-LRP and the gating conventions as a composite's ``operation_rules``. Where
 the composite gives a product of several relevance-carrying tensors a layer rule, it resolves it
-to a product rule itself (:meth:`fxlrp.composites.Composite.resolve`).
+to a product rule itself (:meth:`fxlrp.rules.composites.Composite.resolve`).
 
 Canonical operations these rules apply to: ``"softmax"``, ``"mul"`` (elementwise products,
 squeeze-excitation gates), ``"matmul"`` and ``"einsum"`` (attention scores and attention times

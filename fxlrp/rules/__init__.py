@@ -13,6 +13,9 @@ The definitions are zennit 0.5.1's, bias handling included. Notation used in the
 the layer with parameters ``(w, b)``, and ``s(z)`` the stabiliser (``z + eps (sign(z) + [z = 0])``
 for a number ``eps``, or any callable). ``zero_params`` (``"weight"``, ``"bias"`` or both) sets
 those parameters to 0 in every modified copy of the layer, as zennit does.
+
+Beside them: :mod:`fxlrp.rules.composites` (which rule each operation of a model gets) and
+:mod:`fxlrp.rules.attention` (the conventions for attention and gating, CP-LRP).
 """
 
 from __future__ import annotations
@@ -479,7 +482,7 @@ class Product(Epsilon):
     - ``constants=("gate",)`` (the default): in ``x * sigmoid(s)`` the signal ``x`` gets all
       relevance, the gate none (squeeze-excitation); attention products split uniformly (AttnLRP);
     - ``constants=("gate", "attention")``: CP-LRP, attention weights are constants and the values
-      take all relevance (see :func:`fxlrp.attention_rules.cp_lrp`);
+      take all relevance (see :func:`fxlrp.rules.attention.cp_lrp`);
     - ``constants=()``: the uniform split everywhere, gates included.
 
     If every relevance-carrying factor is a constant by role, they share uniformly. With a single

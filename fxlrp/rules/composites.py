@@ -16,7 +16,6 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fxlrp.attention_rules import GRAPH_SOFTMAX, PRODUCT_OPERATIONS
 from fxlrp.registry import Kind, Operation
 from fxlrp.relevance.roles import ACTIVATION, ATTENTION, GATE
 from fxlrp.rules import (
@@ -35,6 +34,7 @@ from fxlrp.rules import (
     ZeroParams,
     ZPlus,
 )
+from fxlrp.rules.attention import GRAPH_SOFTMAX, PRODUCT_OPERATIONS
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class Composite:
         """The composite's own choice for ``site`` (see the class docstring), or None."""
         rule = self._chosen_rule(site)
         if isinstance(rule, Product) and rule.epsilon is None:
-            # a product rule that follows the layer rule's epsilon (fxlrp.attention_rules.cp_lrp())
+            # a product rule that follows the layer rule's epsilon (fxlrp.rules.attention.cp_lrp())
             return self._derive("following", rule, rule.following, self.layer_rule)
         return rule
 
@@ -329,10 +329,10 @@ class AttnLRP(Composite):
     r"""AttnLRP (Achtibat et al., ICML 2024) with LXT's definitions, for transformers.
 
     - layers with weights (linear projections, the LM head): :class:`~fxlrp.rules.Epsilon`;
-    - softmax: :class:`~fxlrp.attention_rules.SoftmaxRule`, ``R_x = x (R - s \sum R)``;
+    - softmax: :class:`~fxlrp.rules.attention.SoftmaxRule`, ``R_x = x (R - s \sum R)``;
     - products of relevance-carrying tensors (``q k^T``, attention weights times values, the
       gating product ``act(x W_g) * (x W_u)`` of SwiGLU/GeGLU): the uniform rule, each factor
-      ``R / 2`` (:class:`~fxlrp.attention_rules.Product`); a sigmoid gate (squeeze-excitation)
+      ``R / 2`` (:class:`~fxlrp.rules.attention.Product`); a sigmoid gate (squeeze-excitation)
       stays a gate;
     - LayerNorm and RMSNorm: the identity rule on ``sigma`` (the z-rule on the affine map that
       remains); smooth activations: the identity rule; sums and residual additions: the z-rule.
