@@ -25,6 +25,9 @@ MOVED = {
     "fxlrp.integrations": "fxlrp.registry.integrations",
     "fxlrp.attention_rules": "fxlrp.rules.attention",
     "fxlrp.composites": "fxlrp.rules.composites",
+    "fxlrp.leaf_functions": "fxlrp.capture.leaf_functions",
+    "fxlrp.module_state": "fxlrp.capture.module_state",
+    "fxlrp.source": "fxlrp.capture.source",
 }
 """Old module path -> the module it is now."""
 

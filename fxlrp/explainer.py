@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, fx, nn
 from torch.autograd.graph import get_gradient_edge
 
+from fxlrp.capture.module_state import MODEL_WRITES
 from fxlrp.input_checks import (
     no_floating_input_error,
     refuse_non_finite_inputs,
@@ -19,7 +20,6 @@ from fxlrp.input_checks import (
     refuse_non_finite_relevance,
 )
 from fxlrp.model_snapshot import ModelSnapshot
-from fxlrp.module_state import MODEL_WRITES
 from fxlrp.nodes import original_node_name
 from fxlrp.placement import refuse_to_move
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at

@@ -47,16 +47,21 @@ from fxlrp.canonicalise import (
     without_inplace_flag,
     written_through_view,
 )
+from fxlrp.capture.leaf_functions import (
+    checkpoints_run_their_function,
+    forward_of,
+    intercepted_applications,
+    intercepted_calls,
+)
+from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
+from fxlrp.capture.source import calling_line, function_name
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.leaf_functions import checkpoints_run_their_function, forward_of, intercepted_applications, intercepted_calls
-from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.rules import Rule
 from fxlrp.rules.composites import Composite, Site
-from fxlrp.source import calling_line, function_name
 
 AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
                          "__itruediv__": "__truediv__", "__ipow__": "__pow__"}

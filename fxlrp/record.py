@@ -41,9 +41,9 @@ from torch.overrides import TorchFunctionMode
 
 from fxlrp.canonicalise import may_write, tensor_method_name, tensor_property_name
 from fxlrp.capture import GRADIENTS_OFF, as_python_number
-from fxlrp.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
-from fxlrp.module_state import MODEL_WRITES
-from fxlrp.source import innermost_user_frame
+from fxlrp.capture.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
+from fxlrp.capture.module_state import MODEL_WRITES
+from fxlrp.capture.source import innermost_user_frame
 
 
 class RecordingFailed(Exception):

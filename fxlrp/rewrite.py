@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxlrp.capture.source import function_name, source_line
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph_module import ExplainedGraphModule
 from fxlrp.nodes import (
@@ -31,7 +32,6 @@ from fxlrp.relevance_flow import (
 )
 from fxlrp.report import NodeReport
 from fxlrp.rules.composites import Composite, Site
-from fxlrp.source import function_name, source_line
 
 
 def describe_target(node: fx.Node) -> str:

@@ -1,4 +1,10 @@
-"""Capture a model as a torch.fx graph with fxlrp's tracer."""
+"""Capture a model as a torch.fx graph with fxlrp's tracer.
+
+Step 1 of the pipeline. Beside the tracer: :mod:`~fxlrp.capture.leaf_functions` (library functions
+recorded as single calls), :mod:`~fxlrp.capture.module_state` (what a forward writes into the
+model, taken back) and :mod:`~fxlrp.capture.source` (the user's source line of a node), which the
+eager path (:mod:`fxlrp.eager`) uses too.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +20,17 @@ import torch
 from torch import fx, nn
 from torch.nn.utils import parametrize
 
-from fxlrp.errors import CaptureError
-from fxlrp.leaf_functions import (
+from fxlrp.capture.leaf_functions import (
     checkpoints_run_their_function,
     forward_of,
     intercepted_applications,
     leaf_function_calls,
 )
-from fxlrp.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
+from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
+from fxlrp.capture.source import error_line, innermost_user_frame
+from fxlrp.errors import CaptureError
 from fxlrp.registry import REGISTRY
 from fxlrp.registry.integrations import load_integrations
-from fxlrp.source import error_line, innermost_user_frame
 
 GRADIENTS_OFF = "fxlrp_gradients_off"
 """``node.meta`` key of a call the model's code made with gradients turned off (``with

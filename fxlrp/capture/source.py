@@ -13,11 +13,11 @@ from torch import fx
 
 LIBRARY_DIRECTORIES = (
     os.path.dirname(torch.__file__) + os.sep,
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # (fxlrp/, above capture/)
 )
 """torch's and fxlrp's own files: frames there are never the user's."""
 GENERATED_BY_FXLRP = "<fxlrp "
-"""File name prefix of code objects fxlrp compiles (fxlrp/leaf_functions.py)."""
+"""File name prefix of code objects fxlrp compiles (fxlrp/capture/leaf_functions.py)."""
 
 
 def is_library_file(filename: str) -> bool:
