@@ -28,6 +28,13 @@ MOVED = {
     "fxlrp.leaf_functions": "fxlrp.capture.leaf_functions",
     "fxlrp.module_state": "fxlrp.capture.module_state",
     "fxlrp.source": "fxlrp.capture.source",
+    "fxlrp.canonicalise": "fxlrp.graph.canonicalise",
+    "fxlrp.fold_batchnorm": "fxlrp.graph.fold_batchnorm",
+    "fxlrp.relevance_flow": "fxlrp.graph.relevance_flow",
+    "fxlrp.rewrite": "fxlrp.graph.rewrite",
+    "fxlrp.nodes": "fxlrp.graph.nodes",
+    "fxlrp.graph_module": "fxlrp.graph.graph_module",
+    "fxlrp.report": "fxlrp.graph.report",
 }
 """Old module path -> the module it is now."""
 

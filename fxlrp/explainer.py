@@ -13,6 +13,8 @@ from torch import Tensor, fx, nn
 from torch.autograd.graph import get_gradient_edge
 
 from fxlrp.capture.module_state import MODEL_WRITES
+from fxlrp.graph.nodes import original_node_name
+from fxlrp.graph.report import Report
 from fxlrp.input_checks import (
     no_floating_input_error,
     refuse_non_finite_inputs,
@@ -20,14 +22,12 @@ from fxlrp.input_checks import (
     refuse_non_finite_relevance,
 )
 from fxlrp.model_snapshot import ModelSnapshot
-from fxlrp.nodes import original_node_name
 from fxlrp.placement import refuse_to_move
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
 from fxlrp.relevance.stabilise import divide_dropping_zeros
 from fxlrp.relevance.tracing import values_are_traced
-from fxlrp.report import Report
 
 
 class Explainer(nn.Module):

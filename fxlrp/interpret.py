@@ -38,15 +38,6 @@ from torch.autograd.function import Function
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.canonicalise import (
-    VIEW_METADATA_METHODS,
-    out_of_place_method,
-    tensor_method_name,
-    tensor_property_name,
-    view_of_written,
-    without_inplace_flag,
-    written_through_view,
-)
 from fxlrp.capture.leaf_functions import (
     checkpoints_run_their_function,
     forward_of,
@@ -56,6 +47,15 @@ from fxlrp.capture.leaf_functions import (
 from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.capture.source import calling_line, function_name
 from fxlrp.errors import UnsupportedOperationError
+from fxlrp.graph.canonicalise import (
+    VIEW_METADATA_METHODS,
+    out_of_place_method,
+    tensor_method_name,
+    tensor_property_name,
+    view_of_written,
+    without_inplace_flag,
+    written_through_view,
+)
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form

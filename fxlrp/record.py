@@ -39,11 +39,11 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.canonicalise import may_write, tensor_method_name, tensor_property_name
 from fxlrp.capture import GRADIENTS_OFF, as_python_number
 from fxlrp.capture.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.capture.module_state import MODEL_WRITES
 from fxlrp.capture.source import innermost_user_frame
+from fxlrp.graph.canonicalise import may_write, tensor_method_name, tensor_property_name
 
 
 class RecordingFailed(Exception):

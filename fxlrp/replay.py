@@ -26,14 +26,14 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 
-from fxlrp.canonicalise import canonicalise
 from fxlrp.capture import RelevanceTracer, call_beyond_forward, first_line
+from fxlrp.graph.canonicalise import canonicalise
+from fxlrp.graph.rewrite import Rewriter
 from fxlrp.interpret import LayerRunner, intercepted_functions
 from fxlrp.record import CONSTANT_TYPES, Recording, RecordingFailed, record
 from fxlrp.registry import REGISTRY
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_form_active
-from fxlrp.rewrite import Rewriter
 
 KEPT = 8
 """Recorded graphs kept per part run eagerly."""

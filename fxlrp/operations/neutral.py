@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxlrp.canonicalise import (
+from fxlrp.graph.canonicalise import (
     copied,
     diagonal_filled,
     filled,

@@ -135,7 +135,7 @@ from torch_geometric.nn.conv import MessagePassing
 
 import fxlrp
 from fxlrp.explainer import Explainer
-from fxlrp.nodes import REWRITTEN_PREFIX
+from fxlrp.graph.nodes import REWRITTEN_PREFIX
 from fxlrp.pyg.messages import Messages, recording_messages
 from fxlrp.pyg.relevance import _edge_type_of, layer_names
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph

@@ -95,7 +95,7 @@ class Operation:
     (library functions with Python control flow on tensor values)."""
     index_arguments: tuple[int, ...] = ()
     """Positions of the arguments of ``functions`` that are indices (``scatter(src, index)``: 1):
-    they select values but carry no relevance of their own (see :mod:`fxlrp.relevance_flow`).
+    they select values but carry no relevance of their own (see :mod:`fxlrp.graph.relevance_flow`).
     Keyword arguments named ``index``, ``indptr``, ``batch``, ... are indices whatever the entry."""
     output_free_backward: bool = False
     """Whether the operation's vector-Jacobian product leaves its output unread (sums, pooling), so
@@ -128,7 +128,7 @@ class Operation:
     """Whether its output is its first argument's values moved, re-typed or selected (views,
     copies, casts, indexing, the pieces of ``split``): it takes that argument's role, so that a
     cast or a reshape between a softmax and the product it feeds keeps the product's rule; where
-    the argument can hold none (:func:`fxlrp.relevance_flow.nodes_that_may_hold_roles`) the
+    the argument can hold none (:func:`fxlrp.graph.relevance_flow.nodes_that_may_hold_roles`) the
     native call is all there is to it."""
     gradient_native: NativeInGradientForm | None = None
     """Where its relevance function is a plain call in the gradient form (affine maps, layers,

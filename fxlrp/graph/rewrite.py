@@ -11,8 +11,8 @@ from torch import fx, nn
 
 from fxlrp.capture.source import function_name, source_line
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.graph_module import ExplainedGraphModule
-from fxlrp.nodes import (
+from fxlrp.graph.graph_module import ExplainedGraphModule
+from fxlrp.graph.nodes import (
     NativeModuleNode,
     PlainCallNode,
     RelevanceNode,
@@ -21,16 +21,16 @@ from fxlrp.nodes import (
     out_of_place,
     rewritten_module_name,
 )
-from fxlrp.registry import REGISTRY, Kind, Operation, called
-from fxlrp.relevance.call import RelevanceCall
-from fxlrp.relevance_flow import (
+from fxlrp.graph.relevance_flow import (
     find_operation,
     nodes_relevance_returns_to,
     nodes_that_may_carry_relevance,
     nodes_that_may_hold_roles,
     relevance_factors,
 )
-from fxlrp.report import NodeReport
+from fxlrp.graph.report import NodeReport
+from fxlrp.registry import REGISTRY, Kind, Operation, called
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules.composites import Composite, Site
 
 
@@ -252,7 +252,7 @@ class Rewriter:
     def _plain_call(self, node: fx.Node, operation: Operation, rule: Any, factors: int) -> Any:
         """The call ``(function, *args, **kwargs)`` that is all the node's relevance function under
         ``rule`` does in this graph, or None: with ``named_nodes=False``, for a node whose output
-        can hold no role (:func:`~fxlrp.relevance_flow.nodes_that_may_hold_roles`; products read
+        can hold no role (:func:`~fxlrp.graph.relevance_flow.nodes_that_may_hold_roles`; products read
         their factors' roles), the native call of an operation that moves values (a view, a
         cast: all 156 views of the Llama benchmark's replayed graph), and in the gradient form
         the call its entry names (:class:`~fxlrp.registry.NativeInGradientForm`: layers, sums,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from torch import fx, nn
 
-from fxlrp.canonicalise import may_write
+from fxlrp.graph.canonicalise import may_write
 from fxlrp.registry import REGISTRY, Kind, Operation
 
 
