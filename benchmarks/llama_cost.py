@@ -190,7 +190,7 @@ def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
     patch = LxtPatch() if "lxt" in arguments.names else None
     runs = {name: _runner(name, model, ids, target, patch) for name in arguments.names}
     # Two warm-up calls: fxlrp records the part it runs eagerly at the second call of an input
-    # signature and replays the graph from then on (fxlrp/replay.py); the second's relevance, the
+    # signature and replays the graph from then on (fxlrp/eager/replay.py); the second's relevance, the
     # replay's, is kept for the check.
     for run in runs.values():
         run()

@@ -35,6 +35,9 @@ MOVED = {
     "fxlrp.nodes": "fxlrp.graph.nodes",
     "fxlrp.graph_module": "fxlrp.graph.graph_module",
     "fxlrp.report": "fxlrp.graph.report",
+    "fxlrp.interpret": "fxlrp.eager.interpret",
+    "fxlrp.record": "fxlrp.eager.record",
+    "fxlrp.replay": "fxlrp.eager.replay",
 }
 """Old module path -> the module it is now."""
 

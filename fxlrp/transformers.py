@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import activations
 
-from fxlrp.interpret import interpret
+from fxlrp.eager.interpret import interpret
 from fxlrp.operations.helpers import module_as_function, passes
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register

@@ -147,7 +147,7 @@ LRP0 = fxlrp.rules.Epsilon(0.0)
 
 
 def recordings(explain: nn.Module) -> list[Any]:
-    """The recordings (:class:`fxlrp.replay.Recordings`) of the explainer's parts run eagerly,
+    """The recordings (:class:`fxlrp.eager.replay.Recordings`) of the explainer's parts run eagerly,
     made at their first run."""
     return [module.function.recordings for module in explain.modules()
             if getattr(getattr(module, "function", None), "recordings", None) is not None]

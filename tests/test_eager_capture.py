@@ -543,7 +543,7 @@ def test_the_observer_sees_each_call_of_a_part_run_eagerly_as_the_module_code_ma
     # plain TorchFunctionMode, an input that requires grad standing for relevance.
     from torch.overrides import TorchFunctionMode
 
-    from fxlrp.interpret import Interpretation
+    from fxlrp.eager.interpret import Interpretation
 
     class Counting(TorchFunctionMode):
         def __init__(self) -> None:

@@ -16,7 +16,7 @@ from conftest import LRP0, gradient_times_input, onehot_relevance, recordings, r
 from torch import nn
 
 import fxlrp
-from fxlrp.replay import KEPT
+from fxlrp.eager.replay import KEPT
 from fxlrp.rules import Epsilon, Gamma
 from fxlrp.rules.composites import Composite, EpsilonPlusFlat
 

@@ -523,7 +523,7 @@ class Case:
     """Whether the relevance is compared with the reference (not where only float32 runs and the
     gradient-following formulation divides by the inputs)."""
     replays: bool = True
-    """Whether the model's run is recorded and replayed from the second call (fxlrp/replay.py);
+    """Whether the model's run is recorded and replayed from the second call (fxlrp/eager/replay.py);
     not where transformers hands the experts module to a function (Qwen3-MoE), which a graph
     would hand on with its own parameters, nor where the model applies an autograd Function of
     its own (BLOOM's GeLU), whose backward a graph cannot replay."""

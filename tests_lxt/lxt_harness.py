@@ -180,7 +180,7 @@ def lxt_relevance(model: nn.Module, ids: torch.Tensor, target: torch.Tensor,
 
 REPLAYED = ("llama", "qwen2", "qwen3", "gpt2")
 """Families whose run with SDPA attention is recorded and replayed from the second call
-(fxlrp/replay.py). Not the eager attention of transformers 4.5x, nor Gemma 3's sliding window:
+(fxlrp/eager/replay.py). Not the eager attention of transformers 4.5x, nor Gemma 3's sliding window:
 their masks are made under ``torch.vmap``, whose tensors a recording does not see; not BERT,
 whose ``warn_if_padding_and_no_attention_mask`` reads the input ids' values."""
 

@@ -13,7 +13,7 @@ Two users: capture records such calls as single graph nodes when an argument is 
 (:func:`leaf_function_calls`); integrations that interpret library code at explanation time
 route them to relevance functions (:func:`intercepted_calls`), and the applications of custom
 autograd Functions to their explanation (:func:`intercepted_applications`); both, and
-recordings (:mod:`fxlrp.record`), run what activation checkpointing wraps as written
+recordings (:mod:`fxlrp.eager.record`), run what activation checkpointing wraps as written
 (:func:`checkpoints_run_their_function`). Contexts nest.
 """
 

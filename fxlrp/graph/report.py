@@ -37,7 +37,7 @@ class Report:
     """Modules torch.fx could not trace, run eagerly (``""``: the whole model), with its reason."""
     replays: Mapping[str, str] = field(default_factory=dict)
     """For each module run eagerly, the input signatures it replays as recorded graphs so far, and
-    why others keep running eagerly (:mod:`fxlrp.replay`)."""
+    why others keep running eagerly (:mod:`fxlrp.eager.replay`)."""
 
     @property
     def capture(self) -> str:

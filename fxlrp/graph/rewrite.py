@@ -77,7 +77,7 @@ class Rewriter:
                  modules: dict[str, nn.Module] | None = None, constants: dict[str, Any] | None = None,
                  eager_modules: dict[str, str] | None = None, input_relevance: dict[str, bool] | None = None,
                  first_layer: bool = True, named_nodes: bool = True, gradient_form: bool = False) -> None:
-        """``input_relevance``: for a recorded run (:mod:`fxlrp.replay`), which inputs carry
+        """``input_relevance``: for a recorded run (:mod:`fxlrp.eager.replay`), which inputs carry
         relevance; relevance then also starts at every embedding lookup, as in code run eagerly.
         ``first_layer``: whether the graph's inputs are where the composite's first layer may be.
         ``named_nodes``: whether every node of an operation with a relevance function stays a

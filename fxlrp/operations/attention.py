@@ -2,7 +2,7 @@
 
 Softmax takes AttnLRP's rule (:class:`~fxlrp.rules.attention.SoftmaxRule`) and marks its output as
 attention weights. Fused attention is explained through its decomposition
-``softmax(q k^T * scale + mask) @ v``, run under :class:`~fxlrp.interpret.RelevanceMode`
+``softmax(q k^T * scale + mask) @ v``, run under :class:`~fxlrp.eager.interpret.RelevanceMode`
 so that the products follow the node's :class:`~fxlrp.rules.attention.Product` rule (AttnLRP's
 uniform split by default, CP-LRP with :func:`~fxlrp.rules.attention.cp_lrp`); the outputs keep the
 values of the fused kernel.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.interpret import Interpretation, interpret
+from fxlrp.eager.interpret import Interpretation, interpret
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register

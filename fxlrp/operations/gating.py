@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.interpret import interpret
+from fxlrp.eager.interpret import interpret
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import apply_pass

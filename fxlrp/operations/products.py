@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fxlrp.interpret import interpret
+from fxlrp.eager.interpret import interpret
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, NATIVE_WITH_ONE_CARRIER, bind
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule

@@ -37,7 +37,7 @@ otherwise (the default zeros, a constant) it absorbs it as a bias does. Relevanc
 state; biases and the stabiliser absorb their share otherwise.
 
 The outputs are the native kernel's (cuDNN or CPU), bit for bit; the decomposition above runs in
-plain torch under :class:`~fxlrp.interpret.RelevanceMode` in backward
+plain torch under :class:`~fxlrp.eager.interpret.RelevanceMode` in backward
 (:func:`~fxlrp.relevance.straight_through.decomposed_in_backward`), so the per-timestep
 intermediates exist only while relevance crosses the layer, and every part gets the rule the
 registry and the composite give it: the linear maps the layer rule (a ``name_rules`` or
@@ -60,8 +60,8 @@ import torch.nn.functional as F
 from torch import _VF, Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
+from fxlrp.eager.interpret import interpret
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.interpret import interpret
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.roles import GATE, mark

@@ -2,7 +2,7 @@
 
 - ``stochastic_depth``: the identity at explanation time, like dropout;
 - Swin's ``shifted_window_attention``: run with relevance functions inside (see
-  :mod:`fxlrp.interpret`): linear projections by the layer rule, ``q k^T`` and
+  :mod:`fxlrp.eager.interpret`): linear projections by the layer rule, ``q k^T`` and
   ``attention @ v`` by the :class:`~fxlrp.rules.attention.Product` rule, softmax by its rule, the
   relative position bias and the shift mask as constants added to the scores (z-rule);
 - ``_patch_merging_pad``: padding and strided slices, a copy routed by its native backward;
@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from fxlrp.interpret import interpret
+from fxlrp.eager.interpret import interpret
 from fxlrp.operations.helpers import identity
 from fxlrp.registry import Kind, Operation, register
 

@@ -1,5 +1,5 @@
 """Registry entries for PyTorch Geometric: message-passing layers, PyG's scatter and softmax, the
-global pools. All of them are explained by running PyG's own code (see :mod:`fxlrp.interpret`)."""
+global pools. All of them are explained by running PyG's own code (see :mod:`fxlrp.eager.interpret`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.utils import scatter, softmax
 
-from fxlrp.interpret import LayerRunner, interpret, layer_runner
+from fxlrp.eager.interpret import LayerRunner, interpret, layer_runner
 from fxlrp.operations.scatter import reduce_by_argument
 from fxlrp.operations.sums import proportional
 from fxlrp.pyg.messages import given_edges, messages_of

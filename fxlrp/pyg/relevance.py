@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fxlrp.interpret import LayerRunner
+from fxlrp.eager.interpret import LayerRunner
 from fxlrp.pyg.edge_map import EdgeMap
 from fxlrp.pyg.messages import Messages, recording_messages
 from fxlrp.relevance.rule_function import reusable_graph

@@ -45,7 +45,7 @@ class NativeInGradientForm:
     """Where an operation's relevance function is a plain call in the gradient form
     (:mod:`fxlrp.relevance.form`, ``R = x * g``) with at most one relevance-carrying factor: an
     affine map's rule ``R_x = x * J^T (R / z)`` is then ``g_x = J^T g_z``, autograd's own. A
-    recorded graph (:mod:`fxlrp.replay`) runs such a node as that call alone.
+    recorded graph (:mod:`fxlrp.eager.replay`) runs such a node as that call alone.
 
     ``needs_native_rule``: only under a rule whose gradient is the native gradient (LRP-0 and the
     z-rule: :meth:`~fxlrp.rules.Rule.gradient_is_native`); False: under any rule (a map linear in

@@ -5,10 +5,10 @@ at every torch call of every explanation (on an 8-layer Llama that is 3-4% of an
 When a part meets an input signature (:func:`signature`: the tensors' shapes, strides, dtypes,
 devices and whether they carry relevance, every other argument's value, and whether relevance
 travels in the gradient form, where layers and sums are plain calls) for the second
-time, its run is recorded into a graph (:mod:`fxlrp.record`), which goes through the same
+time, its run is recorded into a graph (:mod:`fxlrp.eager.record`), which goes through the same
 pipeline as a captured graph - canonicalise, the composite's rules, rewrite - and later runs of
 that signature run the rewritten graph. A run the recording refuses (Python read values of the
-run, see :mod:`fxlrp.record`), and a graph with an operation the rewrite has no rule for, keep
+run, see :mod:`fxlrp.eager.record`), and a graph with an operation the rewrite has no rule for, keep
 running eagerly: the relevance mode then decides per call, and names or warns as it does.
 Recorded graphs are kept for :data:`KEPT` signatures per part (the most recently used).
 """
@@ -27,10 +27,10 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 
 from fxlrp.capture import RelevanceTracer, call_beyond_forward, first_line
+from fxlrp.eager.interpret import LayerRunner, intercepted_functions
+from fxlrp.eager.record import CONSTANT_TYPES, Recording, RecordingFailed, record
 from fxlrp.graph.canonicalise import canonicalise
 from fxlrp.graph.rewrite import Rewriter
-from fxlrp.interpret import LayerRunner, intercepted_functions
-from fxlrp.record import CONSTANT_TYPES, Recording, RecordingFailed, record
 from fxlrp.registry import REGISTRY
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_form_active

@@ -109,7 +109,7 @@ class LayerRunner:
         self.module = module
         self._names: dict[str, dict[int, str]] = {}
         self.recordings: Any = None
-        """Graphs recorded from runs, by input signature (:class:`fxlrp.replay.Recordings`)."""
+        """Graphs recorded from runs, by input signature (:class:`fxlrp.eager.replay.Recordings`)."""
 
     def __getstate__(self) -> dict[str, Any]:
         # Names are kept by the ids of this object's modules: a copy (copy.deepcopy, pickle) has

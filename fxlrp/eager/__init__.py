@@ -5,15 +5,19 @@ value (``if x.sum() > 0``, Hugging Face's mask construction, ``int(index.max())`
 recorded. Capture then makes the innermost module whose tracing failed a single node of the
 graph (the whole model if its own ``forward`` fails) and traces the rest again; at explanation
 time such a node runs its module's real code on real tensors under
-:class:`~fxlrp.interpret.RelevanceMode`, which sends every torch operation on relevance-carrying
+:class:`~fxlrp.eager.interpret.RelevanceMode`, which sends every torch operation on relevance-carrying
 tensors to the relevance function the registry holds for it. So:
 
 - the same registry and the same rules as the graph (no second set of operations);
 - branches are taken per input, as the model takes them;
 - the composite's name, type and first-layer rules follow the module calls inside
-  (:class:`~fxlrp.interpret.ModuleContext`);
+  (:class:`~fxlrp.eager.interpret.ModuleContext`);
 - ``strict=True`` names every operation without a rule with its source line, when the explainer
   first runs (a part run eagerly is only seen when it runs).
+
+Here: the relevance function of such a part (the registry's ``eager`` operation); the relevance mode
+(:mod:`~fxlrp.eager.interpret`); a run recorded as a graph (:mod:`~fxlrp.eager.record`) and replayed
+for later inputs of its signature (:mod:`~fxlrp.eager.replay`).
 """
 
 from __future__ import annotations
@@ -21,17 +25,17 @@ from __future__ import annotations
 from typing import Any
 
 from fxlrp.capture import EXTRA_KEYWORDS
-from fxlrp.interpret import Interpretation, LayerRunner, layer_runner, run_interpreted
+from fxlrp.eager.interpret import Interpretation, LayerRunner, layer_runner, run_interpreted
+from fxlrp.eager.replay import Recordings
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
-from fxlrp.replay import Recordings
 
 
 def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: Any) -> Any:
     """Relevance function of a part run eagerly: its module's forward under the relevance mode,
     whether or not its inputs carry relevance (token ids do not; their embedding starts it); or,
     from the second call with the same input signature, the run's recorded graph
-    (:mod:`fxlrp.replay`)."""
+    (:mod:`fxlrp.eager.replay`)."""
     extra = kwargs.pop(EXTRA_KEYWORDS, None) or {}  # (before kwargs are unpacked: the key is fxlrp's)
     kwargs = {**kwargs, **extra}
     if Interpretation.observer is None:  # (an observer counts the calls of runs in the relevance mode)

@@ -2,7 +2,7 @@
 
 torch.fx traces symbolically, so code that reads a tensor's shape in Python (Hugging Face's
 ``(*input_shape, -1, head_dim)``, mask construction) cannot be traced, and such a module runs
-eagerly under :class:`~fxlrp.interpret.RelevanceMode`, paying Python at every torch call of
+eagerly under :class:`~fxlrp.eager.interpret.RelevanceMode`, paying Python at every torch call of
 every explanation. Running the module once on real tensors under :class:`Recorder` - a
 ``TorchFunctionMode`` that writes every torch call into a graph - gives the graph of that run:
 shapes are concrete, so shape logic runs as Python and leaves only its results in the graph.
