@@ -38,6 +38,7 @@ MOVED = {
     "fxlrp.interpret": "fxlrp.eager.interpret",
     "fxlrp.record": "fxlrp.eager.record",
     "fxlrp.replay": "fxlrp.eager.replay",
+    "fxlrp.scatter_library": "fxlrp.operations.scatter_library",
 }
 """Old module path -> the module it is now."""
 

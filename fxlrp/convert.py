@@ -18,11 +18,11 @@ from fxlrp.graph.fold_batchnorm import fold_batch_norms
 from fxlrp.graph.report import Report
 from fxlrp.graph.rewrite import Rewriter
 from fxlrp.model_snapshot import ModelSnapshot
+from fxlrp.operations.scatter_library import all_scatter_functions
 from fxlrp.registry import REGISTRY
 from fxlrp.relevance.form import composite_has_gradient_form
 from fxlrp.rules import Rule
 from fxlrp.rules.composites import Composite, as_composite
-from fxlrp.scatter_library import all_scatter_functions
 
 
 def _is_explained_module(module: nn.Module) -> bool:

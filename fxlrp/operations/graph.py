@@ -24,12 +24,12 @@ from typing import Any
 from torch import Tensor
 
 from fxlrp.operations.helpers import bind
+from fxlrp.operations.scatter_library import scatter_functions
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import AttentionAsConstant
 from fxlrp.rules.attention import GRAPH_SOFTMAX
-from fxlrp.scatter_library import scatter_functions
 
 
 def group_softmax(call: RelevanceCall, function: Any, src: Tensor, *args: Any, **kwargs: Any) -> Tensor:

@@ -18,10 +18,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine, bind
-from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.call import RelevanceCall
-from fxlrp.scatter_library import (
+from fxlrp.operations.scatter_library import (
     INDEX_FUNCTIONS,
     MAX_FUNCTIONS,
     MEAN_FUNCTIONS,
@@ -29,6 +26,9 @@ from fxlrp.scatter_library import (
     SUM_FUNCTIONS,
     scatter_functions,
 )
+from fxlrp.operations.sums import proportional
+from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 
 AFFINE_REDUCTIONS = {"sum", "add", "mean"}
 WINNER_TAKE_ALL_REDUCTIONS = {"max", "min", "amax", "amin"}
