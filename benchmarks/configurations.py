@@ -21,7 +21,7 @@ class Unavailable(Exception):
 
 def _seed(output: Tensor) -> Tensor:
     """Output relevance: each sample's (each node's) highest output, as fxlrp.attribute does."""
-    from fxlrp.explainer import output_relevance
+    from fxlrp.explain.explainer import output_relevance
 
     return output_relevance(output, None)
 
@@ -89,7 +89,7 @@ def fxlrp_explanation(name: str) -> Callable[[Workload], Callable[[], Tensor]]:
 
 def fxlrp_compiled(name: str) -> Callable[[Workload], Callable[[], Tensor]]:
     """``fxlrp.compile``: the explanation (forward, start relevance, relevance backward) traced
-    to ATen operations and compiled by Inductor (fxlrp/compiled.py); the first call, which
+    to ATen operations and compiled by Inductor (fxlrp/explain/compiled.py); the first call, which
     traces and compiles (tens of seconds on a CPU), is made here and not timed."""
     def prepare(workload: Workload) -> Callable[[], Tensor]:
         import fxlrp

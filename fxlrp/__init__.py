@@ -7,10 +7,10 @@ propagates relevance: ``explain(x).backward(R)`` leaves the relevance of ``x`` i
 import sys
 
 from fxlrp import _moved, rules
-from fxlrp.compiled import compile
-from fxlrp.convert import convert
 from fxlrp.errors import CaptureError, FxlrpError, UnsupportedOperationError
-from fxlrp.explainer import Explainer, attribute, attribute_nodes
+from fxlrp.explain.compiled import compile
+from fxlrp.explain.convert import convert
+from fxlrp.explain.explainer import Explainer, attribute, attribute_nodes
 from fxlrp.rules import composites
 
 __all__ = [

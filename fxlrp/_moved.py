@@ -39,6 +39,12 @@ MOVED = {
     "fxlrp.record": "fxlrp.eager.record",
     "fxlrp.replay": "fxlrp.eager.replay",
     "fxlrp.scatter_library": "fxlrp.operations.scatter_library",
+    "fxlrp.convert": "fxlrp.explain.convert",
+    "fxlrp.explainer": "fxlrp.explain.explainer",
+    "fxlrp.compiled": "fxlrp.explain.compiled",
+    "fxlrp.input_checks": "fxlrp.explain.input_checks",
+    "fxlrp.placement": "fxlrp.explain.placement",
+    "fxlrp.model_snapshot": "fxlrp.explain.model_snapshot",
 }
 """Old module path -> the module it is now."""
 

@@ -31,10 +31,10 @@ from fxlrp.cli_inputs import (
     load_model,
     stack_inputs,
 )
-from fxlrp.compiled import compile as fxlrp_compile
 from fxlrp.errors import FxlrpError
+from fxlrp.explain.compiled import compile as fxlrp_compile
+from fxlrp.explain.explainer import attribute
 from fxlrp.explain_dataset import add_dataset_options, explains_data_set, run_dataset
-from fxlrp.explainer import attribute
 
 BAD_INPUT = 2
 CANNOT_EXPLAIN = 1

@@ -36,7 +36,7 @@ from fxlrp.cli_inputs import (
 )
 from fxlrp.datasets import NO_LABEL, Item, Source, as_list, open_data
 from fxlrp.distributed import Processes, processes_from_environment
-from fxlrp.explainer import attribute
+from fxlrp.explain.explainer import attribute
 from fxlrp.explanations_store import PNG, ExplanationWriter, ShardRows, write_atomic
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")

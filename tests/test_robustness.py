@@ -31,7 +31,7 @@ from test_threads import MessagePassing
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.explainer import Explainer
+from fxlrp.explain.explainer import Explainer
 from fxlrp.rules import AlphaBeta, Epsilon, ZPlus
 from fxlrp.rules.composites import EpsilonPlusFlat
 

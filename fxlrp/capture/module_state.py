@@ -21,7 +21,7 @@ _CONTAINERS = (dict, list, set)
 MODEL_WRITES = threading.RLock()
 """Held while fxlrp writes into a user's model for the time of a run and puts it back (a part run
 eagerly: detached parameter twins, evaluation mode; a capture's trace) and while it checks the
-model for the user's changes (:meth:`fxlrp.explainer.Explainer.follow_model`). Two threads would
+model for the user's changes (:meth:`fxlrp.explain.explainer.Explainer.follow_model`). Two threads would
 otherwise interleave their writes and restores (one restoring the other's twins as the model's
 parameters), and a check on one thread would take another's twins for a replaced parameter and
 convert again mid-run. Parts run eagerly of explanations on several threads run one at a time;

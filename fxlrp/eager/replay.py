@@ -81,7 +81,7 @@ class Recordings:
         self.lock = threading.Lock()
 
     def summary(self) -> str:
-        """What :meth:`fxlrp.explainer.Explainer.report` says of this part: the signatures it
+        """What :meth:`fxlrp.explain.explainer.Explainer.report` says of this part: the signatures it
         replays, and why the others run eagerly (each reason once)."""
         with self.lock:
             sizes = [len(replay.graph_module.graph.nodes) for replay in self.replays.values()]

@@ -134,7 +134,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch_geometric.nn.conv import MessagePassing
 
 import fxlrp
-from fxlrp.explainer import Explainer
+from fxlrp.explain.explainer import Explainer
 from fxlrp.graph.nodes import REWRITTEN_PREFIX
 from fxlrp.pyg.messages import Messages, recording_messages
 from fxlrp.pyg.relevance import _edge_type_of, layer_names

@@ -12,12 +12,12 @@ from torch import fx, nn
 import fxlrp.eager  # noqa: F401  (registers the parts run eagerly)
 import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.capture import capture as capture_model
-from fxlrp.explainer import Explainer
+from fxlrp.explain.explainer import Explainer
+from fxlrp.explain.model_snapshot import ModelSnapshot
 from fxlrp.graph.canonicalise import canonicalise
 from fxlrp.graph.fold_batchnorm import fold_batch_norms
 from fxlrp.graph.report import Report
 from fxlrp.graph.rewrite import Rewriter
-from fxlrp.model_snapshot import ModelSnapshot
 from fxlrp.operations.scatter_library import all_scatter_functions
 from fxlrp.registry import REGISTRY
 from fxlrp.relevance.form import composite_has_gradient_form

@@ -13,16 +13,16 @@ from torch import Tensor, fx, nn
 from torch.autograd.graph import get_gradient_edge
 
 from fxlrp.capture.module_state import MODEL_WRITES
-from fxlrp.graph.nodes import original_node_name
-from fxlrp.graph.report import Report
-from fxlrp.input_checks import (
+from fxlrp.explain.input_checks import (
     no_floating_input_error,
     refuse_non_finite_inputs,
     refuse_non_finite_output,
     refuse_non_finite_relevance,
 )
-from fxlrp.model_snapshot import ModelSnapshot
-from fxlrp.placement import refuse_to_move
+from fxlrp.explain.model_snapshot import ModelSnapshot
+from fxlrp.explain.placement import refuse_to_move
+from fxlrp.graph.nodes import original_node_name
+from fxlrp.graph.report import Report
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
@@ -77,7 +77,7 @@ class Explainer(nn.Module):
         """Convert the model again if it changed since conversion in a way the graph does not
         follow by itself (a submodule or parameter replaced, an attribute the trace read as a
         constant, BatchNorm's statistics or the parameters it was folded into; see
-        :mod:`fxlrp.model_snapshot`): explanations are always of the model as it is now. Runs
+        :mod:`fxlrp.explain.model_snapshot`): explanations are always of the model as it is now. Runs
         before every call, but not inside a trace (:func:`fxlrp.compile` checks before tracing); values
         changed in place are shared and need nothing. Returns whether it converted again."""
         if self._snapshot is None or values_are_traced():
@@ -148,7 +148,7 @@ class Explainer(nn.Module):
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Explainer:
         """What ``.to()``, ``.double()``, ``.half()``, ``.cuda()``, ... call: refused with what to do
-        instead when it would move or cast anything (see :mod:`fxlrp.placement`); a no-op otherwise."""
+        instead when it would move or cast anything (see :mod:`fxlrp.explain.placement`); a no-op otherwise."""
         refuse_to_move(self, fn)
         return self
 
@@ -340,7 +340,7 @@ def attribute(
     ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
     finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
     is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
-    :mod:`fxlrp.input_checks`); False returns whatever comes out.
+    :mod:`fxlrp.explain.input_checks`); False returns whatever comes out.
     """
     return _attribute(explain, inputs, target, output=output, nodes=None, repeat=repeat, check_finite=check_finite)
 

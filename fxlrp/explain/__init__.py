@@ -1,0 +1,10 @@
+"""The pipeline put together, and the explainer it makes.
+
+:mod:`~fxlrp.explain.convert` runs the steps (capture, canonical form, rules, rewrite) and returns
+an :class:`~fxlrp.explain.explainer.Explainer` (``attribute``, ``attribute_nodes``), which checks its
+inputs and outputs (:mod:`~fxlrp.explain.input_checks`), refuses moves that would half-move it
+(:mod:`~fxlrp.explain.placement`) and follows later changes to the model
+(:mod:`~fxlrp.explain.model_snapshot`); :mod:`~fxlrp.explain.compiled` compiles an explanation with
+``torch.compile``. ``import fxlrp`` gives the public names: ``fxlrp.convert``, ``fxlrp.attribute``,
+``fxlrp.attribute_nodes``, ``fxlrp.compile``, ``fxlrp.Explainer``.
+"""
