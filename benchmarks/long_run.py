@@ -1,7 +1,7 @@
 """Many explanations in one process: does memory stay flat?
 
 Runs ``--rounds`` explanations (5,000 by default) of a small CNN with ``fxlrp.attribute`` and as
-many of a two-layer GAT through PyG's ``Explainer`` with :class:`fxlrp.pyg.LRPExplainer`, and
+many of a two-layer GAT through PyG's ``Explainer`` with :class:`fxlrp.integrations.pyg.LRPExplainer`, and
 prints at intervals the resident memory of the process (``/proc/self/statm``), the number and
 bytes of the tensors Python still holds (``gc``: torch has no allocator statistics on CPU) and,
 on a GPU, torch's allocated memory. A leak shows as a count or a size that grows with the rounds.
@@ -63,7 +63,7 @@ def graph_run(rounds: int, every: int, device: torch.device) -> None:
     from torch_geometric.explain import Explainer
     from torch_geometric.nn import GATConv
 
-    from fxlrp.pyg import LRPExplainer
+    from fxlrp.integrations.pyg import LRPExplainer
 
     class GAT(nn.Module):
         def __init__(self) -> None:

@@ -60,7 +60,7 @@ def graph(nodes: int, edges: int, explained: int, repeats: int) -> list[tuple[st
     """Seconds of each way to explain ``explained`` nodes, with a note."""
     from torch_geometric.explain import Explainer
 
-    from fxlrp.pyg import LRPExplainer
+    from fxlrp.integrations.pyg import LRPExplainer
 
     torch.manual_seed(0)
     x = torch.randn(nodes, 64)

@@ -81,7 +81,7 @@ from torch_geometric.nn import GCNConv, global_mean_pool
 from torch_geometric.utils import k_hop_subgraph
 
 import fxlrp
-from fxlrp.pyg import LRPExplainer, relevant_walks
+from fxlrp.integrations.pyg import LRPExplainer, relevant_walks
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from examples.ba_shapes import GCN  # noqa: E402  (the node-level model of the BA-Shapes example)

@@ -27,8 +27,8 @@ from torch import Tensor, nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fxlrp  # noqa: E402
-from fxlrp.pyg import graph_relevance  # noqa: E402
-from fxlrp.pyg.walks import DEFAULT_BEAM, _search, relevant_walks, walk_graph  # noqa: E402
+from fxlrp.integrations.pyg import graph_relevance  # noqa: E402
+from fxlrp.integrations.pyg.walks import DEFAULT_BEAM, _search, relevant_walks, walk_graph  # noqa: E402
 
 
 class GCN(nn.Module):

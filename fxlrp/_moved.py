@@ -22,7 +22,6 @@ from typing import Any
 
 MOVED = {
     "fxlrp.call": "fxlrp.relevance.call",
-    "fxlrp.integrations": "fxlrp.registry.integrations",
     "fxlrp.attention_rules": "fxlrp.rules.attention",
     "fxlrp.composites": "fxlrp.rules.composites",
     "fxlrp.leaf_functions": "fxlrp.capture.leaf_functions",
@@ -45,6 +44,9 @@ MOVED = {
     "fxlrp.input_checks": "fxlrp.explain.input_checks",
     "fxlrp.placement": "fxlrp.explain.placement",
     "fxlrp.model_snapshot": "fxlrp.explain.model_snapshot",
+    "fxlrp.operations.torchvision_ops": "fxlrp.integrations.torchvision",
+    "fxlrp.transformers": "fxlrp.integrations.transformers",
+    "fxlrp.pyg": "fxlrp.integrations.pyg",
 }
 """Old module path -> the module it is now."""
 

@@ -156,7 +156,7 @@ def draw_walks(
     axis: Any = None,
     seed: int = 0,
 ) -> Any:
-    """Draw relevant walks on the graph (from :func:`fxlrp.pyg.relevant_walks`) and return the figure.
+    """Draw relevant walks on the graph (from :func:`fxlrp.integrations.pyg.relevant_walks`) and return the figure.
 
     ``walks``: ``[W, L + 1]`` node ids, input layer first (``-1`` after the last node of a walk
     that leaves early, as with jumping knowledge); ``relevance``: ``[W]``. Each walk is a

@@ -9,7 +9,7 @@ from pyg_networks import Stack, random_graph
 from torch_geometric.nn.models import GAT
 
 import fxlrp
-from fxlrp.pyg import graph_relevance, with_cp_lrp
+from fxlrp.integrations.pyg import graph_relevance, with_cp_lrp
 
 ATTENTION = ["gat", "gatv2", "transformer"]
 

@@ -19,7 +19,7 @@ from torch_geometric.explain import Explainer
 from torch_geometric.nn import GraphConv
 
 import fxlrp
-from fxlrp.pyg import LRPExplainer
+from fxlrp.integrations.pyg import LRPExplainer
 
 
 class LinkPredictor(nn.Module):

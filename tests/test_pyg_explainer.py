@@ -1,4 +1,4 @@
-"""fxlrp.pyg.LRPExplainer through PyG's Explainer API, and PyG without torch_scatter."""
+"""fxlrp.integrations.pyg.LRPExplainer through PyG's Explainer API, and PyG without torch_scatter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pyg_networks import Stack, random_graph
 from torch_geometric.explain import Explainer, Explanation
 from torch_geometric.explain.metric import characterization_score, fidelity, unfaithfulness
 
-from fxlrp.pyg import LRPExplainer, with_cp_lrp
+from fxlrp.integrations.pyg import LRPExplainer, with_cp_lrp
 
 TESTS = os.path.dirname(__file__)
 
@@ -73,7 +73,7 @@ def test_without_torch_scatter():
         import torch, torch_geometric.typing
         assert not torch_geometric.typing.WITH_TORCH_SCATTER
         import fxlrp
-        from fxlrp.pyg import graph_relevance
+        from fxlrp.integrations.pyg import graph_relevance
         from pyg_networks import Stack, random_graph, gradient_times_input
         for layer, pool in (("sage_max", "max"), ("gcn", "mean"), ("graphconv_max", "add")):
             model = Stack(layer, pool=pool).double().eval()

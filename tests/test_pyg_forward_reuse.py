@@ -10,8 +10,8 @@ from torch import nn
 from torch_geometric.explain import Explainer
 
 import fxlrp
-from fxlrp.pyg import LRPExplainer, with_cp_lrp
-from fxlrp.pyg.forward_reuse import forward_key
+from fxlrp.integrations.pyg import LRPExplainer, with_cp_lrp
+from fxlrp.integrations.pyg.forward_reuse import forward_key
 from fxlrp.relevance.rule_function import reusable_graph
 from fxlrp.rules import AlphaBeta, Epsilon, Gamma, ZPlus
 

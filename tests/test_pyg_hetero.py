@@ -21,7 +21,7 @@ from torch_geometric.explain import Explainer, HeteroExplanation
 from torch_geometric.nn import GraphConv, HeteroConv, HGTConv, SAGEConv, to_hetero
 
 import fxlrp
-from fxlrp.pyg import LRPExplainer, with_cp_lrp
+from fxlrp.integrations.pyg import LRPExplainer, with_cp_lrp
 
 LRP0 = fxlrp.rules.Epsilon(0.0)
 WRITES, CITES, WRITTEN = ("author", "writes", "paper"), ("paper", "cites", "paper"), ("paper", "rev_writes", "author")

@@ -9,7 +9,7 @@ from torch_geometric.nn import GraphConv
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 
 import fxlrp
-from fxlrp.pyg import graph_relevance
+from fxlrp.integrations.pyg import graph_relevance
 
 LRP0 = fxlrp.rules.Epsilon(0.0)
 PIECEWISE_LINEAR = ["gcn", "gin", "sage_mean", "sage_max", "graphconv_add", "graphconv_max", "edgeconv"]

@@ -6,7 +6,7 @@ References, none computed by the code under test:
   the output early), one full backward pass of the converted model with the relevance of each
   node state ``H_t`` restricted to row ``j_t`` by a tensor hook, the definition of a walk's
   relevance;
-- node relevance from ``fxlrp.pyg.graph_relevance`` / ``fxlrp.attribute`` / ``LRPExplainer`` (the
+- node relevance from ``fxlrp.integrations.pyg.graph_relevance`` / ``fxlrp.attribute`` / ``LRPExplainer`` (the
   walks starting at a node sum to it), and gradient x input for piecewise-linear models (LRP-0);
 - edge relevance per layer from ``graph_relevance`` (the walks along an edge sum to it, LRP-0);
 - the closed form of a 2-layer linear GCN under LRP-0, written out with the normalised adjacency.
@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from torch_geometric.nn import GCNConv
 
 import fxlrp
-from fxlrp.pyg import graph_relevance
-from fxlrp.pyg.walks import _search, relevant_walks, subgraph_relevance, walk_graph, walk_steps
+from fxlrp.integrations.pyg import graph_relevance
+from fxlrp.integrations.pyg.walks import _search, relevant_walks, subgraph_relevance, walk_graph, walk_steps
 from fxlrp.relevance.rule_function import reusable_graph
 from fxlrp.rules import Epsilon, Gamma, ZPlus
 
@@ -434,7 +434,7 @@ def test_link_score_walks_end_at_the_pair_and_decompose_its_node_relevance(decod
     from test_pyg_edge_level import LinkPredictor, references
     from torch_geometric.explain import Explainer
 
-    from fxlrp.pyg import LRPExplainer
+    from fxlrp.integrations.pyg import LRPExplainer
 
     torch.manual_seed(3)
     x, edge_index = undirected_graph(9, 0.45, seed=12)

@@ -5,7 +5,7 @@ References, none computed by the code under test:
 - masked LRP: for every typed node sequence ``((T_0, j_0), (T_1, j_1), (T_2, j_2))``, one full
   backward pass of the converted model with the relevance of each recorded layer output of step
   ``t`` kept at row ``j_t`` if the output is of type ``T_t``, zeroed otherwise (tensor hooks);
-- node relevance from ``fxlrp.pyg.graph_relevance`` (the node masks of ``LRPExplainer``) under
+- node relevance from ``fxlrp.integrations.pyg.graph_relevance`` (the node masks of ``LRPExplainer``) under
   the same composite: the walks starting at a node sum to it;
 - gradient x input, for LRP-0 on the piecewise-linear models (``to_hetero`` of SAGEConv +
   GraphConv(max), ``HeteroConv`` of SAGEConv and GraphConv);
@@ -25,8 +25,8 @@ from torch_geometric.data import HeteroData
 from torch_geometric.nn import to_hetero
 
 import fxlrp
-from fxlrp.pyg import graph_relevance
-from fxlrp.pyg.walks import HeteroWalks, relevant_walks, subgraph_relevance
+from fxlrp.integrations.pyg import graph_relevance
+from fxlrp.integrations.pyg.walks import HeteroWalks, relevant_walks, subgraph_relevance
 from fxlrp.relevance.rule_function import reusable_graph
 
 PAPER = 2

@@ -830,7 +830,7 @@ def test_strict_conversion_names_the_operations_without_a_rule(monkeypatch: pyte
 
     from transformers.models.mamba import modeling_mamba
 
-    import fxlrp.transformers  # noqa: F401  (the integration registers the scan before it is replaced)
+    import fxlrp.integrations.transformers  # noqa: F401  (the integration registers the scan before it is replaced)
 
     scan = modeling_mamba.mamba_selective_scan.__wrapped__
     copy = types.FunctionType(scan.__code__, scan.__globals__, scan.__name__, scan.__defaults__)

@@ -27,7 +27,7 @@ from lxt.efficient.rules import identity_rule_implicit_fn, stop_gradient
 from torch import nn
 
 import fxlrp
-import fxlrp.transformers  # noqa: F401  (transformers' activation modules: GPT-2's gelu_new)
+import fxlrp.integrations.transformers  # noqa: F401  (transformers' activation modules: GPT-2's gelu_new)
 from fxlrp.rules.composites import CPLRP, AttnLRP
 
 

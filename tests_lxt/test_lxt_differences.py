@@ -12,7 +12,7 @@
    the LayerNorms, patched on ``torch.nn.LayerNorm`` itself, follow the rules). fxlrp explains
    any instance.
 4. An activation written out in torch operations (transformers' ``gelu_new``, GPT-2's default)
-   is an activation only where it is registered as one (``fxlrp.transformers``); written inline in
+   is an activation only where it is registered as one (``fxlrp.integrations.transformers``); written inline in
    a model fxlrp does not register, fxlrp explains its operations one by one.
 """
 
@@ -105,7 +105,7 @@ class InlineNewGELU(nn.Module):
 
 
 def test_gpt2s_activation_is_an_activation_where_it_is_registered() -> None:
-    """GPT-2 with ``gelu_new``: 2.9e-7 (registered by ``fxlrp.transformers``); the same values
+    """GPT-2 with ``gelu_new``: 2.9e-7 (registered by ``fxlrp.integrations.transformers``); the same values
     from an unregistered module: 5.5e-2 relative error, fxlrp splitting ``x * (1 + tanh(...))``."""
     family = FAMILIES["gpt2"]
     model = tiny_model(family, "eager", torch.float32)

@@ -1,6 +1,7 @@
 """Registry entries, one file per family of operations. Importing this package registers them.
 
-``torchvision_ops`` is registered when torchvision is in use (see :mod:`fxlrp.registry.integrations`).
+torchvision's, PyG's and transformers' operations are registered when the library is in use
+(:mod:`fxlrp.integrations`).
 """
 
 from fxlrp.operations import (  # noqa: F401

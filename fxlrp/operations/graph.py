@@ -11,7 +11,7 @@ node: ``s_e = exp(a_e) / sum_{e' -> i} exp(a_e')``. Two ways to explain it:
   propagation"): the attention coefficients are constants. The softmax output carries no relevance,
   so a product ``alpha * x_j`` passes all of its relevance to the values ``x_j`` and no relevance
   enters the logits. Select it with the rule :class:`AttentionAsConstant` for the operation
-  ``"graph_softmax"`` (``fxlrp.pyg.with_cp_lrp(composite)`` does that).
+  ``"graph_softmax"`` (``fxlrp.integrations.pyg.with_cp_lrp(composite)`` does that).
 
 Library spellings: torch_scatter's ``scatter_softmax`` here; integrations add theirs (PyG's
 ``torch_geometric.utils.softmax``) with ``REGISTRY.extend("graph_softmax", ...)``.

@@ -111,7 +111,7 @@ def largest_role(result: Any, input: Any, *args: Any, **kwargs: Any) -> str | No
     router chooses experts by them (a mixture of experts written out: each chosen expert's output
     times its weight), and its weights are gates, which the product rules of AttnLRP and CP-LRP
     hold constant, so that the chosen experts take the relevance, as in the experts functions
-    transformers 5 runs (:mod:`fxlrp.transformers`): the largest values of a softmax's or a
+    transformers 5 runs (:mod:`fxlrp.integrations.transformers`): the largest values of a softmax's or a
     sigmoid's outputs (Mixtral, Qwen-MoE; Switch Transformers' top 1 by ``max``) are gates, those
     of other scores selected, whose softmax (GPT-OSS) or sigmoid is a gate. A ``max`` of all values
     or of two tensors (no indices) is a plain maximum. (The indices carry no relevance: their mark

@@ -15,9 +15,9 @@ import sys
 import warnings
 
 INTEGRATIONS = {
-    "torchvision": "fxlrp.operations.torchvision_ops",
-    "torch_geometric": "fxlrp.pyg",
-    "transformers": "fxlrp.transformers",
+    "torchvision": "fxlrp.integrations.torchvision",
+    "torch_geometric": "fxlrp.integrations.pyg",
+    "transformers": "fxlrp.integrations.transformers",
 }
 """Library (top-level module name) -> fxlrp integration module."""
 

@@ -11,8 +11,8 @@ from torch_geometric.explain.algorithm import ExplainerAlgorithm
 from torch_geometric.explain.config import MaskType, ModelMode
 
 import fxlrp
-from fxlrp.pyg.forward_reuse import ForwardReuse
-from fxlrp.pyg.relevance import explained_forward, output_relevance, relevance_from
+from fxlrp.integrations.pyg.forward_reuse import ForwardReuse
+from fxlrp.integrations.pyg.relevance import explained_forward, output_relevance, relevance_from
 from fxlrp.rules import Rule
 from fxlrp.rules.composites import Composite
 
@@ -40,10 +40,10 @@ class LRPExplainer(ExplainerAlgorithm):
     given target for ``"phenomenon"``. Masks are relevances (signed, summing to about the
     explained output), not probabilities: ``node_mask`` ``object`` sums a node's feature
     relevances, ``common_attributes`` sums over nodes; ``edge_mask`` is the relevance of each
-    edge's messages summed over all message-passing layers (see :mod:`fxlrp.pyg.relevance`).
+    edge's messages summed over all message-passing layers (see :mod:`fxlrp.integrations.pyg.relevance`).
 
     ``composite``: as for :func:`fxlrp.convert` (a rule, a composite, None for the default;
-    :func:`fxlrp.pyg.with_cp_lrp` for attention as constants). ``strict``: as for ``convert``.
+    :func:`fxlrp.integrations.pyg.with_cp_lrp` for attention as constants). ``strict``: as for ``convert``.
     The converted model is kept and made again for another model, composite or ``strict``, or
     when a parameter or buffer of the model was replaced by another tensor (the conversion holds
     the tensors themselves; changes in place reach it).
@@ -52,7 +52,7 @@ class LRPExplainer(ExplainerAlgorithm):
     forward pass is then run once and kept for the following calls, which pay only a backward
     pass each, with results identical to a fresh forward. It is run again as soon as the model's
     parameters (modified in place or replaced), the inputs (other tensors or modified in place)
-    or the keywords change (see :mod:`fxlrp.pyg.forward_reuse`). The last forward's graph stays
+    or the keywords change (see :mod:`fxlrp.integrations.pyg.forward_reuse`). The last forward's graph stays
     in memory until the next call with other inputs or :meth:`clear`; False: a forward per call,
     nothing kept.
     """

@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fxlrp.pyg.relevance import GraphForward
+from fxlrp.integrations.pyg.relevance import GraphForward
 
 _PLAIN_VALUES = (type(None), bool, int, float, str)
 
@@ -63,7 +63,7 @@ def forward_key(model: nn.Module, explain: nn.Module, x: Tensor | dict, edge_ind
 
 
 class ForwardReuse:
-    """Keeps the last :class:`~fxlrp.pyg.relevance.GraphForward` and its key."""
+    """Keeps the last :class:`~fxlrp.integrations.pyg.relevance.GraphForward` and its key."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None

@@ -13,9 +13,9 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.utils import scatter, softmax
 
 from fxlrp.eager.interpret import LayerRunner, interpret, layer_runner
+from fxlrp.integrations.pyg.messages import given_edges, messages_of
 from fxlrp.operations.scatter import reduce_by_argument
 from fxlrp.operations.sums import proportional
-from fxlrp.pyg.messages import given_edges, messages_of
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules.attention import GRAPH_SOFTMAX

@@ -38,7 +38,7 @@ relevance of row ``k`` of ``H_t`` to row ``i`` of ``H_{t-1}``; zero unless ``i =
     sum over walks with j_0 = j of R(w) = 1^T P_j B_1 B_2 ... B_L B_out r = R(j),
 
 the node relevance of ``j`` from one ordinary explanation (``fxlrp.attribute``,
-:func:`fxlrp.pyg.graph_relevance`) under the same composite. This holds when relevance reaches
+:func:`fxlrp.integrations.pyg.graph_relevance`) under the same composite. This holds when relevance reaches
 ``H_{t-1}`` only through step ``t`` (for relevance reaching a state directly from the output,
 see walks that leave early, below); :func:`relevant_walks` checks it on every call (the chain
 ``B_1 ... B_L B_out r`` must equal the model's own backward pass) and raises ``ValueError``
@@ -136,8 +136,8 @@ from torch_geometric.nn.conv import MessagePassing
 import fxlrp
 from fxlrp.explain.explainer import Explainer
 from fxlrp.graph.nodes import REWRITTEN_PREFIX
-from fxlrp.pyg.messages import Messages, recording_messages
-from fxlrp.pyg.relevance import _edge_type_of, layer_names
+from fxlrp.integrations.pyg.messages import Messages, recording_messages
+from fxlrp.integrations.pyg.relevance import _edge_type_of, layer_names
 from fxlrp.relevance.rule_function import outputs_recorded, reusable_graph
 from fxlrp.rules import Rule
 from fxlrp.rules.composites import Composite

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from fxlrp.eager.interpret import LayerRunner
-from fxlrp.pyg.edge_map import EdgeMap
-from fxlrp.pyg.messages import Messages, recording_messages
+from fxlrp.integrations.pyg.edge_map import EdgeMap
+from fxlrp.integrations.pyg.messages import Messages, recording_messages
 from fxlrp.relevance.rule_function import reusable_graph
 
 

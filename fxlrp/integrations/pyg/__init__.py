@@ -7,11 +7,11 @@ relevance in one call), :func:`with_cp_lrp` (attention coefficients as constants
 heterogeneous graphs).
 """
 
-from fxlrp.pyg import operations  # noqa: F401  (registers PyG's layers and functions)
-from fxlrp.pyg.attention import with_cp_lrp
-from fxlrp.pyg.explainer import LRPExplainer
-from fxlrp.pyg.relevance import GraphRelevance, graph_relevance
-from fxlrp.pyg.walks import HeteroWalks, relevant_walks, subgraph_relevance, walk_steps
+from fxlrp.integrations.pyg import operations  # noqa: F401  (registers PyG's layers and functions)
+from fxlrp.integrations.pyg.attention import with_cp_lrp
+from fxlrp.integrations.pyg.explainer import LRPExplainer
+from fxlrp.integrations.pyg.relevance import GraphRelevance, graph_relevance
+from fxlrp.integrations.pyg.walks import HeteroWalks, relevant_walks, subgraph_relevance, walk_steps
 
 __all__ = ["LRPExplainer", "GraphRelevance", "graph_relevance", "with_cp_lrp", "relevant_walks", "subgraph_relevance",
            "walk_steps", "HeteroWalks"]
