@@ -47,6 +47,9 @@ MOVED = {
     "fxlrp.operations.torchvision_ops": "fxlrp.integrations.torchvision",
     "fxlrp.transformers": "fxlrp.integrations.transformers",
     "fxlrp.pyg": "fxlrp.integrations.pyg",
+    "fxlrp.image": "fxlrp.viz.image",
+    "fxlrp.text": "fxlrp.viz.text",
+    "fxlrp.graph_image": "fxlrp.viz.graph_image",
 }
 """Old module path -> the module it is now."""
 

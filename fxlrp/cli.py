@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 import fxlrp
-from fxlrp import text
 from fxlrp.cli_inputs import (
     InputError,
     Preprocessing,
@@ -35,6 +34,7 @@ from fxlrp.errors import FxlrpError
 from fxlrp.explain.compiled import compile as fxlrp_compile
 from fxlrp.explain.explainer import attribute
 from fxlrp.explain_dataset import add_dataset_options, explains_data_set, run_dataset
+from fxlrp.viz import text
 
 BAD_INPUT = 2
 CANNOT_EXPLAIN = 1
@@ -137,7 +137,7 @@ def _output_names(paths: Sequence[str]) -> list[str]:
 def run_explain(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from fxlrp import image
+    from fxlrp.viz import image
 
     if args.compile and (args.text is not None or args.model.startswith(HF_PREFIX)):
         raise InputError("--compile explains images and data sets, not --text")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import fxlrp
-from fxlrp import image
+from fxlrp.viz import image
 
 
 def digits_demo(out: Path, fast: bool) -> Path:
@@ -81,7 +81,6 @@ def torchvision_demo(out: Path) -> Path:
 
 
 def infection_demo(out: Path, fast: bool) -> Path:
-    from fxlrp.graph_image import save_graph_relevance
     from fxlrp.toys.infection import (
         NODE_STATES,
         InfectionNetwork,
@@ -91,6 +90,7 @@ def infection_demo(out: Path, fast: bool) -> Path:
         newly_infected,
         train_infection_network,
     )
+    from fxlrp.viz.graph_image import save_graph_relevance
 
     torch.manual_seed(0)
     model = train_infection_network(InfectionNetwork(), steps=40 if fast else 60, graphs_per_step=64)

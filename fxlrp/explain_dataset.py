@@ -322,7 +322,7 @@ def _write_pngs(run: _Run, directory: Path, shard: _Shard) -> None:
     """Heatmap (and, for 1 or 3 channels, overlay) PNGs of a shard's explained samples."""
     from PIL import Image
 
-    from fxlrp import image
+    from fxlrp.viz import image
 
     for index, values in shard.inputs.items():
         relevance = shard.relevance[index - shard.span.start]
@@ -404,7 +404,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
     preprocessing = _preprocessing(args, model)
     composite = composite_by_name(args.composite, preprocessing)
     if args.png:
-        from fxlrp import image
+        from fxlrp.viz import image
 
         try:
             image.colour_map(args.cmap)

@@ -13,8 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from fxlrp import cli, image
+from fxlrp import cli
 from fxlrp.toys.digits import DigitsCNN, load_digits_split, positive_relevance_on_ink, train_classifier
+from fxlrp.viz import image
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS_MODEL = "fxlrp.toys.digits:DigitsCNN"

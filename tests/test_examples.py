@@ -16,8 +16,8 @@ from types import ModuleType
 
 import torch
 
-from fxlrp import image
 from fxlrp.toys.digits import load_digits_split, positive_relevance_on_ink
+from fxlrp.viz import image
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SHOWN = 8

@@ -1,4 +1,4 @@
-"""fxlrp.image and fxlrp.graph_image: numbers in, the right colours out."""
+"""fxlrp.viz.image and fxlrp.viz.graph_image: numbers in, the right colours out."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fxlrp import image
-from fxlrp.graph_image import save_graph_relevance
+from fxlrp.viz import image
+from fxlrp.viz.graph_image import save_graph_relevance
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -33,6 +33,6 @@ def test_an_integration_that_fails_to_load_is_one_warning(monkeypatch: pytest.Mo
 
 def test_import_fxlrp_imports_no_integration_library() -> None:
     code = ("import sys, fxlrp; print(sorted(name for name in ('torchvision', 'torch_geometric', 'matplotlib', "
-            "'transformers', 'timm', 'fxlrp.integrations.pyg', 'fxlrp.text') if name in sys.modules))")
+            "'transformers', 'timm', 'fxlrp.integrations.pyg', 'fxlrp.viz.text') if name in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert loaded.strip() == "[]"

@@ -378,7 +378,7 @@ def test_steps_are_found_and_can_be_given() -> None:
 def test_walks_are_drawn_one_curve_per_hop(tmp_path) -> None:
     from matplotlib import patches, pyplot
 
-    from fxlrp.graph_image import draw_walks, save_walks
+    from fxlrp.viz.graph_image import draw_walks, save_walks
 
     x, edge_index = undirected_graph(7, 0.4, seed=11)
     walks, relevance = relevant_walks(build("gcn"), x, edge_index, index=hub(edge_index), top_k=5)

@@ -1,4 +1,4 @@
-"""fxlrp.text: colours as a function of relevance, escaping, whitespace, subword merging per
+"""fxlrp.viz.text: colours as a function of relevance, escaping, whitespace, subword merging per
 tokenizer convention, ANSI codes and their absence. Token lists are written by hand (no
 tokenizer downloads)."""
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fxlrp import text
+from fxlrp.viz import text
 
 SPAN = re.compile(r'<span class="fxlrp-token" data-relevance="([^"]+)" title="[^"]*" '
                   r'style="background-color: #([0-9a-f]{6}); color: #([0-9a-f]{6});[^"]*">(.*?)</span>', re.S)
@@ -52,7 +52,7 @@ def test_colours_follow_relevance_symmetrically() -> None:
 
 
 def test_colours_are_fxlrp_image_bwr_without_its_256_steps() -> None:
-    image = pytest.importorskip("fxlrp.image")  # needs matplotlib; fxlrp.text does not
+    image = pytest.importorskip("fxlrp.viz.image")  # needs matplotlib; fxlrp.viz.text does not
     values = np.linspace(-1.0, 1.0, 2001)
     ours = text.colours(values).astype(int)
     pictures = image.colourise(values[None], "bwr")[0].astype(int)
@@ -219,7 +219,7 @@ def test_tokens_of_single_sequences_and_batches() -> None:
 
 
 def test_import_needs_neither_matplotlib_nor_transformers() -> None:
-    code = ("import sys, fxlrp.text; print(sorted(name for name in ('matplotlib', 'transformers', 'PIL') "
+    code = ("import sys, fxlrp.viz.text; print(sorted(name for name in ('matplotlib', 'transformers', 'PIL') "
             "if name in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert loaded.strip() == "[]"

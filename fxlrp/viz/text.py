@@ -9,10 +9,10 @@ a terminal, and the merging of subword tokens into words.
     print(text.terminal(tokens, relevance[0], merge_subwords=True))
     text.save_html("explanation.html", text.html(tokens, relevance[0], title="class 1"))
 
-Colours are those of :mod:`fxlrp.image`'s default ``bwr`` map (blue, white, red) on the same
+Colours are those of :mod:`fxlrp.viz.image`'s default ``bwr`` map (blue, white, red) on the same
 symmetric scale ``R / max|R|``: red for, blue against, white for zero, full red or blue at the
 token with the largest ``|R|``. Unlike the picture colours they are not rounded to matplotlib's
-256 steps, so zero is exactly white; ``fxlrp.image.signed_values_from_bwr`` reads the normalised
+256 steps, so zero is exactly white; ``fxlrp.viz.image.signed_values_from_bwr`` reads the normalised
 relevance back from them. This module needs neither matplotlib nor transformers, and
 ``import fxlrp`` does not import it.
 
@@ -59,7 +59,7 @@ _WHITESPACE_MARKS = {"\n": "↵", "\r": "↵", "\t": "→", " ": "·"}
 
 def normalise(relevance: RelevanceLike) -> np.ndarray:
     """``R / max|R|`` in float64: values in ``[-1, 1]``, zero stays zero, an all-zero sequence
-    stays zero (the ``per_map`` normalisation of :func:`fxlrp.image.normalise_symmetric`, over
+    stays zero (the ``per_map`` normalisation of :func:`fxlrp.viz.image.normalise_symmetric`, over
     one sequence)."""
     values = _as_vector(relevance)
     scale = np.abs(values).max(initial=0.0)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fxlrp.image import ArrayLike, as_numpy, colour_map
+from fxlrp.viz.image import ArrayLike, as_numpy, colour_map
 
 
 def _symmetric_limit(values: np.ndarray) -> float:
