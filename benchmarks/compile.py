@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 import fxlrp
 from benchmarks.table import machine
-from fxlrp.cli_inputs import Preprocessing, composite_by_name
+from fxlrp.app.cli_inputs import Preprocessing, composite_by_name
 
 
 def gradient_times_input(model: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:

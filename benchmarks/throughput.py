@@ -2,7 +2,7 @@
 zennit and Captum's LRP, in one process and in two, same run.
 
 The data set is a folder of random 224x224 PNGs in two class sub-folders (ImageFolder layout),
-read by ``fxlrp.datasets.ImageFolder`` through a ``DataLoader`` in batches of ``--batch``
+read by ``fxlrp.app.datasets.ImageFolder`` through a ``DataLoader`` in batches of ``--batch``
 (ImageNet normalisation). Each method explains each image's predicted class:
 
 - ``fxlrp EpsilonPlusFlat``: ``fxlrp.attribute`` of the converted model;
@@ -107,9 +107,9 @@ def worker(rank: int, world: int, method: str, model_name: str, folder: str, bat
     """One process's share of the batches; puts ``(images, seconds)`` or an error into ``results``."""
     from torch.utils.data import DataLoader
 
-    from fxlrp.cli_inputs import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
-    from fxlrp.datasets import ImageFolder, as_list
-    from fxlrp.explain_dataset import ShardBatches
+    from fxlrp.app.cli_inputs import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+    from fxlrp.app.datasets import ImageFolder, as_list
+    from fxlrp.app.explain_dataset import ShardBatches
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)

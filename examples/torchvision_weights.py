@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import torchvision
 
 import fxlrp
-from fxlrp import cli, image
+from fxlrp import image
+from fxlrp.app import cli
 from fxlrp.toys.digits import load_digits_split
 
 SIZE = 32

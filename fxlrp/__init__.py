@@ -36,7 +36,7 @@ def __getattr__(name: str) -> object:
     first use so that ``import fxlrp`` stays light; a module's path before the package layout
     (``fxlrp.explainer``), the module it names now (:mod:`fxlrp._moved`)."""
     if name == "read_explanations":
-        from fxlrp.explanations_store import read_explanations
+        from fxlrp.app.explanations_store import read_explanations
 
         return read_explanations
     module = _moved.moved_module(sys.modules[__name__], name)

@@ -50,6 +50,13 @@ MOVED = {
     "fxlrp.image": "fxlrp.viz.image",
     "fxlrp.text": "fxlrp.viz.text",
     "fxlrp.graph_image": "fxlrp.viz.graph_image",
+    "fxlrp.cli": "fxlrp.app.cli",
+    "fxlrp.cli_inputs": "fxlrp.app.cli_inputs",
+    "fxlrp.explain_dataset": "fxlrp.app.explain_dataset",
+    "fxlrp.datasets": "fxlrp.app.datasets",
+    "fxlrp.explanations_store": "fxlrp.app.explanations_store",
+    "fxlrp.distributed": "fxlrp.app.distributed",
+    "fxlrp.demo": "fxlrp.app.demo",
 }
 """Old module path -> the module it is now."""
 

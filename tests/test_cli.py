@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fxlrp import cli
+from fxlrp.app import cli
 from fxlrp.toys.digits import DigitsCNN, load_digits_split, positive_relevance_on_ink, train_classifier
 from fxlrp.viz import image
 
@@ -114,7 +114,7 @@ def test_each_bad_input_gives_one_line_and_exit_code_2(digits: dict[str, Path],
 
 def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-m", "fxlrp.cli", "explain", "--model", "torchvision:resnet18",
+    result = subprocess.run([sys.executable, "-m", "fxlrp.app.cli", "explain", "--model", "torchvision:resnet18",
                              str(tmp_path / "missing.jpg"), "--out", str(tmp_path)],
                             capture_output=True, text=True, cwd=ROOT, env=environment, timeout=120)
     assert result.returncode == 2

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fxlrp
-from fxlrp import cli
+from fxlrp.app import cli
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors  # noqa: E402

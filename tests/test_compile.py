@@ -10,7 +10,7 @@ import torchvision
 from torch._dynamo.utils import counters
 
 import fxlrp
-from fxlrp import cli
+from fxlrp.app import cli
 from fxlrp.rules import Epsilon
 from fxlrp.rules.composites import EpsilonGammaBox, EpsilonPlusFlat
 from fxlrp.toys.digits import DigitsCNN

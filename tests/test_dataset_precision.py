@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fxlrp
-from fxlrp import cli
+from fxlrp.app import cli
 from fxlrp.toys.digits import DigitsCNN, load_digits_split, train_classifier
 
 MODEL = "fxlrp.toys.digits:DigitsCNN"
@@ -28,7 +28,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"folder": folder, "weights": folder / "weights.pt", "data": folder / "digits.pt"}
 
 
-def explain(trained: dict[str, Path], out: str, *options: str) -> fxlrp.explanations_store.Explanations:
+def explain(trained: dict[str, Path], out: str, *options: str) -> fxlrp.app.explanations_store.Explanations:
     arguments = ["explain", "--model", MODEL, "--weights", str(trained["weights"]), "--data", str(trained["data"]),
                  "--out", str(trained["folder"] / out), "--target", "label", "--batch-size", "16", *options]
     assert cli.main(arguments) == 0

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 import fxlrp
-from fxlrp import cli
+from fxlrp.app import cli
 from fxlrp.toys.digits import DigitsCNN
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,9 +233,9 @@ def test_a_run_killed_mid_way_resumes_and_ends_identical(tmp_path: Path, files: 
 
 def test_import_fxlrp_loads_no_data_set_code() -> None:
     """(tqdm is not in the list: ``import torch`` imports it, through torch.hub.)"""
-    code = ("import sys, fxlrp; heavy = [name for name in ('fxlrp.datasets', 'fxlrp.explanations_store', "
-            "'fxlrp.explain_dataset', 'fxlrp.distributed', 'fxlrp.cli', 'PIL', 'matplotlib') if name in sys.modules]; "
-            "print(heavy)")
+    code = ("import sys, fxlrp; heavy = [name for name in ('fxlrp.app.datasets', 'fxlrp.app.explanations_store', "
+            "'fxlrp.app.explain_dataset', 'fxlrp.app.distributed', 'fxlrp.app.cli', 'PIL', 'matplotlib') "
+            "if name in sys.modules]; print(heavy)")
     result = subprocess.run([sys.executable, "-c", code], env=ENVIRONMENT, cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
@@ -268,7 +268,7 @@ def test_two_processes_with_torchrun_write_the_files_of_one(tmp_path: Path, file
 
 def test_progress_without_tqdm_is_a_plain_line(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from fxlrp.explain_dataset import progress_bar
+    from fxlrp.app.explain_dataset import progress_bar
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now fails
     progress = progress_bar(10, enabled=True)

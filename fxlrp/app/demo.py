@@ -17,12 +17,21 @@ from pathlib import Path
 import torch
 
 import fxlrp
+from fxlrp.toys.digits import DigitsCNN, accuracy, load_digits_split, positive_relevance_on_ink, train_classifier
+from fxlrp.toys.infection import (
+    NODE_STATES,
+    InfectionNetwork,
+    explain_node,
+    generate_infection_graphs,
+    infection_accuracy,
+    newly_infected,
+    train_infection_network,
+)
 from fxlrp.viz import image
+from fxlrp.viz.graph_image import save_graph_relevance
 
 
 def digits_demo(out: Path, fast: bool) -> Path:
-    from fxlrp.toys.digits import DigitsCNN, accuracy, load_digits_split, positive_relevance_on_ink, train_classifier
-
     torch.manual_seed(0)
     data = load_digits_split()
     model = train_classifier(DigitsCNN(), data.train_images, data.train_labels, epochs=3 if fast else 8)
@@ -81,17 +90,6 @@ def torchvision_demo(out: Path) -> Path:
 
 
 def infection_demo(out: Path, fast: bool) -> Path:
-    from fxlrp.toys.infection import (
-        NODE_STATES,
-        InfectionNetwork,
-        explain_node,
-        generate_infection_graphs,
-        infection_accuracy,
-        newly_infected,
-        train_infection_network,
-    )
-    from fxlrp.viz.graph_image import save_graph_relevance
-
     torch.manual_seed(0)
     model = train_infection_network(InfectionNetwork(), steps=40 if fast else 60, graphs_per_step=64)
     node_accuracy, edge_accuracy = infection_accuracy(model, generate_infection_graphs(100, seed=12345))

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
-from fxlrp.cli_inputs import TENSOR_SUFFIXES, InputError, Preprocessing, imported_object, read_input
+from fxlrp.app.cli_inputs import TENSOR_SUFFIXES, InputError, Preprocessing, imported_object, read_input
 
 NO_LABEL = -1
 """The label of a sample that has none (a file directly in the folder, a tensor file without labels)."""

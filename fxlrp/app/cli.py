@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 import fxlrp
-from fxlrp.cli_inputs import (
+from fxlrp.app.cli_inputs import (
     InputError,
     Preprocessing,
     _first_sentence,
@@ -30,10 +30,10 @@ from fxlrp.cli_inputs import (
     load_model,
     stack_inputs,
 )
+from fxlrp.app.explain_dataset import add_dataset_options, explains_data_set, run_dataset
 from fxlrp.errors import FxlrpError
 from fxlrp.explain.compiled import compile as fxlrp_compile
 from fxlrp.explain.explainer import attribute
-from fxlrp.explain_dataset import add_dataset_options, explains_data_set, run_dataset
 from fxlrp.viz import text
 
 BAD_INPUT = 2
@@ -367,7 +367,7 @@ def run_explain_text(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from fxlrp.demo import run
+    from fxlrp.app.demo import run
 
     run(Path(args.out), fast=args.fast)
     return 0

@@ -1,8 +1,8 @@
 """``fxlrp explain --data SOURCE --out DIR``: explain a whole data set into resumable shards.
 
-The data (:mod:`fxlrp.datasets`) is read by a ``DataLoader`` (``--workers``) in batches that never
-cross a shard; each process (``torchrun``, :mod:`fxlrp.distributed`) computes its share of the
-shards still missing and writes them atomically (:mod:`fxlrp.explanations_store`); the first
+The data (:mod:`fxlrp.app.datasets`) is read by a ``DataLoader`` (``--workers``) in batches that never
+cross a shard; each process (``torchrun``, :mod:`fxlrp.app.distributed`) computes its share of the
+shards still missing and writes them atomically (:mod:`fxlrp.app.explanations_store`); the first
 process writes the index when all are done. A run killed at any moment and started again with
 the same command computes only the missing shards and ends with the files of an uninterrupted run.
 """
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 
 import fxlrp
-from fxlrp.cli_inputs import (
+from fxlrp.app.cli_inputs import (
     InputError,
     Preprocessing,
     _preprocessing,
@@ -34,10 +34,10 @@ from fxlrp.cli_inputs import (
     composite_by_name,
     load_model,
 )
-from fxlrp.datasets import NO_LABEL, Item, Source, as_list, open_data
-from fxlrp.distributed import Processes, processes_from_environment
+from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
+from fxlrp.app.distributed import Processes, processes_from_environment
+from fxlrp.app.explanations_store import PNG, ExplanationWriter, ShardRows, write_atomic
 from fxlrp.explain.explainer import attribute
-from fxlrp.explanations_store import PNG, ExplanationWriter, ShardRows, write_atomic
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
