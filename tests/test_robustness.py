@@ -302,15 +302,38 @@ def _low_precision_gradient_times_input(model: nn.Module, x: torch.Tensor, dtype
         return gradient_times_input(model, [x], pick, relevance)[0]
 
 
+@functools.cache
+def rounding_loss(name: str, composite: str, dtype: torch.dtype) -> float:
+    """What the rules lose to the rounding of a forward in ``dtype`` on any machine: the largest
+    ``1 - correlation`` with float32 relevance over 4 float32 explanations whose every layer's
+    output is off by a random relative error of up to one unit in the last place of ``dtype``
+    (a layer's kernel rounds more than once). Rules that divide by a sum (LRP's z-rule on a
+    residual add) amplify the error of a sum that nearly cancels: for resnet18 under the default
+    composite in float16, 0.005 to 0.048 over the 4, and how a machine's kernels round lands
+    anywhere in that range (0.0033 with AVX-512 kernels, 0.038 with ATen's unvectorised ones)."""
+    model, x, reference = float32_case(name, composite)
+    unit = torch.finfo(dtype).eps
+    losses = []
+    for seed in range(4):
+        generator = torch.Generator().manual_seed(seed)
+        perturbed = copy.deepcopy(model)
+        for module in perturbed.modules():
+            if not any(module.children()):
+                module.register_forward_hook(lambda module, inputs, output, generator=generator: output * (
+                    1 + unit * (2 * torch.rand(output.shape, generator=generator) - 1)))
+        relevance = fxlrp.attribute(fxlrp.convert(perturbed, COMPOSITES_LOW_PRECISION[composite]()), x, target=1)
+        losses.append(float(1 - correlation(relevance, reference).min()))
+    return max(losses)
+
+
 @pytest.mark.parametrize("name", ["resnet18", "vit"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("how", ["model", "autocast"])
 def test_low_precision_relevance_is_finite_and_agrees_with_float32(name: str, dtype: torch.dtype, how: str) -> None:
-    """Low-precision relevance loses no more agreement with float32 relevance than the model's
-    own gradient x input loses in that precision, on this machine's kernels (a CPU with native
-    float16 arithmetic rounds more than one that computes float16 in float32): the bound is
-    ``1 - correlation <= 2 (1 - correlation of the model's gradient x input)``, the lowest
-    correlation of 2 samples. Measured: 0.03x to 1.17x of the model's loss (docs/faq.md)."""
+    """Low-precision relevance loses no more agreement with float32 relevance (``1 - correlation``,
+    the lowest of 2 samples) than twice what is lost anyway: by the model's own gradient x input
+    in that precision on this machine's kernels, or by the rules to rounding errors of that
+    precision (:func:`rounding_loss`); docs/faq.md."""
     for composite, make in COMPOSITES_LOW_PRECISION.items():
         model, x, reference = float32_case(name, composite)
         if how == "model":
@@ -323,8 +346,10 @@ def test_low_precision_relevance_is_finite_and_agrees_with_float32(name: str, dt
             assert relevance.dtype == torch.float32
         assert bool(relevance.isfinite().all())
         [model_float32] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
-        model_loss = 1 - correlation(_low_precision_gradient_times_input(model, x, dtype, how), model_float32).min()
-        assert 1 - correlation(relevance, reference).min() <= 2 * model_loss, composite
+        model_loss = float(1 - correlation(_low_precision_gradient_times_input(model, x, dtype, how),
+                                           model_float32).min())
+        lost = float(1 - correlation(relevance, reference).min())
+        assert lost <= 2 * max(model_loss, rounding_loss(name, composite, dtype)), composite
 
 
 def test_a_forward_under_autocast_may_go_backward_outside_it() -> None:
