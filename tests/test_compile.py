@@ -15,6 +15,9 @@ from fxlrp.rules import Epsilon
 from fxlrp.rules.composites import EpsilonGammaBox, EpsilonPlusFlat
 from fxlrp.toys.digits import DigitsCNN
 
+# Each test compiles with Inductor (tens of seconds on a CPU): `make test-all` runs them.
+pytestmark = pytest.mark.slow
+
 
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float((value - reference).norm() / reference.norm())

@@ -59,6 +59,7 @@ def check_lrp0_is_gradient_times_input(model: nn.Module, x: Tensor) -> None:
     assert relative_error(relevance, reference) < GRADIENT_TOLERANCE
 
 
+@pytest.mark.slow
 @pytest.mark.zoo
 @pytest.mark.parametrize("name", NAMES)
 def test_zoo_model(name: str) -> None:
@@ -104,6 +105,7 @@ def small_vit() -> nn.Module:
     return liven(model, torch.Generator().manual_seed(0))  # the head is initialised to zero
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make, size",
     [(lambda: build("efficientnet_b0"), 16), (lambda: build("mobilenet_v3_small"), 16), (small_convnext, 32),

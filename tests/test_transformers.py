@@ -782,7 +782,7 @@ def in_float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[Case], None]:
     return apply
 
 
-@pytest.mark.parametrize("name", [*CASES, *MORE_CASES])
+@pytest.mark.parametrize("name", [*CASES, *(pytest.param(name, marks=pytest.mark.slow) for name in MORE_CASES)])
 def test_attnlrp_equals_lxts_gradient_times_input(name: str, in_float64) -> None:
     case = CASES.get(name) or MORE_CASES[name]
     in_float64(case)
