@@ -8,6 +8,11 @@ or ``torch.save`` name their classes by them (``fxlrp.explainer.Explainer``,
 installed by ``import fxlrp`` makes ``import fxlrp.explainer`` give that module itself: the same
 object, so its classes are the same classes and old pickles load. Submodules of a moved package
 follow it (``fxlrp.pyg.walks`` is ``fxlrp.integrations.pyg.walks``).
+
+Four modules became the ``__init__`` of a package of the same name and need no entry:
+``fxlrp.rules``, ``fxlrp.registry``, ``fxlrp.capture`` and ``fxlrp.eager``. ``fxlrp.integrations``,
+once the loader of integrations (now :mod:`fxlrp.registry.integrations`), is the package of the
+integrations, which names the loader's functions.
 """
 
 from __future__ import annotations
