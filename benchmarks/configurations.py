@@ -21,7 +21,7 @@ class Unavailable(Exception):
 
 def _seed(output: Tensor) -> Tensor:
     """Output relevance: each sample's (each node's) highest output, as fxlrp.attribute does."""
-    from fxlrp.explain.explainer import output_relevance
+    from fxlrp.explain.targets import output_relevance
 
     return output_relevance(output, None)
 

@@ -94,7 +94,7 @@ def prepare(method: str, model_name: str, model: nn.Module, device: torch.device
 
 
 def _through_hooks(model: nn.Module, images: Tensor) -> Tensor:
-    from fxlrp.explain.explainer import output_relevance
+    from fxlrp.explain.targets import output_relevance
 
     leaf = images.detach().requires_grad_()
     output = model(leaf)

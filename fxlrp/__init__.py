@@ -8,9 +8,10 @@ import sys
 
 from fxlrp import _moved, rules
 from fxlrp.errors import CaptureError, FxlrpError, UnsupportedOperationError
+from fxlrp.explain.attribute import attribute, attribute_nodes
 from fxlrp.explain.compiled import compile
 from fxlrp.explain.convert import convert
-from fxlrp.explain.explainer import Explainer, attribute, attribute_nodes
+from fxlrp.explain.explainer import Explainer
 from fxlrp.rules import composites
 
 __all__ = [

@@ -139,7 +139,7 @@ def test_pieces_equal_the_fused_kernels_backward_at_epsilon_0(build, monkeypatch
     closed_forms = []
     original = attention.attention_relevance
     monkeypatch.setattr(attention, "attention_relevance", lambda *args: closed_forms.append(1) or original(*args))
-    explain.gradient_form = False
+    explain.keep_to_relevance_form()
     assert relative_error(fxlrp.attribute(explain, inputs, target=1), kernel) <= 1e-12
     assert len(closed_forms) == (model.pieces if build in CLOSED_FORM_MODELS.values() else 0)
 

@@ -6,6 +6,8 @@ dense LRP formula where the gradient form must not be used; float64 throughout.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -54,7 +56,7 @@ def _forms(explain: nn.Module, inputs: Tensor, target: object) -> tuple[Tensor, 
     assert explain.gradient_form
     gradient = fxlrp.attribute(explain, inputs, target=target)
     assert explain.gradient_form  # nothing on the way made it fall back
-    explain.gradient_form = False
+    explain.keep_to_relevance_form()
     return gradient, fxlrp.attribute(explain, inputs, target=target)
 
 
@@ -469,7 +471,7 @@ def test_lrp0_through_linear_layers_of_selected_rows_and_columns_is_gradient_tim
     x = torch.randn(2, 12, 16, dtype=torch.float64)
     targets = torch.tensor([17, 250])
     explain = fxlrp.convert(model, Composite(Epsilon(0.0)))
-    explain.gradient_form = gradient_form
+    explain.conversion = dataclasses.replace(explain.conversion, gradient_form=gradient_form)
     relevance = fxlrp.attribute(explain, x, target=targets)
     assert explain.gradient_form == gradient_form
     leaf = x.clone().requires_grad_()

@@ -144,7 +144,6 @@ print("ok")
 
 def test_the_public_names_the_docs_use() -> None:
     from fxlrp.composites import EpsilonPlusFlat as FromOldPath
-
     from fxlrp.integrations import register_integration
     from fxlrp.registry import Kind, Operation, register
     from fxlrp.rules import Epsilon

@@ -153,7 +153,7 @@ def test_reusable_graph_goes_backward_many_times(rule):
     torch.manual_seed(4)
     model = Convolutions().double().eval()
     explain = fxlrp.convert(model, rule)
-    explain.gradient_form = False  # attribute as the direct call explains: bit for bit (LRP-0 could use R / x)
+    explain.keep_to_relevance_form()  # attribute as the direct call explains: bit for bit (LRP-0 could use R / x)
     x = torch.randn(2, 2, 7, 7, dtype=torch.float64)
     leaf = x.clone().requires_grad_()
     with reusable_graph():

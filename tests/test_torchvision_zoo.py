@@ -46,7 +46,7 @@ def check_explains(model: nn.Module, x: Tensor) -> fxlrp.Explainer:
     leaf = x.clone().requires_grad_()
     output = explain(leaf)
     assert relative_error(output.detach(), expected) < OUTPUT_TOLERANCE
-    output.backward(fxlrp.explain.explainer.output_relevance(output, None))
+    output.backward(fxlrp.explain.targets.output_relevance(output, None))
     assert torch.isfinite(leaf.grad).all()
     assert (leaf.grad != 0).any()
     return explain

@@ -32,8 +32,8 @@ from fxlrp.app.cli_inputs import (
 )
 from fxlrp.app.explain_dataset import add_dataset_options, explains_data_set, run_dataset
 from fxlrp.errors import FxlrpError
+from fxlrp.explain.attribute import attribute
 from fxlrp.explain.compiled import compile as fxlrp_compile
-from fxlrp.explain.explainer import attribute
 from fxlrp.viz import text
 
 BAD_INPUT = 2

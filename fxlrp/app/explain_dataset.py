@@ -37,7 +37,7 @@ from fxlrp.app.cli_inputs import (
 from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
 from fxlrp.app.distributed import Processes, processes_from_environment
 from fxlrp.app.explanations_store import PNG, ExplanationWriter, ShardRows, write_atomic
-from fxlrp.explain.explainer import attribute
+from fxlrp.explain.attribute import attribute
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,7 +1,9 @@
 """The pipeline put together, and the explainer it makes.
 
 :mod:`~fxlrp.explain.convert` runs the steps (capture, canonical form, rules, rewrite) and returns
-an :class:`~fxlrp.explain.explainer.Explainer` (``attribute``, ``attribute_nodes``), which checks its
+an :class:`~fxlrp.explain.explainer.Explainer` holding the :class:`~fxlrp.explain.explainer.Conversion`
+that made it; :mod:`~fxlrp.explain.attribute` explains with it (``attribute``, ``attribute_nodes``)
+from the start relevance :mod:`~fxlrp.explain.targets` makes of a target, checks its
 inputs and outputs (:mod:`~fxlrp.explain.input_checks`), refuses moves that would half-move it
 (:mod:`~fxlrp.explain.placement`) and follows later changes to the model
 (:mod:`~fxlrp.explain.model_snapshot`); :mod:`~fxlrp.explain.compiled` compiles an explanation with

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fxlrp.explain.explainer import default_output, padding_mask
+from fxlrp.explain.targets import default_output, padding_mask
 from fxlrp.relevance.tracing import traced
 
 EXACT_INDUCTOR_OPTIONS = {"layout_optimization": False}

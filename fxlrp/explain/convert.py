@@ -12,7 +12,7 @@ from torch import fx, nn
 import fxlrp.eager  # noqa: F401  (registers the parts run eagerly)
 import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.capture import capture as capture_model
-from fxlrp.explain.explainer import Explainer
+from fxlrp.explain.explainer import Conversion, Explainer
 from fxlrp.explain.model_snapshot import ModelSnapshot
 from fxlrp.graph.canonicalise import canonicalise
 from fxlrp.graph.fold_batchnorm import fold_batch_norms
@@ -102,17 +102,22 @@ def convert(
                         in_place_modules=in_place_modules, modules=modules, constants=captured.constants,
                         eager_modules=captured.eager_modules)
     graph_module = rewriter.run()
-    explainer = Explainer(graph_module, Report(type(model).__name__, rewriter.reports, captured.eager_modules))
-    # Nodes without a rule let relevance follow the gradient, which the gradient form would change.
-    explainer.gradient_form = composite_has_gradient_form(composite) and explainer.report().coverage == 1.0
-    explainer.converted_from(
-        ModelSnapshot(model, [original[name] for name in sorted(folded)]),
-        partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
-                fold_batch_norm=fold_batch_norm, capture=capture))
+    report = Report(type(model).__name__, rewriter.reports, captured.eager_modules)
     signature = inspect.signature(model.forward)
-    explainer.input_names = tuple(signature.parameters)
-    explainer.input_parameters = tuple(parameter.replace(annotation=inspect.Parameter.empty)  # (kept picklable)
-                                       for parameter in signature.parameters.values())
-    if captured.optional_inputs or captured.settings or concrete_args:
-        explainer.bind_inputs(signature, captured.optional_inputs, concrete_args or {}, captured.settings)
+    binds_calls = bool(captured.optional_inputs or captured.settings or concrete_args)
+    conversion = Conversion(
+        # Nodes without a rule let relevance follow the gradient, which the gradient form would change.
+        gradient_form=composite_has_gradient_form(composite) and report.coverage == 1.0,
+        input_names=tuple(signature.parameters),
+        input_parameters=tuple(parameter.replace(annotation=inspect.Parameter.empty)  # (kept picklable)
+                               for parameter in signature.parameters.values()),
+        signature=signature if binds_calls else None,
+        optional_inputs=tuple(captured.optional_inputs) if binds_calls else (),
+        concrete_args=dict(concrete_args or {}) if binds_calls else {},
+        settings=dict(captured.settings or {}) if binds_calls else {},
+        convert_again=partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
+                              fold_batch_norm=fold_batch_norm, capture=capture),
+    )
+    explainer = Explainer(graph_module, report, conversion,
+                          ModelSnapshot(model, [original[name] for name in sorted(folded)]))
     return explainer

@@ -66,7 +66,7 @@ def tensors_used(root: Any) -> Iterator[Tensor]:
             pending.extend(item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
             pending.extend(item)
-        elif isinstance(item, functools.partial):  # the retrace of bind_inputs: the model itself
+        elif isinstance(item, functools.partial):  # the conversion's convert_again: the model itself
             pending.extend((item.args, item.keywords))
         elif hasattr(item, "__dict__"):
             pending.extend(vars(item).values())

@@ -1,0 +1,366 @@
+"""``fxlrp.attribute`` and ``fxlrp.attribute_nodes``: the relevance of a model's inputs (and nodes)
+for a target, by one forward and one backward pass of an explainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import get_gradient_edge
+
+from fxlrp.explain.explainer import Explainer
+from fxlrp.explain.input_checks import (
+    no_floating_input_error,
+    refuse_non_finite_inputs,
+    refuse_non_finite_output,
+    refuse_non_finite_relevance,
+)
+from fxlrp.explain.targets import default_output, output_relevance, padding_mask, per_copy
+from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
+from fxlrp.relevance.rule_function import reusable_graph
+from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
+from fxlrp.relevance.stabilise import divide_dropping_zeros
+
+InputRelevance = Tensor | tuple[Tensor | None, ...] | dict[str, Tensor | None]
+"""Relevance of the inputs: a tensor for a tensor input, else one entry per input (None for
+inputs that receive none), as captum returns attributions; inputs given by name get a dict."""
+
+
+Inputs = Tensor | Sequence[Any] | Mapping[str, Any]
+"""A model's inputs: a tensor, a sequence by position, or a mapping by name (a tokenizer's output)."""
+
+
+def attribute(
+    explain: Explainer | nn.Module,
+    inputs: Inputs,
+    target: Any = None,
+    *,
+    output: Callable[[Any], Tensor] | None = None,
+    repeat: int = 0,
+    check_finite: bool = True,
+) -> InputRelevance:
+    """Relevance of each input in one call.
+
+    ``inputs``: a tensor, a sequence of inputs, or a mapping of the model's inputs by name, as a
+    tokenizer returns them (``tokenizer(text, return_tensors="pt")``: ``input_ids``,
+    ``attention_mask``, ...), given to the model at their places in its ``forward`` (the inputs left
+    out before the last one given take their defaults). Each floating-point tensor gets its relevance;
+    token ids that the model looks up in an embedding (``nn.Embedding``, ``F.embedding``,
+    ``nn.EmbeddingBag``) get the relevance of each token: the relevance reaching the lookup's
+    output summed over the embedding dimension, of the ids' shape (:func:`attribute_nodes` with
+    the embedding node gives it per dimension). Other inputs (integer indices such as a GNN's
+    senders/receivers, settings) are passed as they are and get ``None``.
+    ``target``: see :func:`output_relevance`. A list ``[t1, ..., tk]`` of such targets explains
+    each: every relevance then has a leading dimension of ``k`` (``[k, *input.shape]``), equal to
+    ``k`` separate calls. One forward pass serves all ``k`` (its graph kept under
+    :func:`~fxlrp.relevance.rule_function.reusable_graph`), with one backward pass per target:
+    right for any model, a graph network's nodes included. ``repeat=n`` (n >= 1) instead explains
+    the inputs repeated along their first dimension, up to ``n`` copies per forward and backward
+    pass, copy ``i`` for target ``t_i``: for models whose first dimension is the batch (CNNs,
+    transformers; not a graph network's nodes), with class indices as targets; every tensor input
+    whose first dimension is the batch size is repeated. (``torch.autograd.grad(...,
+    is_grads_batched=True)`` cannot serve: its vmap fails in fxlrp's relevance Functions.)
+    ``output``: picks the explained tensor from the model's output (e.g.
+    ``lambda graphs: graphs.global_features``); by default the output itself, or for a model
+    output with ``logits`` (Hugging Face) the logits, of the last position where they are given
+    per position (a causal LM: the next token; pass ``output=`` for another position) - with an
+    input named ``attention_mask`` (a padding mask), of each sequence's last token.
+    Relevance is returned with the shapes of the inputs: a tensor for a tensor input, a tuple for
+    a sequence of inputs, a dict with the same keys for a mapping (:data:`InputRelevance`).
+    ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
+    finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
+    is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
+    :mod:`fxlrp.explain.input_checks`); False returns whatever comes out.
+    """
+    return _attribute(explain, inputs, target, output=output, nodes=None, repeat=repeat, check_finite=check_finite)
+
+
+def attribute_nodes(
+    explain: Explainer,
+    inputs: Inputs,
+    nodes: Sequence[str],
+    target: Any = None,
+    *,
+    output: Callable[[Any], Tensor] | None = None,
+    repeat: int = 0,
+    check_finite: bool = True,
+) -> tuple[InputRelevance, dict[str, Tensor]]:
+    """:func:`attribute`, and the relevance of intermediate nodes: ``(input relevance, {name:
+    relevance of that node's output})``.
+
+    ``nodes``: names of nodes of ``explain.report()`` (e.g. ``"layer1_0_relu"``, an embedding
+    lookup for the relevance of each token per dimension, or a GNN's per-edge message node). A
+    node's relevance is what reaches its output in the backward pass, summed over its consumers,
+    of the shape of its output; with a list of targets it gets the same leading dimension as the
+    inputs' relevance. The other arguments are :func:`attribute`'s.
+    """
+    if isinstance(nodes, str) or not all(isinstance(name, str) for name in nodes):
+        raise TypeError(f"nodes must be a list of node names from explain.report(), got {nodes!r}")
+    return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat, check_finite=check_finite)
+
+
+def _attribute(
+    explain: Explainer | nn.Module, inputs: Inputs, target: Any, *,
+    output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int, check_finite: bool,
+) -> Any:
+    """:func:`attribute` and :func:`attribute_nodes` (``nodes`` not None)."""
+    if isinstance(inputs, Mapping):
+        by_position, positions = inputs_by_position(explain, inputs)
+        found = _attribute(explain, by_position, target, output=output, nodes=nodes, repeat=repeat,
+                           check_finite=check_finite)
+        input_relevance = found if nodes is None else found[0]
+        keyed = {name: input_relevance[position] for name, position in positions.items()}
+        return keyed if nodes is None else (keyed, found[1])
+    if torch.is_inference_mode_enabled():
+        # Relevance travels by autograd, which inference mode turns off: the explanation leaves it.
+        with torch.inference_mode(False):
+            return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
+                              check_finite=check_finite)
+    many = isinstance(target, list)
+    if many and not target:
+        raise ValueError("target=[] names no target; give at least one")
+    if many and repeat > 0:
+        return _attribute_repeated(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
+                                   check_finite=check_finite)
+    if check_finite:
+        refuse_non_finite_inputs(explain, inputs)
+    single = isinstance(inputs, Tensor)
+    leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
+    # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
+    # eagerly) leaves the Python object holding the written values (fxlrp.eager.interpret.replace_values);
+    # relevance belongs to the input as given, which the edge still names.
+    explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
+    if nodes is not None and not isinstance(explain, Explainer):
+        raise TypeError("attribute_nodes needs the explainer returned by fxlrp.convert")
+    values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
+    gradient = nodes is None and getattr(explain, "gradient_form", False)
+    try:
+        found, looked_up, recorded, intermediate = _backward(
+            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, gradient)
+    except GradientFormUnavailable:
+        # The composite allows the gradient form but the model meets a rule or operation without
+        # one (an operation's own default rule, PReLU): this explainer keeps to the relevance form.
+        explain.keep_to_relevance_form()
+        found, looked_up, recorded, intermediate = _backward(
+            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, False)
+    results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
+               for grads in found]
+    if check_finite:
+        refuse_non_finite_relevance(results)
+    return _merged(results, torch.stack) if many else results[0]
+
+
+def _backward(
+    explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
+    values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
+    many: bool, check_finite: bool, gradient: bool,
+) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
+    """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
+    inputs, the intermediate nodes and the embedding lookups, per target. ``gradient``: in the
+    gradient form (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
+    with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
+          reusable_graph() if many else nullcontext(),
+          gradient_form(gradient)):
+        try:
+            if nodes is None:
+                result, recorded = explain(*leaves), {}
+            else:
+                result, recorded = explain.run_recording(list(nodes), *leaves)
+        except (RuntimeError, TypeError) as error:
+            raise no_floating_input_error(inputs, error, bool(lookups.sources) or lookups.of_copied_ids()) from error
+        explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
+        if not isinstance(explained, Tensor):
+            raise TypeError(
+                f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
+            )
+        intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
+        looked_up = [_looked_up(leaf, lookups.sources) for leaf in leaves]
+        wanted = explained_leaves + [value for value in intermediate if value is not None]
+        wanted += [source.edge for found in looked_up for source in found]
+        if not wanted and lookups.of_copied_ids():
+            raise ValueError(
+                "none of the inputs can receive relevance: the model looks up a copy it makes of the token ids "
+                "it is given (reordered or padded: XLNet transposes them, Longformer pads them), so the "
+                "relevance of the lookup cannot be handed back per token of your ids. Explain the embeddings "
+                "instead: pass inputs_embeds=model.get_input_embeddings()(ids) in the place of the ids"
+            )
+        if not wanted:
+            raise ValueError(
+                "none of the inputs can receive relevance: give the floating-point input to explain (an "
+                "image, node features, inputs_embeds) or token ids the model looks up in an embedding"
+            )
+        if not explained.requires_grad:
+            raise ValueError(
+                "the explained output does not depend on the inputs along any path relevance can take: each "
+                "path is cut by a .detach() or torch.no_grad() in the model, or passes an operation LRP holds "
+                "constant (a norm, variance, sqrt or rsqrt of an input-dependent value is a statistic and gets "
+                "no relevance), so there is no relevance to give. Explain an output the inputs reach; where such "
+                "a sqrt is an activation of your model, register it with the identity rule (docs/extending.md)"
+            )
+        if check_finite:
+            refuse_non_finite_output(explained)
+        samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
+        starts = [output_relevance(explained, one, samples) for one in (target if many else [target])]
+        if gradient:  # g = R / y at the output
+            starts = [divide_dropping_zeros(start, explained.detach()) for start in starts]
+        found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
+                 for start in starts]
+    if gradient:  # R = x g at the inputs and the lookups' outputs
+        values = values + [source.embedding for found_here in looked_up for source in found_here]
+        found = [tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
+                 for grads in found]
+    return found, looked_up, recorded, intermediate
+
+
+def _assembled(
+    relevance: Iterator[Tensor | None],
+    leaves: list[Any],
+    looked_up: list[list[RelevanceSource]],
+    recorded: dict[str, Any],
+    intermediate: list[Tensor | None],
+    single: bool,
+    inputs_only: bool,
+) -> Any:
+    """:func:`attribute`'s result from the gradients of one backward pass."""
+    input_relevance = tuple(
+        _zero_if_none(next(relevance), leaf) if _is_explained_leaf(leaf) else None for leaf in leaves
+    )
+    node_relevance = {
+        name: torch.zeros_like(value) if carrier is None else _zero_if_none(next(relevance), value)
+        for (name, value), carrier in zip(recorded.items(), intermediate, strict=True)
+    }
+    input_relevance = tuple(
+        _token_relevance(leaf, found, relevance) if found else given
+        for leaf, found, given in zip(leaves, looked_up, input_relevance, strict=True)
+    )
+    input_result = input_relevance[0] if single else input_relevance
+    if inputs_only:
+        return input_result
+    return input_result, node_relevance
+
+
+def _merged(results: list[Any], merge: Callable[[list[Tensor]], Tensor]) -> Any:
+    """Results of the same structure (tensors, None, tuples, dicts) merged tensor by tensor."""
+    first = results[0]
+    if isinstance(first, Tensor):
+        return merge(results)
+    if isinstance(first, tuple):
+        return tuple(_merged([result[i] for result in results], merge) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {key: _merged([result[key] for result in results], merge) for key in first}
+    return first  # None: an input without relevance
+
+
+def _attribute_repeated(explain: nn.Module, inputs: Tensor | Sequence[Any], targets: list[Any], *,
+                        output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int,
+                        check_finite: bool) -> Any:
+    """:func:`attribute` for ``k`` targets by explaining up to ``repeat`` copies of the inputs,
+    stacked along their first dimension, per pass; results ``[k, batch, ...]``."""
+    single = isinstance(inputs, Tensor)
+    values = (inputs,) if single else tuple(inputs)
+    batch = next((value.shape[0] for value in values if isinstance(value, Tensor) and value.dim() > 0), None)
+    if batch is None:
+        raise ValueError("attribute(..., repeat=...) needs a tensor input whose first dimension is the batch")
+    chunks = []
+    for start in range(0, len(targets), repeat):
+        chunk = targets[start:start + repeat]
+        copies = [value.repeat(len(chunk), *[1] * (value.dim() - 1))
+                  if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch else value
+                  for value in values]
+        combined = torch.cat([per_copy(target, batch) for target in chunk])
+        result = _attribute(explain, copies[0] if single else copies, combined, output=output, nodes=nodes,
+                            repeat=0, check_finite=check_finite)
+        copied = len(chunk)
+        chunks.append(_merged([result], lambda tensors: tensors[0].reshape(copied, -1, *tensors[0].shape[1:])))
+    return _merged(chunks, torch.cat)
+
+
+"""The name of the input :func:`default_output` takes as a padding mask (Hugging Face's)."""
+
+
+def inputs_by_position(explain: nn.Module, inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, int]]:
+    """Inputs given by name as :func:`attribute` takes them: by position in the model's
+    ``forward``, each input left out before the last one given taking its default; and the
+    position of each name."""
+    parameters = [parameter for parameter in getattr(explain, "input_parameters", ())
+                  if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
+    names = [parameter.name for parameter in parameters]
+    if not parameters:
+        raise TypeError(
+            f"the inputs are given by name ({', '.join(map(repr, inputs))}), but the names of the model's inputs "
+            "are not known here (a module not made by fxlrp.convert, or saved by an older fxlrp): give them by "
+            "position, in the order of the model's forward"
+        )
+    for name in inputs:
+        if name not in names:
+            raise TypeError(
+                f"the model's forward has no input {name!r} that can be given by position (its inputs: "
+                f"{', '.join(names)}): leave {name!r} out, or give the inputs by position"
+            )
+    last = max((names.index(name) for name in inputs), default=-1)
+    for parameter in parameters[:last]:
+        if parameter.name not in inputs and parameter.default is parameter.empty:
+            raise TypeError(
+                f"the model's input {parameter.name!r} comes before those given and has no default: give it too"
+            )
+    by_position = tuple(inputs[parameter.name] if parameter.name in inputs else parameter.default
+                        for parameter in parameters[:last + 1])
+    return by_position, {name: names.index(name) for name in inputs}
+
+
+def _may_be_token_ids(value: Any) -> bool:
+    """A tensor neither floating-point nor complex."""
+    return isinstance(value, Tensor) and not value.is_floating_point() and not value.is_complex()
+
+
+def _token_ids(inputs: Sequence[Any]) -> list[Tensor]:
+    return [value for value in inputs if _may_be_token_ids(value)]
+
+
+def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:
+    """The embedding lookups made with the token ids ``value`` (none for other inputs)."""
+    if not _may_be_token_ids(value):
+        return []
+    return [source for source in sources if same_values(source.indices, value)]
+
+
+def _token_relevance(ids: Tensor, found: list[RelevanceSource], relevance: Iterator[Tensor | None]) -> Tensor:
+    """Relevance per token: what reached each lookup, summed over the embedding dimension."""
+    total = torch.zeros(ids.shape, dtype=found[0].embedding.dtype, device=found[0].embedding.device)
+    for _ in found:
+        share = next(relevance)
+        if share is not None:
+            total += share.reshape(ids.numel(), -1).sum(dim=1).reshape(ids.shape)
+    return total
+
+
+def _leaf_if_explained(value: Any) -> Any:
+    """A floating-point tensor becomes a fresh leaf that collects relevance; the rest stays (a
+    tensor made in inference mode, which autograd cannot keep, as a copy)."""
+    if isinstance(value, Tensor) and value.is_inference():
+        value = value.clone()
+    if isinstance(value, Tensor) and value.is_floating_point():
+        return value.detach().requires_grad_()
+    return value
+
+
+def _is_explained_leaf(value: Any) -> bool:
+    return isinstance(value, Tensor) and value.requires_grad
+
+
+def _relevance_carrier(name: str, value: Any) -> Tensor | None:
+    """The node's output tensor if relevance can reach it; None if it depends on no input."""
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"node {name!r} outputs {type(value).__name__}, not a tensor; pick the node that takes "
+            "the tensor out of it (its getitem or attribute node in explain.report())"
+        )
+    return value if value.requires_grad else None
+
+
+def _zero_if_none(relevance: Tensor | None, like: Tensor) -> Tensor:
+    return torch.zeros_like(like) if relevance is None else relevance
