@@ -71,11 +71,11 @@ def new_name(name: str) -> str | None:
     path that did not move."""
     if name in MOVED:
         return MOVED[name]
-    package, _, rest = name.rpartition(".")
+    package = name.rpartition(".")[0]
     while package:
         if package in MOVED:
             return MOVED[package] + name[len(package):]
-        package, _, _ = package.rpartition(".")
+        package = package.rpartition(".")[0]
     return None
 
 
