@@ -30,7 +30,7 @@ from fxlrp.capture import RelevanceTracer, call_beyond_forward, first_line
 from fxlrp.eager.interpret import LayerRunner, intercepted_functions
 from fxlrp.eager.record import CONSTANT_TYPES, Recording, RecordingFailed, record
 from fxlrp.graph.canonicalise import canonicalise
-from fxlrp.graph.rewrite import Rewriter
+from fxlrp.graph.rewrite import RewriteOptions, Rewriter
 from fxlrp.registry import REGISTRY
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_form_active
@@ -176,8 +176,8 @@ def _recorded(call: RelevanceCall, runner: LayerRunner, args: tuple, kwargs: dic
                               (leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, Tensor)),
                               strict=True)
     }
-    rewriter = Rewriter(root, graph, call.composite, strict=True, warn_lost_relevance=call.warn_lost_relevance,
-                        in_place_modules=in_place_modules, modules=modules, input_relevance=carrying_inputs,
-                        first_layer=site is not None and site.is_first_layer, named_nodes=False,
-                        gradient_form=gradient_form_active())
+    options = RewriteOptions(strict=True, warn_lost_relevance=call.warn_lost_relevance, input_relevance=carrying_inputs,
+                             first_layer=site is not None and site.is_first_layer, named_nodes=False,
+                             gradient_form=gradient_form_active())
+    rewriter = Rewriter(root, graph, call.composite, options, in_place_modules=in_place_modules, modules=modules)
     return Replay(rewriter.run(), recording)

@@ -17,7 +17,7 @@ from fxlrp.explain.model_snapshot import ModelSnapshot
 from fxlrp.graph.canonicalise import canonicalise
 from fxlrp.graph.fold_batchnorm import fold_batch_norms
 from fxlrp.graph.report import Report
-from fxlrp.graph.rewrite import Rewriter
+from fxlrp.graph.rewrite import RewriteOptions, Rewriter
 from fxlrp.operations.scatter_library import all_scatter_functions
 from fxlrp.registry import REGISTRY
 from fxlrp.relevance.form import composite_has_gradient_form
@@ -98,7 +98,7 @@ def convert(
     modules = fold_batch_norms(graph, original) if fold_batch_norm else original
     # Folded BatchNorms left the graph; the layers they went into became copies with new tensors.
     folded = called - _called_modules(graph) | {name for name in called if modules[name] is not original[name]}
-    rewriter = Rewriter(model, graph, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
+    rewriter = Rewriter(model, graph, composite, RewriteOptions(strict=strict, warn_lost_relevance=warn_lost_relevance),
                         in_place_modules=in_place_modules, modules=modules, constants=captured.constants,
                         eager_modules=captured.eager_modules)
     graph_module = rewriter.run()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from typing import Any
@@ -64,6 +65,32 @@ def enclosing_module(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[str 
     return qualified_name, module_type if isinstance(module_type, type) else None
 
 
+@dataclasses.dataclass(frozen=True)
+class RewriteOptions:
+    """How a graph is rewritten.
+
+    ``strict``: an operation without a rule on a relevance-carrying tensor is an error (else it
+    follows its gradient, with a warning). ``warn_lost_relevance``: rules warn when relevance
+    reaches an output of 0 and is dropped. ``input_relevance``: for a recorded run
+    (:mod:`fxlrp.eager.replay`), which inputs carry relevance; relevance then also starts at every
+    embedding lookup, as in code run eagerly. ``first_layer``: whether the graph's inputs are
+    where the composite's first layer may be. ``named_nodes``: whether every node of an operation
+    with a relevance function stays a module named after the node, which hooks can reach
+    (relevant walks record node states by name); else a node whose relevance function is a plain
+    call and whose output can hold no role is that call (a recorded run's graph, whose nodes are
+    nobody's rows: hundreds of nodes per Llama call, each a Python call less): see
+    :meth:`Rewriter._plain_call`. ``gradient_form``: the graph runs in the gradient form alone (a
+    run recorded in it, whose signature holds the form).
+    """
+
+    strict: bool = True
+    warn_lost_relevance: bool = False
+    input_relevance: dict[str, bool] | None = None
+    first_layer: bool = True
+    named_nodes: bool = True
+    gradient_form: bool = False
+
+
 class Rewriter:
     """Builds the explainer's GraphModule from the captured graph.
 
@@ -72,43 +99,28 @@ class Rewriter:
     read.
     """
 
-    def __init__(self, model: nn.Module, graph: fx.Graph, composite: Composite, *, strict: bool,
-                 warn_lost_relevance: bool, in_place_modules: set[str],
-                 modules: dict[str, nn.Module] | None = None, constants: dict[str, Any] | None = None,
-                 eager_modules: dict[str, str] | None = None, input_relevance: dict[str, bool] | None = None,
-                 first_layer: bool = True, named_nodes: bool = True, gradient_form: bool = False) -> None:
-        """``input_relevance``: for a recorded run (:mod:`fxlrp.eager.replay`), which inputs carry
-        relevance; relevance then also starts at every embedding lookup, as in code run eagerly.
-        ``first_layer``: whether the graph's inputs are where the composite's first layer may be.
-        ``named_nodes``: whether every node of an operation with a relevance function stays a
-        module named after the node, which hooks can reach (relevant walks record node states
-        by name); else a node whose relevance function is a plain call and whose output can hold
-        no role is that call (a recorded run's graph, whose nodes are nobody's rows: hundreds of
-        nodes per Llama call, each a Python call less): see :meth:`_plain_call`.
-        ``gradient_form``: the graph runs in the gradient form alone (a run recorded in it, whose
-        signature holds the form)."""
+    def __init__(self, model: nn.Module, graph: fx.Graph, composite: Composite, options: RewriteOptions, *,
+                 in_place_modules: set[str], modules: dict[str, nn.Module] | None = None,
+                 constants: dict[str, Any] | None = None, eager_modules: dict[str, str] | None = None) -> None:
+        """``graph`` (captured from ``model``, in canonical form) with what it refers to: the
+        modules its ``call_module`` nodes name (``modules``: the model's own unless a pipeline stage,
+        BatchNorm folding, substituted some by modules owned by the explainer), the constants
+        the capture kept, the modules run eagerly and those that write their input in place."""
         self.model = model
-        self.input_relevance = input_relevance
-        self.first_layer = first_layer
-        self.named_nodes = named_nodes
-        self.gradient_form = gradient_form
+        self.options = options
         self.holding: set[fx.Node] = set()
         self.constants = constants or {}
         self.eager_modules = eager_modules or {}
         self.graph = graph
         self.composite = composite
-        self.strict = strict
-        self.warn_lost_relevance = warn_lost_relevance
         self.in_place_modules = in_place_modules
-        # The modules call_module targets refer to: the model's own, unless a pipeline stage
-        # (BatchNorm folding) substituted some by modules owned by the explainer.
         self.modules = dict(model.named_modules()) if modules is None else dict(modules)
         self.root = nn.Module()
         self.reports: list[NodeReport] = []
 
     def run(self) -> fx.GraphModule:
         unsupported: list[fx.Node] = []
-        carrying = nodes_that_may_carry_relevance(self.graph, self.modules, self.input_relevance)
+        carrying = nodes_that_may_carry_relevance(self.graph, self.modules, self.options.input_relevance)
         # (the rest compute constants of the explanation: relevance never reaches them, or never
         # comes back from what they compute)
         returning = nodes_relevance_returns_to(self.graph, self.modules, carrying)
@@ -117,7 +129,7 @@ class Rewriter:
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
         factors = {node: relevance_factors(node, operation, carrying)
                    for node in nodes if (operation := self._operation_of(node)) is not None}
-        if not self.named_nodes:
+        if not self.options.named_nodes:
             self.holding = nodes_that_may_hold_roles(self.graph, self._operation_of, carrying)
         for node in nodes:
             if node.op in ("placeholder", "output"):
@@ -168,7 +180,7 @@ class Rewriter:
         layers on one input, are first at each call; the second call of a recurrent layer, which
         reads the first one's output, is not. A node that runs a module's own code may hold the
         first layer inside, found as the code runs the same way."""
-        if not self.first_layer:
+        if not self.options.first_layer:
             return set()
         raw: set[fx.Node] = set()  # reached from inputs through no such layer only
         first: set[fx.Node] = set()
@@ -227,8 +239,8 @@ class Rewriter:
         site = Site(node.name, operation.name, operation.weighted, module_name, module_type,
                     is_first_layer, is_module_call=node.op == "call_module", relevance_factors=factors)
         rule = self.composite.resolve(site, operation)
-        call = RelevanceCall(rule, self.warn_lost_relevance, site=site, composite=self.composite,
-                             strict=self.strict, sole_consumer=self._sole_consumer_of_rule_output(node))
+        call = RelevanceCall(rule, self.options.warn_lost_relevance, site=site, composite=self.composite,
+                             strict=self.options.strict, sole_consumer=self._sole_consumer_of_rule_output(node))
         if node.op == "call_module":
             module = out_of_place(self.modules[node.target])
             to_function = operation.module_function or (lambda module, state: (module, {}))
@@ -257,12 +269,13 @@ class Rewriter:
         cast: all 156 views of the Llama benchmark's replayed graph), and in the gradient form
         the call its entry names (:class:`~fxlrp.registry.NativeInGradientForm`: layers, sums,
         products with one relevance-carrying factor under LRP-0)."""
-        if self.named_nodes or node in self.holding:
+        if self.options.named_nodes or node in self.holding:
             return None
         if operation.moves_values:
             return called
         plain = operation.gradient_native
-        if self.gradient_form and plain is not None and factors < 2 and plain.holds(rule, self.warn_lost_relevance):
+        if (self.options.gradient_form and plain is not None and factors < 2
+                and plain.holds(rule, self.options.warn_lost_relevance)):
             return plain.call
         return None
 
@@ -307,7 +320,7 @@ class Rewriter:
             f"  - {node.name}: {self._describe_call(node)}" + (f"  at {source_line(node)}" if source_line(node) else "")
             for node in nodes
         )
-        if self.strict:
+        if self.options.strict:
             raise UnsupportedOperationError(
                 f"fxlrp has no LRP rule for {len(nodes)} operation(s) of {type(self.model).__name__} "
                 f"and does not know them to be relevance-neutral:\n{listing}\n"
