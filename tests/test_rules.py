@@ -331,3 +331,22 @@ def test_epsilon_too_small_for_the_dtype_still_drops_zero_denominators() -> None
     explain = fxlrp.convert(torch.nn.Sequential(layer), fxlrp.rules.Epsilon(1e-50))
     relevance = fxlrp.attribute(explain, torch.tensor([[2.0, 2.0]]), target=torch.tensor([[1.0]]))
     assert torch.equal(relevance, torch.zeros(1, 2))
+
+
+def test_every_rule_implements_the_engines_contract() -> None:
+    """The engine runs rules by :class:`~fxlrp.relevance.rule_function.AffineRule`: every rule class
+    fxlrp ships has its methods; a class without ``backward`` is not one."""
+    import inspect
+
+    import fxlrp.rules
+    from fxlrp.relevance.rule_function import AffineRule
+
+    rules = [value for value in vars(fxlrp.rules).values()
+             if inspect.isclass(value) and issubclass(value, fxlrp.rules.Rule)]
+    assert len(rules) >= 15 and all(issubclass(rule, AffineRule) for rule in rules)
+
+    class Incomplete:
+        def prepare(self, layer):
+            return None
+
+    assert not isinstance(Incomplete(), AffineRule)

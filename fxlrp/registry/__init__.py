@@ -14,13 +14,24 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
 from fxlrp.registry import integrations
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_is_native
 from fxlrp.relevance.roles import give_role, role_of, shared_role
+
+
+class RelevanceFunction(Protocol):
+    """An operation's ``relevance``: called in place of the operation, as
+    ``relevance(call, function, *args, **kwargs)``, with the node's
+    :class:`~fxlrp.relevance.call.RelevanceCall` (its rule and conversion settings), the original
+    callable of the spelling the model used and the call's arguments. It returns what the operation
+    returns, computed so that its backward carries relevance under ``call.rule``."""
+
+    def __call__(self, call: RelevanceCall, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class Kind(enum.Enum):
@@ -65,7 +76,8 @@ class NativeInGradientForm:
 class Operation:
     """A canonical operation and every way a model can spell it.
 
-    ``relevance(call, function, *args, **kwargs)`` replaces the call: ``call`` is the
+    ``relevance(call, function, *args, **kwargs)`` (a
+    :class:`RelevanceFunction`) replaces the call: ``call`` is the
     :class:`~fxlrp.relevance.call.RelevanceCall` with the node's rule, ``function`` the original callable
     of this spelling (the function itself, a caller of the Tensor method with ``self`` first, or
     the functional form of a module) and ``args``/``kwargs`` the call's arguments. With
@@ -80,7 +92,7 @@ class Operation:
     functions: tuple[Callable[..., Any], ...] = ()
     methods: tuple[str, ...] = ()
     modules: tuple[type[nn.Module], ...] = ()
-    relevance: Callable[..., Any] | None = None
+    relevance: RelevanceFunction | None = None
     module_function: Callable[[nn.Module, dict[str, Any]], tuple[Callable[..., Any], dict[str, Any]]] | None = None
     weighted: bool = False
     """Whether it is a layer with weights, where a composite's layer rules apply."""

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from fxlrp.relevance import AffineLayer, apply_rule
 from fxlrp.relevance.form import gradient_form_active, gradient_is_native
+from fxlrp.relevance.rule_function import AffineRule
 
 
 class RelevanceCall:
@@ -26,7 +27,7 @@ class RelevanceCall:
     """
 
     def __init__(
-        self, rule: Any, warn_lost_relevance: bool = False, *, site: Any = None, composite: Any = None,
+        self, rule: AffineRule | None, warn_lost_relevance: bool = False, *, site: Any = None, composite: Any = None,
         strict: bool = True, sole_consumer: bool = False,
     ) -> None:
         self.rule = rule

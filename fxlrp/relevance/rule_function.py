@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -62,6 +62,37 @@ class KeptOutput:
 
 _reusable: ContextVar[bool] = ContextVar("fxlrp_reusable_graph", default=False)
 _reused: ContextVar[bool] = ContextVar("fxlrp_graph_reused", default=False)
+
+
+@runtime_checkable
+class AffineRule(Protocol):
+    """How the relevance ``R_k`` of the outputs ``z_k = sum_j x_j w_jk + b_k`` of an affine
+    operation is shared among its inputs ``x_j``.
+
+    ``prepare`` computes parameter transforms once per conversion (cached per weight); ``forward``
+    returns the layer's output and the state ``backward`` needs; ``backward`` returns the relevance
+    of each input (None for inputs that carry none) from the output relevance and, if
+    ``keeps_output``, the kept output (a :class:`KeptOutput`). A rule that is a modified gradient,
+    ``R_x = x * (modified J)^T (R / z)``, says so (``has_gradient_form``) and gives the layer whose
+    autograd backward is that gradient (``gradient_forward``); ``gradient_is_native``: that layer is
+    the operation itself (LRP-0, the z-rule).
+    """
+
+    def prepare(self, layer: AffineLayer) -> Any: ...
+
+    def keeps_output(self, prepared: Any) -> bool: ...
+
+    def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]: ...
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor,
+                 output: KeptOutput | None) -> tuple[Tensor | None, ...]: ...
+
+    def has_gradient_form(self, prepared: Any = None) -> bool: ...
+
+    def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor: ...
+
+    def gradient_is_native(self) -> bool: ...
+
 
 
 @contextmanager
@@ -120,7 +151,7 @@ class RuleFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, layer: AffineLayer, rule: Any, prepared: Any, *inputs: Any) -> Tensor:
+    def forward(ctx, layer: AffineLayer, rule: AffineRule, prepared: Any, *inputs: Any) -> Tensor:
         # Tensors are held as aliases of their own: code run eagerly may give the Python object
         # another tensor afterwards (fxlrp.eager.interpret.replace_values, for an in-place write).
         leaves = tuple(
@@ -335,7 +366,7 @@ def rectify_in_place(output: Tensor) -> bool:
     return True
 
 
-def apply_rule(layer: AffineLayer, rule: Any, prepared: Any, *inputs: Any) -> Tensor:
+def apply_rule(layer: AffineLayer, rule: AffineRule, prepared: Any, *inputs: Any) -> Tensor:
     """Compute ``layer`` on ``inputs``; in backward, propagate relevance by ``rule``.
 
     Without any relevance-carrying input (constants, parameters, integer shapes) the operation

@@ -42,7 +42,8 @@ Relevance = tuple[Tensor | None, ...]
 
 
 class Rule:
-    """Base class of the rules for affine operations.
+    """Base class of the rules for affine operations (the engine's contract:
+    :class:`~fxlrp.relevance.rule_function.AffineRule`).
 
     ``prepare`` computes parameter transforms once per conversion; ``forward`` returns the layer's
     output and the state ``backward`` needs; ``backward`` returns the relevance of each input
