@@ -511,14 +511,18 @@ class Case:
     gradient_only: tuple[Callable[..., Any], ...] = ()
     """What the reference lets relevance follow the gradient through, as fxlrp does there."""
     outputs_round: bool = False
-    """The explainer's outputs differ from the model's by rounding (nn.MultiheadAttention run by
-    fxlrp with ``strict=False``: 3e-16 relative; BEiT and Swin with gradients on, where the
-    model's parameters that require grad take other kernels for the relative position bias than
-    the explainer's detached ones: equal to the model's with its parameters frozen; FalconMamba
-    and Jamba in float32, whose ``dt_proj.weight @ time_step.transpose(1, 2)`` torch.matmul folds
-    into one matrix product for a weight that requires grad and broadcasts into a batched one for
-    the explainer's detached twin: 1.1e-7 / 2.1e-7 relative, equal with the parameters frozen):
-    compared at 1e-14 in float64, 1e-6 in float32."""
+    """The explainer computes the model's outputs by other kernels, so they may differ by rounding
+    (nn.MultiheadAttention run by fxlrp with ``strict=False``; BEiT and Swin with gradients on,
+    where the model's parameters that require grad take other kernels for the relative position
+    bias than the explainer's detached ones; FalconMamba, Jamba, Mamba and Zamba, whose
+    ``dt_proj.weight @ time_step.transpose(1, 2)`` or ``x_proj`` torch.matmul folds into one
+    matrix product for a weight that requires grad and broadcasts into a batched one for the
+    explainer's detached twin; ConvBERT's linear layer on a transposed input: a matrix product and
+    an add for the model, a batched product or one ``addmm`` for the explainer). Whether those
+    kernels round alike depends on the machine (equal here for ConvBERT, Mamba and Zamba, 1.1e-7
+    and 2.1e-7 relative for FalconMamba and Jamba): compared within three times the rounding of
+    the model's own output (:func:`_output_rounding`; measured: 0 to 1.0x of it here, up to 1.6x
+    on emulated machines whose kernels all round differently - few outputs, a wide spread)."""
     compared: bool = True
     """Whether the relevance is compared with the reference (not where only float32 runs and the
     gradient-following formulation divides by the inputs)."""
@@ -602,7 +606,8 @@ CASES = {
         _whisper, lambda: (_floats(2, 8, 20), None, _ids(length=3, seed=2)), _next_token),
     "Wav2Vec2ForSequenceClassification": Case(_wav2vec2, lambda: (_floats(2, 400),), _logits),
     "MambaForCausalLM": Case(  # its selective scan computes in float32 (.float()) whatever the dtype
-        lambda: _mamba(), lambda: (_ids(),), _next_token, dtype=torch.float32, reference_forwards=_mamba_lrp_scan()),
+        lambda: _mamba(), lambda: (_ids(),), _next_token, dtype=torch.float32, reference_forwards=_mamba_lrp_scan(),
+        outputs_round=True),
 }
 
 
@@ -693,7 +698,7 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
     "ConvBertForSequenceClassification": Case(  # dynamic convolution: unfold, a softmax kernel, torch.multiply
         _built("ConvBertForSequenceClassification", "ConvBertConfig", vocab_size=VOCABULARY, **SMALL,
                embedding_size=16, conv_kernel_size=3, max_position_embeddings=64, num_labels=3),
-        lambda: (_ids(),), _logits, replays=False),  # its padding warning reads the ids
+        lambda: (_ids(),), _logits, replays=False, outputs_round=True),  # its padding warning reads the ids
     "RTDetrForObjectDetection": Case(  # deformable attention (grid_sample) over a ResNet's feature maps
         _built("RTDetrForObjectDetection", "RTDetrConfig", backbone_config=transformers.RTDetrResNetConfig(
             embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], layer_type="basic",
@@ -751,7 +756,8 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, n_mamba_heads=2, mamba_d_state=8,
                mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, attn_layer_period=1, attn_layer_offset=0,
                use_cache=False),
-        lambda: (_ids(),), _next_token, dtype=torch.float32, reference_forwards=_mamba_lrp_scan("zamba")),
+        lambda: (_ids(),), _next_token, dtype=torch.float32, reference_forwards=_mamba_lrp_scan("zamba"),
+        outputs_round=True),
 }
 
 
@@ -782,18 +788,34 @@ def in_float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[Case], None]:
     return apply
 
 
+def _output_rounding(case: Case, model: nn.Module, inputs: tuple[Any, ...]) -> float:
+    """The rounding of the model's output in the case's dtype, relative to its largest value: how
+    far its output in float32 is from its output in float64 (a copy in the other dtype), in units
+    of the case's dtype (float64 rounds 2^29 times finer). Two orders of the same sums round about
+    as much each, so their outputs differ by about as much again."""
+    other = torch.float32 if case.dtype == torch.float64 else torch.float64
+    twin = copy.deepcopy(model).to(other)
+    cast = tuple(value.to(other) if isinstance(value, Tensor) and value.is_floating_point() else value
+                 for value in inputs)
+    with torch.no_grad():
+        own, other_output = case.pick(model(*inputs)).double(), case.pick(twin(*cast)).double()
+    single, double = (other_output, own) if case.dtype == torch.float64 else (own, other_output)
+    return relative_error(single, double) * torch.finfo(case.dtype).eps / torch.finfo(torch.float32).eps
+
+
 @pytest.mark.parametrize("name", [*CASES, *(pytest.param(name, marks=pytest.mark.slow) for name in MORE_CASES)])
 def test_attnlrp_equals_lxts_gradient_times_input(name: str, in_float64) -> None:
     case = CASES.get(name) or MORE_CASES[name]
     in_float64(case)
     model, inputs = _model(case)
     explain = fxlrp.convert(model, AttnLRP(epsilon=0.0), strict=not case.missing)
+    rounding = _output_rounding(case, model, inputs) if case.outputs_round else 0.0
     for grad in (False, True):  # T5's attention takes other kernels with and without gradients
         with torch.set_grad_enabled(grad):
             explained, expected = case.pick(explain(*inputs)).detach(), case.pick(model(*inputs)).detach()
         if case.outputs_round:
-            assert relative_error(explained, expected) <= (1e-14 if case.dtype == torch.float64 else 1e-6)
-        else:
+            assert relative_error(explained, expected) <= 3 * rounding, (relative_error(explained, expected), rounding)
+        else:  # the same kernels on the same layouts (the model's and the explainer's runs compared)
             assert torch.equal(explained, expected)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -848,13 +870,32 @@ def test_strict_conversion_names_the_operations_without_a_rule(monkeypatch: pyte
     assert relative_error(relevance[0], expected[0]) <= 1e-5
 
 
+class _Masked(nn.Module):
+    """A language model called with a fixed padding mask (``attention_mask``)."""
+
+    def __init__(self, model: nn.Module, mask: Tensor) -> None:
+        super().__init__()
+        self.model, self.mask = model, mask
+
+    def forward(self, ids: Tensor) -> Any:
+        return self.model(ids, attention_mask=self.mask)
+
+
+def _at_each_last_token(lengths: tuple[int, ...]) -> Callable[[Any], Tensor]:
+    """The logits after each sequence's last token, in a batch padded on the right."""
+    return lambda output: output.logits[torch.arange(len(lengths)), torch.tensor(lengths) - 1]
+
+
 @pytest.mark.parametrize("name", ["LlamaForCausalLM", "GPT2LMHeadModel"])
 def test_a_padded_batch_is_explained_at_each_sequences_last_token(name: str, in_float64) -> None:
     """A causal LM's default target is the next token after each sequence's last token, which the
     padding mask (``attention_mask``) marks: in a batch padded on the right, the shorter sequence's
     last position is padding, whose prediction nobody asked to explain (before: the padded
     sequence's token relevance was 61% (Llama) and 51% (GPT-2) off). Each sequence's token relevance equals the
-    reference's for it alone, without padding; padding gets none."""
+    reference's for it alone, without padding, to float64's rounding and to how far the reference
+    itself run on the padded batch is from that (a batch of another length computes by other
+    kernels: Llama's rotary embedding takes cos and sin in float32, where a vectorised and a
+    scalar loop may round differently); padding gets none."""
     case = CASES[name]
     in_float64(case)
     model, _ = _model(case)
@@ -865,10 +906,14 @@ def test_a_padded_batch_is_explained_at_each_sequences_last_token(name: str, in_
     before_mask = list(inspect.signature(model.forward).parameters).index("attention_mask")
     inputs = (ids, *[None] * (before_mask - 1), mask)  # (GPT-2 takes past_key_values before it)
     relevance = fxlrp.attribute(explain, inputs, target=1)[0]
+    [padded] = reference_relevance(_Masked(model, mask), (ids,), _at_each_last_token(lengths), target=1)
     for sample, length in enumerate(lengths):
         [expected] = reference_relevance(model, (ids[sample:sample + 1, :length],), _next_token, target=1)
+        rounding = relative_error(padded[sample, :length], expected[0])
         error = relative_error(relevance[sample, :length], expected[0])
-        assert error <= 1e-10, (sample, error)
+        assert error <= 1e-10 + 2 * rounding, (sample, error, rounding)
+        # (exact: the explained position comes before the padding, which the causal model's
+        # output there does not read: its gradient is 0)
         assert torch.equal(relevance[sample, length:], torch.zeros(7 - length, dtype=relevance.dtype))
 
 
@@ -931,20 +976,17 @@ def test_inputs_by_name_name_what_is_missing() -> None:
     assert torch.equal(relevance["x"], expected[0]) and torch.equal(relevance["y"], expected[1])
 
 
-LOW_PRECISION_BOUNDS = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
-"""Relative error to the reference in float64 on the same rounded weights: largest measured here
-bfloat16 1.3e-2 (Llama), float16 1.9e-3 (GPT-2) (docs/transformers.md: 2.3e-3 to 1.8e-2 and 9.5e-5
-to 8.2e-3 over the models of CASES, as close as the reference run in the same precision); without
-the products' uniform rule, 7.2e-2 to 1.97 in both."""
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["LlamaForCausalLM", "GPT2LMHeadModel", "BertForSequenceClassification",
                                   "MambaForCausalLM"])
 def test_low_precision_relevance_is_finite_and_near_float64(name: str, dtype: torch.dtype) -> None:
     """A model in bfloat16 or float16, as language models are often loaded, is explained in its
-    precision: finite relevance of its dtype, within rounding of the reference run in float64 on
-    the same (rounded) weights."""
+    precision: finite relevance of its dtype, as close to the reference run in float64 on the
+    same (rounded) weights as the reference itself is when run in that precision, on this
+    machine's kernels (how much low-precision arithmetic rounds depends on the CPU). The two
+    compute the same relevance by different operations, which round differently: fxlrp's error
+    measured here is 0.8x to 2.8x the reference's (largest: GPT-2 in float16), so the bound is 4x;
+    without the products' uniform rule the error is 7.2e-2 to 1.97 (docs/transformers.md)."""
     case = CASES[name]
     model, inputs = _model(case)
     low = model.to(dtype)
@@ -954,9 +996,10 @@ def test_low_precision_relevance_is_finite_and_near_float64(name: str, dtype: to
         for module, attribute, function in case.reference_forwards() if case.reference_forwards is not None else ():
             patch.setattr(module, attribute, function)
         [expected] = reference_relevance(high, inputs, case.pick, target=1)
+        [own] = reference_relevance(copy.deepcopy(low), inputs, case.pick, target=1)
     assert relevance[0].dtype == dtype and bool(relevance[0].isfinite().all())
-    error = relative_error(relevance[0].double(), expected)
-    assert error <= LOW_PRECISION_BOUNDS[dtype], error
+    error, own_error = relative_error(relevance[0].double(), expected), relative_error(own.double(), expected)
+    assert error <= 4 * own_error, (error, own_error)
 
 
 def test_the_reference_tells_attnlrp_from_gradient_times_input() -> None:
