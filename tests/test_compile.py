@@ -3,6 +3,9 @@ eager, no recompilation for a new input of the same shape; ``fxlrp explain --com
 
 from __future__ import annotations
 
+import copy
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -28,7 +31,14 @@ def compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def check_compiled_equals_eager(explain: fxlrp.Explainer, shape: tuple[int, ...], target=None) -> None:
+def check_compiled_equals_eager(model: torch.nn.Module, shape: tuple[int, ...], target=None) -> None:
+    """Inductor's kernels sum in other orders than eager's and fuse the relevance computation's
+    divisions, softmax and LayerNorm: the compiled relevance is within four times the eager
+    relevance's own float32 rounding, measured against the same explanation in float64 (measured
+    here: 1.0x for ResNet-18, whose rounding is large near small denominators, 0.9x and 3.1x for
+    the ViT)."""
+    explain = fxlrp.convert(model)
+    exact = fxlrp.convert(copy.deepcopy(model).double())
     compiled = fxlrp.compile(explain)
     graphs = compiled_graphs()
     first = torch.randn(shape)
@@ -36,18 +46,25 @@ def check_compiled_equals_eager(explain: fxlrp.Explainer, shape: tuple[int, ...]
     assert compiled.graphs == 1 and compiled_graphs() == graphs + 1  # forward and backward: one graph
     assert relevance.shape == first.shape
     assert relevance.abs().sum() > 0
-    assert relative_error(relevance, fxlrp.attribute(explain, first, target=target)) <= 1e-5
+    check_within_rounding(relevance, explain, exact, first, target)
     second = torch.randn(shape)
     with torch._dynamo.config.patch(error_on_recompile=True):
         relevance = compiled(second, target)
     assert compiled.graphs == 1 and compiled_graphs() == graphs + 1  # no recompilation
-    assert relative_error(relevance, fxlrp.attribute(explain, second, target=target)) <= 1e-5
+    check_within_rounding(relevance, explain, exact, second, target)
+
+
+def check_within_rounding(relevance: torch.Tensor, explain: fxlrp.Explainer, exact: fxlrp.Explainer,
+                          x: torch.Tensor, target) -> None:
+    expected = fxlrp.attribute(exact, x.double(), target=target)
+    rounding = relative_error(fxlrp.attribute(explain, x, target=target).double(), expected)
+    assert relative_error(relevance.double(), expected) <= 4 * rounding
 
 
 def test_resnet18_compiles_once_and_explains_as_eager() -> None:
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).eval()
-    check_compiled_equals_eager(fxlrp.convert(model), (1, 3, 64, 64))
+    check_compiled_equals_eager(model, (1, 3, 64, 64))
 
 
 def test_vision_transformer_compiles_once_and_explains_as_eager() -> None:
@@ -55,7 +72,7 @@ def test_vision_transformer_compiles_once_and_explains_as_eager() -> None:
     model = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
                                                  hidden_dim=32, mlp_dim=64, num_classes=10).eval()
     torch.nn.init.normal_(model.heads.head.weight, std=0.5)  # torchvision starts the head at 0: no relevance
-    check_compiled_equals_eager(fxlrp.convert(model), (2, 3, 32, 32), target=torch.tensor([3, 7]))
+    check_compiled_equals_eager(model, (2, 3, 32, 32), target=torch.tensor([3, 7]))
 
 
 @pytest.mark.parametrize("composite", [EpsilonPlusFlat(), EpsilonGammaBox(-3.0, 3.0), Epsilon(0.0)], ids=repr)
@@ -94,7 +111,8 @@ def test_targets_and_outputs() -> None:
 
 def test_autocast_is_recorded_in_the_graph() -> None:
     torch.manual_seed(0)
-    explain = fxlrp.convert(DigitsCNN().eval(), EpsilonPlusFlat())
+    model = DigitsCNN().eval()
+    explain = fxlrp.convert(model, EpsilonPlusFlat())
     compiled = fxlrp.compile(explain, backend="aot_eager")
     images = torch.randn(4, 1, 8, 8)
     full = compiled(images, 3)
@@ -102,8 +120,12 @@ def test_autocast_is_recorded_in_the_graph() -> None:
         relevance = compiled(images, 3)
         reference = fxlrp.attribute(explain, images, target=3)
     assert compiled.graphs == 2  # autocast is part of a graph's key
-    assert relevance.dtype == torch.float32 and torch.equal(relevance, reference)
-    assert not torch.equal(relevance, full)
+    assert relevance.dtype == torch.float32 and not torch.equal(relevance, full)
+    # The traced graph computes the rules' general case (terms that are 0 here, in place or not):
+    # other code paths for the same bfloat16 sums, within twice the eager relevance's own bfloat16
+    # rounding, measured against the same explanation in float64 (equal here).
+    exact = fxlrp.attribute(fxlrp.convert(copy.deepcopy(model).double(), EpsilonPlusFlat()), images.double(), target=3)
+    assert relative_error(relevance.double(), exact) <= 2 * relative_error(reference.double(), exact)
 
 
 def test_torch_compile_of_the_explainer_runs_relevance_functions_as_in_eager() -> None:
@@ -128,9 +150,13 @@ def test_command_line_compile_gives_the_eager_relevance(tmp_path, capsys: pytest
               "--batch-size", "2"]
     assert cli.main([*common, "--out", str(tmp_path / "eager")]) == 0
     assert cli.main([*common, "--compile", "--out", str(tmp_path / "compiled")]) == 0
-    eager, compiled = (fxlrp.read_explanations(tmp_path / name) for name in ("eager", "compiled"))
+    assert cli.main([*common, "--dtype", "float64", "--out", str(tmp_path / "float64")]) == 0
+    eager, compiled, exact = (fxlrp.read_explanations(tmp_path / name) for name in ("eager", "compiled", "float64"))
     assert np.abs(eager.relevance).sum() > 0
-    np.testing.assert_allclose(compiled.relevance, eager.relevance, rtol=1e-5, atol=1e-7)
+    # Inductor's kernels: within four times the eager relevance's own float32 rounding, measured
+    # against the same explanation in float64 (as check_compiled_equals_eager; equal here)
+    rounding = np.abs(eager.relevance - exact.relevance).max()
+    assert np.abs(compiled.relevance - exact.relevance).max() <= 4 * rounding
     np.testing.assert_array_equal(compiled.predictions, eager.predictions)
     image = tmp_path / "image.npy"
     np.save(image, torch.randn(1, 8, 8).numpy())
@@ -141,7 +167,14 @@ def test_command_line_compile_gives_the_eager_relevance(tmp_path, capsys: pytest
         assert cli.main(["explain", "--model", "fxlrp.toys.digits:DigitsCNN", str(image), *flags,
                          "--out", str(tmp_path / f"png{len(flags)}")]) == 0
         lines.append(capsys.readouterr().out.replace("png1", "png0"))
-    assert lines[0] == lines[1] and "relevance sum" in lines[0]
+    # The same lines; their numbers (3 significant digits) as far apart as float32 rounding of
+    # two summation orders can put them: one unit of the last digit printed.
+    assert re.sub(NUMBER, "#", lines[0]) == re.sub(NUMBER, "#", lines[1]) and "relevance sum" in lines[0]
+    for eager_number, compiled_number in zip(re.findall(NUMBER, lines[0]), re.findall(NUMBER, lines[1]), strict=True):
+        assert abs(float(eager_number) - float(compiled_number)) <= 1e-2 * abs(float(eager_number))
+
+
+NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 
 
 def test_a_part_run_eagerly_is_compiled_as_it_runs() -> None:

@@ -4,10 +4,12 @@ on the live model follow them. The reference is a fresh conversion of the change
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import relative_error
 from torch import Tensor, nn
 
 import fxlrp
@@ -132,13 +134,16 @@ def test_compiled_explanation_follows_changes_to_the_model() -> None:
     _submodule_swapped(model)
     model.load_state_dict(SmallNet(seed=5).state_dict())  # into weights folded with BatchNorm
     expected = fxlrp.attribute(fxlrp.convert(model, EpsilonPlusFlat(), capture="fx"), images, target=1)
-    assert (compiled(images, 1) - expected).abs().max() <= 1e-5 * expected.abs().max()
+    exact = fxlrp.attribute(fxlrp.convert(copy.deepcopy(model).double(), EpsilonPlusFlat(), capture="fx"),
+                            images.double(), target=1)
+    # Inductor sums in other orders than eager: within four times the eager relevance's own float32
+    # rounding, measured against float64 (as tests/test_compile.py)
+    rounding = relative_error(expected.double(), exact)
+    assert relative_error(compiled(images, 1).double(), exact) <= 4 * rounding
     assert compiled.graphs == 1
 
 
 def test_a_copy_explains_the_model_as_copied() -> None:
-    import copy
-
     model = SmallNet().double().eval()
     explain = fxlrp.convert(model, EpsilonPlusFlat(), capture="fx")
     before = fxlrp.attribute(explain, _images(), target=1)
