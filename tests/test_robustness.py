@@ -157,8 +157,10 @@ def test_an_explainer_saved_with_torch_save_loads_in_a_fresh_process(tmp_path: P
     explain = fxlrp.convert(model, EpsilonPlusFlat())
     torch.save({"explain": explain, "inputs": (x, edge_index),
                 "relevance": fxlrp.attribute(explain, (x, edge_index), target=2)[0]}, tmp_path / "explain.pt")
+    # the same kernels on the same inputs with as many threads as here: the same bits
     script = (
         "import sys, torch, fxlrp\n"
+        f"torch.set_num_threads({torch.get_num_threads()})\n"
         f"saved = torch.load({str(tmp_path / 'explain.pt')!r}, weights_only=False)\n"
         "relevance = fxlrp.attribute(saved['explain'], saved['inputs'], target=2)[0]\n"
         "print(float((relevance - saved['relevance']).abs().max()))\n"

@@ -14,6 +14,8 @@ and CP-LRP on attention pass the whole output relevance to the input.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import explained_relevance, gradient_times_input, onehot_relevance, relative_error
@@ -26,8 +28,6 @@ import fxlrp
 from fxlrp.rules.attention import cp_lrp
 from fxlrp.rules.composites import Composite
 
-OUTPUT_TOLERANCE = 1e-5
-"""Relative to the largest logit: folding BatchNorm into convolutions changes float32 rounding."""
 GRADIENT_TOLERANCE = 1e-9
 
 
@@ -43,9 +43,13 @@ def check_explains(model: nn.Module, x: Tensor) -> fxlrp.Explainer:
     assert f"coverage {1:.2%}" in str(report)
     with torch.no_grad():
         expected = model(x)
+        exact = copy.deepcopy(model).double()(x.double())
     leaf = x.clone().requires_grad_()
     output = explain(leaf)
-    assert relative_error(output.detach(), expected) < OUTPUT_TOLERANCE
+    # Folding BatchNorm into the convolutions (and other kernels for the same sums) rounds the
+    # float32 sums differently: the outputs stay within twice the model's own float32 rounding,
+    # measured against the model in float64 (0.8x to 1.4x over the zoo).
+    assert relative_error(output.detach().double(), exact) <= 2 * relative_error(expected.double(), exact)
     output.backward(fxlrp.explain.targets.output_relevance(output, None))
     assert torch.isfinite(leaf.grad).all()
     assert (leaf.grad != 0).any()
