@@ -252,6 +252,7 @@ def test_an_explainer_saved_with_the_old_module_paths_loads_and_explains_the_sam
     assert not [name for name in named if name.startswith(moved_to)], sorted(named)
     code = f"""
 import sys, torch, fxlrp
+torch.set_num_threads({torch.get_num_threads()})  # the same kernels with the same threads: the same bits
 saved = torch.load({str(tmp_path / 'explain.pt')!r}, weights_only=False)
 assert type(saved["explain"]) is fxlrp.Explainer
 relevance = fxlrp.attribute(saved["explain"], saved["x"], target=1)
