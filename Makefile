@@ -33,9 +33,9 @@ test-all: test
 # Tests whose bounds depend on rounding, run as on other CPUs: one thread with oneDNN and ATen
 # limited to older instruction sets (AVX2, no vectorisation), then four threads. A test that
 # holds only on this machine's kernels fails here.
-PORTABLE_TESTS := tests/test_properties.py tests/test_robustness.py tests/test_outputs_equal.py \
-	tests/test_models_lrp0.py tests/test_rules.py tests/test_replay.py tests/test_gradient_form.py \
-	tests/test_operations.py tests/test_attention_rules.py
+PORTABLE_TESTS := tests/unit/test_properties.py tests/unit/test_robustness.py tests/unit/test_outputs_equal.py \
+	tests/models/test_models_lrp0.py tests/unit/test_rules.py tests/unit/test_replay.py tests/unit/test_gradient_form.py \
+	tests/unit/test_operations.py tests/unit/test_attention_rules.py
 test-portable: $(STAMP)
 	OMP_NUM_THREADS=1 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=default \
 		$(BIN)/python -m pytest -q -m "not slow" $(PORTABLE_TESTS)

@@ -1,0 +1,1 @@
+"""The command, data sets, pictures and text, the examples and the demo."""

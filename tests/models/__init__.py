@@ -1,0 +1,1 @@
+"""Sweeps over model zoos and families (torchvision, timm, the seeds' networks) and parity with zennit."""
