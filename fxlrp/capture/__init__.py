@@ -1,6 +1,6 @@
 """Capture a model as a torch.fx graph with fxlrp's tracer.
 
-Step 1 of the pipeline. Beside the tracer: :mod:`~fxlrp.capture.leaf_functions` (library functions
+Step 1 of the pipeline. Beside the tracer: :mod:`~fxlrp.capture.interception` (library functions
 recorded as single calls), :mod:`~fxlrp.capture.module_state` (what a forward writes into the
 model, taken back) and :mod:`~fxlrp.capture.source` (the user's source line of a node), which the
 eager path (:mod:`fxlrp.eager`) uses too.
@@ -20,7 +20,7 @@ import torch
 from torch import fx, nn
 from torch.nn.utils import parametrize
 
-from fxlrp.capture.leaf_functions import (
+from fxlrp.capture.interception import (
     checkpoints_run_their_function,
     forward_of,
     intercepted_applications,

@@ -17,7 +17,7 @@ LIBRARY_DIRECTORIES = (
 )
 """torch's and fxlrp's own files: frames there are never the user's."""
 GENERATED_BY_FXLRP = "<fxlrp "
-"""File name prefix of code objects fxlrp compiles (fxlrp/capture/leaf_functions.py)."""
+"""File name prefix of code objects fxlrp compiles (fxlrp/capture/interception.py)."""
 
 
 def is_library_file(filename: str) -> bool:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -35,36 +34,33 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import Function
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from fxlrp.capture.leaf_functions import (
+from fxlrp.capture.interception import (
     checkpoints_run_their_function,
     forward_of,
     intercepted_applications,
     intercepted_calls,
+    module_calls_followed,
 )
 from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.capture.source import calling_line, function_name
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.graph.canonicalise import (
+from fxlrp.graph.canonicalise import view_of_written, without_inplace_flag, written_through_view
+from fxlrp.registry import REGISTRY, Kind, Operation
+from fxlrp.registry.spellings import (
+    AUGMENTED_ASSIGNMENTS,
     VIEW_METADATA_METHODS,
+    WRITES,
     out_of_place_method,
     tensor_method_name,
     tensor_property_name,
-    view_of_written,
-    without_inplace_flag,
-    written_through_view,
 )
-from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.rules import Rule
 from fxlrp.rules.composites import Composite, Site
-
-AUGMENTED_ASSIGNMENTS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__",
-                         "__itruediv__": "__truediv__", "__ipow__": "__pow__"}
 
 
 def _arguments_carry(args: tuple, kwargs: dict) -> bool:
@@ -175,22 +171,18 @@ class ModuleContext:
 
     @contextmanager
     def followed(self) -> Iterator[None]:
-        thread = threading.get_ident()
-
         def enter(module: nn.Module, args: Any) -> None:
-            if id(module) in self.names and threading.get_ident() == thread:
+            if id(module) in self.names:
                 self.stack.append(module)
 
         def leave(module: nn.Module, args: Any, output: Any) -> None:
-            if self.stack and self.stack[-1] is module and threading.get_ident() == thread:
+            if self.stack and self.stack[-1] is module:
                 self.stack.pop()
 
-        handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, always_call=True)]
         try:
-            yield
+            with module_calls_followed(enter, leave):
+                yield
         finally:
-            for handle in handles:
-                handle.remove()
             self.stack.clear()
 
 
@@ -393,7 +385,8 @@ def _lookup(function: Any) -> Dispatch:
     operation = REGISTRY.for_method(name)
     if operation is not None:
         return Dispatch(operation)
-    twin = AUGMENTED_ASSIGNMENTS.get(name) or out_of_place_method(name)
+    augmented = AUGMENTED_ASSIGNMENTS.get(name)
+    twin = augmented.operator_method if augmented is not None else out_of_place_method(name)
     operation = None if twin is None else REGISTRY.for_method(twin)
     return Dispatch(None) if operation is None else Dispatch(operation, getattr(torch.Tensor, twin), name)
 
@@ -493,11 +486,6 @@ class RelevanceMode(TorchFunctionMode):
         # The buffer (perhaps a module's) keeps its memory and takes the values, and relevance
         # reaches the result through the copy's identity backward.
         return target.copy_(result)
-
-
-WRITES = ("__setitem__", "copy_", "fill_", "zero_", "fill_diagonal_")
-"""In-place writes that replace or move values: their gradient routes relevance (a replaced value
-passes its relevance on to nothing, a copied one to where it came from)."""
 
 
 def _write(function: Any, args: tuple, kwargs: dict, views: Views) -> Any:

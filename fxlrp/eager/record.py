@@ -40,38 +40,16 @@ from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
 from fxlrp.capture import GRADIENTS_OFF, as_python_number
-from fxlrp.capture.leaf_functions import checkpoints_run_their_function, intercepted_applications, intercepted_calls
+from fxlrp.capture.interception import checkpoints_run_their_function, intercepted_applications, intercepted_calls
 from fxlrp.capture.module_state import MODEL_WRITES
 from fxlrp.capture.source import innermost_user_frame
-from fxlrp.graph.canonicalise import may_write, tensor_method_name, tensor_property_name
+from fxlrp.graph.canonicalise import may_write
+from fxlrp.registry.spellings import AUGMENTED_ASSIGNMENTS, OPERATORS, tensor_method_name, tensor_property_name
 
 
 class RecordingFailed(Exception):
     """The run cannot be replayed as a graph for other inputs of its signature (why: the message)."""
 
-
-OPERATORS: dict[str, tuple[Callable[..., Any], bool]] = {
-    name: (getattr(operator, function), reflected)
-    for function, names in {
-        "add": ("__add__", "__radd__"), "sub": ("__sub__", "__rsub__"), "mul": ("__mul__", "__rmul__"),
-        "truediv": ("__truediv__", "__rtruediv__"), "floordiv": ("__floordiv__", "__rfloordiv__"),
-        "mod": ("__mod__", "__rmod__"), "pow": ("__pow__", "__rpow__"), "matmul": ("__matmul__", "__rmatmul__"),
-        "and_": ("__and__", "__rand__"), "or_": ("__or__", "__ror__"), "xor": ("__xor__", "__rxor__"),
-        "lshift": ("__lshift__", "__rlshift__"), "rshift": ("__rshift__", "__rrshift__"),
-    }.items()
-    for name, reflected in zip(names, (False, True), strict=True)
-} | {
-    name: (getattr(operator, name.strip("_")), False)
-    for name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__", "__abs__",
-                 "__invert__", "__getitem__", "__setitem__")
-}
-"""Tensor's operator methods as the ``operator`` functions torch.fx records them by (``x + y`` is
-``operator.add``); reflected ones (``2 - x``) swap their operands."""
-
-AUGMENTED = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
-             "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
-             "__iand__": "bitwise_and_", "__ior__": "bitwise_or_", "__ixor__": "bitwise_xor_"}
-"""Augmented assignments (``x += y``) as the in-place methods they are."""
 
 METADATA = frozenset({
     "shape", "size", "dim", "ndim", "ndimension", "dtype", "device", "layout", "stride", "storage_offset",
@@ -262,8 +240,9 @@ class Recorder(TorchFunctionMode):
         if name in OPERATORS and _is_method(function, name):
             target, reflected = OPERATORS[name]
             self.record("call_function", target, (args[1], args[0], *args[2:]) if reflected else args, kwargs, value)
-        elif name in AUGMENTED and _is_method(function, name):
-            self.record("call_method", AUGMENTED[name], args, kwargs, value)
+        elif name in AUGMENTED_ASSIGNMENTS and _is_method(function, name):
+            # as torch.fx records ``x += y``: canonicalisation makes both out of place alike
+            self.record("call_function", AUGMENTED_ASSIGNMENTS[name].in_place_operator, args, kwargs, value)
         elif _is_property(function):
             self.record("call_function", getattr, (args[0], name), {}, value)
         elif _is_method(function, name):

@@ -17,48 +17,12 @@ import torch
 from torch import Tensor, fx, nn
 
 from fxlrp.capture import GRADIENTS_OFF
-
-OUT_OF_PLACE_OPERATORS = {
-    operator.iadd: operator.add,
-    operator.isub: operator.sub,
-    operator.imul: operator.mul,
-    operator.itruediv: operator.truediv,
-    operator.imatmul: operator.matmul,
-    operator.ipow: operator.pow,
-}
-# In-place methods without an out-of-place twin, or that only set flags, stay as they are.
-KEEP_IN_PLACE = {"requires_grad_", "share_memory_", "fill_", "zero_", "copy_", "set_"}
-
-
-_TENSOR_METHOD_NAMES = {id(value): name for name, value in vars(torch.Tensor).items() if callable(value)}
-"""torch.Tensor's methods written in Python, by identity: two are wrappers named after another
-method (``x ** 2`` calls ``Tensor.__pow__``, whose ``__name__`` is ``pow``; ``x **= 2`` calls
-``Tensor.__ipow__``, named ``pow_``)."""
-
-
-def tensor_method_name(function: Any) -> str | None:
-    """The name under which torch.Tensor holds ``function``; None for a function that is no
-    Tensor method."""
-    name = getattr(function, "__name__", None)
-    if name is not None and getattr(torch.Tensor, name, None) is function:
-        return name
-    return _TENSOR_METHOD_NAMES.get(id(function))
-
-
-def tensor_property_name(function: Any) -> str | None:
-    """The name of the property whose getter ``function`` is (what a torch function mode sees for
-    ``x.mT``: a new ``__get__`` wrapper at each read); None for any other function."""
-    if getattr(function, "__name__", None) != "__get__":
-        return None
-    return getattr(getattr(function, "__self__", None), "__name__", None)
-
-
-def out_of_place_method(name: str) -> str | None:
-    """``add_`` -> ``add``; None if ``name`` is not an in-place Tensor method with a twin."""
-    if not name.endswith("_") or name.endswith("__") or name in KEEP_IN_PLACE:
-        return None
-    twin = name[:-1]
-    return twin if callable(getattr(torch.Tensor, twin, None)) else None
+from fxlrp.registry.spellings import (
+    OUT_OF_PLACE_OPERATORS,
+    VIEW_METADATA_METHODS,
+    WRITES,
+    out_of_place_method,
+)
 
 
 def without_inplace_flag(function: Any, args: tuple[Any, ...],
@@ -190,9 +154,11 @@ def diagonal_filled(target: Tensor, value: Any, wrap: bool = False) -> Tensor:
     return target.clone().fill_diagonal_(value, wrap)
 
 
-WRITTEN_COPIES = {"copy_": copied, "fill_": filled, "zero_": zeroed, "fill_diagonal_": diagonal_filled}
-"""In-place writes as the functions that return the written tensor (``target[index] = value``:
-:func:`items_set`): relevance is routed as the values are."""
+WRITTEN_COPIES = {"copy_": copied, "fill_": filled, "zero_": zeroed, "fill_diagonal_": diagonal_filled,
+                  "__setitem__": items_set}
+"""The in-place writes (:data:`~fxlrp.registry.spellings.WRITES`) as the functions that return the
+written tensor: relevance is routed as the values are."""
+assert WRITTEN_COPIES.keys() == WRITES
 
 
 def _redirect_later_users(old: fx.Node, new: fx.Node, after: fx.Node, order: dict[fx.Node, float]) -> None:
@@ -211,11 +177,6 @@ ALIASING = frozenset({
 })
 """Operations whose result may share memory with their first argument (a view, or the tensor
 itself), so that an in-place write into the result writes into the argument."""
-
-VIEW_METADATA_METHODS = frozenset({"unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_", "swapaxes_",
-                                   "as_strided_"})
-"""In-place methods that change a tensor's shape, not its values (nor what it views)."""
-
 
 def _may_alias(node: Any) -> bool:
     if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch_geometric.nn.conv import MessagePassing
+
+from fxlrp.capture.interception import module_calls_followed
 
 
 @dataclass
@@ -61,27 +62,24 @@ def recording_messages(names: dict[int, str] | None = None) -> Iterator[list[Mes
     records: list[Messages] = []
     previous = getattr(_RECORDERS, "records", None)
     _RECORDERS.records = records
-    thread = threading.get_ident()
     entered: list[tuple[nn.Module, ExitStack]] = []
 
     def enter(module: nn.Module, args: tuple[Any, ...]) -> None:
-        if (isinstance(module, MessagePassing) and threading.get_ident() == thread
-                and getattr(_RECORDERS, "records", None) is records and id(module) not in _recorded()):
+        if (isinstance(module, MessagePassing) and getattr(_RECORDERS, "records", None) is records
+                and id(module) not in _recorded()):
             stack = ExitStack()
             name = (names or {}).get(id(module), type(module).__name__)
             stack.enter_context(messages_of(module, name, given_edges(args, {})))
             entered.append((module, stack))
 
     def leave(module: nn.Module, args: Any, output: Any) -> None:
-        if entered and entered[-1][0] is module and threading.get_ident() == thread:
+        if entered and entered[-1][0] is module:
             entered.pop()[1].close()
 
-    handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave, always_call=True)]
     try:
-        yield records
+        with module_calls_followed(enter, leave):
+            yield records
     finally:
-        for handle in handles:
-            handle.remove()
         while entered:
             entered.pop()[1].close()
         _RECORDERS.records = previous

@@ -122,7 +122,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -130,10 +129,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch_geometric.nn.conv import MessagePassing
 
 import fxlrp
+from fxlrp.capture.interception import module_calls_followed
 from fxlrp.explain.explainer import Explainer
 from fxlrp.graph.nodes import REWRITTEN_PREFIX
 from fxlrp.integrations.pyg.messages import Messages, recording_messages
@@ -551,24 +550,19 @@ def _layer_calls(records: list[Messages]) -> Iterator[list[_LayerCall]]:
     the messages ``records`` received during each."""
     calls: list[_LayerCall] = []
     running: list[tuple[nn.Module, int]] = []
-    thread = threading.get_ident()
 
     def before(module: nn.Module, args: Any) -> None:
-        if isinstance(module, MessagePassing) and threading.get_ident() == thread:
+        if isinstance(module, MessagePassing):
             running.append((module, len(records)))
 
     def after(module: nn.Module, args: Any, output: Any) -> None:
-        if running and running[-1][0] is module and threading.get_ident() == thread:
+        if running and running[-1][0] is module:
             _, first = running.pop()
             if not running:
                 calls.append(_LayerCall(module, output, records[first:]))
 
-    handles = [register_module_forward_pre_hook(before), register_module_forward_hook(after, always_call=True)]
-    try:
+    with module_calls_followed(before, after):
         yield calls
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _run_layer_calls(

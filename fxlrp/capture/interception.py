@@ -1,20 +1,28 @@
-"""Intercept calls of library functions by function identity.
+"""Every process-wide patch fxlrp makes, each behind a named context manager.
 
-torch.fx's own ``wrap``/``autowrap_functions`` only patch the global names of the traced
-module, so ``torch_scatter.scatter_add(...)``, a function stored in a dict or on a module
-attribute would still be traced into (and fail on the library's shape-dependent branches). Here
-the function object itself is patched while a context is active: its code is swapped for a
-trampoline that hands the call to the innermost handler active on the calling thread. However
-the model reaches the function, the call is caught; a call from another thread runs the
-function's own code (tests/test_threads.py runs captures, explanations and plain library calls
-on two threads at once).
+Capture, the relevance mode of code run eagerly (:mod:`fxlrp.eager.interpret`), the recorder
+(:mod:`fxlrp.eager.record`) and the PyG integration need to see calls that neither torch.fx nor a
+``TorchFunctionMode`` sees. Each such patch lives here, acts only on the thread that entered it
+(a call from another thread runs as it is: tests/unit/test_threads.py runs captures,
+explanations and plain library calls on two threads at once), nests, and is undone on exit, also
+when the body raises (tests/unit/test_interception.py checks each):
 
-Two users: capture records such calls as single graph nodes when an argument is a Proxy
-(:func:`leaf_function_calls`); integrations that interpret library code at explanation time
-route them to relevance functions (:func:`intercepted_calls`), and the applications of custom
-autograd Functions to their explanation (:func:`intercepted_applications`); both, and
-recordings (:mod:`fxlrp.eager.record`), run what activation checkpointing wraps as written
-(:func:`checkpoints_run_their_function`). Contexts nest.
+- :func:`intercepted_calls`: a plain Python library function, by identity. torch.fx's own
+  ``wrap``/``autowrap_functions`` patch only the global names of the traced module, so
+  ``torch_scatter.scatter_add(...)``, a function stored in a dict or on a module attribute would
+  still be traced into (and fail on the library's shape-dependent branches); a
+  ``TorchFunctionMode`` sees torch's functions only. The function's code is swapped for a
+  trampoline that hands the call to the innermost handler of the calling thread; on exit the
+  function gets its own code, defaults and keyword defaults back.
+  :func:`leaf_function_calls` (capture: such calls with Proxy arguments become single graph nodes)
+  and :func:`checkpoints_run_their_function` (activation checkpointing runs its function as
+  written) are made of it.
+- :func:`intercepted_applications`: ``SomeFunction.apply(...)`` of every custom
+  ``torch.autograd.Function``. ``Function.apply`` is C code that no mode sees, so it is swapped on
+  the class while any thread has a handler, and given back when the last one leaves.
+- :func:`module_calls_followed`: every module call of the thread, through torch's global module
+  forward hooks (module calls are not torch functions; hooks registered on the user's modules
+  would write into the model), removed on exit.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 import torch.utils.checkpoint
 from torch import fx
 from torch.autograd.function import Function, FunctionCtx
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 DISPATCH_NAME = "__fxlrp_leaf_call__"
 
@@ -207,6 +216,37 @@ def forward_of(function: type[Function], args: tuple, kwargs: dict) -> Any:
     context = FunctionCtx()
     context.needs_input_grad = tuple(isinstance(value, torch.Tensor) and value.requires_grad for value in args)
     return function.forward(context, *args, **kwargs)
+
+
+ModuleCallHook = Callable[..., None]
+"""``before(module, args)`` / ``after(module, args, output)``, as torch's module forward hooks."""
+
+
+@contextmanager
+def module_calls_followed(before: ModuleCallHook | None = None,
+                          after: ModuleCallHook | None = None) -> Iterator[None]:
+    """While active, ``before(module, args)`` runs before and ``after(module, args, output)`` after
+    every module call made on this thread (``after`` also when the call raises); calls from other
+    threads are not seen. The hooks return nothing: they follow calls, never change them."""
+    thread = threading.get_ident()
+    handles = []
+    if before is not None:
+        def pre_hook(module: Any, args: Any) -> None:
+            if threading.get_ident() == thread:
+                before(module, args)
+
+        handles.append(register_module_forward_pre_hook(pre_hook))
+    if after is not None:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            if threading.get_ident() == thread:
+                after(module, args, output)
+
+        handles.append(register_module_forward_hook(hook, always_call=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextmanager
