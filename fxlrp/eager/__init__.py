@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from fxlrp.capture import EXTRA_KEYWORDS
-from fxlrp.eager.interpret import Interpretation, LayerRunner, layer_runner, run_interpreted
+from fxlrp.eager.interpret import LayerRunner, current_observer, layer_runner, run_interpreted
 from fxlrp.eager.replay import Recordings
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
@@ -38,14 +38,14 @@ def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: 
     (:mod:`fxlrp.eager.replay`)."""
     extra = kwargs.pop(EXTRA_KEYWORDS, None) or {}  # (before kwargs are unpacked: the key is fxlrp's)
     kwargs = {**kwargs, **extra}
-    if Interpretation.observer is None:  # (an observer counts the calls of runs in the relevance mode)
-        recordings = getattr(runner, "recordings", None)
-        if recordings is None:
-            recordings = runner.recordings = Recordings()
-        replay = recordings.replay_for(call, runner, args, kwargs)
+    observer = current_observer()
+    if observer is None:  # (observed runs make each call under the relevance mode: operations_observed)
+        if runner.recordings is None:
+            runner.recordings = Recordings()
+        replay = runner.recordings.replay_for(call, runner, args, kwargs)
         if replay is not None:
             return replay()
-    return run_interpreted(call, runner, *args, **kwargs)
+    return run_interpreted(call, runner, args, kwargs, observer)
 
 
 EAGER = register(

@@ -22,6 +22,7 @@ its gradient is used, with a warning).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import operator
 import warnings
@@ -29,7 +30,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import repeat
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +62,7 @@ from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.rules import Rule
 from fxlrp.rules.composites import Composite, Site
+from fxlrp.rules.first_layer import meets_inputs
 
 
 def _arguments_carry(args: tuple, kwargs: dict) -> bool:
@@ -105,7 +107,9 @@ class LayerRunner:
         self.module = module
         self._names: dict[str, dict[int, str]] = {}
         self.recordings: Any = None
-        """Graphs recorded from runs, by input signature (:class:`fxlrp.eager.replay.Recordings`)."""
+        """Graphs recorded from runs, by input signature (:class:`fxlrp.eager.replay.Recordings`,
+        which imports this module): made at the first run, replayed from the second run of a
+        signature on."""
 
     def __getstate__(self) -> dict[str, Any]:
         # Names are kept by the ids of this object's modules: a copy (copy.deepcopy, pickle) has
@@ -186,19 +190,43 @@ class ModuleContext:
             self.stack.clear()
 
 
+OperationObserver = Callable[["Interpretation", str, bool], None]
+"""``observer(interpretation, name, has_rule)``: see :func:`operations_observed`."""
+
+_OBSERVER: contextvars.ContextVar[OperationObserver | None] = contextvars.ContextVar("fxlrp_observer", default=None)
+
+
+@contextmanager
+def operations_observed(observer: OperationObserver) -> Iterator[None]:
+    """While active (in this thread or task), ``observer(interpretation, name, has_rule)`` is
+    called for every torch call under :class:`RelevanceMode` whose arguments and result carry
+    relevance: the interpretation (``.site`` says which node runs), the operation's name and
+    whether the registry has it (``False``: its gradient is used, or strict names it). Code run
+    eagerly has no graph to count, so this is how its coverage is counted
+    (benchmarks/timm_sweep.py). Parts run eagerly then run under the relevance mode at every call,
+    not from their recordings (:mod:`fxlrp.eager.replay`): a replayed graph makes no calls to
+    observe."""
+    token = _OBSERVER.set(observer)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
+
+
+def current_observer() -> OperationObserver | None:
+    """The observer of :func:`operations_observed` active here, if any."""
+    return _OBSERVER.get()
+
+
 class Interpretation:
-    """Rules and bookkeeping for one run of library code under :class:`RelevanceMode`."""
+    """Rules and bookkeeping for one run of library code under :class:`RelevanceMode`;
+    ``observer``: see :func:`operations_observed`."""
 
-    observer: ClassVar[Callable[[Interpretation, str, bool], None] | None] = None
-    """When set, called for every torch call under :class:`RelevanceMode` whose arguments and
-    result carry relevance, with the interpretation (``.site`` says which node runs), the
-    operation's name and whether the registry has it (``False``: its gradient is used, or strict
-    names it). Code run eagerly has no graph to count, so this is how its coverage is counted
-    (benchmarks/timm_sweep.py); unset, it costs one attribute read per call."""
-
-    def __init__(self, call: RelevanceCall, context: ModuleContext | None = None) -> None:
+    def __init__(self, call: RelevanceCall, context: ModuleContext | None = None,
+                 observer: OperationObserver | None = None) -> None:
         self.call = call
         self.context = context
+        self.observer = observer
         self.unsupported_calls: dict[tuple[str, str], None] = {}
         # A library call outside a conversion has no site: its own rule goes to layers.
         self.composite = call.composite or Composite(call.rule if isinstance(call.rule, Rule) else None)
@@ -283,7 +311,8 @@ class Interpretation:
         return result
 
     def enter(self, args: tuple, kwargs: dict) -> None:
-        """Record the run's relevance-carrying inputs, where first layers meet them."""
+        """Record where relevance starts in the run - its relevance-carrying inputs, the outputs
+        of source operations (an embedding lookup) - for the first layers that meet them."""
         if not self.holds_first_layer:
             return
         pending = [*args, *kwargs.values()]
@@ -300,34 +329,28 @@ class Interpretation:
                     self.entry_nodes.add(id(value.grad_fn))
 
     def _meets_input(self, args: tuple) -> bool:
-        """Whether every path back from the call's relevance-carrying arguments reaches the run's
-        inputs without passing the output of a call counted as a first layer."""
-        pending: list[Any] = []
+        """Whether the call, with relevance-carrying arguments ``args``, is a first layer
+        (:func:`~fxlrp.rules.first_layer.meets_inputs`), walking back through autograd's record of
+        the run: the run's inputs, and nodes whose inputs carry no relevance (an embedding
+        lookup's), are where relevance starts."""
+        starts: list[Any] = []
         for value in args:
             values = value if isinstance(value, (tuple, list)) else (value,)
-            pending.extend(item.grad_fn if item.grad_fn is not None else item
-                           for item in values if carries_relevance(item))
-        seen: set[int] = set()
-        while pending:
-            item = pending.pop()
-            if id(item) in seen:
-                continue
-            seen.add(id(item))
-            if isinstance(item, Tensor):  # a leaf
-                if id(item) not in self.entry_leaves:
-                    return False
-                continue
-            if id(item) in self.layer_outputs:
-                return False
-            if id(item) in self.entry_nodes:
-                continue
-            leaf = getattr(item, "variable", None)  # (autograd's node of a leaf)
-            if leaf is not None:
-                if id(leaf) not in self.entry_leaves:
-                    return False
-                continue
-            pending.extend(node for node, _ in item.next_functions if node is not None)
-        return True
+            starts.extend(item.grad_fn if item.grad_fn is not None else item
+                          for item in values if carries_relevance(item))
+        return meets_inputs(starts, self._autograd_predecessors)
+
+    def _autograd_predecessors(self, item: Any) -> list[Any] | None:
+        if isinstance(item, Tensor):  # a leaf: an input of the run, or a value from outside it
+            return [] if id(item) in self.entry_leaves else None
+        if id(item) in self.layer_outputs:
+            return None
+        if id(item) in self.entry_nodes:
+            return []
+        leaf = getattr(item, "variable", None)  # (autograd's node of a leaf)
+        if leaf is not None:
+            return [] if id(leaf) in self.entry_leaves else None
+        return [node for node, _ in item.next_functions if node is not None]
 
     def unsupported(self, name: str, result: Any) -> Any:
         """An operation without a rule on a relevance-carrying tensor: its gradient is used; with
@@ -428,13 +451,15 @@ class RelevanceMode(TorchFunctionMode):
         dispatch = dispatch_of(function)
         if not _arguments_carry(args, kwargs):
             if dispatch.source:  # an embedding lookup: relevance starts here
-                return interpretation.run(dispatch.operation, function, args, kwargs)
+                result = interpretation.run(dispatch.operation, function, args, kwargs)
+                interpretation.enter((result,), {})
+                return result
             return function(*args, **kwargs)
         if dispatch.write:
             return _write(function, args, kwargs, self.views)
         operation, in_place = dispatch.operation, dispatch.in_place
         runnable = function if in_place is None else dispatch.twin
-        observer = Interpretation.observer
+        observer = interpretation.observer
         if operation is None:
             result = function(*args, **kwargs)
             if _carries(result):
@@ -613,15 +638,16 @@ def interpret(call: RelevanceCall, function: Callable[..., Any], *args: Any, **k
     operation on relevance-carrying tensors explained by its registry entry."""
     if not torch.is_grad_enabled() or not _arguments_carry(args, kwargs):
         return function(*args, **kwargs)
-    return run_interpreted(call, function, *args, **kwargs)
+    return run_interpreted(call, function, args, kwargs, current_observer())
 
 
-def run_interpreted(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run ``function`` under :class:`RelevanceMode`; for a :class:`LayerRunner` the composite's
-    name and type rules follow the module calls inside it (where it has any: following costs a
-    hook call at every module call). With ``call.strict``, operations
-    without a rule are named together once the run is over."""
-    interpretation = Interpretation(call)
+def run_interpreted(call: RelevanceCall, function: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+                    observer: OperationObserver | None = None) -> Any:
+    """Run ``function(*args, **kwargs)`` under :class:`RelevanceMode`; for a :class:`LayerRunner`
+    the composite's name and type rules follow the module calls inside it (where it has any:
+    following costs a hook call at every module call). With ``call.strict``, operations without
+    a rule are named together once the run is over. ``observer``: see :func:`operations_observed`."""
+    interpretation = Interpretation(call, observer=observer)
     interpretation.runs_module = isinstance(function, LayerRunner)
     interpretation.enter(args, kwargs)
     if interpretation.runs_module and interpretation.composite.chooses_by_module():

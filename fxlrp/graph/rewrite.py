@@ -33,6 +33,7 @@ from fxlrp.graph.report import NodeReport
 from fxlrp.registry import REGISTRY, Kind, Operation, called
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules.composites import Composite, Site
+from fxlrp.rules.first_layer import meets_inputs
 
 
 def describe_target(node: fx.Node) -> str:
@@ -173,32 +174,22 @@ class Rewriter:
         return find_operation(node, self.modules)
 
     def _first_layer_calls(self, carrying: set[fx.Node]) -> set[fx.Node]:
-        """The calls of layers the composite counts as a first layer that the model's inputs meet:
-        every relevance-carrying argument comes from the inputs through operations that are not
-        such layers (views, sums, activations, normalisation by constants, concatenation). In a
-        chain that is the first such layer; a shared encoder called on two inputs, or parallel
-        layers on one input, are first at each call; the second call of a recurrent layer, which
-        reads the first one's output, is not. A node that runs a module's own code may hold the
-        first layer inside, found as the code runs the same way."""
+        """The calls of layers the composite counts as a first layer that the model's inputs meet
+        (:func:`~fxlrp.rules.first_layer.meets_inputs`). A node that runs a module's own code may
+        hold the first layer inside, found as the code runs the same way."""
         if not self.options.first_layer:
             return set()
-        raw: set[fx.Node] = set()  # reached from inputs through no such layer only
-        first: set[fx.Node] = set()
-        for node in self.graph.nodes:
-            if node not in carrying:
-                continue
-            if node.op == "placeholder":
-                raw.add(node)
-                continue
-            sources = [source for source in node.all_input_nodes if source in carrying]
-            meets_input = bool(sources) and all(source in raw for source in sources)
-            operation = self._operation_of(node)
-            if operation is not None and self.composite.may_hold_first_layer(operation):
-                if meets_input:
-                    first.add(node)
-            elif meets_input:
-                raw.add(node)
-        return first
+        layers = {node for node in carrying if node.op != "placeholder"
+                  and (operation := self._operation_of(node)) is not None
+                  and self.composite.may_hold_first_layer(operation)}
+
+        def predecessors(node: fx.Node) -> list[fx.Node] | None:
+            if node in layers:
+                return None
+            return [source for source in node.all_input_nodes if source in carrying]
+
+        return {node for node in layers
+                if meets_inputs([source for source in node.all_input_nodes if source in carrying], predecessors)}
 
     def _native_equals_explained(self, node: fx.Node, operation: Operation) -> bool:
         """Whether the native call computes the values the operation's relevance function would.

@@ -487,7 +487,7 @@ def test_the_observer_sees_each_call_of_a_part_run_eagerly_as_the_module_code_ma
     # plain TorchFunctionMode, an input that requires grad standing for relevance.
     from torch.overrides import TorchFunctionMode
 
-    from fxlrp.eager.interpret import Interpretation
+    from fxlrp.eager.interpret import current_observer, operations_observed
 
     class Counting(TorchFunctionMode):
         def __init__(self) -> None:
@@ -506,14 +506,17 @@ def test_the_observer_sees_each_call_of_a_part_run_eagerly_as_the_module_code_ma
     leaf = x.clone().requires_grad_()
     with Counting() as reference:
         model(leaf)
-    seen: list[tuple[bool, str]] = []
-    Interpretation.observer = lambda interpretation, name, has_rule: seen.append((interpretation.runs_module, name))
-    try:
-        fxlrp.attribute(fxlrp.convert(model, capture="eager"), x, target=0)
-    finally:
-        Interpretation.observer = None
-    assert len(reference.calls) > 5
-    assert len([name for runs_module, name in seen if runs_module]) == len(reference.calls)
+    explain = fxlrp.convert(model, capture="eager")
+    for _ in range(3):  # (observed, the second and third calls run in the relevance mode too, not replayed)
+        seen: list[tuple[bool, str]] = []
+        def observe(interpretation, name, has_rule, seen=seen):
+            seen.append((interpretation.runs_module, name))
+
+        with operations_observed(observe):
+            fxlrp.attribute(explain, x, target=0)
+        assert len(reference.calls) > 5
+        assert len([name for runs_module, name in seen if runs_module]) == len(reference.calls)
+    assert current_observer() is None
 
 
 class NumpyConstants(nn.Module):
