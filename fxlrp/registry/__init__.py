@@ -85,6 +85,11 @@ class Operation:
     ``module_function(module, parameters)`` returns the functional form of a module instance and
     its keyword arguments, given the module's detached parameters and buffers; by default the
     module itself, called with no extra arguments.
+
+    How the fields depend on each other (``weighted``, ``default_rule`` and ``factors`` need an
+    affine kind; ``source``, ``holds_layers`` and ``gradient_native`` a relevance function; one
+    of ``role``, ``shares_role``, ``moves_values``) is checked when an operation is made, and a
+    contradiction is refused with what to change (:data:`_FIELD_RULES`).
     """
 
     name: str
@@ -146,6 +151,11 @@ class Operation:
     """Where its relevance function is a plain call in the gradient form (affine maps, layers,
     products with one relevance-carrying factor): see :class:`NativeInGradientForm`."""
 
+    def __post_init__(self) -> None:
+        problems = [message for holds, message in _FIELD_RULES if holds(self)]
+        if problems:
+            raise ValueError(f"operation {self.name!r}: " + "; ".join(problems))
+
     def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``relevance(call, function, *args, **kwargs)``, its output given the role it has as a
         product's factor (:attr:`role`, :attr:`shares_role`, :attr:`moves_values`)."""
@@ -162,6 +172,26 @@ class Operation:
         # Pickled by name (an explainer saved with torch.save): its functions may be closures, and
         # code compares operations by identity (``operation is EAGER``).
         return (registered_operation, (self.name,))
+
+
+_FIELD_RULES: tuple[tuple[Callable[[Operation], bool], str], ...] = (
+    (lambda op: op.weighted and op.kind is not Kind.AFFINE,
+     "weighted=True needs kind=Kind.AFFINE (a composite's layer rules apply to affine maps only)"),
+    (lambda op: op.default_rule is not None and op.kind is not Kind.AFFINE,
+     "default_rule needs kind=Kind.AFFINE (only affine operations take a rule)"),
+    (lambda op: op.factors is not None and op.kind is not Kind.AFFINE,
+     "factors needs kind=Kind.AFFINE (a product of relevance-carrying factors takes a Product rule)"),
+    (lambda op: (op.leaf or op.index_arguments) and not op.functions,
+     "leaf and index_arguments describe calls of functions: give functions=(...)"),
+    (lambda op: op.subclasses and not op.modules,
+     "subclasses=True describes module types: give modules=(...)"),
+    (lambda op: (op.source or op.holds_layers or op.gradient_native is not None) and op.relevance is None,
+     "source, holds_layers and gradient_native describe a relevance function: give relevance=..."),
+    (lambda op: sum((op.role is not None, op.shares_role, op.moves_values)) > 1,
+     "role, shares_role and moves_values each give the output's role: choose one"),
+)
+"""How :class:`Operation`'s fields depend on each other: a registration breaking one of these
+is refused with its message."""
 
 
 class Registry:

@@ -1,0 +1,46 @@
+"""How Operation's fields depend on each other is checked when an operation is made."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import fxlrp  # noqa: F401  (fills the registry)
+from fxlrp.registry import REGISTRY, Kind, Operation
+from fxlrp.rules import Epsilon
+
+
+def _relevance(call, function, *args, **kwargs):
+    return function(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("fields", "names"), [
+    ({"kind": Kind.PASS, "weighted": True}, "weighted=True needs kind=Kind.AFFINE"),
+    ({"kind": Kind.NATIVE, "default_rule": Epsilon}, "default_rule needs kind=Kind.AFFINE"),
+    ({"kind": Kind.PASS, "factors": lambda args, kwargs: args[:2]}, "factors needs kind=Kind.AFFINE"),
+    ({"kind": Kind.NATIVE, "leaf": True}, "give functions=(...)"),
+    ({"kind": Kind.NATIVE, "index_arguments": (1,)}, "give functions=(...)"),
+    ({"kind": Kind.NATIVE, "subclasses": True}, "give modules=(...)"),
+    ({"kind": Kind.NATIVE, "source": True}, "give relevance=..."),
+    ({"kind": Kind.NATIVE, "holds_layers": True}, "give relevance=..."),
+    ({"kind": Kind.NATIVE, "relevance": _relevance, "moves_values": True, "shares_role": True}, "choose one"),
+    ({"kind": Kind.NATIVE, "relevance": _relevance, "role": "gate", "moves_values": True}, "choose one"),
+])
+def test_an_operation_whose_fields_contradict_each_other_is_refused(fields, names) -> None:
+    with pytest.raises(ValueError, match=r"operation 'made up': .*" + names.replace("(", r"\(").replace(")", r"\)")
+                       .replace(".", r"\.")):
+        Operation("made up", **fields)
+
+
+def test_every_registered_operation_keeps_the_rules() -> None:
+    assert len(REGISTRY.operations) > 50
+    for operation in REGISTRY.operations.values():
+        dataclasses.replace(operation)  # (made again: checked again)
+
+
+def test_a_consistent_operation_is_made() -> None:
+    operation = Operation("scaled", Kind.AFFINE, functions=(torch.mul,), relevance=_relevance,
+                          factors=lambda args, kwargs: args[:2], default_rule=Epsilon)
+    assert operation.factors is not None
