@@ -169,6 +169,8 @@ def einsum(call: RelevanceCall, function: Any, equation: str, *operands: Any, **
     if not carrying or call.runs_natively():
         return function(equation, *operands, **kwargs)
     [position] = carrying
+    if len(operands) == 1:  # 'ijj->i', 'ijk->ij': a sum over (diagonals of) the operand, no weight
+        return call.affine(call.layer(bind(function, kwargs)), equation, *operands)
     ranks = tuple(operand.dim() for operand in operands)
     inputs, weight_subscripts, output = _weight_equation(equation, ranks, position)
     constants = [operand for index, operand in enumerate(operands) if index != position]

@@ -1,16 +1,19 @@
-"""Sums without weights: add, sub, sum, mean, average pooling. The proportional (z) rule by
-default: each summand gets the share of the relevance it contributed to the sum."""
+"""Sums without weights: add, sub, sum, mean, differences, average pooling. The proportional (z)
+rule by default: each summand gets the share of the relevance it contributed to the sum."""
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine, module_as_function
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import Epsilon
 
 
@@ -83,6 +86,45 @@ register(
         gradient_native=NATIVE_UNDER_NATIVE_RULE,
         default_rule=proportional,
         description="cumulative sum",
+    )
+)
+def _diff_arguments(
+    input: Tensor, n: int = 1, dim: int = -1, prepend: Tensor | None = None, append: Tensor | None = None
+) -> tuple[Tensor, int, int, Tensor | None, Tensor | None]:
+    return input, n, dim, prepend, append
+
+
+def differences(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    r"""``torch.diff(input, n, dim, prepend, append)`` (or ``input.diff(...)``): the ``n``-th
+    differences ``v[1:] - v[:-1]`` of ``v = cat([prepend, input, append], dim)``, a linear map
+    ``z = D v``. It is affine in each of ``input``, ``prepend`` and ``append``, given by position or
+    by keyword: those that carry relevance are the inputs of the rule, the others constants (a
+    bias). Under the epsilon rule (the z-rule, epsilon 0, by default)
+
+    .. math:: R_{v_j} = \sum_k \frac{v_j D_{kj}}{s(z_k)} R_k,
+        \qquad s(z) = z + \epsilon (\operatorname{sign}(z) + [z = 0]).
+    """
+    input, n, dim, prepend, append = _diff_arguments(*args, **kwargs)
+    if call.runs_natively():
+        return function(*args, **kwargs)
+
+    def layer_function(x: Tensor, before: Tensor | None, after: Tensor | None) -> Tensor:
+        return function(x, n, dim, before, after)
+
+    return call.affine(call.layer(layer_function), input, prepend, append)
+
+
+register(
+    Operation(
+        "diff",
+        Kind.AFFINE,
+        functions=(torch.diff,),
+        methods=("diff",),
+        relevance=differences,
+        gradient_native=NATIVE_UNDER_NATIVE_RULE,
+        default_rule=proportional,
+        output_free_backward=True,
+        description="n-th differences along a dimension, with prepend/append (linear in all three)",
     )
 )
 register(
