@@ -42,41 +42,135 @@ Relevance = tuple[Tensor | None, ...]
 
 
 class Rule:
-    """Base class of the rules for affine operations (the engine's contract:
-    :class:`~fxlrp.relevance.rule_function.AffineRule`).
+    """Base class of the rules for affine operations.
 
-    ``prepare`` computes parameter transforms once per conversion; ``forward`` returns the layer's
-    output and the state ``backward`` needs; ``backward`` returns the relevance of each input
-    (None for inputs that carry none), given the output relevance and, if :meth:`keeps_output`,
-    the kept output (which a ReLU may have rectified; equal to the output wherever relevance
-    arrives).
+    The engine's contract is :class:`~fxlrp.relevance.rule_function.AffineRule`: ``prepare``
+    computes parameter transforms once per conversion; ``forward`` returns the layer's output and
+    the state ``backward`` needs; ``backward`` returns the relevance of each input (None for
+    inputs that carry none), given the output relevance and, if :meth:`keeps_output`, the kept
+    output (which a ReLU may have rectified; equal to the output wherever relevance arrives).
+    Subclasses override these methods; their documentation here holds for the overrides.
     """
 
     def prepare(self, layer: AffineLayer) -> Any:
+        """Compute what the rule needs of the layer's parameters, once per conversion.
+
+        Parameters
+        ----------
+        layer : AffineLayer
+            The affine operation with its parameters.
+
+        Returns
+        -------
+        Any
+            The prepared state (modified parameters, for instance), handed to :meth:`forward`,
+            :meth:`keeps_output` and :meth:`has_gradient_form`; None if the rule needs none.
+        """
         return None
 
     def keeps_output(self, prepared: Any) -> bool:
-        """Whether ``backward`` reads the output's values (its denominator or signs)."""
+        """Whether ``backward`` reads the output's values (its denominator or signs).
+
+        Parameters
+        ----------
+        prepared : Any
+            What :meth:`prepare` returned for the layer.
+
+        Returns
+        -------
+        bool
+            True if :meth:`backward` receives the kept output.
+        """
         return False
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        """Run the layer and keep what the rule's backward needs.
+
+        Parameters
+        ----------
+        layer : AffineLayer
+            The affine operation.
+        inputs : sequence
+            The operation's inputs (tensors that carry relevance, and other values).
+        prepared : Any
+            What :meth:`prepare` returned for the layer.
+
+        Returns
+        -------
+        output : Tensor
+            The layer's output, as the layer computes it.
+        state : Any
+            What :meth:`backward` receives as ``state``.
+        """
         raise NotImplementedError
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
+        """Share the output's relevance among the inputs.
+
+        Parameters
+        ----------
+        layer : AffineLayer
+            The affine operation.
+        state : Any
+            What :meth:`forward` returned as its state.
+        relevance : Tensor
+            The relevance of the output, of the output's shape.
+        output : KeptOutput or None
+            The kept output if :meth:`keeps_output`, else None.
+
+        Returns
+        -------
+        tuple of (Tensor or None)
+            The relevance of each input, None for inputs that carry none.
+        """
         raise NotImplementedError
 
     def has_gradient_form(self, prepared: Any = None) -> bool:
-        """Whether the rule is a modified gradient, ``R_x = x * (modified J)^T (R / z)`` (see
-        :mod:`fxlrp.relevance.form`); then :meth:`gradient_forward` runs it."""
+        """Whether the rule is a modified gradient, ``R_x = x * (modified J)^T (R / z)``.
+
+        See :mod:`fxlrp.relevance.form`; a rule in the gradient form runs
+        :meth:`gradient_forward`.
+
+        Parameters
+        ----------
+        prepared : Any, optional
+            What :meth:`prepare` returned for the layer.
+
+        Returns
+        -------
+        bool
+            True if :meth:`gradient_forward` runs the rule.
+        """
         return False
 
     def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
-        """The layer's output, whose autograd backward is the rule in the gradient form."""
+        """The layer's output, whose autograd backward is the rule in the gradient form.
+
+        Parameters
+        ----------
+        layer : AffineLayer
+            The affine operation.
+        inputs : sequence
+            The operation's inputs.
+
+        Returns
+        -------
+        Tensor
+            The output, recorded so that its gradient is the modified gradient of the rule.
+        """
         raise NotImplementedError
 
     def gradient_is_native(self) -> bool:
-        """Whether :meth:`gradient_forward` is the layer's own operation (its native gradient is
-        the rule in the gradient form): then the operation runs as it is, with no rule machinery."""
+        """Whether :meth:`gradient_forward` is the layer's own operation.
+
+        Its native gradient is then the rule in the gradient form, and the operation runs as it
+        is, with no rule machinery.
+
+        Returns
+        -------
+        bool
+            True if the layer's native gradient is the rule.
+        """
         return False
 
     def __repr__(self) -> str:
@@ -85,8 +179,17 @@ class Rule:
 
 
 class StabilisedRule(Rule):
-    """A rule with a stabiliser (named ``stabilizer`` as in zennit, ``epsilon`` for the epsilon
-    rule) and zennit's ``zero_params``."""
+    """A rule with a stabiliser and zennit's ``zero_params``.
+
+    The stabiliser is named ``stabilizer`` as in zennit, ``epsilon`` for the epsilon rule.
+
+    Parameters
+    ----------
+    stabilizer : float or callable, default 1e-6
+        A number ``eps`` (``s(z) = z + eps (sign(z) + [z = 0])``) or a function ``z -> s(z)``.
+    zero_params : str or sequence of str, optional
+        ``"weight"``, ``"bias"`` or both: set to 0 in every modified copy of the layer.
+    """
 
     stabiliser_name = "stabilizer"
 
@@ -97,7 +200,24 @@ class StabilisedRule(Rule):
         self._zero = frozenset(self.zero_params)
 
     def scaled(self, relevance: Tensor, denominator: Tensor, layer: AffineLayer, **how: Any) -> Tensor:
-        """``R / s(z)`` with this rule's stabiliser ``s``, a fresh tensor (see :func:`fxlrp.relevance.terms.scaled`)."""
+        """``R / s(z)`` with this rule's stabiliser ``s``, a fresh tensor.
+
+        Parameters
+        ----------
+        relevance : Tensor
+            The output relevance ``R``.
+        denominator : Tensor
+            The denominator ``z``.
+        layer : AffineLayer
+            The operation; its ``warn_lost_relevance`` decides whether dropped relevance warns.
+        **how
+            Passed on to :func:`fxlrp.relevance.terms.scaled` (``sign``, ``owned``).
+
+        Returns
+        -------
+        Tensor
+            ``R / s(z)``, a tensor the caller owns.
+        """
         return terms.scaled(relevance, denominator, self._stabiliser, warn_lost_relevance=layer.warn_lost_relevance,
                             **how)
 
@@ -111,8 +231,14 @@ class Epsilon(StabilisedRule):
         \qquad s(z) = z + \epsilon \cdot (\operatorname{sign}(z) + [z = 0])
 
     The bias takes part in ``z_k`` and absorbs its share of the relevance, as in zennit.
-    ``epsilon`` may also be a function ``z -> s(z)``. Relevance of an output with a zero
-    denominator (only possible for ``epsilon=0``) is dropped.
+    Relevance of an output with a zero denominator (only possible for ``epsilon=0``) is dropped.
+
+    Parameters
+    ----------
+    epsilon : float or callable, default 1e-6
+        The number ``epsilon`` of the stabiliser ``s``, or a function ``z -> s(z)``.
+    zero_params : str or sequence of str, optional
+        ``"weight"``, ``"bias"`` or both: set to 0 in the layer's modified copy.
     """
 
     stabiliser_name = "epsilon"
@@ -161,12 +287,18 @@ class Epsilon(StabilisedRule):
 
 
 class Norm(Epsilon):
-    r"""Normalise by the output and weight by the contributions, zennit's rule for sums and
-    average pooling: the epsilon rule with ``epsilon`` used only as a stabiliser.
+    r"""Normalise by the output and weight by the contributions: zennit's rule for sums and average pooling.
+
+    It is the epsilon rule with ``epsilon`` used only as a stabiliser:
 
     .. math:: R_j = \frac{x_j \, \partial z / \partial x_j}{s(z)} R
 
     for ``z = x_1 + x_2`` (a residual add), a sum or a mean over dimensions, or average pooling.
+
+    Parameters
+    ----------
+    stabilizer : float or callable, default 1e-6
+        The stabiliser's ``epsilon``, or a function ``z -> s(z)``.
     """
 
     def __init__(self, stabilizer: Stabiliser = 1e-6) -> None:
@@ -190,12 +322,29 @@ class TwoHalves(StabilisedRule):
     stabiliser skip its sign test."""
 
     def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-        """The "more" and "less" transforms of the parameters."""
+        """The "more" and "less" transforms of the parameters.
+
+        Returns
+        -------
+        more, less : callable
+            The transforms ``w -> w^>`` and ``w -> w^<``, applied to weight and bias alike.
+        """
         raise NotImplementedError
 
     def half_weights(self, output: Tensor | None) -> tuple[float | Tensor | None, float | Tensor | None]:
-        """Weights of the first and second half given the layer's output (None unless the rule
-        keeps its output); None skips a half."""
+        """Weights of the first and second half given the layer's output.
+
+        Parameters
+        ----------
+        output : Tensor or None
+            The layer's kept output; None unless the rule keeps its output.
+
+        Returns
+        -------
+        first, second : float, Tensor or None
+            The weight of each half (a number, or a tensor of the output's shape); None skips
+            that half.
+        """
         raise NotImplementedError
 
     def prepare(self, layer: AffineLayer) -> ParameterVariants:
@@ -240,7 +389,23 @@ class AlphaBeta(TwoHalves):
     with ``(x w)^+ = x^+ w^+ + x^- w^-``, ``(x w)^- = x^+ w^- + x^- w^+``,
     ``z^+ = f(x^+; w^+, b^+) + f(x^-; w^-, 0)`` and ``z^- = f(x^+; w^-, b^-) + f(x^-; w^+, 0)``:
     the positive part of the bias counts as a positive contribution, the negative part as a
-    negative one. As in zennit, ``alpha, beta >= 0`` and ``alpha - beta = 1``.
+    negative one.
+
+    Parameters
+    ----------
+    alpha : float, default 2.0
+        The weight of the positive half; ``alpha >= 0``.
+    beta : float, default 1.0
+        The weight of the negative half; ``beta >= 0`` and, as in zennit, ``alpha - beta = 1``.
+    stabilizer : float or callable, default 1e-6
+        The stabiliser's ``epsilon``, or a function ``z -> s(z)``.
+    zero_params : str or sequence of str, optional
+        ``"weight"``, ``"bias"`` or both: set to 0 in every modified copy of the layer.
+
+    Raises
+    ------
+    ValueError
+        If ``alpha`` or ``beta`` is negative, or ``alpha - beta != 1``.
     """
 
     half_signs = (1.0, -1.0)  # x+ w+ + x- w- >= 0 and x+ w- + x- w+ <= 0, with b+ >= 0 and b- <= 0
@@ -265,12 +430,20 @@ class AlphaBeta(TwoHalves):
 
 
 class ZPlus(AlphaBeta):
-    r"""The z+ rule: :class:`AlphaBeta` with ``alpha = 1, beta = 0`` (zennit's version, which also
-    admits negative inputs).
+    r"""The z+ rule: :class:`AlphaBeta` with ``alpha = 1, beta = 0``.
+
+    This is zennit's version, which also admits negative inputs:
 
     .. math::
         R_j = \frac{x_j^+ w_{jk}^+ + x_j^- w_{jk}^-}{s(z_k^+)} R_k,
         \qquad z_k^+ = f(x^+; w^+, b^+)_k + f(x^-; w^-, 0)_k
+
+    Parameters
+    ----------
+    stabilizer : float or callable, default 1e-6
+        The stabiliser's ``epsilon``, or a function ``z -> s(z)``.
+    zero_params : str or sequence of str, optional
+        ``"weight"``, ``"bias"`` or both: set to 0 in every modified copy of the layer.
     """
 
     def __init__(self, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None) -> None:
@@ -292,6 +465,15 @@ class Gamma(TwoHalves):
 
     and outputs ``z_k < 0`` by the same with the roles of ``\uparrow`` and ``\downarrow`` swapped;
     relevance of outputs ``z_k = 0`` is dropped. ``z = f(x; w, b)`` is the layer's own output.
+
+    Parameters
+    ----------
+    gamma : float, default 0.25
+        The amplification ``gamma`` of the positive (for ``z_k > 0``) contributions.
+    stabilizer : float or callable, default 1e-6
+        The stabiliser's ``epsilon``, or a function ``z -> s(z)``.
+    zero_params : str or sequence of str, optional
+        ``"weight"``, ``"bias"`` or both: set to 0 in every modified copy of the layer.
     """
 
     def __init__(self, gamma: float = 0.25, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None) -> None:
@@ -319,9 +501,27 @@ class Gamma(TwoHalves):
 
 
 def expand_bound(bound: float | Tensor, like: Tensor) -> Tensor:
-    """zennit's expansion of an input bound to the input's shape: a number fills the shape; a
-    tensor with fewer dimensions gets trailing singleton dimensions (``(1, 3)`` means per
-    channel); a tensor with a larger first (batch) dimension is cut to the batch."""
+    """zennit's expansion of an input bound to the input's shape.
+
+    Parameters
+    ----------
+    bound : float or Tensor
+        The bound. A number fills the shape; a tensor with fewer dimensions gets trailing
+        singleton dimensions (``(1, 3)`` means per channel); a tensor with a larger first (batch)
+        dimension is cut to the batch.
+    like : Tensor
+        The input whose shape, dtype and device the bound takes.
+
+    Returns
+    -------
+    Tensor
+        The bound, an expanded view of ``like``'s shape.
+
+    Raises
+    ------
+    ValueError
+        If the bound has more dimensions than the input or does not broadcast to it.
+    """
     bound = torch.as_tensor(bound).to(like)
     if bound.dim() > like.dim():
         raise ValueError(
@@ -346,8 +546,17 @@ class ZBox(StabilisedRule):
         R_j = \sum_k \frac{x_j w_{jk} - l_j w_{jk}^+ - h_j w_{jk}^-}{s(z_k)} R_k,
         \qquad z = f(x; w, b) - f(l; w^+, b^+) - f(h; w^-, b^-)
 
-    The three bias terms cancel (``b - b^+ - b^- = 0``), as in zennit. ``low`` and ``high`` are
-    numbers or tensors (e.g. of shape ``(1, 3, 1, 1)`` per channel).
+    The three bias terms cancel (``b - b^+ - b^- = 0``), as in zennit.
+
+    Parameters
+    ----------
+    low, high : float or Tensor
+        The bounds ``l`` and ``h`` of the input: numbers or tensors (e.g. of shape
+        ``(1, 3, 1, 1)`` per channel; see :func:`expand_bound`).
+    stabilizer : float or callable, default 1e-6
+        The stabiliser's ``epsilon``, or a function ``z -> s(z)``.
+    zero_params : str or sequence of str, optional
+        ``"weight"``, ``"bias"`` or both: set to 0 in every modified copy of the layer.
     """
 
     def __init__(
@@ -397,9 +606,11 @@ class ZBox(StabilisedRule):
 
 
 class InputIndependent(StabilisedRule):
-    r"""Rules that ignore the input's values: ``R_j = \sum_k \frac{m_{jk}}{s(\sum_j m_{jk})} R_k`` for
-    modified weights ``m`` (and modified bias in the denominator), computed with an input of ones
-    in backward, where it is used."""
+    r"""Rules that ignore the input's values.
+
+    ``R_j = \sum_k \frac{m_{jk}}{s(\sum_j m_{jk})} R_k`` for modified weights ``m`` (and modified
+    bias in the denominator), computed with an input of ones in backward, where it is used.
+    """
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         return terms.original_output(layer, inputs), (inputs, prepared)
@@ -420,6 +631,13 @@ class Flat(InputIndependent):
 
     where the sum runs over the inputs connected to output ``k`` (``f(1; 1, 0)``: all weights
     one, bias left out).
+
+    Parameters
+    ----------
+    stabilizer : float or callable, default 1e-6
+        The stabiliser's ``epsilon``, or a function ``z -> s(z)``.
+    zero_params : str or sequence of str, optional
+        ``"weight"`` or ``"bias"``; the bias is left out in any case.
     """
 
     def prepare(self, layer: AffineLayer) -> Parameters:
@@ -432,6 +650,13 @@ class WSquare(InputIndependent):
     .. math:: R_j = \sum_k \frac{w_{jk}^2}{s\left(\sum_{j'} w_{j'k}^2 + b_k^2\right)} R_k
 
     As in zennit, the bias enters the denominator squared.
+
+    Parameters
+    ----------
+    stabilizer : float or callable, default 1e-6
+        The stabiliser's ``epsilon``, or a function ``z -> s(z)``.
+    zero_params : str or sequence of str, optional
+        ``"weight"``, ``"bias"`` or both: set to 0 before squaring.
     """
 
     def prepare(self, layer: AffineLayer) -> Parameters:
@@ -444,9 +669,12 @@ def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
 
 
 class Pass(Rule):
-    r"""The identity rule: ``R_in = R_out`` (shared equally among several relevance-carrying
-    inputs; summed back over broadcast dimensions). For operations whose output has the shape of
-    its input, e.g. activations and BatchNorm, as zennit uses it."""
+    r"""The identity rule: ``R_in = R_out``.
+
+    The relevance is shared equally among several relevance-carrying inputs and summed back over
+    broadcast dimensions. For operations whose output has the shape of its input, e.g.
+    activations and BatchNorm, as zennit uses it.
+    """
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         output = terms.original_output(layer, inputs)
@@ -487,8 +715,15 @@ class Product(Epsilon):
     - ``constants=()``: the uniform split everywhere, gates included.
 
     If every relevance-carrying factor is a constant by role, they share uniformly. With a single
-    relevance-carrying factor (a product with a parameter) it is the epsilon rule. ``epsilon=None``
-    follows the composite's layer rule (:meth:`following`).
+    relevance-carrying factor (a product with a parameter) it is the epsilon rule.
+
+    Parameters
+    ----------
+    epsilon : float or None, default 1e-6
+        The stabiliser's ``epsilon``; None follows the composite's layer rule
+        (:meth:`following`).
+    constants : sequence of str, default ("gate",)
+        The roles whose factors are treated as constants.
     """
 
     def __init__(self, epsilon: float | None = 1e-6, constants: Sequence[str] = (GATE,)) -> None:
@@ -497,7 +732,19 @@ class Product(Epsilon):
         self.constants = tuple(constants)
 
     def following(self, layer_rule: Rule) -> Product:
-        """This rule with the epsilon of ``layer_rule`` if it was made with ``epsilon=None``."""
+        """This rule with the epsilon of ``layer_rule`` if it was made with ``epsilon=None``.
+
+        Parameters
+        ----------
+        layer_rule : Rule
+            The composite's rule for layers; its ``epsilon`` is followed if it is an
+            :class:`Epsilon`, else :data:`DEFAULT_PRODUCT_EPSILON` is used.
+
+        Returns
+        -------
+        Product
+            This rule if it has an epsilon of its own, else a copy with the followed epsilon.
+        """
         if self.epsilon is not None:
             return self
         epsilon = layer_rule.epsilon if isinstance(layer_rule, Epsilon) else DEFAULT_PRODUCT_EPSILON
@@ -572,9 +819,27 @@ class SoftmaxRule(Epsilon):
 
     @staticmethod
     def closed_form(relevance: Tensor, weights: Tensor, logits: Tensor, dim: int, owned: bool = False) -> Tensor:
-        """``x * (R - s * sum R)`` over ``dim`` for the softmax's ``weights`` ``s`` of its ``logits``
-        ``x``; 0 where a logit is ``-inf``. ``owned``: ``relevance`` is the caller's own fresh
-        tensor, which the result may overwrite."""
+        """The rule's closed form, ``x * (R - s * sum R)`` over ``dim``.
+
+        Parameters
+        ----------
+        relevance : Tensor
+            The relevance ``R`` of the softmax's output.
+        weights : Tensor
+            The softmax's output ``s``.
+        logits : Tensor
+            The softmax's input ``x``.
+        dim : int
+            The dimension the softmax normalises over.
+        owned : bool, default False
+            Whether ``relevance`` is the caller's own fresh tensor, which the result may
+            overwrite.
+
+        Returns
+        -------
+        Tensor
+            The relevance of the logits; 0 where a logit is ``-inf``.
+        """
         total = relevance.sum(dim, keepdim=True)
         if owned and not relevance.requires_grad:
             share = relevance.addcmul_(weights, total, value=-1.0)
@@ -598,8 +863,11 @@ def _zero_where_infinite(share: Tensor, value: Tensor) -> Tensor:
 
 
 class AttentionAsConstant(Rule):
-    """CP-LRP for attention: the softmax's output is a constant, ``R(logits) = 0`` and products
-    with the coefficients pass their relevance to the other factor unchanged."""
+    """CP-LRP for attention: the softmax's output is a constant.
+
+    ``R(logits) = 0``, and products with the coefficients pass their relevance to the other
+    factor unchanged.
+    """
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         return layer.forward(inputs).detach(), None

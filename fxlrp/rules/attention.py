@@ -27,12 +27,23 @@ PRODUCT_OPERATIONS = ("mul", "matmul", "einsum", "attention", "multihead_attenti
 def cp_lrp(epsilon: float | None = None) -> dict[str, Rule]:
     """``operation_rules`` for CP-LRP: attention weights are constants, values take the relevance.
 
-    ``epsilon`` of the products' epsilon rule; None (the default) takes the epsilon of the
-    composite's layer rule (``Composite(Epsilon(0.0), operation_rules=cp_lrp())`` is CP-LRP with
-    LRP-0 on the products too, as LXT's CP-LRP is), or 1e-6 if that rule is not an epsilon rule.
     Covers transformer attention (softmax weights times values) and graph attention (the softmax
     over each node's edges in GAT, GATv2, TransformerConv). ``Composite(layer_rule,
     operation_rules=cp_lrp())``; combine with other operation rules by ``{**cp_lrp(), "add": ...}``.
+
+    Parameters
+    ----------
+    epsilon : float or None, optional
+        The epsilon of the products' epsilon rule. None (the default) takes the epsilon of the
+        composite's layer rule (``Composite(Epsilon(0.0), operation_rules=cp_lrp())`` is CP-LRP
+        with LRP-0 on the products too, as LXT's CP-LRP is), or 1e-6 if that rule is not an
+        epsilon rule.
+
+    Returns
+    -------
+    dict of str to Rule
+        A rule per canonical operation: :class:`Product` with attention and gates as constants
+        for :data:`PRODUCT_OPERATIONS`, :class:`AttentionAsConstant` for :data:`GRAPH_SOFTMAX`.
     """
     rules: dict[str, Rule] = {
         operation: Product(epsilon, constants=(GATE, ATTENTION)) for operation in PRODUCT_OPERATIONS
@@ -42,7 +53,18 @@ def cp_lrp(epsilon: float | None = None) -> dict[str, Rule]:
 
 
 def uniform_gates(epsilon: float = 1e-6) -> dict[str, Product]:
-    """``operation_rules`` that split the relevance of ``x * gate`` equally between signal and gate."""
+    """``operation_rules`` that split the relevance of ``x * gate`` equally between signal and gate.
+
+    Parameters
+    ----------
+    epsilon : float, default 1e-6
+        The epsilon of the product rule.
+
+    Returns
+    -------
+    dict of str to Product
+        ``{"mul": Product(epsilon, constants=())}``.
+    """
     return {"mul": Product(epsilon, constants=())}
 
 

@@ -42,6 +42,7 @@ class Site:
     """What a composite may know about one node of the graph."""
 
     node_name: str
+    """The name of the graph node (or of the call, in code run eagerly)."""
     operation: str
     """Canonical operation, e.g. ``"conv"``, ``"linear"``, ``"add"``, ``"avg_pool"``."""
     weighted: bool
@@ -49,6 +50,7 @@ class Site:
     module_name: str | None
     """Qualified name of the module the node belongs to (its own for module calls)."""
     module_type: type[nn.Module] | None
+    """The type of that module; None where the node belongs to none."""
     is_first_layer: bool
     """The first layer the input meets among the operations the composite counts as first layers
     (:meth:`Composite.counts_as_first_layer`; any weighted layer by default)."""
@@ -84,6 +86,22 @@ class Composite:
     calls of a recurrent layer). A node that runs a module's own code (a part run eagerly, a PyG
     message-passing layer) and that the inputs meet holds it: it goes to the calls inside that
     the node's inputs meet.
+
+    Parameters
+    ----------
+    layer_rule : Rule, optional
+        The rule of every weighted layer no other entry reaches; ``Epsilon(1e-6)`` when None.
+    name_rules : mapping of str to Rule, optional
+        ``{glob pattern: rule}`` on the qualified module name.
+    first_layer : Rule, optional
+        The rule of the first layer; None gives it no rule of its own.
+    type_rules : mapping or iterable of (type, Rule) pairs, optional
+        ``{module type or tuple of types: rule}``, subclasses included; a sequence of pairs keeps
+        its order.
+    operation_rules : mapping of str to Rule, optional
+        ``{canonical operation: rule}``.
+    first_layer_operations : iterable of str, optional
+        The canonical operations that can be the first layer; None means any weighted layer.
     """
 
     def __init__(
@@ -107,26 +125,68 @@ class Composite:
         self._defaults: dict[str, Rule] = {}
 
     def counts_as_first_layer(self, operation: str, weighted: bool) -> bool:
-        """Whether a node of this canonical operation can be the first layer."""
+        """Whether a node of this canonical operation can be the first layer.
+
+        Parameters
+        ----------
+        operation : str
+            The node's canonical operation.
+        weighted : bool
+            Whether the node is a layer with weights.
+
+        Returns
+        -------
+        bool
+            True if the operation is among ``first_layer_operations`` (any weighted layer when
+            those are None).
+        """
         if self.first_layer_operations is None:
             return weighted
         return operation in self.first_layer_operations
 
     def may_hold_first_layer(self, operation: Operation) -> bool:
-        """Whether a call of ``operation`` the model's inputs meet is a first layer (or, for an
-        operation that runs a module's own code, may hold first layers inside): in the captured
-        graph and in code run eagerly alike."""
+        """Whether a call of ``operation`` the model's inputs meet is a first layer.
+
+        An operation that runs a module's own code may hold first layers inside. The answer is
+        the same in the captured graph and in code run eagerly.
+
+        Parameters
+        ----------
+        operation : Operation
+            The registry's entry of the called operation.
+
+        Returns
+        -------
+        bool
+            True if the call is, or may hold, a first layer.
+        """
         return operation.holds_layers or self.counts_as_first_layer(operation.name, operation.weighted)
 
     def may_choose_first_layer(self) -> bool:
-        """Whether the first layer can get a rule of its own: a ``first_layer`` rule, or a
-        subclass that chooses on its own. Code run eagerly looks for first layers only then."""
+        """Whether the first layer can get a rule of its own.
+
+        It can with a ``first_layer`` rule, or in a subclass that chooses on its own. Code run
+        eagerly looks for first layers only then.
+
+        Returns
+        -------
+        bool
+            True if the first layer may get a rule other than the others'.
+        """
         return self.first_layer is not None or self._chooses_on_its_own()
 
     def chooses_by_module(self) -> bool:
-        """Whether the module a call belongs to can change its rule: name or type rules, or a
-        subclass that chooses on its own. Code run eagerly follows module calls only then (a
-        forward hook on every module call of the run costs Python at each)."""
+        """Whether the module a call belongs to can change its rule.
+
+        It can with name or type rules, or in a subclass that chooses on its own. Code run
+        eagerly follows module calls only then (a forward hook on every module call of the run
+        costs Python at each).
+
+        Returns
+        -------
+        bool
+            True if rules may depend on the module a call belongs to.
+        """
         return bool(self.name_rules or self.type_rules) or self._chooses_on_its_own()
 
     def _chooses_on_its_own(self) -> bool:
@@ -134,16 +194,28 @@ class Composite:
         return own.rule_for is not Composite.rule_for or own._chosen_rule is not Composite._chosen_rule
 
     def resolve(self, site: Site, operation: Operation) -> Rule | None:
-        """The rule of one call of ``operation`` at ``site``: the one place a rule is chosen, for
-        the captured graph and for code run eagerly alike.
+        """The rule of one call of ``operation`` at ``site``.
 
-        None for operations that are not affine (their handling is fixed: identity, native);
-        otherwise :meth:`rule_for` the site, else the operation's own default (the z-rule for
-        sums), else :attr:`layer_rule`. Where several factors of a product carry relevance
-        (``site.relevance_factors > 1``: ``q @ k.T``, ``attention @ v``, a gating product), that
-        rule as a :class:`~fxlrp.rules.Product` rule: an epsilon rule as the uniform epsilon rule
-        with its epsilon, a rule with no meaning on a product (z+, ...) as ``Product()``, with a
-        warning. The rules returned are made once per composite, so calls share their caches.
+        This is the one place a rule is chosen, for the captured graph and for code run eagerly
+        alike. The rules returned are made once per composite, so calls share their caches.
+
+        Parameters
+        ----------
+        site : Site
+            What the composite may know about the call.
+        operation : Operation
+            The registry's entry of the called operation.
+
+        Returns
+        -------
+        Rule or None
+            None for operations that are not affine (their handling is fixed: identity,
+            native); otherwise :meth:`rule_for` the site, else the operation's own default (the
+            z-rule for sums), else :attr:`layer_rule`. Where several factors of a product carry
+            relevance (``site.relevance_factors > 1``: ``q @ k.T``, ``attention @ v``, a gating
+            product), that rule as a :class:`~fxlrp.rules.Product` rule: an epsilon rule as the
+            uniform epsilon rule with its epsilon, a rule with no meaning on a product (z+, ...)
+            as ``Product()``, with a warning.
         """
         if operation.kind is not Kind.AFFINE:
             return None
@@ -160,7 +232,20 @@ class Composite:
         return rule
 
     def rule_for(self, site: Site) -> Rule | None:
-        """The composite's own choice for ``site`` (see the class docstring), or None."""
+        """The composite's own choice for ``site``.
+
+        Subclasses may override it to choose on their own.
+
+        Parameters
+        ----------
+        site : Site
+            What the composite may know about the call.
+
+        Returns
+        -------
+        Rule or None
+            The first match in the precedence of the class docstring; None if nothing matches.
+        """
         rule = self._chosen_rule(site)
         if isinstance(rule, Product) and rule.epsilon is None:
             # a product rule that follows the layer rule's epsilon (fxlrp.rules.attention.cp_lrp())
@@ -227,15 +312,32 @@ SUMS = ("add", "sub", "sum", "mean", "avg_pool")
 
 
 class ZennitComposite(Composite):
-    """zennit's layer map, with the rules as data: ``Norm`` on sums and average pooling, ``Pass``
-    on BatchNorm that was not folded, ``Epsilon`` on dense layers (and other weighted layers:
-    matmul with a parameter), ``convolutions`` on convolutions and, optionally, ``first_layer``
-    on the first of ``first_layer_operations``.
+    """zennit's layer map, with the rules as data.
+
+    ``Norm`` on sums and average pooling, ``Pass`` on BatchNorm that was not folded, ``Epsilon``
+    on dense layers (and other weighted layers: matmul with a parameter), ``convolutions`` on
+    convolutions and, optionally, ``first_layer`` on the first of ``first_layer_operations``.
 
     Activations need no entry: smooth ones pass relevance unchanged and piecewise-linear ones
     keep their native backward, which gives zennit's numbers because every rule above weights
     by the (zero) input where a ReLU is off.
-    User ``name_rules``, ``type_rules`` and ``operation_rules`` take precedence over the map.
+
+    Parameters
+    ----------
+    epsilon : float or callable, default 1e-6
+        The stabiliser of the epsilon rule on dense layers.
+    stabilizer : float or callable, default 1e-6
+        The stabiliser of ``Norm`` on sums and average pooling.
+    zero_params : str or sequence of str, optional
+        zennit's ``zero_params`` of the epsilon rule.
+    convolutions : Rule
+        The rule of convolutions.
+    first_layer : Rule, optional
+        The rule of the first layer.
+    first_layer_operations : iterable of str, optional
+        The canonical operations that can be the first layer.
+    name_rules, type_rules, operation_rules : optional
+        As in :class:`Composite`; they take precedence over the map.
     """
 
     def __init__(
@@ -263,9 +365,23 @@ class ZennitComposite(Composite):
 
 
 class EpsilonPlus(ZennitComposite):
-    """zennit's ``EpsilonPlus``: :class:`~fxlrp.rules.ZPlus` on convolutions,
-    :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
-    pooling."""
+    """zennit's ``EpsilonPlus``.
+
+    :class:`~fxlrp.rules.ZPlus` on convolutions, :class:`~fxlrp.rules.Epsilon` on dense layers,
+    :class:`~fxlrp.rules.Norm` on sums and average pooling.
+
+    Parameters
+    ----------
+    epsilon : float or callable, default 1e-6
+        The stabiliser of the epsilon rule on dense layers.
+    stabilizer : float or callable, default 1e-6
+        The stabiliser of ``ZPlus`` and ``Norm``.
+    zero_params : str or sequence of str, optional
+        zennit's ``zero_params`` of the epsilon and z+ rules.
+    **overrides
+        ``name_rules``, ``type_rules``, ``operation_rules``, ``first_layer``,
+        ``first_layer_operations`` (see :class:`ZennitComposite`).
+    """
 
     def __init__(self, epsilon: Stabiliser = 1e-6, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None,
                  **overrides: Any) -> None:
@@ -273,8 +389,22 @@ class EpsilonPlus(ZennitComposite):
 
 
 class EpsilonPlusFlat(ZennitComposite):
-    """zennit's ``EpsilonPlusFlat``: :class:`EpsilonPlus` with :class:`~fxlrp.rules.Flat` on the
-    first dense or convolutional layer."""
+    """zennit's ``EpsilonPlusFlat``.
+
+    :class:`EpsilonPlus` with :class:`~fxlrp.rules.Flat` on the first dense or convolutional
+    layer.
+
+    Parameters
+    ----------
+    epsilon : float or callable, default 1e-6
+        The stabiliser of the epsilon rule on dense layers.
+    stabilizer : float or callable, default 1e-6
+        The stabiliser of ``ZPlus``, ``Flat`` and ``Norm``.
+    zero_params : str or sequence of str, optional
+        zennit's ``zero_params`` of the epsilon, z+ and flat rules.
+    **overrides
+        ``name_rules``, ``type_rules``, ``operation_rules`` (see :class:`ZennitComposite`).
+    """
 
     def __init__(self, epsilon: Stabiliser = 1e-6, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None,
                  **overrides: Any) -> None:
@@ -283,9 +413,23 @@ class EpsilonPlusFlat(ZennitComposite):
 
 
 class EpsilonAlpha2Beta1(ZennitComposite):
-    """zennit's ``EpsilonAlpha2Beta1``: :class:`~fxlrp.rules.AlphaBeta` (2, 1) on convolutions,
-    :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
-    pooling."""
+    """zennit's ``EpsilonAlpha2Beta1``.
+
+    :class:`~fxlrp.rules.AlphaBeta` (2, 1) on convolutions, :class:`~fxlrp.rules.Epsilon` on
+    dense layers, :class:`~fxlrp.rules.Norm` on sums and average pooling.
+
+    Parameters
+    ----------
+    epsilon : float or callable, default 1e-6
+        The stabiliser of the epsilon rule on dense layers.
+    stabilizer : float or callable, default 1e-6
+        The stabiliser of ``AlphaBeta`` and ``Norm``.
+    zero_params : str or sequence of str, optional
+        zennit's ``zero_params`` of the epsilon and alpha-beta rules.
+    **overrides
+        ``name_rules``, ``type_rules``, ``operation_rules``, ``first_layer``,
+        ``first_layer_operations`` (see :class:`ZennitComposite`).
+    """
 
     def __init__(self, epsilon: Stabiliser = 1e-6, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None,
                  **overrides: Any) -> None:
@@ -294,8 +438,22 @@ class EpsilonAlpha2Beta1(ZennitComposite):
 
 
 class EpsilonAlpha2Beta1Flat(ZennitComposite):
-    """zennit's ``EpsilonAlpha2Beta1Flat``: :class:`EpsilonAlpha2Beta1` with
-    :class:`~fxlrp.rules.Flat` on the first dense or convolutional layer."""
+    """zennit's ``EpsilonAlpha2Beta1Flat``.
+
+    :class:`EpsilonAlpha2Beta1` with :class:`~fxlrp.rules.Flat` on the first dense or
+    convolutional layer.
+
+    Parameters
+    ----------
+    epsilon : float or callable, default 1e-6
+        The stabiliser of the epsilon rule on dense layers.
+    stabilizer : float or callable, default 1e-6
+        The stabiliser of ``AlphaBeta``, ``Flat`` and ``Norm``.
+    zero_params : str or sequence of str, optional
+        zennit's ``zero_params`` of the epsilon, alpha-beta and flat rules.
+    **overrides
+        ``name_rules``, ``type_rules``, ``operation_rules`` (see :class:`ZennitComposite`).
+    """
 
     def __init__(self, epsilon: Stabiliser = 1e-6, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None,
                  **overrides: Any) -> None:
@@ -304,10 +462,27 @@ class EpsilonAlpha2Beta1Flat(ZennitComposite):
 
 
 class EpsilonGammaBox(ZennitComposite):
-    """zennit's ``EpsilonGammaBox``: :class:`~fxlrp.rules.ZBox` (``low``, ``high``) on the first
-    convolution, :class:`~fxlrp.rules.Gamma` on the other convolutions,
-    :class:`~fxlrp.rules.Epsilon` on dense layers, :class:`~fxlrp.rules.Norm` on sums and average
-    pooling. ``low``/``high`` bound the input (numbers or per-channel tensors ``(1, C, 1, 1)``)."""
+    """zennit's ``EpsilonGammaBox``.
+
+    :class:`~fxlrp.rules.ZBox` (``low``, ``high``) on the first convolution,
+    :class:`~fxlrp.rules.Gamma` on the other convolutions, :class:`~fxlrp.rules.Epsilon` on
+    dense layers, :class:`~fxlrp.rules.Norm` on sums and average pooling.
+
+    Parameters
+    ----------
+    low, high : float or Tensor
+        The bounds of the input (numbers or per-channel tensors ``(1, C, 1, 1)``).
+    epsilon : float or callable, default 1e-6
+        The stabiliser of the epsilon rule on dense layers.
+    gamma : float, default 0.25
+        The ``gamma`` of the gamma rule on convolutions.
+    stabilizer : float or callable, default 1e-6
+        The stabiliser of ``ZBox``, ``Gamma`` and ``Norm``.
+    zero_params : str or sequence of str, optional
+        zennit's ``zero_params`` of the epsilon, gamma and z^B rules.
+    **overrides
+        ``name_rules``, ``type_rules``, ``operation_rules`` (see :class:`ZennitComposite`).
+    """
 
     def __init__(
         self,
@@ -337,9 +512,16 @@ class AttnLRP(Composite):
     - LayerNorm and RMSNorm: the identity rule on ``sigma`` (the z-rule on the affine map that
       remains); smooth activations: the identity rule; sums and residual additions: the z-rule.
 
-    ``epsilon=0.0`` is LXT's efficient mode, whose Gradient x Input framework has no
-    stabiliser. Usable on any transformer fxlrp converts: Hugging Face's, torchvision's ViT and
-    Swin. ``overrides``: ``name_rules``, ``type_rules``, ``operation_rules`` taking precedence.
+    Usable on any transformer fxlrp converts: Hugging Face's, torchvision's ViT and Swin.
+
+    Parameters
+    ----------
+    epsilon : float or callable, default 1e-6
+        The epsilon of the layers' and the products' epsilon rules. ``epsilon=0.0`` is LXT's
+        efficient mode, whose Gradient x Input framework has no stabiliser.
+    **overrides
+        ``name_rules``, ``type_rules``, ``operation_rules`` (see :class:`Composite`), taking
+        precedence.
     """
 
     constants: tuple[str, ...] = (GATE,)
@@ -359,21 +541,47 @@ class AttnLRP(Composite):
 
 
 class CPLRP(AttnLRP):
-    r"""CP-LRP (Ali et al., ICML 2022) with LXT's definitions: :class:`AttnLRP`, except that
-    attention weights and the gating factor of SwiGLU/GeGLU are constants, so the values (and the
-    gated signal ``x W_u``) take all of the product's relevance and none enters the softmax or the
-    gate. Graph attention (GAT's softmax over edges) is a constant too."""
+    r"""CP-LRP (Ali et al., ICML 2022) with LXT's definitions.
+
+    :class:`AttnLRP`, except that attention weights and the gating factor of SwiGLU/GeGLU are
+    constants, so the values (and the gated signal ``x W_u``) take all of the product's relevance
+    and none enters the softmax or the gate. Graph attention (GAT's softmax over edges) is a
+    constant too. It takes :class:`AttnLRP`'s parameters.
+    """
 
     constants = (GATE, ATTENTION, ACTIVATION)
 
 
 def default_composite() -> Composite:
-    """Epsilon(1e-6) on every weighted layer; the z-rule for sums, pools and scatter sums."""
+    """Epsilon(1e-6) on every weighted layer; the z-rule for sums, pools and scatter sums.
+
+    Returns
+    -------
+    Composite
+        A fresh composite with that layer rule.
+    """
     return Composite(layer_rule=Epsilon(1e-6))
 
 
 def as_composite(composite: Composite | Rule | None) -> Composite:
-    """``None`` -> the default; a single rule -> that rule on every weighted layer."""
+    """The composite that ``composite`` stands for.
+
+    Parameters
+    ----------
+    composite : Composite, Rule or None
+        A composite; a single rule (that rule on every weighted layer); or None (the default,
+        :func:`default_composite`).
+
+    Returns
+    -------
+    Composite
+        The composite itself, or the one made from the rule or the default.
+
+    Raises
+    ------
+    TypeError
+        If ``composite`` is none of these.
+    """
     if composite is None:
         return default_composite()
     if isinstance(composite, Rule):

@@ -23,15 +23,16 @@ Value = TypeVar("Value")
 
 
 def meets_inputs(starts: Iterable[Value], predecessors: Callable[[Value], Iterable[Value] | None]) -> bool:
-    """Whether every path back from ``starts`` (a call's relevance-carrying arguments) reaches a
-    place where relevance starts without passing the output of a layer.
+    """Whether every path back from ``starts`` reaches a place where relevance starts.
+
+    A path must reach it without passing the output of a layer.
 
     Parameters
     ----------
-    starts
-        The values to walk back from. None at all: relevance starts at the call itself, which
-        then meets the input.
-    predecessors
+    starts : iterable
+        The values to walk back from (a call's relevance-carrying arguments). None at all:
+        relevance starts at the call itself, which then meets the input.
+    predecessors : callable
         ``predecessors(value)``: the relevance-carrying values ``value`` is computed from; empty
         where relevance starts at ``value``; None where ``value`` is the output of a layer that
         may be a first layer, or comes from outside the inputs (then the call is no first layer).
