@@ -19,11 +19,23 @@ class RelevanceCall:
     affine part of their work. Parameter transforms of the rule (``Rule.prepare``) are cached
     per weight tensor and recomputed only when the weight changes in place.
 
-    ``site`` and ``composite`` are the node's :class:`~fxlrp.rules.composites.Site` and the conversion's
-    composite, for operations that run a whole sub-model at explanation time and choose rules for
-    its parts (PyG's message-passing layers); ``strict`` is the conversion's setting.
-    ``sole_consumer``: the node is the only consumer of its first argument's value (known from
-    the graph; False where it is unknown).
+    Parameters
+    ----------
+    rule : AffineRule or None
+        The node's rule; None for operations that are not affine.
+    warn_lost_relevance : bool, default False
+        Whether relevance dropped at outputs of 0 warns.
+    site : Site, optional
+        The node's :class:`~fxlrp.rules.composites.Site`, for operations that run a whole
+        sub-model at explanation time and choose rules for its parts (PyG's message-passing
+        layers).
+    composite : Composite, optional
+        The conversion's composite, for the same operations.
+    strict : bool, default True
+        The conversion's setting.
+    sole_consumer : bool, default False
+        Whether the node is the only consumer of its first argument's value (known from the
+        graph; False where it is unknown).
     """
 
     def __init__(
@@ -57,25 +69,83 @@ class RelevanceCall:
         softmax_dim: int | None = None,
         input_gradient: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> AffineLayer:
+        """The :class:`~fxlrp.relevance.AffineLayer` of ``function`` under this call's settings.
+
+        Parameters
+        ----------
+        function : callable
+            The operation, ``function(*inputs, weight, bias)`` or ``function(*inputs)``.
+        weight, bias : Tensor, optional
+            The layer's parameters.
+        has_parameters : bool, default False
+            Whether ``function`` takes ``weight`` and ``bias``.
+        recomputable : bool, default False
+            Whether the output is cheap to compute again from the input.
+        softmax_dim : int, optional
+            For a softmax, the dimension it normalises over.
+        input_gradient : callable, optional
+            The layer's vector-Jacobian product in its input, where it has a closed form.
+
+        Returns
+        -------
+        AffineLayer
+            The layer, with this call's ``warn_lost_relevance``.
+        """
         return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable, softmax_dim,
                            input_gradient)
 
     def runs_natively(self) -> bool:
-        """Whether the operation's own call is this call's relevance function now: in the gradient
-        form (:mod:`fxlrp.relevance.form`), for a rule whose gradient form is the native gradient
-        (LRP-0, the z-rule: :meth:`~fxlrp.rules.Rule.gradient_is_native`). :meth:`affine` would
-        run the operation unchanged then; the caller skips building its layer. This is asked at
-        every call of an operation in code run eagerly."""
+        """Whether the operation's own call is this call's relevance function at this moment.
+
+        It is in the gradient form (:mod:`fxlrp.relevance.form`), for a rule whose gradient form
+        is the native gradient (LRP-0, the z-rule: :meth:`~fxlrp.rules.Rule.gradient_is_native`).
+        :meth:`affine` would run the operation unchanged then; the caller skips building its
+        layer. This is asked at every call of an operation in code run eagerly.
+
+        Returns
+        -------
+        bool
+            True if the operation may run as it is.
+        """
         return gradient_form_active() and not self.warn_lost_relevance and gradient_is_native(self.rule)
 
     def affine(self, layer: AffineLayer, *inputs: Any) -> Tensor:
-        """Run ``layer`` on ``inputs`` with this call's rule in backward."""
+        """Run ``layer`` on ``inputs`` with this call's rule in backward.
+
+        Parameters
+        ----------
+        layer : AffineLayer
+            The affine operation.
+        *inputs
+            Its inputs.
+
+        Returns
+        -------
+        Tensor
+            The layer's output, whose backward propagates relevance by the rule.
+        """
         return apply_rule(layer, self.rule, self._prepare(layer), *inputs)
 
     def cached(self, slot: Hashable, tensors: Sequence[Tensor | None], compute: Callable[[], Any]) -> Any:
-        """``compute()``, computed again only when one of ``tensors`` is replaced or changed in
-        place. For work that depends on parameters alone (a rule's weight transforms,
-        BatchNorm's scale and shift), so that it runs once per conversion, not once per call."""
+        """``compute()``, computed again only when one of ``tensors`` is replaced or changed in place.
+
+        For work that depends on parameters alone (a rule's weight transforms, BatchNorm's scale
+        and shift), so that it runs once per conversion, not once per call.
+
+        Parameters
+        ----------
+        slot : hashable
+            The cache entry's key within this call.
+        tensors : sequence of (Tensor or None)
+            The tensors the result depends on.
+        compute : callable
+            Computes the result, without arguments.
+
+        Returns
+        -------
+        Any
+            The cached or freshly computed result.
+        """
         key = tuple((id(tensor), tensor._version) if tensor is not None else None for tensor in tensors)
         entry = self._cache.get(slot)
         if entry is None or entry[0] != key:

@@ -21,10 +21,15 @@ class AffineLayer:
     """
 
     function: Callable[..., Tensor]
+    """The operation: ``function(*inputs, weight, bias)``, or ``function(*inputs)`` without parameters."""
     weight: Tensor | None = None
+    """The layer's own weight; None for parameterless operations."""
     bias: Tensor | None = None
+    """The layer's own bias; None where it has none."""
     has_parameters: bool = False
+    """Whether ``function`` takes ``weight`` and ``bias``."""
     warn_lost_relevance: bool = False
+    """Whether relevance dropped at outputs of 0 warns."""
     recomputable: bool = False
     """Cheap to compute again from its input (a normalisation), so its output need not be kept."""
     softmax_dim: int | None = None
@@ -40,10 +45,35 @@ class AffineLayer:
     def __call__(
         self, inputs: Sequence[Any], weight: Tensor | None = None, bias: Tensor | None = None
     ) -> Tensor:
+        """The operation on ``inputs`` with the given parameters.
+
+        Parameters
+        ----------
+        inputs : sequence
+            The operation's inputs.
+        weight, bias : Tensor, optional
+            The parameters to use (a rule's modified ones); ignored for parameterless operations.
+
+        Returns
+        -------
+        Tensor
+            The output.
+        """
         if self.has_parameters:
             return self.function(*inputs, weight, bias)
         return self.function(*inputs)
 
     def forward(self, inputs: Sequence[Any]) -> Tensor:
-        """The original operation with the layer's own parameters."""
+        """The original operation with the layer's own parameters.
+
+        Parameters
+        ----------
+        inputs : sequence
+            The operation's inputs.
+
+        Returns
+        -------
+        Tensor
+            The output.
+        """
         return self(inputs, self.weight, self.bias)

@@ -23,6 +23,27 @@ class PassFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, function: Callable[..., Tensor], shares: tuple[float, ...], recomputable: bool, *inputs: Any):
+        """Run ``function(*inputs)``.
+
+        Parameters
+        ----------
+        ctx : FunctionCtx
+            Autograd's context.
+        function : callable
+            The operation.
+        shares : tuple of float
+            Each input's share of the relevance; 0 for inputs that receive none.
+        recomputable : bool
+            Whether ``function`` is a pure elementwise map that a rule reading the output may
+            recompute from the input.
+        *inputs
+            The operation's inputs.
+
+        Returns
+        -------
+        Tensor
+            ``function(*inputs)``.
+        """
         ctx.shares = shares
         ctx.shapes = tuple(value.shape if isinstance(value, Tensor) else None for value in inputs)
         output = function(*inputs)
@@ -39,6 +60,21 @@ class PassFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        """``R_i = share_i * R`` for each receiving input.
+
+        Parameters
+        ----------
+        ctx : FunctionCtx
+            Autograd's context.
+        relevance : Tensor
+            The relevance ``R`` of the output.
+
+        Returns
+        -------
+        tuple of (Tensor or None)
+            None for ``function``, ``shares`` and ``recomputable``, then each input's relevance,
+            summed back to its shape (None where it receives none).
+        """
         return (None, None, None, *shared_equally(relevance, ctx.shares, ctx.shapes))
 
 
@@ -46,14 +82,30 @@ def apply_pass(
     function: Callable[..., Tensor], receivers: tuple[int, ...] | None, *inputs: Any, recomputable: bool = False,
     linear: bool = False,
 ) -> Tensor:
-    """Run ``function(*inputs)``; relevance goes in equal shares to the ``receivers`` among the
-    relevance-carrying inputs (all of them when ``receivers`` is None).
+    """Run ``function(*inputs)``; relevance goes in equal shares to the receiving inputs.
 
-    ``recomputable``: ``function`` is a pure elementwise map (an activation), so that a rule
-    reading the output may keep the input in its place and recompute the output in backward.
-    ``linear``: ``function`` is linear in each receiver when the other inputs are fixed (a product,
-    a quotient by a constant, a negation), so that the identity rule's share is the gradient's
-    share in the gradient form (:mod:`fxlrp.relevance.form`)."""
+    Parameters
+    ----------
+    function : callable
+        The operation.
+    receivers : tuple of int or None
+        The positions of the inputs that may receive relevance; among them, those that carry
+        relevance receive it. None: all of them.
+    *inputs
+        The operation's inputs.
+    recomputable : bool, default False
+        Whether ``function`` is a pure elementwise map (an activation), so that a rule reading
+        the output may keep the input in its place and recompute the output in backward.
+    linear : bool, default False
+        Whether ``function`` is linear in each receiver when the other inputs are fixed (a
+        product, a quotient by a constant, a negation), so that the identity rule's share is the
+        gradient's share in the gradient form (:mod:`fxlrp.relevance.form`).
+
+    Returns
+    -------
+    Tensor
+        ``function(*inputs)``, whose backward shares the relevance.
+    """
     positions = range(len(inputs)) if receivers is None else receivers
     carrying = [i for i in positions if carries_relevance(inputs[i])]
     if not torch.is_grad_enabled() or not carrying:

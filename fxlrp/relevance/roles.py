@@ -35,28 +35,75 @@ _ATTRIBUTE = "_fxlrp_role"
 
 
 def mark(tensor: Tensor, role: str) -> Tensor:
-    """Record ``role`` on ``tensor`` and return it."""
+    """Record ``role`` on ``tensor`` and return it.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        The tensor to mark.
+    role : str
+        The role (:data:`GATE`, :data:`ATTENTION`, :data:`SELECTED`, :data:`ACTIVATION`).
+
+    Returns
+    -------
+    Tensor
+        ``tensor``.
+    """
     setattr(tensor, _ATTRIBUTE, role)
     return tensor
 
 
 def role_of(value: Any) -> str | None:
-    """The role recorded on ``value`` by :func:`mark`, or None. For a list or tuple of tensors
-    (what ``torch.cat`` and ``torch.stack`` take), the role all of them share, or None."""
+    """The role recorded on ``value`` by :func:`mark`, or None.
+
+    Parameters
+    ----------
+    value : Any
+        A tensor, or a list or tuple of tensors (what ``torch.cat`` and ``torch.stack`` take).
+
+    Returns
+    -------
+    str or None
+        The tensor's role; for a list or tuple, the role all of them share. None if there is
+        none.
+    """
     if isinstance(value, (list, tuple)):
         return _one({role_of(item) for item in value})
     return getattr(value, _ATTRIBUTE, None) if isinstance(value, Tensor) else None
 
 
 def shared_role(values: Sequence[Any]) -> str | None:
-    """The role every relevance-carrying tensor among ``values`` has, or None (none carries one,
-    or their roles differ)."""
+    """The role every relevance-carrying tensor among ``values`` has.
+
+    Parameters
+    ----------
+    values : sequence
+        An operation's arguments.
+
+    Returns
+    -------
+    str or None
+        The shared role; None if none carries one, or their roles differ.
+    """
     return _one({role_of(value) for value in values if carries_relevance(value)})
 
 
 def give_role(result: Any, role: str | None) -> Any:
-    """Mark ``result`` - a tensor, or the tensors of a tuple or list (the pieces of ``split``,
-    ``chunk``, ``unbind``) - with ``role``, where it has none yet; ``result`` is returned."""
+    """Mark ``result`` with ``role``, where it has none yet.
+
+    Parameters
+    ----------
+    result : Any
+        A tensor, or the tensors of a tuple or list (the pieces of ``split``, ``chunk``,
+        ``unbind``).
+    role : str or None
+        The role; None marks nothing.
+
+    Returns
+    -------
+    Any
+        ``result``.
+    """
     if role is None:
         return result
     for value in result if isinstance(result, (list, tuple)) else (result,):

@@ -18,26 +18,50 @@ from fxlrp.relevance.layer import AffineLayer
 
 
 def carries_relevance(value: Any) -> bool:
-    """Relevance flows only along tensors that depend on the explained inputs.
+    """Whether relevance flows along ``value``: only tensors that depend on the explained inputs.
 
     The explainer detaches every parameter of the model, so ``requires_grad`` marks exactly those
     tensors - except the parameters of modules the model builds while it runs (BigBird switching
     its attention to a new module, a layer built in ``forward``): an ``nn.Parameter`` never
     carries relevance.
+
+    Parameters
+    ----------
+    value : Any
+        An operation's argument.
+
+    Returns
+    -------
+    bool
+        True for a tensor that requires gradients and is no ``nn.Parameter``.
     """
     return isinstance(value, Tensor) and value.requires_grad and type(value) is not nn.Parameter
 
 
 def gradient_root(output: Tensor) -> GradientEdge:
-    """Where ``torch.autograd.grad`` starts for ``output``, without keeping ``output``'s values
-    alive (a rule that needs them keeps the tensor itself)."""
+    """Where ``torch.autograd.grad`` starts for ``output``, without keeping its values alive.
+
+    A rule that needs the values keeps the tensor itself.
+
+    Parameters
+    ----------
+    output : Tensor
+        A tensor recorded by autograd.
+
+    Returns
+    -------
+    GradientEdge
+        Its gradient edge.
+    """
     return get_gradient_edge(output)
 
 
 @dataclass
 class KeptOutput:
-    """A layer's output kept from forward for a rule that reads its values in backward (the
-    epsilon rule's denominator, the gamma rule's output signs). The engine owns it, not the rule:
+    """A layer's output kept from forward for a rule that reads its values in backward.
+
+    The rule reads the epsilon rule's denominator, say, or the gamma rule's output signs. The
+    engine owns it, not the rule:
 
     - a ReLU (or another clipping activation) that is the output's only consumer may replace
       ``values`` by its own output (:func:`hand_over_activation`) or rectify them in place
@@ -49,13 +73,23 @@ class KeptOutput:
     """
 
     values: Tensor | None
+    """The output's values; None once taken, or where :attr:`recompute` computes them."""
     version: int
+    """The values' version counter when they were kept."""
     sign: float | None = None
+    """The sign every value has (``+1.0`` after :func:`rectify_in_place`), if known."""
     recompute: Callable[[], Tensor] | None = None
     """Instead of ``values``: computes them again in backward (a normalisation's output, from its
     input, which the rule before it keeps anyway; see :func:`_recompute_from_input`)."""
 
     def take(self) -> Tensor:
+        """The values, which this object then no longer holds.
+
+        Returns
+        -------
+        Tensor
+            The kept values, or the values :attr:`recompute` computes.
+        """
         values, self.values = self.values, None
         return self.recompute() if values is None and self.recompute is not None else values
 
@@ -66,16 +100,16 @@ _reused: ContextVar[bool] = ContextVar("fxlrp_graph_reused", default=False)
 
 @runtime_checkable
 class AffineRule(Protocol):
-    """How the relevance ``R_k`` of the outputs ``z_k = sum_j x_j w_jk + b_k`` of an affine
-    operation is shared among its inputs ``x_j``.
+    """How the relevance ``R_k`` of an affine operation's outputs is shared among its inputs ``x_j``.
 
-    ``prepare`` computes parameter transforms once per conversion (cached per weight); ``forward``
-    returns the layer's output and the state ``backward`` needs; ``backward`` returns the relevance
-    of each input (None for inputs that carry none) from the output relevance and, if
-    ``keeps_output``, the kept output (a :class:`KeptOutput`). A rule that is a modified gradient,
-    ``R_x = x * (modified J)^T (R / z)``, says so (``has_gradient_form``) and gives the layer whose
-    autograd backward is that gradient (``gradient_forward``); ``gradient_is_native``: that layer is
-    the operation itself (LRP-0, the z-rule).
+    The outputs are ``z_k = sum_j x_j w_jk + b_k``. ``prepare`` computes parameter transforms
+    once per conversion (cached per weight); ``forward`` returns the layer's output and the state
+    ``backward`` needs; ``backward`` returns the relevance of each input (None for inputs that
+    carry none) from the output relevance and, if ``keeps_output``, the kept output (a
+    :class:`KeptOutput`). A rule that is a modified gradient, ``R_x = x * (modified J)^T (R / z)``,
+    says so (``has_gradient_form``) and gives the layer whose autograd backward is that gradient
+    (``gradient_forward``); ``gradient_is_native``: that layer is the operation itself (LRP-0, the
+    z-rule). :class:`fxlrp.rules.Rule` documents each method.
     """
 
     def prepare(self, layer: AffineLayer) -> Any: ...
@@ -104,6 +138,10 @@ def reusable_graph() -> Iterator[None]:
     runs its vector-Jacobian products with ``retain_graph`` (:func:`graph_reused`), so one
     forward can serve several output relevances through ``torch.autograd.grad(...,
     retain_graph=True)`` (one explanation per node of a graph).
+
+    Yields
+    ------
+    None
     """
     token = _reusable.set(True)
     try:
@@ -113,7 +151,14 @@ def reusable_graph() -> Iterator[None]:
 
 
 def graph_reused() -> bool:
-    """Whether the rule running its backward now must keep its inner graph (see :func:`reusable_graph`)."""
+    """Whether the rule running its backward now must keep its inner graph.
+
+    Returns
+    -------
+    bool
+        True inside the backward of a :class:`RuleFunction` created under
+        :func:`reusable_graph`.
+    """
     return _reused.get()
 
 
@@ -121,11 +166,23 @@ _recomputed_now: ContextVar[tuple[tuple[Tensor, Tensor], ...]] = ContextVar("fxl
 
 
 def writable_recomputation(value: Any) -> Tensor | None:
-    """The values of ``value`` if it is an input the rule running its backward now recomputed for
-    itself (:func:`recomputation_of`), as a tensor the rule may write into: no one else reads
-    them, and they are freed with the rule's state. (Not the leaf itself: the leaves of every
+    """The values of ``value`` if the rule running its backward now recomputed it for itself.
+
+    See :func:`recomputation_of`. No one else reads these values, and they are freed with the
+    rule's state, so the rule may write into them. (Not into the leaf itself: the leaves of every
     rule reading one tensor share its version counter, so a write through one would make the
-    others' graphs refuse their saved inputs.) None otherwise."""
+    others' graphs refuse their saved inputs.)
+
+    Parameters
+    ----------
+    value : Any
+        One of the rule's inputs.
+
+    Returns
+    -------
+    Tensor or None
+        The recomputed values; None if ``value`` is no input recomputed for this rule.
+    """
     for leaf, values in _recomputed_now.get():
         if value is leaf:
             return values
@@ -152,6 +209,26 @@ class RuleFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, layer: AffineLayer, rule: AffineRule, prepared: Any, *inputs: Any) -> Tensor:
+        """Run the rule's forward on leaves of the inputs and keep its state.
+
+        Parameters
+        ----------
+        ctx : FunctionCtx
+            Autograd's context.
+        layer : AffineLayer
+            The affine operation.
+        rule : AffineRule
+            Its rule.
+        prepared : Any
+            What ``rule.prepare`` returned for the layer.
+        *inputs
+            The operation's inputs.
+
+        Returns
+        -------
+        Tensor
+            The layer's output (detached from the rule's inner graph).
+        """
         # Tensors are held as aliases of their own: code run eagerly may give the Python object
         # another tensor afterwards (fxlrp.eager.interpret.replace_values, for an in-place write).
         leaves = tuple(
@@ -172,6 +249,27 @@ class RuleFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:
+        """The rule's relevance of each input.
+
+        Parameters
+        ----------
+        ctx : FunctionCtx
+            Autograd's context.
+        relevance : Tensor
+            The relevance of the output.
+
+        Returns
+        -------
+        tuple of (Tensor or None)
+            None for ``layer``, ``rule`` and ``prepared``, then the relevance of each input (None
+            for inputs that carry none).
+
+        Raises
+        ------
+        RuntimeError
+            If a backward pass has already used up the rule's state (outside
+            :func:`reusable_graph`), or the kept output was modified in place.
+        """
         if ctx.state is _USED_UP:
             raise RuntimeError(
                 "fxlrp: this forward's relevance graph was used up by an earlier backward pass (each "
@@ -221,14 +319,25 @@ def _check_unchanged(tensor: Tensor, version: int, what: str, consequence: str) 
 
 
 def recomputation_of(value: Tensor) -> tuple[Callable[[Tensor], Tensor], Tensor] | None:
-    """``(function, source)`` with ``value == function(source)`` where ``value`` is the output of a
-    pure elementwise activation (GELU, SiLU, ...; see ``apply_pass(recomputable=True)``) whose
-    input ``source`` is kept anyway, as the output of the rule that computed it; else None.
+    """How to compute ``value`` again from a tensor that is kept anyway.
 
     A rule reading ``value`` may then keep nothing of its own for it and recompute it in backward:
     in an MLP ``fc2(gelu(fc1(x)))`` the epsilon rule of ``fc1`` keeps its output for its
     denominator, and ``fc2`` would otherwise keep the activation beside it (one hidden-sized tensor
     per block of a transformer).
+
+    Parameters
+    ----------
+    value : Tensor
+        A relevance-carrying tensor.
+
+    Returns
+    -------
+    tuple of (callable, Tensor) or None
+        ``(function, source)`` with ``value == function(source)`` where ``value`` is the output
+        of a pure elementwise activation (GELU, SiLU, ...; see ``apply_pass(recomputable=True)``)
+        whose input ``source`` is kept anyway, as the output of the rule that computed it; else
+        None.
     """
     node = value.grad_fn
     function = getattr(node, "recompute_with", None)
@@ -278,7 +387,18 @@ def _recompute_from_input(ctx: Any, layer: AffineLayer, inputs: Sequence[Any]) -
 
 
 def storage_identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
-    """Which values a tensor shows: where they start, their shape and strides."""
+    """Which values a tensor shows: where they start, their shape and strides.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        The tensor.
+
+    Returns
+    -------
+    tuple
+        ``(data_ptr, shape, stride)``.
+    """
     return tensor.data_ptr(), tensor.shape, tensor.stride()
 
 
@@ -324,6 +444,13 @@ def hand_over_activation(output: Tensor, activated: Tensor) -> None:
     denominator may be read from ``activated``. The next layer keeps ``activated`` anyway, and
     ``output`` is freed: one activation-sized tensor less per layer than holding both. Does
     nothing when ``output`` does not come straight from a rule that keeps it.
+
+    Parameters
+    ----------
+    output : Tensor
+        The layer's output, the activation's input.
+    activated : Tensor
+        The activation's output.
     """
     node = output.grad_fn
     if not isinstance(node, RuleFunction._backward_cls) or node.kept is None or node.kept.values is None:
@@ -339,8 +466,15 @@ _outputs_recorded: ContextVar[bool] = ContextVar("fxlrp_outputs_recorded", defau
 
 @contextmanager
 def outputs_recorded() -> Iterator[None]:
-    """While intermediate outputs are recorded for their relevance (``attribute_nodes``),
-    no output is rectified in place: the recorded tensor must keep its values and history."""
+    """Rectify no output in place while the block runs.
+
+    While intermediate outputs are recorded for their relevance (``attribute_nodes``), the
+    recorded tensor must keep its values and history.
+
+    Yields
+    ------
+    None
+    """
     token = _outputs_recorded.set(True)
     try:
         yield
@@ -349,13 +483,23 @@ def outputs_recorded() -> Iterator[None]:
 
 
 def rectify_in_place(output: Tensor) -> bool:
-    """``torch.relu_`` on the output of a rule whose only consumer is that ReLU; False (and
-    nothing done) where the output does not come straight from a rule or is being recorded.
+    """``torch.relu_`` on the output of a rule whose only consumer is that ReLU.
 
     What the model's own ``ReLU(inplace=True)`` does, and as safe here: nothing else reads the
     pre-activation, and a rule that keeps the output sees the activation's values, which is
     :func:`hand_over_activation` without allocating a second tensor. The kept output is then
     known to be ``>= 0`` (``KeptOutput.sign``).
+
+    Parameters
+    ----------
+    output : Tensor
+        The ReLU's input.
+
+    Returns
+    -------
+    bool
+        True if ``output`` was rectified; False (and nothing done) where the output does not
+        come straight from a rule or is being recorded (:func:`outputs_recorded`).
     """
     node = output.grad_fn
     if _outputs_recorded.get() or not isinstance(node, RuleFunction._backward_cls):
@@ -372,6 +516,30 @@ def apply_rule(layer: AffineLayer, rule: AffineRule, prepared: Any, *inputs: Any
     Without any relevance-carrying input (constants, parameters, integer shapes) the operation
     runs natively; in the gradient form (:mod:`fxlrp.relevance.form`) the rule's modified gradient
     runs (natively, for the epsilon rule with ``epsilon = 0``).
+
+    Parameters
+    ----------
+    layer : AffineLayer
+        The affine operation.
+    rule : AffineRule
+        Its rule.
+    prepared : Any
+        What ``rule.prepare`` returned for the layer.
+    *inputs
+        The operation's inputs.
+
+    Returns
+    -------
+    Tensor
+        The layer's output, whose backward propagates relevance by ``rule``.
+
+    Raises
+    ------
+    GradientFormUnavailable
+        In the gradient form, for a rule that has none.
+    UnsupportedOperationError
+        For complex relevance-carrying inputs the rule cannot explain
+        (:func:`refuse_complex_relevance`).
     """
     if not torch.is_grad_enabled() or not any(carries_relevance(value) for value in inputs):
         return layer.forward(inputs)
@@ -386,11 +554,24 @@ def apply_rule(layer: AffineLayer, rule: AffineRule, prepared: Any, *inputs: Any
 
 
 def refuse_complex_relevance(inputs: Sequence[Any]) -> None:
-    """Rules divide relevance by the values they explain, which for complex values mixes their
-    two parts: a sum of two complex tensors under the z-rule gave 107% other relevance than the
+    """Refuse relevance-carrying complex inputs of a rule.
+
+    Rules divide relevance by the values they explain, which for complex values mixes their two
+    parts: a sum of two complex tensors under the z-rule would not give the relevance of the
     same sum on real pairs. Complex tensors are explained through views and products with
     complex factors (:func:`fxlrp.operations.products.complex_product`), and, where a rule's
-    gradient form is the native gradient (epsilon 0), by autograd; anything else is refused."""
+    gradient form is the native gradient (epsilon 0), by autograd; anything else is refused.
+
+    Parameters
+    ----------
+    inputs : sequence
+        The operation's inputs.
+
+    Raises
+    ------
+    UnsupportedOperationError
+        If a relevance-carrying input is complex.
+    """
     for value in inputs:
         if carries_relevance(value) and value.is_complex():
             raise UnsupportedOperationError(

@@ -20,6 +20,18 @@ def stabilise(denominator: Tensor, epsilon: float) -> Tensor:
     ``-epsilon`` instead. That changes no relevance: an output of exactly ``-0.0`` has only
     contributions ``x_j w_jk = -0.0`` and a bias of 0, so every share ``x_j w_jk R_k / s(z_k)``
     is 0 whatever the sign of ``s(z_k)`` (and a ReLU that follows passes it no relevance).
+
+    Parameters
+    ----------
+    denominator : Tensor
+        The denominator ``z``.
+    epsilon : float
+        The stabiliser's ``epsilon``; 0 leaves ``z`` as it is.
+
+    Returns
+    -------
+    Tensor
+        ``s(z)``, a fresh tensor unless ``epsilon`` is 0.
     """
     if epsilon == 0.0:
         return denominator
@@ -34,7 +46,21 @@ def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = F
     """``relevance / denominator`` with 0 wherever the denominator is 0.
 
     Relevance that reaches an output of 0 has no contributions to be shared among, so it is
-    dropped, as the seed notebooks do; ``warn=True`` says so when it happens.
+    dropped.
+
+    Parameters
+    ----------
+    relevance : Tensor
+        The numerator.
+    denominator : Tensor
+        The denominator.
+    warn : bool, default False
+        Whether to warn when relevance that is not 0 is dropped.
+
+    Returns
+    -------
+    Tensor
+        The quotient, 0 where the denominator is 0.
     """
     quotient = relevance / denominator
     traced = values_are_traced()  # a trace records the general case, for every input

@@ -21,8 +21,9 @@ ClosedForm = Callable[[list[Any], Sequence[Tensor | None]], Sequence[Tensor | No
 
 
 class DecomposedInBackward(torch.autograd.Function):
-    """Forward: the original kernel's outputs. Backward: relevance through a decomposition of
-    the same operation, which is computed there.
+    """Forward: the original kernel's outputs. Backward: relevance through a decomposition.
+
+    The decomposition of the same operation is computed in backward.
 
     The decomposition is mathematically the same operation but not bit-identical (fused attention
     kernels, LayerNorm's fused statistics): the model's outputs stay exactly the model's.
@@ -40,6 +41,28 @@ class DecomposedInBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, exact: Callable[..., Any], path: Callable[..., Any], closed_form: ClosedForm | None,
                 pieces: Sequence[Piece] | None, *inputs: Any) -> Any:
+        """Run the original kernel and keep the relevance-carrying inputs.
+
+        Parameters
+        ----------
+        ctx : FunctionCtx
+            Autograd's context.
+        exact : callable
+            The original kernel.
+        path : callable
+            The decomposition, run in backward.
+        closed_form : ClosedForm or None
+            The decomposition's relevance without running it, if it has a closed form.
+        pieces : sequence of Piece or None
+            Independent parts of the operation, decomposed one after the other.
+        *inputs
+            The operation's inputs.
+
+        Returns
+        -------
+        Any
+            ``exact(*inputs)``.
+        """
         ctx.path, ctx.closed_form, ctx.pieces = path, closed_form, pieces
         ctx.gradient_form = gradient_form_active()  # backward may run on another thread (CUDA)
         ctx.positions = [index for index, value in enumerate(inputs) if carries_relevance(value)]
@@ -53,6 +76,21 @@ class DecomposedInBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *relevance: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The relevance of the inputs through the decomposition.
+
+        Parameters
+        ----------
+        ctx : FunctionCtx
+            Autograd's context.
+        *relevance : Tensor or None
+            The relevance of each output.
+
+        Returns
+        -------
+        tuple of (Tensor or None)
+            None for ``exact``, ``path``, ``closed_form`` and ``pieces``, then the relevance of
+            each input (None for inputs that carry none).
+        """
         inputs = list(ctx.inputs)
         for index, value in zip(ctx.positions, ctx.saved_tensors, strict=True):
             inputs[index] = value
@@ -104,10 +142,28 @@ def decomposed_in_backward(
     exact: Callable[..., Any], path: Callable[..., Any], *inputs: Any, pieces: Sequence[Piece] | None = None,
     closed_form: ClosedForm | None = None,
 ) -> Any:
-    """``exact(*inputs)``, whose relevance in backward is that of ``path(*inputs)`` (the same
-    operation decomposed into explained parts), computed in backward; see
-    :class:`DecomposedInBackward`. ``pieces``: independent parts of the operation, decomposed one
-    after the other (one :data:`Piece` each; their outputs must not overlap and must cover the
-    output). ``closed_form``: the relevance of ``path`` computed without running it, see
-    :class:`DecomposedInBackward`."""
+    """``exact(*inputs)``, whose relevance in backward is that of ``path(*inputs)``.
+
+    ``path`` is the same operation decomposed into explained parts; its relevance is computed in
+    backward (see :class:`DecomposedInBackward`).
+
+    Parameters
+    ----------
+    exact : callable
+        The original kernel, whose outputs are returned.
+    path : callable
+        The decomposition.
+    *inputs
+        The operation's inputs.
+    pieces : sequence of Piece, optional
+        Independent parts of the operation, decomposed one after the other (one :data:`Piece`
+        each; their outputs must not overlap and must cover the output).
+    closed_form : ClosedForm, optional
+        The relevance of ``path`` computed without running it.
+
+    Returns
+    -------
+    Any
+        ``exact(*inputs)``.
+    """
     return DecomposedInBackward.apply(exact, path, closed_form, pieces, *inputs)

@@ -34,12 +34,28 @@ Parameters = tuple[Tensor | None, Tensor | None]
 
 @dataclass(frozen=True)
 class LayerGradient:
-    """A rule's gradient root where the layer gives its vector-Jacobian product in closed form
-    (:attr:`AffineLayer.input_gradient`, with the layer's own weight): no inner graph is kept."""
+    """A rule's gradient root where the layer gives its vector-Jacobian product in closed form.
+
+    The product is :attr:`AffineLayer.input_gradient`, with the layer's own weight: no inner
+    graph is kept.
+    """
 
     layer: AffineLayer
+    """The layer, which has an ``input_gradient``."""
 
     def of(self, gradient: Tensor) -> Tensor:
+        """The gradient of the layer's input.
+
+        Parameters
+        ----------
+        gradient : Tensor
+            The gradient of the layer's output.
+
+        Returns
+        -------
+        Tensor
+            ``input_gradient(gradient, weight)``.
+        """
         return self.layer.input_gradient(gradient, self.layer.weight)
 
 
@@ -47,19 +63,42 @@ Root = Tensor | GradientEdge | LayerGradient
 """Where a vector-Jacobian product starts: an output, or its gradient edge (which does not keep
 the output's values alive), or the layer's own product in closed form (:class:`LayerGradient`)."""
 ZeroParams = str | Iterable[str] | None
+"""zennit's ``zero_params``: ``"weight"``, ``"bias"``, both, or None."""
 PARAMETER_NAMES = ("weight", "bias")
 
 
 @dataclass(frozen=True)
 class Stabiliser:
-    """The denominator's stabiliser ``s(z)``: zennit's ``z + eps (sign(z) + [z = 0])`` for a number
-    ``epsilon``, or any function ``z -> s(z)`` (then ``epsilon`` is None)."""
+    """The denominator's stabiliser ``s(z)``.
+
+    zennit's ``z + eps (sign(z) + [z = 0])`` for a number ``epsilon``, or any function
+    ``z -> s(z)`` (then ``epsilon`` is None).
+    """
 
     epsilon: float | None
+    """The number ``eps``; None for a function."""
     function: Callable[[Tensor], Tensor] | None = None
+    """The function ``z -> s(z)``; None for a number."""
 
     @classmethod
     def of(cls, stabiliser: float | Callable[[Tensor], Tensor]) -> Stabiliser:
+        """The stabiliser a rule was given.
+
+        Parameters
+        ----------
+        stabiliser : float or callable
+            A number ``eps`` or a function ``z -> s(z)``.
+
+        Returns
+        -------
+        Stabiliser
+            The stabiliser.
+
+        Raises
+        ------
+        TypeError
+            If ``stabiliser`` is neither (a bool, a string, ...).
+        """
         if callable(stabiliser):
             return cls(None, stabiliser)
         if isinstance(stabiliser, bool) or not isinstance(stabiliser, (int, float)):
@@ -67,11 +106,39 @@ class Stabiliser:
         return cls(float(stabiliser))
 
     def __call__(self, denominator: Tensor) -> Tensor:
+        """``s(z)``.
+
+        Parameters
+        ----------
+        denominator : Tensor
+            The denominator ``z``.
+
+        Returns
+        -------
+        Tensor
+            The stabilised denominator.
+        """
         return self.function(denominator) if self.function is not None else stabilise(denominator, self.epsilon)
 
 
 def zero_parameter_names(zero_params: ZeroParams) -> frozenset[str]:
-    """zennit's ``zero_params`` as a set of names, checked against the parameters layers have."""
+    """zennit's ``zero_params`` as a set of names, checked against the parameters layers have.
+
+    Parameters
+    ----------
+    zero_params : str, iterable of str or None
+        ``"weight"``, ``"bias"``, both, or None.
+
+    Returns
+    -------
+    frozenset of str
+        The names.
+
+    Raises
+    ------
+    ValueError
+        If a name is neither ``"weight"`` nor ``"bias"``.
+    """
     names = frozenset() if zero_params is None else frozenset(
         [zero_params] if isinstance(zero_params, str) else zero_params)
     unknown = names - set(PARAMETER_NAMES)
@@ -81,22 +148,72 @@ def zero_parameter_names(zero_params: ZeroParams) -> frozenset[str]:
 
 
 def identity(tensor: Tensor) -> Tensor:
+    """The parameter transform that leaves parameters as they are.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        A parameter.
+
+    Returns
+    -------
+    Tensor
+        ``tensor``.
+    """
     return tensor
 
 
 def positive_part(tensor: Tensor) -> Tensor:
+    """``x+ = max(x, 0)``.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        A parameter or an input.
+
+    Returns
+    -------
+    Tensor
+        Its positive part.
+    """
     return tensor.clamp(min=0)
 
 
 def negative_part(tensor: Tensor) -> Tensor:
+    """``x- = min(x, 0)``.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        A parameter or an input.
+
+    Returns
+    -------
+    Tensor
+        Its negative part.
+    """
     return tensor.clamp(max=0)
 
 
 def modified_parameters(
     layer: AffineLayer, transform: Callable[[Tensor], Tensor], zero: frozenset[str] = frozenset()
 ) -> Parameters:
-    """``(weight, bias)`` of ``layer`` with ``transform`` applied; parameters named in ``zero``
-    become zeros. A missing parameter (``bias=None``) stays missing."""
+    """``(weight, bias)`` of ``layer`` with ``transform`` applied.
+
+    Parameters
+    ----------
+    layer : AffineLayer
+        The layer whose own parameters are modified.
+    transform : callable
+        Applied to weight and bias.
+    zero : frozenset of str, optional
+        Names of the parameters that become zeros instead.
+
+    Returns
+    -------
+    tuple of (Tensor or None)
+        The modified ``(weight, bias)``; a missing parameter (``bias=None``) stays missing.
+    """
 
     def modify(name: str, tensor: Tensor | None) -> Tensor | None:
         if tensor is None:
@@ -109,9 +226,16 @@ def modified_parameters(
 class ParameterVariants:
     """Modified copies of a layer's parameters by name, each made on first use and then kept.
 
-    ``recipes`` maps a name to ``(transform, zero)`` for :func:`modified_parameters`. A rule's
-    ``prepare`` returns one per layer (cached per conversion), so that copies a call never needs
-    (the ``w-`` of z+ behind a ReLU) cost neither time nor memory.
+    A rule's ``prepare`` returns one per layer (cached per conversion), so that copies a call
+    never needs (the ``w-`` of z+ behind a ReLU) cost neither time nor memory. ``variants[name]``
+    gives the ``(weight, bias)`` of a name.
+
+    Parameters
+    ----------
+    layer : AffineLayer
+        The layer whose parameters are modified.
+    recipes : dict
+        Maps a name to ``(transform, zero)`` for :func:`modified_parameters`.
     """
 
     def __init__(
@@ -127,23 +251,62 @@ class ParameterVariants:
 
 
 def map_carrying(inputs: Sequence[Any], transform: Callable[[Tensor], Tensor]) -> list[Any]:
-    """Apply ``transform`` to the relevance-carrying inputs; constants stay as they are."""
+    """Apply ``transform`` to the relevance-carrying inputs; constants stay as they are.
+
+    Parameters
+    ----------
+    inputs : sequence
+        The operation's inputs.
+    transform : callable
+        Applied to each relevance-carrying input.
+
+    Returns
+    -------
+    list
+        The inputs, transformed where they carry relevance.
+    """
     return [transform(value) if carries_relevance(value) else value for value in inputs]
 
 
 def has_negative_inputs(inputs: Sequence[Any]) -> bool:
     """Whether any ``x-`` term can be non-zero (behind a ReLU none can, and none is computed).
+
     One read-only reduction per input (a comparison would first write a mask of the input's size).
-    Traced for compilation (:mod:`fxlrp.relevance.tracing`) the ``x-`` terms are kept: zeros here."""
+    Traced for compilation (:mod:`fxlrp.relevance.tracing`) the ``x-`` terms are kept: zeros here.
+
+    Parameters
+    ----------
+    inputs : sequence
+        The operation's inputs.
+
+    Returns
+    -------
+    bool
+        True if some relevance-carrying input has a negative value (always, while traced).
+    """
     if values_are_traced():
         return any(carries_relevance(value) for value in inputs)
     return any(value.numel() > 0 and bool(value.amin() < 0) for value in inputs if carries_relevance(value))
 
 
 def split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[Any], Sequence[Any] | None]:
-    """``(x+, x-)`` under autograd. Without negative inputs (behind a ReLU) ``x+`` is the inputs
-    themselves, which saves a copy of each input, its clamp and the clamp's backward, and ``x-``
-    is None: its terms are 0 and not computed."""
+    """``(x+, x-)`` under autograd.
+
+    Parameters
+    ----------
+    inputs : sequence
+        The operation's inputs.
+    has_negative : bool
+        What :func:`has_negative_inputs` said of them.
+
+    Returns
+    -------
+    positive : sequence
+        ``x+``; without negative inputs (behind a ReLU) the inputs themselves, which saves a
+        copy of each input, its clamp and the clamp's backward.
+    negative : sequence or None
+        ``x-``; None without negative inputs: its terms are 0 and not computed.
+    """
     if not has_negative:
         return inputs, None
     with torch.enable_grad():
@@ -154,9 +317,29 @@ def signed_terms(
     layer: AffineLayer, split: tuple[Sequence[Any], Sequence[Any] | None], variants: ParameterVariants,
     for_positive: str, for_negative: str,
 ) -> list[Tensor]:
-    """``f(x+; p)`` and, with negative inputs, ``f(x-; n)`` under autograd, for the parameter
-    variants named ``for_positive`` (p) and ``for_negative`` (n): the terms of a half of the
-    contributions (z+, each alpha-beta or gamma half), computed in backward where they are used."""
+    """The terms of a half of the contributions, ``f(x+; p)`` and ``f(x-; n)``, under autograd.
+
+    The halves are those of z+, alpha-beta or gamma; they are computed in backward, where they
+    are used.
+
+    Parameters
+    ----------
+    layer : AffineLayer
+        The layer.
+    split : tuple
+        ``(x+, x-)`` from :func:`split_inputs`.
+    variants : ParameterVariants
+        The layer's parameter variants.
+    for_positive : str
+        The name of the variant ``p`` applied to ``x+``.
+    for_negative : str
+        The name of the variant ``n`` applied to ``x-``.
+
+    Returns
+    -------
+    list of Tensor
+        ``[f(x+; p)]``, and ``f(x-; n)`` after it where there are negative inputs.
+    """
     positive_inputs, negative_inputs = split
     with torch.enable_grad():
         terms = [layer(positive_inputs, *variants[for_positive])]
@@ -166,15 +349,41 @@ def signed_terms(
 
 
 def total(terms: Sequence[Tensor]) -> Tensor:
-    """The sum of the terms' values (no copy for a single term)."""
+    """The sum of the terms' values (no copy for a single term).
+
+    Parameters
+    ----------
+    terms : sequence of Tensor
+        The terms.
+
+    Returns
+    -------
+    Tensor
+        Their detached sum.
+    """
     return terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
 
 
 def output_and_root(layer: AffineLayer, inputs: Sequence[Any]) -> tuple[Tensor, Root]:
-    """The layer's output and where :func:`input_times_gradient` starts from for it: the
-    layer's own vector-Jacobian product where it has one in closed form and the first input is
-    the only one carrying relevance (computed without an inner graph), else the output's
-    gradient edge. Not under autocast, whose casts the inner graph records."""
+    """The layer's output and where :func:`input_times_gradient` starts from for it.
+
+    Parameters
+    ----------
+    layer : AffineLayer
+        The layer.
+    inputs : sequence
+        Its inputs.
+
+    Returns
+    -------
+    output : Tensor
+        The layer's output.
+    root : Root
+        The layer's own vector-Jacobian product (:class:`LayerGradient`) where it has one in
+        closed form and the first input is the only one carrying relevance (the output is then
+        computed without an inner graph), else the output's gradient edge. Not under autocast,
+        whose casts the inner graph records.
+    """
     if (layer.input_gradient is not None and carries_relevance(inputs[0])
             and not any(carries_relevance(value) for value in inputs[1:])
             and not torch.is_autocast_enabled(inputs[0].device.type)):
@@ -185,7 +394,20 @@ def output_and_root(layer: AffineLayer, inputs: Sequence[Any]) -> tuple[Tensor, 
 
 
 def original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
-    """The layer's own output, where a rule's terms are modified copies (no graph needed)."""
+    """The layer's own output, where a rule's terms are modified copies (no graph needed).
+
+    Parameters
+    ----------
+    layer : AffineLayer
+        The layer.
+    inputs : sequence
+        Its inputs.
+
+    Returns
+    -------
+    Tensor
+        The output, computed without recording a graph.
+    """
     with torch.no_grad():
         return layer.forward(inputs)
 
@@ -198,12 +420,31 @@ def scaled(
 
     A stabiliser with ``epsilon > 0`` never gives 0 (``|z| + epsilon``), so the zero check, a
     pass over the output and a host synchronisation per layer, is skipped for it (unless the
-    dtype flushes epsilon). ``sign``: ``+1`` (``-1``) when ``z >= 0`` (``z <= 0``) by
-    construction - the positive (negative) contributions of z+ and alpha-beta, an output a ReLU
-    rectified - so the stabiliser is ``z + epsilon`` (``z - epsilon``) in one pass: zennit's value
-    for ``z != 0``; an output of exactly 0 has only zero contributions, which get 0 either way.
-    ``owned``: ``denominator`` is the rule's own term, computed in backward and read by nothing
-    else, so stabiliser and quotient are written into it.
+    dtype flushes epsilon).
+
+    Parameters
+    ----------
+    relevance : Tensor
+        The output relevance ``R``.
+    denominator : Tensor
+        The denominator ``z``.
+    stabiliser : Stabiliser
+        The rule's stabiliser.
+    sign : float, optional
+        ``+1`` (``-1``) when ``z >= 0`` (``z <= 0``) by construction - the positive (negative)
+        contributions of z+ and alpha-beta, an output a ReLU rectified - so the stabiliser is
+        ``z + epsilon`` (``z - epsilon``) in one pass: zennit's value for ``z != 0``; an output
+        of exactly 0 has only zero contributions, which get 0 either way.
+    owned : bool, default False
+        Whether ``denominator`` is the rule's own term, computed in backward and read by nothing
+        else, so that stabiliser and quotient are written into it.
+    warn_lost_relevance : bool, default False
+        Whether to warn when relevance of a zero denominator is dropped.
+
+    Returns
+    -------
+    Tensor
+        ``s``, a fresh tensor the caller owns.
     """
     epsilon = stabiliser.epsilon or 0.0
     if sign is not None and epsilon > 0.0 and torch.finfo(denominator.dtype).max * epsilon < 1.0:
@@ -229,13 +470,26 @@ def scaled(
 def input_times_gradient(
     output: Root | Sequence[Root], inputs: Sequence[Any], scaled_relevance: Tensor | Sequence[Tensor]
 ) -> tuple[Tensor | None, ...]:
-    """``R_j = x_j * sum_k w_jk s_k`` for each relevance-carrying input, with the native VJP (or the
-    layer's own, :class:`LayerGradient`).
+    """``R_j = x_j * sum_k w_jk s_k`` for each relevance-carrying input, with the native VJP.
 
-    ``output`` (a tensor or its gradient edge) and ``scaled_relevance`` may be sequences (one
-    ``s`` per term of a formula); the gradients of all terms are summed by autograd in one call.
-    ``scaled_relevance`` must be the caller's own fresh tensors (as :func:`scaled` makes them):
-    the products may be written into them.
+    The layer's own VJP is used where the root is a :class:`LayerGradient`. The gradients of all
+    terms are summed by autograd in one call.
+
+    Parameters
+    ----------
+    output : Root or sequence of Root
+        Where the VJP starts (a tensor, its gradient edge or a :class:`LayerGradient`); a
+        sequence for one term per entry of a formula.
+    inputs : sequence
+        The operation's inputs (the leaves of the rule's inner graph).
+    scaled_relevance : Tensor or sequence of Tensor
+        ``s``, one per term. These must be the caller's own fresh tensors (as :func:`scaled`
+        makes them): the products may be written into them.
+
+    Returns
+    -------
+    tuple of (Tensor or None)
+        The relevance of each input; None for inputs that carry none.
     """
     carrying = [value for value in inputs if carries_relevance(value)]
     if isinstance(output, LayerGradient):
@@ -278,8 +532,23 @@ def _writable(gradients: Sequence[Tensor]) -> list[bool]:
 
 
 def shared_equally(relevance: Tensor, shares: Sequence[float], shapes: Sequence[torch.Size | None]) -> tuple:
-    """The identity rule's relevance: ``share * R`` for each receiving input (share 0: None),
-    summed back over the dimensions it was broadcast along."""
+    """The identity rule's relevance: ``share * R`` for each receiving input.
+
+    Parameters
+    ----------
+    relevance : Tensor
+        The output relevance ``R``.
+    shares : sequence of float
+        Each input's share; 0 for inputs that receive none.
+    shapes : sequence of (torch.Size or None)
+        Each input's shape; None for inputs that are no tensors.
+
+    Returns
+    -------
+    tuple of (Tensor or None)
+        ``share * R`` summed back over the dimensions the input was broadcast along; None for
+        share 0.
+    """
     return tuple(
         None if share == 0.0 or shape is None else (relevance * share if share != 1.0 else relevance).sum_to_size(shape)
         for share, shape in zip(shares, shapes, strict=True)

@@ -22,7 +22,12 @@ thread makes eager explanations on others compute every term too, which changes 
 
 @contextmanager
 def traced() -> Iterator[None]:
-    """Relevance Functions run inside this block record a graph for every input of its shapes."""
+    """Relevance Functions run inside this block record a graph for every input of its shapes.
+
+    Yields
+    ------
+    None
+    """
     global _traces
     _traces += 1
     try:
@@ -32,12 +37,32 @@ def traced() -> Iterator[None]:
 
 
 def values_are_traced() -> bool:
-    """Whether rules must not decide anything from tensor values (see the module docstring)."""
+    """Whether rules must not decide anything from tensor values (see the module docstring).
+
+    Returns
+    -------
+    bool
+        True while a trace runs on any thread.
+    """
     return _traces > 0
 
 
 def known_on_host(value: Tensor, check: Callable[[Tensor], Tensor]) -> bool:
-    """Whether the one-element ``check(value)`` is true, asked only where that is cheap and
-    allowed: on the CPU (no device synchronisation) and outside a trace. False otherwise, so that
-    callers take the general path (the work a true answer would let them skip)."""
+    """Whether the one-element ``check(value)`` is true, asked only where that is cheap and allowed.
+
+    It is asked on the CPU (no device synchronisation) and outside a trace.
+
+    Parameters
+    ----------
+    value : Tensor
+        The tensor to check.
+    check : callable
+        Maps ``value`` to a one-element tensor.
+
+    Returns
+    -------
+    bool
+        The check's answer; False where it is not asked, so that callers take the general path
+        (the work a true answer would let them skip).
+    """
     return value.device.type == "cpu" and not values_are_traced() and bool(check(value))
