@@ -27,9 +27,24 @@ from fxlrp.registry.spellings import (
 
 def without_inplace_flag(function: Any, args: tuple[Any, ...],
                          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-    """The call's arguments with ``inplace=False`` where it asked for ``inplace=True`` (by
-    position or keyword; every other argument stays where it was given: relevance functions
-    take their inputs by position), or None if it did not ask."""
+    """The call's arguments with ``inplace=False`` where it asked for ``inplace=True``.
+
+    Parameters
+    ----------
+    function : callable
+        The called function.
+    args : tuple
+        The call's positional arguments.
+    kwargs : dict
+        The call's keyword arguments.
+
+    Returns
+    -------
+    tuple of (tuple, dict) or None
+        ``(args, kwargs)`` with ``inplace=False`` where the call passed ``inplace=True``, by
+        position or keyword (every other argument stays where it was given: relevance functions
+        take their inputs by position); None if it did not ask.
+    """
     if not any(value is True for value in (*args, *kwargs.values())):
         return None  # (binding a signature costs; most calls pass no True at all)
     try:
@@ -45,9 +60,20 @@ def without_inplace_flag(function: Any, args: tuple[Any, ...],
 
 
 def may_write(node: fx.Node) -> bool:
-    """Whether a call writes into its first argument (or ``out=``, or ``inplace=True``: ``F.relu(x,
-    inplace=True)`` returns its input, so nothing reads the node), or may (a module's code); kept
-    even if nothing reads its result."""
+    """Whether a call writes into its first argument, or may; such a node is kept even if nothing reads it.
+
+    Parameters
+    ----------
+    node : fx.Node
+        The node.
+
+    Returns
+    -------
+    bool
+        True for in-place methods and operators, ``out=``, ``inplace=True`` (``F.relu(x,
+        inplace=True)`` returns its input, so nothing reads the node) and module calls (a
+        module's code may write).
+    """
     if "out" in node.kwargs:
         return True
     if node.op == "call_method":
@@ -62,18 +88,42 @@ def may_write(node: fx.Node) -> bool:
 
 
 def canonicalise(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[str]:
-    """The canonical form of a captured or recorded graph, in place: values read into a block run
-    with gradients off are detached, in-place operations are out of place. Returns the names of
-    call_module nodes whose module runs in place (the rewrite gives them an out-of-place copy)."""
+    """The canonical form of a captured or recorded graph, in place.
+
+    Values read into a block run with gradients off are detached
+    (:func:`cut_where_gradients_were_off`); in-place operations are made out of place
+    (:func:`canonicalise_in_place`).
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph, changed in place.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+
+    Returns
+    -------
+    set of str
+        The names of call_module nodes whose module runs in place (the rewrite gives them an
+        out-of-place copy).
+    """
     cut_where_gradients_were_off(graph)
     return canonicalise_in_place(graph, modules)
 
 
 def cut_where_gradients_were_off(graph: fx.Graph) -> None:
-    """Calls the model's code made with gradients off read the values from outside that block
-    through ``detach``: neither a torch.fx graph nor a recording keeps the grad mode, and relevance,
-    like the gradient, must not pass where the model turned gradients off (as it does not in code
-    run eagerly)."""
+    """Make calls run with gradients off read values from outside their block through ``detach``.
+
+    Neither a torch.fx graph nor a recording keeps the grad mode, and relevance, like the
+    gradient, must not pass where the model turned gradients off (as it does not in code run
+    eagerly).
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph, changed in place; nodes made with gradients off carry
+        :data:`~fxlrp.capture.GRADIENTS_OFF` in their metadata.
+    """
     detached: dict[fx.Node, fx.Node] = {}
     for node in list(graph.nodes):
         if not node.meta.get(GRADIENTS_OFF):
@@ -92,8 +142,21 @@ def cut_where_gradients_were_off(graph: fx.Graph) -> None:
 
 
 def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set[str]:
-    """Rewrite in-place nodes of ``graph``; return names of call_module nodes whose module runs
-    in place (the rewrite gives them an out-of-place copy)."""
+    """Rewrite the in-place nodes of ``graph`` out of place.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph, changed in place.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+
+    Returns
+    -------
+    set of str
+        The names of call_module nodes whose module runs in place (the rewrite gives them an
+        out-of-place copy).
+    """
     order = {node: position for position, node in enumerate(graph.nodes)}
     in_place_modules: set[str] = set()
     for node in list(graph.nodes):
@@ -127,30 +190,100 @@ def canonicalise_in_place(graph: fx.Graph, modules: dict[str, nn.Module]) -> set
 
 
 def copied(target: Tensor, source: Any, non_blocking: bool = False) -> Tensor:
-    """``target.copy_(source)`` out of place: ``source``'s values in ``target``'s shape and dtype
-    (relevance goes back to ``source``; ``target``'s, replaced, to nothing)."""
+    """``target.copy_(source)`` out of place.
+
+    Relevance goes back to ``source``; ``target``'s, replaced, to nothing.
+
+    Parameters
+    ----------
+    target : Tensor
+        The tensor written into.
+    source : Tensor or number
+        The values written.
+    non_blocking : bool, default False
+        As for ``Tensor.copy_``.
+
+    Returns
+    -------
+    Tensor
+        ``source``'s values in ``target``'s shape and dtype, a new tensor.
+    """
     return torch.empty_like(target).copy_(source, non_blocking)
 
 
 def filled(target: Tensor, value: Any) -> Tensor:
-    """``target.fill_(value)`` out of place."""
+    """``target.fill_(value)`` out of place.
+
+    Parameters
+    ----------
+    target : Tensor
+        The tensor written into.
+    value : number or Tensor
+        The value.
+
+    Returns
+    -------
+    Tensor
+        A new tensor of ``target``'s shape and dtype, filled with ``value``.
+    """
     return torch.empty_like(target).fill_(value)
 
 
 def zeroed(target: Tensor) -> Tensor:
-    """``target.zero_()`` out of place."""
+    """``target.zero_()`` out of place.
+
+    Parameters
+    ----------
+    target : Tensor
+        The tensor written into.
+
+    Returns
+    -------
+    Tensor
+        Zeros of ``target``'s shape and dtype.
+    """
     return torch.zeros_like(target)
 
 
 def items_set(target: Tensor, index: Any, value: Any) -> Tensor:
-    """``target[index] = value`` out of place (relevance of the replaced items goes to nothing)."""
+    """``target[index] = value`` out of place (relevance of the replaced items goes to nothing).
+
+    Parameters
+    ----------
+    target : Tensor
+        The tensor written into.
+    index : Any
+        The index.
+    value : Tensor or number
+        The values written.
+
+    Returns
+    -------
+    Tensor
+        A copy of ``target`` with the items written.
+    """
     written = target.clone()
     written[index] = value
     return written
 
 
 def diagonal_filled(target: Tensor, value: Any, wrap: bool = False) -> Tensor:
-    """``target.fill_diagonal_(value, wrap)`` out of place."""
+    """``target.fill_diagonal_(value, wrap)`` out of place.
+
+    Parameters
+    ----------
+    target : Tensor
+        The tensor written into.
+    value : number
+        The value.
+    wrap : bool, default False
+        As for ``Tensor.fill_diagonal_``.
+
+    Returns
+    -------
+    Tensor
+        A copy of ``target`` with its diagonal filled.
+    """
     return target.clone().fill_diagonal_(value, wrap)
 
 
@@ -224,10 +357,26 @@ def _write_through_views(graph: fx.Graph, mutated: fx.Node, node: fx.Node, order
 
 
 def written_through_view(base: Any, view: Tensor, values: Tensor) -> Any:
-    """``base`` with the elements that ``view`` shows of it replaced by ``values``: an in-place
-    write into a view, out of place (a new tensor with ``base``'s strides). Relevance follows the
-    values: the written elements' to ``values``, the others' to ``base``. ``base`` itself where
-    ``view`` is no view of it (indexing by a tensor copies)."""
+    """``base`` with the elements that ``view`` shows of it replaced by ``values``.
+
+    An in-place write into a view, out of place. Relevance follows the values: the written
+    elements' to ``values``, the others' to ``base``.
+
+    Parameters
+    ----------
+    base : Any
+        The tensor the view may show.
+    view : Tensor
+        The tensor written into.
+    values : Tensor
+        The values written.
+
+    Returns
+    -------
+    Any
+        A new tensor with ``base``'s strides; ``base`` itself where ``view`` is no view of it
+        (indexing by a tensor copies).
+    """
     if not _aliases(view, base):
         return base
     written = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
@@ -237,8 +386,22 @@ def written_through_view(base: Any, view: Tensor, values: Tensor) -> Any:
 
 
 def view_of_written(written: Any, alias: Any, base: Any) -> Any:
-    """``alias``, a view of ``base`` taken before :func:`written_through_view` wrote into it,
-    taken of ``written`` instead (``alias`` itself where it was no view of ``base``)."""
+    """A view of ``base`` taken before a write, taken of the written tensor instead.
+
+    Parameters
+    ----------
+    written : Any
+        What :func:`written_through_view` returned.
+    alias : Any
+        The view of ``base``, taken before the write.
+    base : Any
+        The tensor written into.
+
+    Returns
+    -------
+    Any
+        The same view of ``written``; ``alias`` itself where it was no view of ``base``.
+    """
     if written is base or not _aliases(alias, base):
         return alias
     return _region(written, alias, base)

@@ -50,7 +50,18 @@ def _is_batch_norm(module: nn.Module) -> bool:
 
 
 def batch_norm_affine(batch_norm: _BatchNorm) -> tuple[Tensor, Tensor]:
-    """``(s, t)`` with ``batch_norm(x) = s x + t`` per channel, from the running statistics."""
+    """``(s, t)`` with ``batch_norm(x) = s x + t`` per channel, from the running statistics.
+
+    Parameters
+    ----------
+    batch_norm : _BatchNorm
+        A BatchNorm module with running statistics.
+
+    Returns
+    -------
+    scale, shift : Tensor
+        ``s = gamma / sqrt(var + eps)`` and ``t = beta - mean s``, one value per channel.
+    """
     scale = torch.rsqrt(batch_norm.running_var.detach() + batch_norm.eps)
     if batch_norm.weight is not None:
         scale = scale * batch_norm.weight.detach()
@@ -72,7 +83,20 @@ def _output_channel_view(layer: nn.Module, weight: Tensor) -> tuple[Tensor, tupl
 
 
 def fold_after(layer: nn.Module, batch_norm: _BatchNorm) -> tuple[Tensor, Tensor]:
-    """Parameters of ``batch_norm(layer(x))`` as one layer: ``W' = s W``, ``b' = s b + t``."""
+    """Parameters of ``batch_norm(layer(x))`` as one layer: ``W' = s W``, ``b' = s b + t``.
+
+    Parameters
+    ----------
+    layer : nn.Module
+        A dense layer, a convolution or a transposed convolution.
+    batch_norm : _BatchNorm
+        The BatchNorm after it.
+
+    Returns
+    -------
+    weight, bias : Tensor
+        ``W'`` and ``b'``.
+    """
     scale, shift = batch_norm_affine(batch_norm)
     weight = layer.weight.detach()
     view, shape = _output_channel_view(layer, weight)
@@ -82,8 +106,20 @@ def fold_after(layer: nn.Module, batch_norm: _BatchNorm) -> tuple[Tensor, Tensor
 
 
 def fold_before(layer: nn.Module, batch_norm: _BatchNorm) -> tuple[Tensor, Tensor]:
-    """Parameters of ``layer(batch_norm(x))`` as one layer: ``W' = W s``, ``b' = b + W t``
-    (for dense layers and convolutions that pad by copying or not at all)."""
+    """Parameters of ``layer(batch_norm(x))`` as one layer: ``W' = W s``, ``b' = b + W t``.
+
+    Parameters
+    ----------
+    layer : nn.Module
+        A dense layer, or a convolution that pads by copying or not at all.
+    batch_norm : _BatchNorm
+        The BatchNorm before it.
+
+    Returns
+    -------
+    weight, bias : Tensor
+        ``W'`` and ``b'``.
+    """
     scale, shift = batch_norm_affine(batch_norm)
     weight = layer.weight.detach()
     if isinstance(layer, nn.Linear):
@@ -109,7 +145,20 @@ def _pads_without_zeros(layer: nn.Module) -> bool:
 
 
 def with_parameters(layer: nn.Module, weight: Tensor, bias: Tensor) -> nn.Module:
-    """A copy of ``layer`` that computes with ``weight`` and ``bias``; ``layer`` is unchanged."""
+    """A copy of ``layer`` that computes with ``weight`` and ``bias``; ``layer`` is unchanged.
+
+    Parameters
+    ----------
+    layer : nn.Module
+        The layer.
+    weight, bias : Tensor
+        The copy's parameters (which require no gradients).
+
+    Returns
+    -------
+    nn.Module
+        A shallow copy of ``layer`` with a parameter table of its own.
+    """
     twin = copy.copy(layer)
     twin._parameters = dict(layer._parameters)  # its own table: the user's module keeps its own
     twin._parameters["weight"] = nn.Parameter(weight, requires_grad=False)
@@ -165,11 +214,24 @@ def _pairs_before(norm_calls: list[fx.Node], layer_calls: dict[str, list[fx.Node
 
 
 def fold_batch_norms(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """Remove foldable BatchNorm calls from ``graph``; return ``modules`` with the layers they
-    were folded into replaced by folded copies (the mapping the rewrite looks modules up in).
+    """Remove foldable BatchNorm calls from ``graph``, folding them into their layers.
 
     Folding into the preceding layer comes first; a BatchNorm left over is folded into the
-    following layer, which may already hold a BatchNorm folded after it (both are exact)."""
+    following layer, which may already hold a BatchNorm folded after it (both are exact).
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The captured graph, changed in place.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+
+    Returns
+    -------
+    dict of str to nn.Module
+        ``modules`` with the layers BatchNorm was folded into replaced by folded copies (the
+        mapping the rewrite looks modules up in); the given dict is unchanged.
+    """
     modules = dict(modules)
     norms = _calls(graph, modules, _is_batch_norm)
     layers = _calls(graph, modules, lambda module: _exactly(module, LAYERS))

@@ -18,23 +18,68 @@ REWRITTEN_PREFIX = "fxlrp_"
 
 
 def rewritten_module_name(node_name: str) -> str:
+    """The name of the explainer's module that stands for a rewritten node.
+
+    Parameters
+    ----------
+    node_name : str
+        The original node's name.
+
+    Returns
+    -------
+    str
+        ``fxlrp_<node_name>``.
+    """
     return REWRITTEN_PREFIX + node_name
 
 
 def original_node_name(module_name: str) -> str | None:
-    """The node name a rewritten module stands for; None for other modules."""
+    """The node name a rewritten module stands for.
+
+    Parameters
+    ----------
+    module_name : str
+        The name of one of the explainer's modules.
+
+    Returns
+    -------
+    str or None
+        The original node's name; None for modules that stand for no rewritten node.
+    """
     return module_name[len(REWRITTEN_PREFIX):] if module_name.startswith(REWRITTEN_PREFIX) else None
 
 
 def detached_state(module: nn.Module) -> dict[str, Any]:
-    """The module's parameters and buffers, detached: shared storage, never given gradients."""
+    """The module's parameters and buffers, detached: shared storage, never given gradients.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module.
+
+    Returns
+    -------
+    dict of str to Tensor
+        Its parameters and buffers by qualified name, for ``torch.func.functional_call``.
+    """
     state = {name: tensor.detach() for name, tensor in module.named_parameters()}
     state.update({name: tensor.detach() for name, tensor in module.named_buffers()})
     return state
 
 
 def out_of_place(module: nn.Module) -> nn.Module:
-    """A shallow copy with ``inplace=False``; the user's module is left as it is."""
+    """A shallow copy with ``inplace=False``; the user's module is left as it is.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module.
+
+    Returns
+    -------
+    nn.Module
+        The copy, or ``module`` itself where it does not work in place.
+    """
     if getattr(module, "inplace", False) is not True:
         return module
     twin = copy.copy(module)
@@ -43,7 +88,19 @@ def out_of_place(module: nn.Module) -> nn.Module:
 
 
 class RelevanceNode(nn.Module):
-    """Calls an operation's relevance function with the node's rule."""
+    """Calls an operation's relevance function with the node's rule.
+
+    Parameters
+    ----------
+    operation : Operation
+        The registry's entry of the node's operation.
+    call : RelevanceCall
+        The node's rule and the conversion's settings.
+    function : Any
+        What the node called (a function, or the user's module).
+    keywords : dict, optional
+        Keyword arguments added to each call (a module's detached parameters).
+    """
 
     def __init__(
         self, operation: Operation, call: RelevanceCall, function: Any, keywords: dict[str, Any] | None = None
@@ -57,6 +114,18 @@ class RelevanceNode(nn.Module):
         object.__setattr__(self, "keywords", keywords or {})
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the operation's relevance function on the node's arguments.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The node's arguments.
+
+        Returns
+        -------
+        Any
+            The operation's output, whose backward propagates relevance.
+        """
         if torch.compiler.is_compiling():
             return _run_outside_compilation()(self, *args, **kwargs)
         return self.operation.explained(self.call, self.function, *args, **kwargs, **self.keywords)
@@ -80,19 +149,31 @@ def _run_outside_compilation() -> Any:
     """``RelevanceNode.forward`` skipped by TorchDynamo (inside, nothing is compiling: it runs the
     relevance function). Dynamo cannot trace a relevance function (it
     builds the inner autograd graph its backward uses, and keeps Python state from forward to
-    backward): under torch.compile(explain) it broke the graph inside and recompiled the node's
-    forward for every node until its recompile limit. Skipped, it runs as in eager, once per call.
-    Made at the first compilation, since torch.compiler.disable imports Dynamo (1.2 s on import of
-    fxlrp otherwise). Compiled explanations: fxlrp.compile."""
+    backward): under torch.compile(explain) it would break the graph inside and recompile the
+    node's forward for every node until its recompile limit. Skipped, it runs as in eager, once
+    per call. Made at the first compilation, since torch.compiler.disable imports Dynamo, which
+    takes about a second that ``import fxlrp`` should not spend. Compiled explanations:
+    fxlrp.compile."""
     if not _outside_compilation:
         _outside_compilation.append(torch.compiler.disable(RelevanceNode.forward))
     return _outside_compilation[0]
 
 
 class PlainCallNode(nn.Module):
-    """Calls ``call(function, *args, **kwargs, **keywords)`` and nothing else: a node of a
-    recorded graph whose relevance function is that call (:class:`~fxlrp.registry.NativeInGradientForm`),
-    with a module's detached parameters in ``keywords``."""
+    """Calls ``call(function, *args, **kwargs, **keywords)`` and nothing else.
+
+    A node of a recorded graph whose relevance function is that call
+    (:class:`~fxlrp.registry.NativeInGradientForm`).
+
+    Parameters
+    ----------
+    call : callable
+        The call, ``call(function, *args, **kwargs)``.
+    function : Any
+        What the node called (a function, or the user's module).
+    keywords : dict
+        A module's detached parameters, added to each call.
+    """
 
     def __init__(self, call: Any, function: Any, keywords: dict[str, Any]) -> None:
         super().__init__()
@@ -102,6 +183,18 @@ class PlainCallNode(nn.Module):
         object.__setattr__(self, "keywords", keywords)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """``call(function, *args, **kwargs, **keywords)``.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The node's arguments.
+
+        Returns
+        -------
+        Any
+            The call's output.
+        """
         return self.call(self.function, *args, **kwargs, **self.keywords)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -113,7 +206,13 @@ class PlainCallNode(nn.Module):
 
 
 class NativeModuleNode(nn.Module):
-    """Runs a module natively with its parameters detached."""
+    """Runs a module natively with its parameters detached.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The user's module (run out of place, :func:`out_of_place`).
+    """
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -121,6 +220,18 @@ class NativeModuleNode(nn.Module):
         object.__setattr__(self, "state", detached_state(module))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module with its detached parameters and buffers.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The module's arguments.
+
+        Returns
+        -------
+        Any
+            The module's output.
+        """
         if self.state:
             return functional_call(self.module, self.state, args, kwargs)
         return self.module(*args, **kwargs)
@@ -130,16 +241,49 @@ class NativeModuleNode(nn.Module):
 
 
 def method(name: str) -> Callable[..., Any]:
-    """The function spelling of a Tensor method: ``self`` comes first."""
+    """The function spelling of a Tensor method: ``self`` comes first.
+
+    Parameters
+    ----------
+    name : str
+        The method's name.
+
+    Returns
+    -------
+    callable
+        A :class:`TensorMethod`.
+    """
     return TensorMethod(name)
 
 
 class TensorMethod:
-    """Calls the Tensor method ``__name__`` on its first argument. An object, not a closure, so
-    that an explainer holding it can be pickled (``torch.save(explain)``)."""
+    """Calls the Tensor method ``__name__`` on its first argument.
+
+    An object, not a closure, so that an explainer holding it can be pickled
+    (``torch.save(explain)``).
+
+    Parameters
+    ----------
+    name : str
+        The method's name.
+    """
 
     def __init__(self, name: str) -> None:
         self.__name__ = name
 
     def __call__(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        """``tensor.<name>(*args, **kwargs)``.
+
+        Parameters
+        ----------
+        tensor : Any
+            The object whose method is called.
+        *args, **kwargs
+            The method's arguments.
+
+        Returns
+        -------
+        Any
+            What the method returns.
+        """
         return getattr(tensor, self.__name__)(*args, **kwargs)

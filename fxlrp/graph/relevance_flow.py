@@ -23,7 +23,20 @@ from fxlrp.registry import REGISTRY, Kind, Operation
 
 
 def find_operation(node: fx.Node, modules: dict[str, nn.Module]) -> Operation | None:
-    """The registered operation a call node performs, if any."""
+    """The registered operation a call node performs, if any.
+
+    Parameters
+    ----------
+    node : fx.Node
+        A node of the graph.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+
+    Returns
+    -------
+    Operation or None
+        The registry's entry; None for nodes that call nothing registered, or nothing.
+    """
     if node.op == "call_module":
         return REGISTRY.for_module(modules[node.target])
     if node.op == "call_function":
@@ -42,13 +55,29 @@ SHAPE_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "layout", "is_cuda", "re
 
 def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module],
                                    input_relevance: dict[str, bool] | None = None) -> set[fx.Node]:
-    """Nodes relevance may reach: those that depend on a model input through operations that
-    pass values on. Constants, parameters, shapes and what is computed from them alone are out.
+    """Nodes relevance may reach.
 
-    Inputs count as carrying (their dtype is unknown when the graph is captured), so this is an
-    over-approximation: an operation outside the set can never see relevance. A graph recorded
-    from a run knows its inputs: ``input_relevance`` says which carry relevance, and relevance
-    starts at every embedding lookup (a source), as in the run."""
+    Those are the nodes that depend on a model input through operations that pass values on.
+    Constants, parameters, shapes and what is computed from them alone are out. Inputs count as
+    carrying (their dtype is unknown when the graph is captured), so this is an
+    over-approximation: an operation outside the set can never see relevance.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+    input_relevance : dict of str to bool, optional
+        For a graph recorded from a run, which knows its inputs: whether each input (by
+        placeholder name) carries relevance. Relevance then also starts at every embedding
+        lookup (a source), as in the run.
+
+    Returns
+    -------
+    set of fx.Node
+        The nodes relevance may reach.
+    """
     carrying: set[fx.Node] = set()
     for node in graph.nodes:
         if node.op == "placeholder":
@@ -70,9 +99,26 @@ def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module
 
 
 def nodes_relevance_returns_to(graph: fx.Graph, modules: dict[str, nn.Module], carrying: set[fx.Node]) -> set[fx.Node]:
-    """The ``carrying`` nodes relevance comes back to in backward: those with a path of values to
-    the graph's output through relevance-carrying nodes. Calls that may write into their inputs,
-    and values nothing reads, count as returning (what they affect is not in the graph's edges)."""
+    """The ``carrying`` nodes relevance comes back to in backward.
+
+    Those are the nodes with a path of values to the graph's output through relevance-carrying
+    nodes. Calls that may write into their inputs, and values nothing reads, count as returning
+    (what they affect is not in the graph's edges).
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+    carrying : set of fx.Node
+        The nodes relevance may reach (:func:`nodes_that_may_carry_relevance`).
+
+    Returns
+    -------
+    set of fx.Node
+        The nodes relevance comes back to.
+    """
     returning: set[fx.Node] = set()
     for node in reversed(graph.nodes):  # users come after the values they read
         if node not in carrying:
@@ -87,13 +133,29 @@ def nodes_relevance_returns_to(graph: fx.Graph, modules: dict[str, nn.Module], c
 
 def nodes_that_may_hold_roles(graph: fx.Graph, operation_of: Callable[[fx.Node], Operation | None],
                               carrying: set[fx.Node]) -> set[fx.Node]:
-    """Relevance-carrying nodes whose values may have a role (:mod:`fxlrp.relevance.roles`): the
-    outputs of operations that give one, of parts that run code of their own and the graph's
-    inputs (either may hand on a marked tensor), and what takes its values from such a node
-    through operations without a rule of their own (views, copies, writes, containers) or that
-    share their arguments' role (``1 - gate``); another rule's output is a fresh tensor. Only
-    these roles can matter: products and attention read the roles of their relevance-carrying
-    factors alone."""
+    """Relevance-carrying nodes whose values may have a role (:mod:`fxlrp.relevance.roles`).
+
+    Those are the outputs of operations that give one, of parts that run code of their own and
+    the graph's inputs (either may hand on a marked tensor), and what takes its values from such
+    a node through operations without a rule of their own (views, copies, writes, containers) or
+    that share their arguments' role (``1 - gate``); another rule's output is a fresh tensor.
+    Only these roles can matter: products and attention read the roles of their
+    relevance-carrying factors alone.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph.
+    operation_of : callable
+        The registered operation of a node, or None.
+    carrying : set of fx.Node
+        The nodes relevance may reach.
+
+    Returns
+    -------
+    set of fx.Node
+        The nodes whose values may have a role.
+    """
     holding: set[fx.Node] = set()
     for node in graph.nodes:
         if node not in carrying:
@@ -108,9 +170,26 @@ def nodes_that_may_hold_roles(graph: fx.Graph, operation_of: Callable[[fx.Node],
 
 
 def relevance_factors(node: fx.Node, operation: Operation, carrying: set[fx.Node]) -> int:
-    """How many factors of a product node (:attr:`~fxlrp.registry.Operation.factors`) relevance
-    may reach, given the ``carrying`` nodes; 0 for other operations. Two or more make the node a
-    product of relevance-carrying tensors, whose rule the composite turns into a product rule."""
+    """How many factors of a product node relevance may reach.
+
+    Two or more make the node a product of relevance-carrying tensors, whose rule the composite
+    turns into a product rule.
+
+    Parameters
+    ----------
+    node : fx.Node
+        The node.
+    operation : Operation
+        Its registered operation, whose :attr:`~fxlrp.registry.Operation.factors` names the
+        factors.
+    carrying : set of fx.Node
+        The nodes relevance may reach.
+
+    Returns
+    -------
+    int
+        The number of relevance-carrying factors; 0 for operations that are no products.
+    """
     if operation.factors is None:
         return 0
     factors = operation.factors(node.args, node.kwargs)
@@ -127,9 +206,22 @@ _INDEX_KEYWORDS = {"index", "indices", "indptr", "repeats", "dim_size", "batch",
 
 
 def value_arguments(node: fx.Node, operation: Operation | None = None) -> list[fx.Node]:
-    """The input nodes of ``node`` that contribute values (not indices) to its output: the
-    registry entry's ``index_arguments`` (library functions declare theirs) or, for torch's own
-    functions and methods, the index positions of their signatures."""
+    """The input nodes of ``node`` that contribute values (not indices) to its output.
+
+    Parameters
+    ----------
+    node : fx.Node
+        The node.
+    operation : Operation, optional
+        Its registered operation, whose ``index_arguments`` (library functions declare theirs)
+        name the index arguments; for torch's own functions and methods, the index positions of
+        their signatures are known here.
+
+    Returns
+    -------
+    list of fx.Node
+        The nodes among its arguments that are no indices.
+    """
     target = node.target
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
     if operation is not None and operation.index_arguments and node.op == "call_function":

@@ -12,8 +12,11 @@ class NodeReport:
     """One row of :meth:`Explainer.report`."""
 
     name: str
+    """The node's name."""
     target: str
+    """What the node calls, as the table shows it."""
     operation: str
+    """The node's canonical operation."""
     handling: str
     """``rule`` (a rule of the composite), ``identity``, ``native`` (relevance-neutral or routed by
     the native backward), ``container`` (attribute access or a method of a non-tensor input),
@@ -21,7 +24,9 @@ class NodeReport:
     that no input reaches, e.g. a degree normalisation from ``edge_index``) or ``gradient`` (no
     rule: strict=False fallback)."""
     rule: str
+    """The rule's ``repr``; ``""`` where the node has none."""
     source: str
+    """The model's source line that made the node (``path:line: code``); ``""`` where unknown."""
 
 
 EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance", "eager"}
@@ -32,7 +37,9 @@ class Report:
     """What happens to each node of the model; ``str()`` gives the table."""
 
     model_name: str
+    """The model's class name."""
     rows: Sequence[NodeReport]
+    """One row per node."""
     eager_modules: Mapping[str, str] = field(default_factory=dict)
     """Modules torch.fx could not trace, run eagerly (``""``: the whole model), with its reason."""
     replays: Mapping[str, str] = field(default_factory=dict)
@@ -57,6 +64,7 @@ class Report:
 
     @property
     def counts(self) -> Counter:
+        """How many nodes have each handling."""
         return Counter(row.handling for row in self.rows)
 
     def __str__(self) -> str:
@@ -71,7 +79,7 @@ class Report:
         counts = ", ".join(f"{count} {handling}" for handling, count in sorted(self.counts.items()))
         lines.append(f"{self.model_name}: {len(self.rows)} nodes ({counts}); coverage {self.coverage:.2%}")
         lines.append(self.capture)
-        # (a report saved before recorded runs existed has no ``replays``)
+        # (a report pickled by an fxlrp without recorded runs has no ``replays``)
         lines += [f"recorded runs of {name or 'the whole model'}: {said}"
                   for name, said in getattr(self, "replays", {}).items()]
         return "\n".join(lines)

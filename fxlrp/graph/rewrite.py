@@ -37,6 +37,18 @@ from fxlrp.rules.first_layer import meets_inputs
 
 
 def describe_target(node: fx.Node) -> str:
+    """What a node calls, as the report shows it.
+
+    Parameters
+    ----------
+    node : fx.Node
+        The node.
+
+    Returns
+    -------
+    str
+        ``.name()`` for a method, the function's name, or the node's target.
+    """
     if node.op == "call_method":
         return f".{node.target}()"
     if node.op == "call_function":
@@ -45,18 +57,59 @@ def describe_target(node: fx.Node) -> str:
 
 
 def is_container_method(node: fx.Node) -> bool:
-    """A method that no tensor has: it belongs to a container input (``graphs.evolve(...)``)
-    and moves tensors around without computing on them."""
+    """Whether a node calls a method that no tensor has.
+
+    Such a method belongs to a container input (``graphs.evolve(...)``) and moves tensors
+    around without computing on them.
+
+    Parameters
+    ----------
+    node : fx.Node
+        The node.
+
+    Returns
+    -------
+    bool
+        True for a call_method node whose method ``torch.Tensor`` lacks.
+    """
     return node.op == "call_method" and not hasattr(torch.Tensor, node.target)
 
 
 def is_container_construction(node: fx.Node) -> bool:
-    """A dict of the model's own type built from its items (:func:`fxlrp.capture.keeps_its_type`):
-    it holds tensors and computes nothing."""
+    """Whether a node builds a dict of the model's own type from its items.
+
+    See :func:`fxlrp.capture.keeps_its_type`: such a dict holds tensors and computes nothing.
+
+    Parameters
+    ----------
+    node : fx.Node
+        The node.
+
+    Returns
+    -------
+    bool
+        True for a call of a ``dict`` subclass.
+    """
     return node.op == "call_function" and isinstance(node.target, type) and issubclass(node.target, dict)
 
 
 def enclosing_module(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[str | None, type | None]:
+    """The module a node belongs to: the one it calls, or the innermost one whose code made it.
+
+    Parameters
+    ----------
+    node : fx.Node
+        The node.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+
+    Returns
+    -------
+    name : str or None
+        The module's qualified name; None where the node belongs to no module.
+    type : type or None
+        The module's type; None where it is unknown.
+    """
     if node.op == "call_module":
         return node.target, type(modules[node.target])
     stack = node.meta.get("nn_module_stack")
@@ -70,18 +123,27 @@ def enclosing_module(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[str 
 class RewriteOptions:
     """How a graph is rewritten.
 
-    ``strict``: an operation without a rule on a relevance-carrying tensor is an error (else it
-    follows its gradient, with a warning). ``warn_lost_relevance``: rules warn when relevance
-    reaches an output of 0 and is dropped. ``input_relevance``: for a recorded run
-    (:mod:`fxlrp.eager.replay`), which inputs carry relevance; relevance then also starts at every
-    embedding lookup, as in code run eagerly. ``first_layer``: whether the graph's inputs are
-    where the composite's first layer may be. ``named_nodes``: whether every node of an operation
-    with a relevance function stays a module named after the node, which hooks can reach
-    (relevant walks record node states by name); else a node whose relevance function is a plain
-    call and whose output can hold no role is that call (a recorded run's graph, whose nodes are
-    nobody's rows: hundreds of nodes per Llama call, each a Python call less): see
-    :meth:`Rewriter._plain_call`. ``gradient_form``: the graph runs in the gradient form alone (a
-    run recorded in it, whose signature holds the form).
+    Parameters
+    ----------
+    strict : bool, default True
+        Whether an operation without a rule on a relevance-carrying tensor is an error (else it
+        follows its gradient, with a warning).
+    warn_lost_relevance : bool, default False
+        Whether rules warn when relevance reaches an output of 0 and is dropped.
+    input_relevance : dict of str to bool, optional
+        For a recorded run (:mod:`fxlrp.eager.replay`), which inputs carry relevance; relevance
+        then also starts at every embedding lookup, as in code run eagerly.
+    first_layer : bool, default True
+        Whether the graph's inputs are where the composite's first layer may be.
+    named_nodes : bool, default True
+        Whether every node of an operation with a relevance function stays a module named after
+        the node, which hooks can reach (relevant walks record node states by name); else a node
+        whose relevance function is a plain call and whose output can hold no role is that call
+        (a recorded run's graph, whose nodes are nobody's rows: hundreds of nodes per Llama call,
+        each a Python call less): see :meth:`Rewriter._plain_call`.
+    gradient_form : bool, default False
+        Whether the graph runs in the gradient form alone (a run recorded in it, whose signature
+        holds the form).
     """
 
     strict: bool = True
@@ -103,10 +165,28 @@ class Rewriter:
     def __init__(self, model: nn.Module, graph: fx.Graph, composite: Composite, options: RewriteOptions, *,
                  in_place_modules: set[str], modules: dict[str, nn.Module] | None = None,
                  constants: dict[str, Any] | None = None, eager_modules: dict[str, str] | None = None) -> None:
-        """``graph`` (captured from ``model``, in canonical form) with what it refers to: the
-        modules its ``call_module`` nodes name (``modules``: the model's own unless a pipeline stage,
-        BatchNorm folding, substituted some by modules owned by the explainer), the constants
-        the capture kept, the modules run eagerly and those that write their input in place."""
+        """Prepare the rewrite of ``graph`` with what it refers to.
+
+        Parameters
+        ----------
+        model : nn.Module
+            The user's model, only read.
+        graph : fx.Graph
+            The graph captured from ``model``, in canonical form.
+        composite : Composite
+            Chooses each node's rule.
+        options : RewriteOptions
+            How the graph is rewritten.
+        in_place_modules : set of str
+            The names of call_module nodes whose module writes its input in place.
+        modules : dict of str to nn.Module, optional
+            The modules the graph's ``call_module`` nodes name: the model's own unless a pipeline
+            stage (BatchNorm folding) substituted some by modules owned by the explainer.
+        constants : dict, optional
+            The constants the capture kept, by attribute name.
+        eager_modules : dict of str to str, optional
+            The modules run eagerly, with the reason.
+        """
         self.model = model
         self.options = options
         self.holding: set[fx.Node] = set()
@@ -120,6 +200,19 @@ class Rewriter:
         self.reports: list[NodeReport] = []
 
     def run(self) -> fx.GraphModule:
+        """Rewrite every node and build the explainer's GraphModule.
+
+        Returns
+        -------
+        fx.GraphModule
+            An :class:`~fxlrp.graph.graph_module.ExplainedGraphModule`; the node reports are in
+            :attr:`reports`.
+
+        Raises
+        ------
+        UnsupportedOperationError
+            With ``strict``, if relevance reaches operations without a rule.
+        """
         unsupported: list[fx.Node] = []
         carrying = nodes_that_may_carry_relevance(self.graph, self.modules, self.options.input_relevance)
         # (the rest compute constants of the explanation: relevance never reaches them, or never
@@ -257,7 +350,7 @@ class Rewriter:
         ``rule`` does in this graph, or None: with ``named_nodes=False``, for a node whose output
         can hold no role (:func:`~fxlrp.graph.relevance_flow.nodes_that_may_hold_roles`; products read
         their factors' roles), the native call of an operation that moves values (a view, a
-        cast: all 156 views of the Llama benchmark's replayed graph), and in the gradient form
+        cast: most nodes of a transformer's replayed graph), and in the gradient form
         the call its entry names (:class:`~fxlrp.registry.NativeInGradientForm`: layers, sums,
         products with one relevance-carrying factor under LRP-0)."""
         if self.options.named_nodes or node in self.holding:
