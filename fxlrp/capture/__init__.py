@@ -38,18 +38,41 @@ torch.no_grad():``) while they were on around it."""
 
 
 def as_python_number(value: Any) -> Any:
-    """A NumPy scalar (``np.sqrt(d)``'s ``np.float64``, an ``np.int64`` size) as the Python number
-    it equals, any other value as it is. torch takes the two alike, but a graph's code would name
-    ``np``, which it does not import, and torch.fx refuses NumPy integers as arguments."""
+    """A NumPy scalar as the Python number it equals, any other value as it is.
+
+    torch takes the two alike, but a graph's code would name ``np``, which it does not import,
+    and torch.fx refuses NumPy integers as arguments.
+
+    Parameters
+    ----------
+    value : Any
+        A call's argument (``np.sqrt(d)``'s ``np.float64``, an ``np.int64`` size, ...).
+
+    Returns
+    -------
+    Any
+        The Python number for a zero-dimensional NumPy value, else ``value``.
+    """
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
         return value.item()
     return value
 
 
 def keeps_its_type(container: dict[Any, Any]) -> bool:
-    """A dict the capture builds again as its own type: an ``OrderedDict`` (from the dict of its
-    items), or a dataclass that is one (transformers' ``ModelOutput``) whose items are fields it
-    takes by name, its required fields among them."""
+    """Whether the capture builds a dict again as its own type.
+
+    Parameters
+    ----------
+    container : dict
+        A dict a traced forward returned or passed on.
+
+    Returns
+    -------
+    bool
+        True for an ``OrderedDict`` (built from the dict of its items), or a dataclass that is
+        one (transformers' ``ModelOutput``) whose items are fields it takes by name, its required
+        fields among them.
+    """
     kind = type(container)
     if kind is OrderedDict:
         return True
@@ -62,8 +85,20 @@ def keeps_its_type(container: dict[Any, Any]) -> bool:
 
 
 class RelevanceTracer(fx.Tracer):
-    """torch.fx's tracer with two small changes: modules fxlrp explains as a whole are leaves,
-    and library functions that cannot be traced through are recorded as single calls."""
+    """torch.fx's tracer with two small changes.
+
+    Modules fxlrp explains as a whole are leaves, and library functions that cannot be traced
+    through are recorded as single calls.
+
+    Parameters
+    ----------
+    is_explained_module : callable
+        Whether a module is explained as a whole (a leaf of the trace).
+    leaf_functions : iterable of callable, optional
+        Functions recorded as single calls.
+    eager_modules : iterable of str, optional
+        Qualified names of modules run eagerly (leaves too).
+    """
 
     def __init__(
         self,
@@ -83,6 +118,24 @@ class RelevanceTracer(fx.Tracer):
         failed ("" for the root's own code); None if the failure was outside every module."""
 
     def call_module(self, module: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """torch.fx's module call, noting which module is being traced (:attr:`failing_module`).
+
+        Parameters
+        ----------
+        module : nn.Module
+            The called module.
+        forward : callable
+            Its forward.
+        args : tuple
+            The call's positional arguments.
+        kwargs : dict
+            The call's keyword arguments.
+
+        Returns
+        -------
+        Any
+            The call's output (proxies while tracing); a call from another thread runs as it is.
+        """
         if threading.get_ident() != self.thread:
             # torch.fx routes every module call of the process through the tracer while it traces;
             # a module another thread runs meanwhile runs as it is.
@@ -98,6 +151,20 @@ class RelevanceTracer(fx.Tracer):
             self.tracing.pop()
 
     def create_arg(self, a: Any) -> Any:
+        """torch.fx's argument, keeping the type of dicts and turning NumPy scalars into numbers.
+
+        Dicts keep their type where :func:`keeps_its_type` says so.
+
+        Parameters
+        ----------
+        a : Any
+            A value passed to a node.
+
+        Returns
+        -------
+        Any
+            The argument as the graph holds it.
+        """
         if isinstance(a, dict) and keeps_its_type(a):
             # torch.fx makes every dict a plain one: a model's OrderedDict (torchvision's
             # segmentation models) or ModelOutput (a transformers model's ``.logits``) is built
@@ -109,6 +176,18 @@ class RelevanceTracer(fx.Tracer):
         return super().create_arg(as_python_number(a))
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        """torch.fx's node, marked where gradients are off and given the user's source line.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            As for ``fx.Tracer.create_node``.
+
+        Returns
+        -------
+        fx.Node
+            The node.
+        """
         node = super().create_node(*args, **kwargs)
         if not torch.is_grad_enabled():  # (traced with gradients on: the model's code turned them off)
             node.meta[GRADIENTS_OFF] = True
@@ -119,10 +198,38 @@ class RelevanceTracer(fx.Tracer):
         return node
 
     def is_leaf_module(self, module: nn.Module, module_qualified_name: str) -> bool:
+        """Whether a module is one node: run eagerly, explained as a whole, or a torch.fx leaf.
+
+        Parameters
+        ----------
+        module : nn.Module
+            The module.
+        module_qualified_name : str
+            Its qualified name.
+
+        Returns
+        -------
+        bool
+            True if the trace does not go into the module.
+        """
         return (module_qualified_name in self.eager_modules or self.is_explained_module(module)
                 or super().is_leaf_module(module, module_qualified_name))
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        """Trace ``root`` with gradients on, library functions recorded as single calls.
+
+        Parameters
+        ----------
+        root : nn.Module or callable
+            What to trace.
+        concrete_args : dict, optional
+            Inputs fixed to values, as for ``fx.Tracer.trace``.
+
+        Returns
+        -------
+        fx.Graph
+            The graph.
+        """
         try:
             # With gradients on, so that calls the model's code makes with them off are seen
             # (GRADIENTS_OFF); custom Functions' forwards and checkpointed functions run as the
@@ -147,13 +254,15 @@ EXTRA_KEYWORDS = "fxlrp_extra_keywords"
 
 @dataclass(frozen=True)
 class Capture:
-    """A captured model: its graph, the constants the trace made (tensors created in ``forward``,
-    e.g. ``torch.ones(3)``, named by get_attr nodes) and the modules to run eagerly, each with the
-    reason torch.fx gave (``""`` is the whole model)."""
+    """A captured model."""
 
     graph: fx.Graph
+    """The graph."""
     constants: dict[str, Any] = field(default_factory=dict)
+    """The constants the trace made (tensors created in ``forward``, e.g. ``torch.ones(3)``), by
+    the names get_attr nodes give them."""
     eager_modules: dict[str, str] = field(default_factory=dict)
+    """The modules to run eagerly, each with the reason torch.fx gave (``""`` is the whole model)."""
     optional_inputs: tuple[str, ...] = ()
     """Inputs whose default is None that the graph uses as tensors (``mask=None``): torch.fx traced
     them as given, so a call passing None needs a graph traced with that None."""
@@ -171,11 +280,36 @@ def capture(
 ) -> Capture:
     """Trace ``model``'s forward into a graph by the capture ``path`` (:data:`CAPTURE_PATHS`).
 
-    With ``"auto"``, where torch.fx fails the innermost module it was tracing becomes a node run
-    eagerly and the model is traced again (the whole model, if its own forward fails); with
-    ``"fx"`` a failure is a :class:`CaptureError` saying why and what to do. Integrations of
-    libraries in use are loaded first; functions of operations registered as ``leaf`` are
-    recorded as single calls like ``leaf_functions``. The model is left as it was.
+    Integrations of libraries in use are loaded first. The model is left as it was.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+    is_explained_module : callable
+        Whether a module is explained as a whole (a leaf of the trace).
+    leaf_functions : iterable of callable, optional
+        Functions recorded as single calls, beside those of operations registered as ``leaf``.
+    concrete_args : dict, optional
+        Inputs fixed to values (beside the registry's :meth:`~fxlrp.registry.Registry.fixed_arguments`).
+    path : {"auto", "fx", "eager"}, default "auto"
+        With ``"auto"``, where torch.fx fails the innermost module it was tracing becomes a node
+        run eagerly and the model is traced again (the whole model, if its own forward fails);
+        with ``"fx"`` a failure is an error; ``"eager"`` runs the whole model eagerly.
+
+    Returns
+    -------
+    Capture
+        The graph, its constants, the modules run eagerly and the inputs and settings the graph
+        was traced for.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` is none of :data:`CAPTURE_PATHS`.
+    CaptureError
+        With ``"fx"``, if torch.fx cannot capture the model (saying why and what to do); for
+        TorchScript modules; for a model run eagerly whose forward takes ``*args``.
     """
     if path not in CAPTURE_PATHS:
         raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURE_PATHS))}, not {path!r}")
@@ -265,8 +399,20 @@ def _calls_a_graph_cannot_hold(model: nn.Module) -> dict[str, str]:
 
 
 def call_beyond_forward(module: nn.Module) -> str | None:
-    """What a call of ``module`` does beyond its ``forward``, which a graph node calling the
-    layer's function would skip; None if nothing."""
+    """What a call of ``module`` does beyond its ``forward``.
+
+    A graph node calling the layer's function would skip it.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module.
+
+    Returns
+    -------
+    str or None
+        The reason (forward hooks, parametrized parameters); None if nothing.
+    """
     if module._forward_hooks or module._forward_pre_hooks:
         return "it has forward hooks, which a captured graph does not run"
     if parametrize.is_parametrized(module):
@@ -275,8 +421,24 @@ def call_beyond_forward(module: nn.Module) -> str | None:
 
 
 def whole_model_graph(model: nn.Module) -> fx.Graph:
-    """A graph with one node calling the model itself (the module ``""``), whose placeholders are
-    the parameters of the model's ``forward``, defaults included."""
+    """A graph with one node calling the model itself (the module ``""``).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Returns
+    -------
+    fx.Graph
+        The graph, whose placeholders are the parameters of the model's ``forward``, defaults
+        included (``**kwargs`` handed on under :data:`EXTRA_KEYWORDS`).
+
+    Raises
+    ------
+    CaptureError
+        If ``forward`` takes ``*args``.
+    """
     graph = fx.Graph()
     positional: list[fx.Node] = []
     keywords: dict[str, Any] = {}
@@ -301,7 +463,18 @@ def whole_model_graph(model: nn.Module) -> fx.Graph:
 
 
 def first_line(error: BaseException) -> str:
-    """``Type: the message's first line``, at most 200 characters: a reason in a report line."""
+    """``Type: the message's first line``, at most 200 characters: a reason in a report line.
+
+    Parameters
+    ----------
+    error : BaseException
+        The error.
+
+    Returns
+    -------
+    str
+        The reason.
+    """
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
 

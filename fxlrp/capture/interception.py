@@ -46,25 +46,58 @@ Handler = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any], Callabl
 """``handler(function, args, kwargs, original)``: ``original`` runs the function's own code."""
 
 class ThreadHandlers:
-    """Per thread, the stack of active handlers (innermost last). Handlers act only on the thread
-    that installed them: a call from any other thread runs the original, so capturing or
-    explaining on one thread never changes what the library does on another. Changed under
-    :data:`_LOCK`."""
+    """Per thread, the stack of active handlers (innermost last).
+
+    Handlers act only on the thread that installed them: a call from any other thread runs the
+    original, so capturing or explaining on one thread never changes what the library does on
+    another. Changed under :data:`_LOCK`.
+    """
 
     def __init__(self) -> None:
         self.stacks: dict[int, list[Handler]] = {}
 
     def current(self) -> Handler | None:
+        """The calling thread's innermost handler.
+
+        Returns
+        -------
+        Handler or None
+            The handler; None where the thread has none.
+        """
         stack = self.stacks.get(threading.get_ident())
         return stack[-1] if stack else None
 
     def push(self, handler: Handler, thread: int) -> bool:
-        """Add ``handler`` for ``thread``; whether it is the only one of any thread."""
+        """Add ``handler`` for ``thread``.
+
+        Parameters
+        ----------
+        handler : Handler
+            The handler.
+        thread : int
+            The thread's identifier (``threading.get_ident()``).
+
+        Returns
+        -------
+        bool
+            True if it is now the only handler of any thread (the patch is to be made).
+        """
         self.stacks.setdefault(thread, []).append(handler)
         return len(self.stacks) == 1 and len(self.stacks[thread]) == 1
 
     def pop(self, thread: int) -> bool:
-        """Remove ``thread``'s innermost handler; whether none is left on any thread."""
+        """Remove ``thread``'s innermost handler.
+
+        Parameters
+        ----------
+        thread : int
+            The thread's identifier.
+
+        Returns
+        -------
+        bool
+            True if no handler is left on any thread (the patch is to be undone).
+        """
         stack = self.stacks[thread]
         stack.pop()
         if not stack:
@@ -154,6 +187,18 @@ def intercepted_calls(functions: Iterable[Callable[..., Any]], handler: Handler)
     """While active, every call of one of ``functions`` goes to ``handler``.
 
     Plain Python functions only (builtins and closures are skipped: their code cannot be swapped).
+
+    Parameters
+    ----------
+    functions : iterable of callable
+        The functions to intercept.
+    handler : Handler
+        ``handler(function, args, kwargs, original)``, called on this thread instead of the
+        function; ``original`` runs the function's own code.
+
+    Yields
+    ------
+    None
     """
     patched: list[types.FunctionType] = []
     try:
@@ -192,10 +237,20 @@ def _dispatched_apply(cls: type[Function], *args: Any, **kwargs: Any) -> Any:
 
 @contextmanager
 def intercepted_applications(handler: Handler) -> Iterator[None]:
-    """While active, on this thread, ``SomeFunction.apply(...)`` of every custom
-    ``torch.autograd.Function`` goes to ``handler(SomeFunction, args, kwargs, own_apply)``.
+    """While active, on this thread, ``SomeFunction.apply(...)`` of every custom Function goes to ``handler``.
+
     ``Function.apply`` is C code, so it is swapped on the class for as long as any thread has a
-    handler (calls from other threads run it as they are), and given back after."""
+    handler (calls from other threads run it as they are), and given back after.
+
+    Parameters
+    ----------
+    handler : Handler
+        Called as ``handler(SomeFunction, args, kwargs, own_apply)``.
+
+    Yields
+    ------
+    None
+    """
     thread = threading.get_ident()
     with _LOCK:
         if _APPLY_HANDLERS.push(handler, thread):
@@ -209,8 +264,25 @@ def intercepted_applications(handler: Handler) -> Iterator[None]:
 
 
 def forward_of(function: type[Function], args: tuple, kwargs: dict) -> Any:
-    """``function.forward`` run as the code around it runs: ``apply`` would turn gradients off
-    (and its backward is a rule of training; an explanation goes through the forward's operations)."""
+    """``function.forward`` run as the code around it runs.
+
+    ``apply`` would turn gradients off (and its backward is a rule of training; an explanation
+    goes through the forward's operations).
+
+    Parameters
+    ----------
+    function : type of Function
+        The custom ``torch.autograd.Function``.
+    args : tuple
+        The positional arguments given to ``apply``.
+    kwargs : dict
+        The keyword arguments given to ``apply``.
+
+    Returns
+    -------
+    Any
+        What ``forward`` returns (given a fresh context, unless it takes none).
+    """
     if function.setup_context is not Function.setup_context:  # forward without ctx (setup_context style)
         return function.forward(*args, **kwargs)
     context = FunctionCtx()
@@ -225,9 +297,22 @@ ModuleCallHook = Callable[..., None]
 @contextmanager
 def module_calls_followed(before: ModuleCallHook | None = None,
                           after: ModuleCallHook | None = None) -> Iterator[None]:
-    """While active, ``before(module, args)`` runs before and ``after(module, args, output)`` after
-    every module call made on this thread (``after`` also when the call raises); calls from other
-    threads are not seen. The hooks return nothing: they follow calls, never change them."""
+    """Follow every module call made on this thread while active.
+
+    Calls from other threads are not seen. The hooks return nothing: they follow calls, never
+    change them.
+
+    Parameters
+    ----------
+    before : ModuleCallHook, optional
+        ``before(module, args)``, run before each call.
+    after : ModuleCallHook, optional
+        ``after(module, args, output)``, run after each call (also when the call raises).
+
+    Yields
+    ------
+    None
+    """
     thread = threading.get_ident()
     handles = []
     if before is not None:
@@ -251,8 +336,21 @@ def module_calls_followed(before: ModuleCallHook | None = None,
 
 @contextmanager
 def leaf_function_calls(tracer: fx.Tracer, functions: Iterable[Callable[..., Any]]) -> Iterator[None]:
-    """While active, calls of ``functions`` with Proxy arguments become ``call_function`` nodes
-    whose target is the function object itself."""
+    """While active, calls of ``functions`` with Proxy arguments become ``call_function`` nodes.
+
+    The nodes' target is the function object itself.
+
+    Parameters
+    ----------
+    tracer : fx.Tracer
+        The tracer that creates the nodes.
+    functions : iterable of callable
+        The functions recorded as single calls.
+
+    Yields
+    ------
+    None
+    """
 
     def record(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], original) -> Any:
         if _contains_proxy(args, kwargs):
@@ -274,9 +372,16 @@ def _checkpointed_function_run(function: Any, args: tuple, kwargs: dict, origina
 
 
 def checkpoints_run_their_function() -> Any:
-    """While active on this thread, ``checkpoint(f, *inputs)`` runs ``f(*inputs)``: checkpointing
-    saves memory in training by running ``f`` again in backward, outside the relevance mode and
-    its rules (relevance then followed plain gradients, or the recomputation failed torch's
-    check), and outside a recording; an explanation keeps ``f``'s own forward, whose operations
-    get their rules."""
+    """While active on this thread, ``checkpoint(f, *inputs)`` runs ``f(*inputs)``.
+
+    Checkpointing saves memory in training by running ``f`` again in backward, outside the
+    relevance mode and its rules (relevance would then follow plain gradients, or the
+    recomputation would fail torch's check), and outside a recording; an explanation keeps
+    ``f``'s own forward, whose operations get their rules.
+
+    Returns
+    -------
+    contextmanager
+        The context (:func:`intercepted_calls` of the checkpoint function).
+    """
     return intercepted_calls((CHECKPOINT,), _checkpointed_function_run)

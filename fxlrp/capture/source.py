@@ -21,6 +21,18 @@ GENERATED_BY_FXLRP = "<fxlrp "
 
 
 def is_library_file(filename: str) -> bool:
+    """Whether a file is torch's or fxlrp's own, or code fxlrp compiled.
+
+    Parameters
+    ----------
+    filename : str
+        A frame's file name.
+
+    Returns
+    -------
+    bool
+        True if frames there are never the user's.
+    """
     return filename.startswith((*LIBRARY_DIRECTORIES, GENERATED_BY_FXLRP))
 
 
@@ -29,10 +41,18 @@ def _formatted(filename: str, line_number: int | None, code: str | None) -> str:
 
 
 def innermost_user_frame() -> str:
-    """The innermost caller outside torch and fxlrp, in traceback format, as long as it runs
-    inside a ``forward`` (as torch.fx's own stack traces require); '' otherwise. Recorded on each
-    captured node; :func:`source_line` reads it. (torch.fx's ``record_stack_traces`` would format
-    the whole stack of every node and, the first time, import torch.export: ~2 s.)"""
+    """The innermost caller outside torch and fxlrp, in traceback format.
+
+    Recorded on each captured node; :func:`source_line` reads it. (torch.fx's
+    ``record_stack_traces`` would format the whole stack of every node and, the first time,
+    import torch.export, which takes seconds.)
+
+    Returns
+    -------
+    str
+        The frame, as long as it runs inside a ``forward`` (as torch.fx's own stack traces
+        require); '' otherwise.
+    """
     frame = sys._getframe(1)
     while frame is not None and is_library_file(frame.f_code.co_filename):
         frame = frame.f_back
@@ -47,8 +67,14 @@ def innermost_user_frame() -> str:
 
 
 def calling_line() -> str:
-    """``file:line: code`` of the innermost frame of the current stack outside torch and fxlrp
-    (the user's or a library's code that called the running operation); '?' if none."""
+    """``file:line: code`` of the innermost frame of the current stack outside torch and fxlrp.
+
+    Returns
+    -------
+    str
+        The line of the user's or a library's code that called the running operation; '?' if
+        none.
+    """
     for frame in reversed(traceback.extract_stack()[:-1]):
         if not is_library_file(frame.filename):
             return _formatted(frame.filename, frame.lineno, frame.line)
@@ -56,7 +82,18 @@ def calling_line() -> str:
 
 
 def error_line(error: BaseException) -> str | None:
-    """``file:line: code`` of the innermost frame of ``error``'s traceback in the user's code."""
+    """``file:line: code`` of the innermost frame of ``error``'s traceback in the user's code.
+
+    Parameters
+    ----------
+    error : BaseException
+        The error.
+
+    Returns
+    -------
+    str or None
+        The line; None if no frame of the traceback is the user's.
+    """
     for frame in reversed(traceback.extract_tb(error.__traceback__)):
         if not is_library_file(frame.filename) and not frame.filename.startswith("<"):
             return _formatted(frame.filename, frame.lineno, frame.line)
@@ -65,7 +102,18 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<functio
 
 
 def source_line(node: fx.Node) -> str:
-    """``file:line: code`` of the innermost user frame that created ``node``; '' if unknown."""
+    """``file:line: code`` of the innermost user frame that created ``node``.
+
+    Parameters
+    ----------
+    node : fx.Node
+        A captured node (with its ``stack_trace``).
+
+    Returns
+    -------
+    str
+        The line; '' if unknown.
+    """
     frames = [match for match in _FRAME.finditer(node.stack_trace or "")
               if not is_library_file(match["file"])]
     if not frames:
@@ -75,8 +123,19 @@ def source_line(node: fx.Node) -> str:
 
 
 def function_name(function: object) -> str:
-    """How the user writes ``function``: ``torch.exp``, ``Tensor.exp``, ``F.gelu``'s
-    ``torch.nn.functional.gelu``, ``operator.add``; not torch's internal class names."""
+    """How the user writes ``function``, not torch's internal class names.
+
+    Parameters
+    ----------
+    function : object
+        A called function.
+
+    Returns
+    -------
+    str
+        ``torch.exp``, ``Tensor.exp``, ``F.gelu``'s ``torch.nn.functional.gelu``,
+        ``operator.add``, or the function's module and qualified name.
+    """
     name = getattr(function, "__name__", None)
     qualified = getattr(function, "__qualname__", None) or name
     if name is None:
