@@ -25,13 +25,31 @@ from fxlrp.relevance.roles import give_role, role_of, shared_role
 
 
 class RelevanceFunction(Protocol):
-    """An operation's ``relevance``: called in place of the operation, as
-    ``relevance(call, function, *args, **kwargs)``, with the node's
-    :class:`~fxlrp.relevance.call.RelevanceCall` (its rule and conversion settings), the original
-    callable of the spelling the model used and the call's arguments. It returns what the operation
-    returns, computed so that its backward carries relevance under ``call.rule``."""
+    """An operation's ``relevance``: called in place of the operation.
 
-    def __call__(self, call: RelevanceCall, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
+    It is called as ``relevance(call, function, *args, **kwargs)`` and returns what the
+    operation returns, computed so that its backward carries relevance under ``call.rule``.
+    """
+
+    def __call__(self, call: RelevanceCall, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run the operation so that its backward carries relevance.
+
+        Parameters
+        ----------
+        call : RelevanceCall
+            The node's :class:`~fxlrp.relevance.call.RelevanceCall` (its rule and conversion
+            settings).
+        function : callable
+            The original callable of the spelling the model used.
+        *args, **kwargs
+            The call's arguments.
+
+        Returns
+        -------
+        Any
+            What the operation returns.
+        """
+        ...
 
 
 class Kind(enum.Enum):
@@ -47,28 +65,56 @@ class Kind(enum.Enum):
 
 
 def called(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``function(*args, **kwargs)``: the call as the model makes it."""
+    """``function(*args, **kwargs)``: the call as the model makes it.
+
+    Parameters
+    ----------
+    function : callable
+        The called function.
+    *args, **kwargs
+        Its arguments.
+
+    Returns
+    -------
+    Any
+        What ``function`` returns.
+    """
     return function(*args, **kwargs)
 
 
 @dataclass(frozen=True)
 class NativeInGradientForm:
-    """Where an operation's relevance function is a plain call in the gradient form
-    (:mod:`fxlrp.relevance.form`, ``R = x * g``) with at most one relevance-carrying factor: an
-    affine map's rule ``R_x = x * J^T (R / z)`` is then ``g_x = J^T g_z``, autograd's own. A
-    recorded graph (:mod:`fxlrp.eager.replay`) runs such a node as that call alone.
+    """Where an operation's relevance function is a plain call in the gradient form.
 
-    ``needs_native_rule``: only under a rule whose gradient is the native gradient (LRP-0 and the
-    z-rule: :meth:`~fxlrp.rules.Rule.gradient_is_native`); False: under any rule (a map linear in
-    its one relevance-carrying argument, whose identity rule ``x g_x = y g_y`` is ``g_x = J^T g_y``).
-    ``call(function, *args, **kwargs)``: the call the relevance function makes then."""
+    In the gradient form (:mod:`fxlrp.relevance.form`, ``R = x * g``), with at most one
+    relevance-carrying factor, an affine map's rule ``R_x = x * J^T (R / z)`` is
+    ``g_x = J^T g_z``, autograd's own. A recorded graph (:mod:`fxlrp.eager.replay`) runs such a
+    node as that call alone.
+    """
 
     needs_native_rule: bool = True
+    """True: only under a rule whose gradient is the native gradient (LRP-0 and the z-rule:
+    :meth:`~fxlrp.rules.Rule.gradient_is_native`); False: under any rule (a map linear in its one
+    relevance-carrying argument, whose identity rule ``x g_x = y g_y`` is ``g_x = J^T g_y``)."""
     call: Callable[..., Any] = called
+    """``call(function, *args, **kwargs)``: the call the relevance function makes then."""
 
     def holds(self, rule: Any, warn_lost_relevance: bool) -> bool:
-        """Whether the relevance function under ``rule`` is :attr:`call` in the gradient form
-        (warning of relevance lost at zero denominators takes the rule's own backward)."""
+        """Whether the relevance function under ``rule`` is :attr:`call` in the gradient form.
+
+        Parameters
+        ----------
+        rule : Rule or None
+            The call's rule.
+        warn_lost_relevance : bool
+            Whether relevance lost at zero denominators warns, which takes the rule's own
+            backward.
+
+        Returns
+        -------
+        bool
+            True if the node may run as :attr:`call` alone.
+        """
         return not warn_lost_relevance and (not self.needs_native_rule or gradient_is_native(rule))
 
 
@@ -76,34 +122,39 @@ class NativeInGradientForm:
 class Operation:
     """A canonical operation and every way a model can spell it.
 
-    ``relevance(call, function, *args, **kwargs)`` (a
-    :class:`RelevanceFunction`) replaces the call: ``call`` is the
-    :class:`~fxlrp.relevance.call.RelevanceCall` with the node's rule, ``function`` the original callable
-    of this spelling (the function itself, a caller of the Tensor method with ``self`` first, or
-    the functional form of a module) and ``args``/``kwargs`` the call's arguments. With
-    ``relevance=None`` the node keeps its native operation.
-    ``module_function(module, parameters)`` returns the functional form of a module instance and
-    its keyword arguments, given the module's detached parameters and buffers; by default the
-    module itself, called with no extra arguments.
-
-    How the fields depend on each other (``weighted``, ``default_rule`` and ``factors`` need an
+    Each field is documented where it is declared. How the fields depend on each other
+    (``weighted``, ``default_rule`` and ``factors`` need an
     affine kind; ``source``, ``holds_layers`` and ``gradient_native`` a relevance function; one
     of ``role``, ``shares_role``, ``moves_values``) is checked when an operation is made, and a
     contradiction is refused with what to change (:data:`_FIELD_RULES`).
     """
 
     name: str
+    """The canonical name (``"conv"``, ``"add"``, ``"softmax"``), which composites' ``operation_rules`` use."""
     kind: Kind
+    """How relevance crosses it."""
     functions: tuple[Callable[..., Any], ...] = ()
+    """Functions that spell it, by identity (``torch.add``, ``operator.add``, ``F.linear``)."""
     methods: tuple[str, ...] = ()
+    """Tensor method names that spell it (``"add"``)."""
     modules: tuple[type[nn.Module], ...] = ()
+    """Module types that spell it (``nn.Conv2d``); subclasses that keep the type's ``forward`` too."""
     relevance: RelevanceFunction | None = None
+    """``relevance(call, function, *args, **kwargs)`` (a :class:`RelevanceFunction`) replaces the
+    call: ``call`` is the :class:`~fxlrp.relevance.call.RelevanceCall` with the node's rule,
+    ``function`` the original callable of this spelling (the function itself, a caller of the
+    Tensor method with ``self`` first, or the functional form of a module) and ``args``/``kwargs``
+    the call's arguments. With ``relevance=None`` the node keeps its native operation."""
     module_function: Callable[[nn.Module, dict[str, Any]], tuple[Callable[..., Any], dict[str, Any]]] | None = None
+    """``module_function(module, parameters)`` returns the functional form of a module instance and
+    its keyword arguments, given the module's detached parameters and buffers; by default the
+    module itself, called with no extra arguments."""
     weighted: bool = False
     """Whether it is a layer with weights, where a composite's layer rules apply."""
     default_rule: Callable[[], Any] | None = None
     """Rule used for an AFFINE operation when the composite names none (the z-rule for sums)."""
     description: str = ""
+    """A line saying what the operation is, for documentation and reports."""
     subclasses: bool = False
     """Whether subclasses of ``modules`` belong to it too, whatever their ``forward`` (a library's
     base class, e.g. PyG's ``MessagePassing``, whose subclasses each define their own forward)."""
@@ -157,8 +208,24 @@ class Operation:
             raise ValueError(f"operation {self.name!r}: " + "; ".join(problems))
 
     def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``relevance(call, function, *args, **kwargs)``, its output given the role it has as a
-        product's factor (:attr:`role`, :attr:`shares_role`, :attr:`moves_values`)."""
+        """``relevance(call, function, *args, **kwargs)``, its output given its role as a product's factor.
+
+        The role comes from :attr:`role`, :attr:`shares_role` or :attr:`moves_values`.
+
+        Parameters
+        ----------
+        call : RelevanceCall
+            The node's rule and conversion settings.
+        function : callable
+            The original callable of the spelling the model used.
+        *args, **kwargs
+            The call's arguments.
+
+        Returns
+        -------
+        Any
+            What the operation returns, marked with its role.
+        """
         result = self.relevance(call, function, *args, **kwargs)
         if self.moves_values:
             role = role_of(args[0]) if args else None
@@ -195,7 +262,10 @@ is refused with its message."""
 
 
 class Registry:
-    """Finds the operation of a call by function identity, method name or module type."""
+    """Finds the operation of a call by function identity, method name or module type.
+
+    fxlrp has one, :data:`REGISTRY`.
+    """
 
     def __init__(self) -> None:
         self.operations: dict[str, Operation] = {}
@@ -209,14 +279,48 @@ class Registry:
         """Counts the changes of the registry (lookups made from it know when to be made again)."""
 
     def register(self, operation: Operation) -> Operation:
+        """Add an operation.
+
+        Parameters
+        ----------
+        operation : Operation
+            The operation.
+
+        Returns
+        -------
+        Operation
+            ``operation``.
+
+        Raises
+        ------
+        ValueError
+            If an operation of that name is registered already.
+        """
         if operation.name in self.operations:
             raise ValueError(f"operation {operation.name!r} is registered twice")
         return self._index(operation)
 
     def extend(self, name: str, *, functions: tuple[Callable[..., Any], ...] = (),
                modules: tuple[type[nn.Module], ...] = ()) -> Operation:
-        """Add spellings to a registered operation (an integration adds its library's functions
-        or module types to an operation the core defines)."""
+        """Add spellings to a registered operation.
+
+        An integration adds its library's functions or module types to an operation the core
+        defines.
+
+        Parameters
+        ----------
+        name : str
+            The registered operation's name.
+        functions : tuple of callable, optional
+            Functions to add.
+        modules : tuple of type, optional
+            Module types to add.
+
+        Returns
+        -------
+        Operation
+            The operation with the added spellings, which replaces the registered one.
+        """
         operation = self.operations[name]
         return self._index(replace(operation, functions=operation.functions + functions,
                                    modules=operation.modules + modules))
@@ -236,12 +340,50 @@ class Registry:
         return operation
 
     def for_function(self, function: Callable[..., Any]) -> Operation | None:
+        """The operation a function spells.
+
+        Parameters
+        ----------
+        function : callable
+            The called function.
+
+        Returns
+        -------
+        Operation or None
+            The operation, by the function's identity; None if none is registered.
+        """
         return self._by_function.get(id(function))
 
     def for_method(self, name: str) -> Operation | None:
+        """The operation a Tensor method spells.
+
+        Parameters
+        ----------
+        name : str
+            The method's name.
+
+        Returns
+        -------
+        Operation or None
+            The operation; None if none is registered.
+        """
         return self._by_method.get(name)
 
     def for_module(self, module: nn.Module) -> Operation | None:
+        """The operation a module instance spells.
+
+        Parameters
+        ----------
+        module : nn.Module
+            The module.
+
+        Returns
+        -------
+        Operation or None
+            The operation of its exact type; else of the closest registered base class whose
+            ``forward`` it keeps; else of a base registered with ``subclasses=True``. None if
+            none.
+        """
         # Exact type first; then the closest registered base class, so subclasses of
         # nn.Conv2d that keep its forward (as many libraries write) are found too.
         operation = self._by_module.get(type(module))
@@ -256,20 +398,46 @@ class Registry:
         return None
 
     def fix_arguments(self, model_type: type[nn.Module], values: dict[str, Any]) -> None:
-        """Arguments of a library's model class that only steer Python control flow, which capture
-        fixes to these values (PyG's BasicGNN: the sampling arguments = None). They apply to the
-        class and its subclasses; a user's ``concrete_args`` win."""
+        """Fix arguments of a library's model class that only steer Python control flow.
+
+        Capture fixes them to these values (PyG's BasicGNN: the sampling arguments = None). They
+        apply to the class and its subclasses; a user's ``concrete_args`` win.
+
+        Parameters
+        ----------
+        model_type : type of nn.Module
+            The model class.
+        values : dict of str to Any
+            The arguments' values, by name.
+        """
         self._concrete_args.setdefault(model_type, {}).update(values)
 
     def fixed_arguments(self, model: nn.Module) -> dict[str, Any]:
-        """The arguments :meth:`fix_arguments` fixed for ``model``'s class and its bases."""
+        """The arguments :meth:`fix_arguments` fixed for ``model``'s class and its bases.
+
+        Parameters
+        ----------
+        model : nn.Module
+            The model.
+
+        Returns
+        -------
+        dict of str to Any
+            The fixed arguments (a subclass's values win over its bases').
+        """
         fixed: dict[str, Any] = {}
         for base in reversed(type(model).__mro__):
             fixed.update(self._concrete_args.get(base, {}))
         return fixed
 
     def leaf_functions(self) -> tuple[Callable[..., Any], ...]:
-        """Functions of operations marked ``leaf``: capture records their calls as single nodes."""
+        """Functions of operations marked ``leaf``: capture records their calls as single nodes.
+
+        Returns
+        -------
+        tuple of callable
+            The functions.
+        """
         return tuple(
             function for operation in self.operations.values() if operation.leaf for function in operation.functions
         )
@@ -279,15 +447,48 @@ REGISTRY = Registry()
 
 
 def register(operation: Operation) -> Operation:
-    """Add an operation to the registry."""
+    """Add an operation to the registry.
+
+    Parameters
+    ----------
+    operation : Operation
+        The operation.
+
+    Returns
+    -------
+    Operation
+        ``operation``.
+
+    Raises
+    ------
+    ValueError
+        If an operation of that name is registered already.
+    """
     return REGISTRY.register(operation)
 
 
 def registered_operation(name: str) -> Operation:
-    """The registered operation ``name``, for an explainer loaded by ``pickle`` or ``torch.load``,
-    possibly in a process that has not converted a model yet: the core operations are registered
-    (loading imports ``fxlrp``, whose ``convert`` imports :mod:`fxlrp.operations`), then the
-    integrations of the libraries that are installed are loaded, until one registers ``name``."""
+    """The registered operation ``name``, for an explainer loaded by ``pickle`` or ``torch.load``.
+
+    The process may not have converted a model yet: the core operations are registered (loading
+    imports ``fxlrp``, whose ``convert`` imports :mod:`fxlrp.operations`), then the integrations
+    of the libraries that are installed are loaded, until one registers ``name``.
+
+    Parameters
+    ----------
+    name : str
+        The operation's name.
+
+    Returns
+    -------
+    Operation
+        The operation.
+
+    Raises
+    ------
+    ValueError
+        If nothing loaded registers ``name``.
+    """
     for library, integration in integrations.INTEGRATIONS.items():
         if name in REGISTRY.operations:
             break

@@ -5,7 +5,7 @@ them and stays fast (torchvision alone takes over a second to import). When a mo
 and a library named here has already been imported (the model uses it), its integration is
 imported and registers its operations in the one registry. An integration that fails to load (a
 library version it does not support) is reported once as a warning; models that do not use that
-library are explained as before.
+library are not affected.
 """
 
 from __future__ import annotations
@@ -25,9 +25,18 @@ _attempted: set[str] = set()
 
 
 def register_integration(library: str, integration: str) -> None:
-    """Load the module ``integration`` (which registers operations with
-    :func:`fxlrp.registry.register`, ``REGISTRY.extend`` or ``REGISTRY.fix_arguments``) whenever
-    a model is converted while ``library`` is imported. This is the whole plug-in interface."""
+    """Load the module ``integration`` whenever a model is converted while ``library`` is imported.
+
+    This is the whole plug-in interface.
+
+    Parameters
+    ----------
+    library : str
+        The library's top-level module name.
+    integration : str
+        The module that registers its operations (with :func:`fxlrp.registry.register`,
+        ``REGISTRY.extend`` or ``REGISTRY.fix_arguments``).
+    """
     INTEGRATIONS[library] = integration
 
 

@@ -80,8 +80,18 @@ method (``x ** 2`` calls ``Tensor.__pow__``, whose ``__name__`` is ``pow``; ``x 
 
 
 def tensor_method_name(function: Any) -> str | None:
-    """The name under which torch.Tensor holds ``function``; None for a function that is no
-    Tensor method."""
+    """The name under which torch.Tensor holds ``function``.
+
+    Parameters
+    ----------
+    function : Any
+        A called function.
+
+    Returns
+    -------
+    str or None
+        The method's name; None for a function that is no Tensor method.
+    """
     name = getattr(function, "__name__", None)
     if name is not None and getattr(torch.Tensor, name, None) is function:
         return name
@@ -89,15 +99,39 @@ def tensor_method_name(function: Any) -> str | None:
 
 
 def tensor_property_name(function: Any) -> str | None:
-    """The name of the property whose getter ``function`` is (what a torch function mode sees for
-    ``x.mT``: a new ``__get__`` wrapper at each read); None for any other function."""
+    """The name of the property whose getter ``function`` is.
+
+    A torch function mode sees such a getter for ``x.mT``: a new ``__get__`` wrapper at each
+    read.
+
+    Parameters
+    ----------
+    function : Any
+        A called function.
+
+    Returns
+    -------
+    str or None
+        The property's name; None for any other function.
+    """
     if getattr(function, "__name__", None) != "__get__":
         return None
     return getattr(getattr(function, "__self__", None), "__name__", None)
 
 
 def out_of_place_method(name: str) -> str | None:
-    """``add_`` -> ``add``; None if ``name`` is not an in-place Tensor method with a twin."""
+    """The out-of-place twin of an in-place Tensor method: ``add_`` -> ``add``.
+
+    Parameters
+    ----------
+    name : str
+        A Tensor method's name.
+
+    Returns
+    -------
+    str or None
+        The twin's name; None if ``name`` is not an in-place Tensor method with a twin.
+    """
     if not name.endswith("_") or name.endswith("__") or name in KEEP_IN_PLACE:
         return None
     twin = name[:-1]
