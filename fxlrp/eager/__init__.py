@@ -32,10 +32,26 @@ from fxlrp.relevance.call import RelevanceCall
 
 
 def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: Any) -> Any:
-    """Relevance function of a part run eagerly: its module's forward under the relevance mode,
-    whether or not its inputs carry relevance (token ids do not; their embedding starts it); or,
-    from the second call with the same input signature, the run's recorded graph
-    (:mod:`fxlrp.eager.replay`)."""
+    """Relevance function of a part run eagerly.
+
+    It runs the module's forward under the relevance mode, whether or not its inputs carry
+    relevance (token ids do not; their embedding starts it); or, from the second call with the
+    same input signature, the run's recorded graph (:mod:`fxlrp.eager.replay`).
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's rule and settings.
+    runner : LayerRunner
+        The part's runner.
+    *args, **kwargs
+        The part's arguments.
+
+    Returns
+    -------
+    Any
+        The part's output, whose backward propagates relevance.
+    """
     extra = kwargs.pop(EXTRA_KEYWORDS, None) or {}  # (before kwargs are unpacked: the key is fxlrp's)
     kwargs = {**kwargs, **extra}
     observer = current_observer()

@@ -99,9 +99,17 @@ def _carries(value: Any) -> bool:
 
 
 class LayerRunner:
-    """A module's forward with its parameters and buffers detached (shared storage). What the
-    forward writes into the module's modules (caches, counters, ``nn.LSTM``'s flat weights, which
-    swapping the parameters rebuilds) is taken back afterwards: the user's model stays as it was."""
+    """A module's forward with its parameters and buffers detached (shared storage).
+
+    What the forward writes into the module's modules (caches, counters, ``nn.LSTM``'s flat
+    weights, which swapping the parameters rebuilds) is taken back afterwards: the user's model
+    stays as it was.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The user's module.
+    """
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
@@ -117,13 +125,37 @@ class LayerRunner:
         return {**self.__dict__, "_names": {}, "recordings": None}
 
     def module_names(self, prefix: str) -> dict[int, str]:
-        """Qualified name (under ``prefix``) of each of the module's modules, by id; made once."""
+        """Qualified name of each of the module's modules, by id; made once per prefix.
+
+        Parameters
+        ----------
+        prefix : str
+            The module's own qualified name in the model, with a trailing dot (``""`` for the
+            model itself).
+
+        Returns
+        -------
+        dict of int to str
+            The names under ``prefix``, by the modules' ids.
+        """
         if prefix not in self._names:
             self._names[prefix] = {id(module): (prefix + name).rstrip(".")
                                    for name, module in self.module.named_modules()}
         return self._names[prefix]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module's forward in evaluation mode, with detached parameters.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The module's arguments.
+
+        Returns
+        -------
+        Any
+            The module's output.
+        """
         with MODEL_WRITES:
             written = ModuleState(self.module)
             try:
@@ -158,16 +190,39 @@ def _detach_parameters(modules: list[nn.Module]) -> None:
 
 
 def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[LayerRunner, dict[str, Any]]:
-    """``module_function`` of library modules explained by running them."""
+    """``module_function`` of library modules explained by running them.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module.
+    parameters : dict of str to Tensor
+        Its detached parameters and buffers (unused: :class:`LayerRunner` detaches them for
+        each run).
+
+    Returns
+    -------
+    runner : LayerRunner
+        The module's runner.
+    keywords : dict
+        No keyword arguments.
+    """
     return LayerRunner(module), {}
 
 
 class ModuleContext:
-    """Which of the model's modules is running, so that the composite's name and type rules
-    reach the operations inside code that runs eagerly, as they reach a captured graph's nodes.
+    """Which of the model's modules is running, in code that runs eagerly.
 
-    Module calls are followed by forward hooks registered for the time of one run and acting only
-    for the modules in ``names`` on the thread that made them; the model itself gets no hook."""
+    The composite's name and type rules thereby reach the operations inside code that runs
+    eagerly, as they reach a captured graph's nodes. Module calls are followed by forward hooks
+    registered for the time of one run and acting only for the modules in ``names`` on the
+    thread that made them; the model itself gets no hook.
+
+    Parameters
+    ----------
+    names : dict of int to str
+        The qualified names of the followed modules, by id.
+    """
 
     def __init__(self, names: dict[int, str]) -> None:
         self.names = names
@@ -175,6 +230,13 @@ class ModuleContext:
 
     @contextmanager
     def followed(self) -> Iterator[None]:
+        """Follow the module calls of this thread while active (the running ones are on :attr:`stack`).
+
+        Yields
+        ------
+        None
+        """
+
         def enter(module: nn.Module, args: Any) -> None:
             if id(module) in self.names:
                 self.stack.append(module)
@@ -198,14 +260,24 @@ _OBSERVER: contextvars.ContextVar[OperationObserver | None] = contextvars.Contex
 
 @contextmanager
 def operations_observed(observer: OperationObserver) -> Iterator[None]:
-    """While active (in this thread or task), ``observer(interpretation, name, has_rule)`` is
-    called for every torch call under :class:`RelevanceMode` whose arguments and result carry
-    relevance: the interpretation (``.site`` says which node runs), the operation's name and
-    whether the registry has it (``False``: its gradient is used, or strict names it). Code run
-    eagerly has no graph to count, so this is how its coverage is counted
-    (benchmarks/timm_sweep.py). Parts run eagerly then run under the relevance mode at every call,
-    not from their recordings (:mod:`fxlrp.eager.replay`): a replayed graph makes no calls to
-    observe."""
+    """Observe every torch call under :class:`RelevanceMode` whose arguments and result carry relevance.
+
+    Code run eagerly has no graph to count, so this is how its coverage is counted
+    (benchmarks/timm_sweep.py). While active (in this thread or task), parts run eagerly run
+    under the relevance mode at every call, not from their recordings
+    (:mod:`fxlrp.eager.replay`): a replayed graph makes no calls to observe.
+
+    Parameters
+    ----------
+    observer : OperationObserver
+        Called as ``observer(interpretation, name, has_rule)``: the interpretation (``.site``
+        says which node runs), the operation's name and whether the registry has it (``False``:
+        its gradient is used, or strict names it).
+
+    Yields
+    ------
+    None
+    """
     token = _OBSERVER.set(observer)
     try:
         yield
@@ -214,13 +286,29 @@ def operations_observed(observer: OperationObserver) -> Iterator[None]:
 
 
 def current_observer() -> OperationObserver | None:
-    """The observer of :func:`operations_observed` active here, if any."""
+    """The observer of :func:`operations_observed` active here, if any.
+
+    Returns
+    -------
+    OperationObserver or None
+        The observer; None outside :func:`operations_observed`.
+    """
     return _OBSERVER.get()
 
 
 class Interpretation:
-    """Rules and bookkeeping for one run of library code under :class:`RelevanceMode`;
-    ``observer``: see :func:`operations_observed`."""
+    """Rules and bookkeeping for one run of library code under :class:`RelevanceMode`.
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The call of the part run eagerly (or of the library function): its rule, site and
+        composite, and the calls kept for the operations inside.
+    context : ModuleContext, optional
+        Which of the model's modules is running, where the composite chooses by module.
+    observer : OperationObserver, optional
+        See :func:`operations_observed`.
+    """
 
     def __init__(self, call: RelevanceCall, context: ModuleContext | None = None,
                  observer: OperationObserver | None = None) -> None:
@@ -246,6 +334,12 @@ class Interpretation:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
+        """Let torch calls run natively while active (inside a relevance function fxlrp runs).
+
+        Yields
+        ------
+        None
+        """
         active, self.active = self.active, False
         try:
             yield
@@ -253,9 +347,25 @@ class Interpretation:
             self.active = active
 
     def rule_for(self, operation: Operation, module: nn.Module | None, first: bool, relevance_factors: int) -> Any:
-        """The composite's rule for ``operation`` run by ``module`` (the innermost running module,
-        or None), as the first layer or not, with ``relevance_factors`` of its factors carrying
-        relevance (see :meth:`fxlrp.rules.composites.Composite.resolve`)."""
+        """The composite's rule for ``operation`` run by ``module``.
+
+        Parameters
+        ----------
+        operation : Operation
+            The registered operation.
+        module : nn.Module or None
+            The innermost running module, or None.
+        first : bool
+            Whether the call is a first layer.
+        relevance_factors : int
+            How many of its factors carry relevance.
+
+        Returns
+        -------
+        Rule or None
+            What :meth:`fxlrp.rules.composites.Composite.resolve` gives; None for operations
+            that are not affine.
+        """
         if operation.kind is not Kind.AFFINE:
             return None
         site, composite = self.site, self.composite
@@ -272,10 +382,27 @@ class Interpretation:
         return composite.resolve(inner, operation)
 
     def call_for(self, operation: Operation, args: tuple, kwargs: dict[str, Any]) -> RelevanceCall:
-        """The :class:`RelevanceCall` of this call with arguments ``args, kwargs``: one per module,
-        operation, first-layer flag and, for a product, whether several of its factors carry
-        relevance; kept by the enclosing call across runs, so that the rule is chosen once (not at
-        every call of a torch function) and parameter transforms (z+'s ``w+``) are made once."""
+        """The :class:`RelevanceCall` of this call of ``operation``.
+
+        There is one per module, operation, first-layer flag and, for a product, whether several
+        of its factors carry relevance; it is kept by the enclosing call across runs, so that the
+        rule is chosen once (not at every call of a torch function) and parameter transforms
+        (z+'s ``w+``) are made once.
+
+        Parameters
+        ----------
+        operation : Operation
+            The registered operation.
+        args : tuple
+            The call's positional arguments.
+        kwargs : dict
+            The call's keyword arguments.
+
+        Returns
+        -------
+        RelevanceCall
+            The call's rule and settings.
+        """
         first = self.holds_first_layer and self.composite.may_hold_first_layer(operation) and self._meets_input(args)
         context = self.context  # the innermost running module, read inline: this runs for every torch call
         module = context.stack[-1] if context is not None and context.stack else None
@@ -301,7 +428,24 @@ class Interpretation:
         return entry[1]
 
     def run(self, operation: Operation, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """``operation``'s relevance function on this call, or the native call without one."""
+        """``operation``'s relevance function on this call, or the native call without one.
+
+        Parameters
+        ----------
+        operation : Operation
+            The registered operation.
+        function : callable
+            The called function.
+        args : tuple
+            The call's positional arguments.
+        kwargs : dict
+            The call's keyword arguments.
+
+        Returns
+        -------
+        Any
+            The call's output.
+        """
         if operation.relevance is None:
             return function(*args, **kwargs)
         result = operation.explained(self.call_for(operation, args, kwargs), function, *args, **kwargs)
@@ -311,8 +455,18 @@ class Interpretation:
         return result
 
     def enter(self, args: tuple, kwargs: dict) -> None:
-        """Record where relevance starts in the run - its relevance-carrying inputs, the outputs
-        of source operations (an embedding lookup) - for the first layers that meet them."""
+        """Record where relevance starts in the run, for the first layers that meet it.
+
+        Relevance starts at the run's relevance-carrying inputs and at the outputs of source
+        operations (an embedding lookup).
+
+        Parameters
+        ----------
+        args : tuple
+            Positional inputs (or a source's output).
+        kwargs : dict
+            Keyword inputs.
+        """
         if not self.holds_first_layer:
             return
         pending = [*args, *kwargs.values()]
@@ -353,9 +507,28 @@ class Interpretation:
         return [node for node, _ in item.next_functions if node is not None]
 
     def unsupported(self, name: str, result: Any) -> Any:
-        """An operation without a rule on a relevance-carrying tensor: its gradient is used; with
-        ``strict`` it is recorded, and :meth:`raise_unsupported` names every such call at the end
-        of the run."""
+        """Handle an operation without a rule on a relevance-carrying tensor: its gradient is used.
+
+        With ``strict`` it is recorded, and :meth:`raise_unsupported` names every such call at
+        the end of the run; otherwise it warns.
+
+        Parameters
+        ----------
+        name : str
+            The operation's name, as the user writes it.
+        result : Any
+            The operation's native output.
+
+        Returns
+        -------
+        Any
+            ``result``.
+
+        Raises
+        ------
+        GradientFormUnavailable
+            In the gradient form, which such an operation has none of.
+        """
         require_relevance_form(name)  # "follows the gradient" means relevance, not R / x
         where = calling_line()
         if self.call.strict:
@@ -366,6 +539,13 @@ class Interpretation:
         return result
 
     def raise_unsupported(self) -> None:
+        """Name every operation without a rule met in the run (with ``strict``).
+
+        Raises
+        ------
+        UnsupportedOperationError
+            If the run met any.
+        """
         if not self.unsupported_calls:
             return
         inside = self.call.site.module_name if self.call.site and self.call.site.module_name else "the model"
@@ -420,8 +600,21 @@ _dispatches_version = -1
 
 
 def dispatch_of(function: Any) -> Dispatch:
-    """:func:`_lookup`, made once per function (this runs at every torch call of code run
-    eagerly); made again once the registry has changed."""
+    """How calls of a torch function or Tensor method are handled.
+
+    Made once per function (this runs at every torch call of code run eagerly); made again once
+    the registry has changed.
+
+    Parameters
+    ----------
+    function : Any
+        The function a torch function mode sees.
+
+    Returns
+    -------
+    Dispatch
+        The handling.
+    """
     global _dispatches_version
     if _dispatches_version != REGISTRY.version:
         _dispatches.clear()
@@ -436,7 +629,13 @@ def dispatch_of(function: Any) -> Dispatch:
 
 
 class RelevanceMode(TorchFunctionMode):
-    """Routes torch calls on relevance-carrying tensors to the registry's relevance functions."""
+    """Routes torch calls on relevance-carrying tensors to the registry's relevance functions.
+
+    Parameters
+    ----------
+    interpretation : Interpretation
+        The run's rules and bookkeeping.
+    """
 
     def __init__(self, interpretation: Interpretation) -> None:
         super().__init__()
@@ -526,14 +725,23 @@ def _write(function: Any, args: tuple, kwargs: dict, views: Views) -> Any:
 
 
 class Views:
-    """The views of relevance-carrying tensors taken in one run (by their base), so that after a
-    write has replaced a base (:func:`replace_values`) each view taken before it is taken again
-    of the written base, as it would see the write in memory."""
+    """The views of relevance-carrying tensors taken in one run, by their base.
+
+    After a write has replaced a base (:func:`replace_values`) each view taken before it is
+    taken again of the written base, as it would see the write in memory.
+    """
 
     def __init__(self) -> None:
         self.of_base: dict[int, tuple[weakref.ref, list[weakref.ref]]] = {}
 
     def note(self, view: Tensor) -> None:
+        """Note a view (held weakly).
+
+        Parameters
+        ----------
+        view : Tensor
+            A view of a relevance-carrying tensor.
+        """
         base = view._base
         entry = self.of_base.get(id(base))
         if entry is None or entry[0]() is not base:
@@ -541,28 +749,69 @@ class Views:
         entry[1].append(weakref.ref(view))
 
     def taken_of(self, base: Tensor) -> list[Tensor]:
-        """The views of ``base`` still alive."""
+        """The views of ``base`` still alive.
+
+        Parameters
+        ----------
+        base : Tensor
+            A base tensor.
+
+        Returns
+        -------
+        list of Tensor
+            Its noted views that are alive.
+        """
         entry = self.of_base.get(id(base))
         if entry is None or entry[0]() is not base:
             return []
         return [view for view in (reference() for reference in entry[1]) if view is not None]
 
     def take_again(self, views: list[Tensor], base: Tensor, old: Tensor) -> None:
-        """Make ``views`` (of ``old``, which ``base`` replaced) views of ``base``."""
+        """Make ``views`` of ``old`` views of ``base``, which replaced it.
+
+        Parameters
+        ----------
+        views : list of Tensor
+            The views, changed in place.
+        base : Tensor
+            The written base.
+        old : Tensor
+            The tensor the views were taken of.
+        """
         for view in views:
             _swap(view, view_of_written(base, view, old))
 
 
 def replace_values(target: Tensor, new: Tensor, views: Views | None = None) -> Tensor:
-    """Make ``target`` hold ``new``'s values and relevance, as an in-place write into ``target``
-    would, without writing into memory that a relevance function keeps for its backward (its
-    input, or its output as the epsilon rule's denominator; writing there would change the
-    relevance or fail). The Python object ``target`` is given ``new``'s tensor (the mechanism of
+    """Make ``target`` hold ``new``'s values and relevance, as an in-place write into ``target`` would.
+
+    Nothing is written into memory that a relevance function keeps for its backward (its input,
+    or its output as the epsilon rule's denominator; writing there would change the relevance or
+    fail). The Python object ``target`` is given ``new``'s tensor (the mechanism of
     ``torch.utils.swap_tensors``, without its check that nothing else holds ``target``'s tensor:
     what holds it is exactly the relevance functions, which keep the old values); code holding
     ``target`` sees the new values, as after an in-place write. A write into a view reaches its
-    base the same way: the base is replaced by a copy with the view's region written; views of
-    the base taken before (``views``) are taken again of the copy."""
+    base the same way: the base is replaced by a copy with the view's region written.
+
+    Parameters
+    ----------
+    target : Tensor
+        The tensor written into.
+    new : Tensor
+        The values it takes, of its shape (cast to its dtype).
+    views : Views, optional
+        The run's views; those of the base taken before are taken again of the copy.
+
+    Returns
+    -------
+    Tensor
+        ``target``, now standing for the new values.
+
+    Raises
+    ------
+    RuntimeError
+        If ``new`` has another shape than ``target``.
+    """
     if new.shape != target.shape:
         raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape "
                            f"{list(new.shape)}")
@@ -629,13 +878,35 @@ def _forward_explained(interpretation: Interpretation, function: type[Function],
 
 
 def intercepted_functions() -> tuple[Callable[..., Any], ...]:
-    """Library functions explained as a whole when library code calls them."""
+    """Library functions explained as a whole when library code calls them.
+
+    Returns
+    -------
+    tuple of callable
+        The registry's leaf functions and graph softmax's functions.
+    """
     return (*REGISTRY.leaf_functions(), *REGISTRY.operations["graph_softmax"].functions)
 
 
 def interpret(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Relevance function of library modules and functions: run ``function`` with every torch
-    operation on relevance-carrying tensors explained by its registry entry."""
+    """Relevance function of library modules and functions, run with every torch operation explained.
+
+    Each torch operation on relevance-carrying tensors is explained by its registry entry.
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's rule and settings.
+    function : callable
+        The library module or function.
+    *args, **kwargs
+        Its arguments.
+
+    Returns
+    -------
+    Any
+        What ``function`` returns (natively run where no argument carries relevance).
+    """
     if not torch.is_grad_enabled() or not _arguments_carry(args, kwargs):
         return function(*args, **kwargs)
     return run_interpreted(call, function, args, kwargs, current_observer())
@@ -643,10 +914,35 @@ def interpret(call: RelevanceCall, function: Callable[..., Any], *args: Any, **k
 
 def run_interpreted(call: RelevanceCall, function: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                     observer: OperationObserver | None = None) -> Any:
-    """Run ``function(*args, **kwargs)`` under :class:`RelevanceMode`; for a :class:`LayerRunner`
-    the composite's name and type rules follow the module calls inside it (where it has any:
-    following costs a hook call at every module call). With ``call.strict``, operations without
-    a rule are named together once the run is over. ``observer``: see :func:`operations_observed`."""
+    """Run ``function(*args, **kwargs)`` under :class:`RelevanceMode`.
+
+    For a :class:`LayerRunner` the composite's name and type rules follow the module calls
+    inside it (where it has any: following costs a hook call at every module call).
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's rule and settings.
+    function : callable
+        A :class:`LayerRunner`, or a library function.
+    args : tuple
+        Positional arguments.
+    kwargs : dict
+        Keyword arguments.
+    observer : OperationObserver, optional
+        See :func:`operations_observed`.
+
+    Returns
+    -------
+    Any
+        What ``function`` returns.
+
+    Raises
+    ------
+    UnsupportedOperationError
+        With ``call.strict``, naming together every operation without a rule, once the run is
+        over.
+    """
     interpretation = Interpretation(call, observer=observer)
     interpretation.runs_module = isinstance(function, LayerRunner)
     interpretation.enter(args, kwargs)

@@ -106,7 +106,17 @@ def _joined(prefix: str, name: str) -> str:
 
 
 class Recorder(TorchFunctionMode):
-    """Writes every torch call of one run into ``graph`` (see the module's docstring)."""
+    """Writes every torch call of one run into ``graph`` (see the module's docstring).
+
+    Parameters
+    ----------
+    root : nn.Module
+        The recorded module.
+    prefix : str
+        Its qualified name in the model.
+    is_leaf_module : callable
+        ``is_leaf_module(module, name)``: whether a module's call is one node.
+    """
 
     def __init__(self, root: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, str], bool]) -> None:
         super().__init__()
@@ -137,6 +147,15 @@ class Recorder(TorchFunctionMode):
     # -- values ----------------------------------------------------------------------------------
 
     def input(self, name: str, tensor: Tensor) -> None:
+        """Add a placeholder for an input tensor of the run.
+
+        Parameters
+        ----------
+        name : str
+            The placeholder's name.
+        tensor : Tensor
+            The input.
+        """
         self._keep(tensor, self.graph.placeholder(name), variable=True)
 
     def _keep(self, tensor: Tensor, node: fx.Node, variable: bool) -> None:
@@ -145,6 +164,23 @@ class Recorder(TorchFunctionMode):
             self.variable.add(node)
 
     def node_of(self, tensor: Tensor) -> fx.Node:
+        """The node that stands for ``tensor`` in the graph.
+
+        Parameters
+        ----------
+        tensor : Tensor
+            A tensor of the run, or a parameter, buffer or tensor attribute of the modules.
+
+        Returns
+        -------
+        fx.Node
+            Its node (a get_attr node, made on first use, for the module's tensors).
+
+        Raises
+        ------
+        RecordingFailed
+            If the tensor came from outside the module's inputs, parameters and buffers.
+        """
         known = self.values.get(id(tensor))
         if known is not None and known[0] is tensor:
             return known[1]
@@ -178,6 +214,19 @@ class Recorder(TorchFunctionMode):
         raise RecordingFailed(f"it hands a {type(value).__name__} module to a function")
 
     def reads_variable(self, value: Any) -> bool:
+        """Whether ``value`` holds a tensor whose values may differ between runs of one signature.
+
+        Parameters
+        ----------
+        value : Any
+            A call's arguments (any pytree).
+
+        Returns
+        -------
+        bool
+            True if a tensor in it was computed from the inputs or the module's tensors, or lies
+            on storage such values were written into.
+        """
         return any(self.node_of(leaf) in self.variable or _storage(leaf) in self.written
                    for leaf in pytree.tree_leaves(value) if isinstance(leaf, Tensor))
 
@@ -198,6 +247,21 @@ class Recorder(TorchFunctionMode):
     # -- calls -----------------------------------------------------------------------------------
 
     def record(self, kind: str, target: Any, args: tuple, kwargs: dict, value: Any) -> None:
+        """Write one call into the graph.
+
+        Parameters
+        ----------
+        kind : str
+            The node's op (``"call_function"``, ``"call_method"``, ``"call_module"``).
+        target : Any
+            The node's target.
+        args : tuple
+            The call's positional arguments.
+        kwargs : dict
+            The call's keyword arguments.
+        value : Any
+            The call's result, whose tensors the node then stands for.
+        """
         variable = self.reads_variable((args, kwargs))
         node = self.graph.create_node(kind, target, *pytree.tree_map(
             lambda value: self._argument(value) if isinstance(value, (Tensor, nn.Module)) else as_python_number(value),
@@ -253,6 +317,12 @@ class Recorder(TorchFunctionMode):
 
     @contextmanager
     def paused_recording(self) -> Iterator[None]:
+        """Record nothing while active (inside a call recorded as one node).
+
+        Yields
+        ------
+        None
+        """
         paused, self.paused = self.paused, True
         try:
             yield
@@ -262,7 +332,18 @@ class Recorder(TorchFunctionMode):
     # -- modules and library functions -----------------------------------------------------------
 
     def module_call(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        """``nn.Module.__call__`` while recording: a leaf module's call is one node."""
+        """``nn.Module.__call__`` while recording: a leaf module's call is one node.
+
+        Parameters
+        ----------
+        call : callable
+            The original ``nn.Module.__call__``.
+
+        Returns
+        -------
+        callable
+            The replacement, which also notes the module stack of each node.
+        """
         recorder = self
 
         def recorded_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -283,7 +364,24 @@ class Recorder(TorchFunctionMode):
         return recorded_call
 
     def leaf_function(self, function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
-        """A library function fxlrp explains as a whole (PyG's ``scatter``): one node."""
+        """A library function fxlrp explains as a whole (PyG's ``scatter``): one node.
+
+        Parameters
+        ----------
+        function : Any
+            The library function.
+        args : tuple
+            Its positional arguments.
+        kwargs : dict
+            Its keyword arguments.
+        original : callable
+            Runs the function's own code.
+
+        Returns
+        -------
+        Any
+            The function's result.
+        """
         if self.paused:  # (intercepted calls reach the handler on its own thread only)
             return original(*args, **kwargs)
         with self.paused_recording():
@@ -301,18 +399,31 @@ CONSTANT_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, 
 
 @dataclass
 class Recording:
-    """A recorded run: its graph (placeholders: the tensors of the call's arguments in pytree
-    order; output: the list of the result's tensors), and how to rebuild the result from them."""
+    """A recorded run: its graph, and how to rebuild the result from the graph's output."""
 
     graph: fx.Graph
+    """Placeholders: the tensors of the call's arguments in pytree order; output: the list of the
+    result's tensors."""
     root: nn.Module
     """The recorded module's modules, parameters and buffers the graph names, at their paths."""
     output_spec: pytree.TreeSpec
+    """The structure of the result."""
     output_constants: list[Any]
     """The result's leaves: the non-tensor ones, and :data:`TENSOR` where a tensor goes."""
 
     def rebuild(self, tensors: list[Tensor]) -> Any:
-        """The result of a run whose graph returned ``tensors``."""
+        """The result of a run whose graph returned ``tensors``.
+
+        Parameters
+        ----------
+        tensors : list of Tensor
+            The graph's output.
+
+        Returns
+        -------
+        Any
+            The result, built as the recorded run's was.
+        """
         supply = iter(tensors)
         leaves = []
         for constant in self.output_constants:
@@ -327,14 +438,29 @@ class Recording:
 
 @dataclass
 class HeldTensors:
-    """An object of the result that holds tensors of the run in its attributes (a cache of keys
-    and values): rebuilt as a copy of the recorded object with the new run's tensors in their
-    places."""
+    """An object of the result that holds tensors of the run in its attributes (a cache of keys and values).
+
+    It is rebuilt as a copy of the recorded object with the new run's tensors in their places.
+    """
 
     template: Any
+    """The recorded object."""
     tensors: list[Tensor]
+    """The run's tensors it holds."""
 
     def rebuilt(self, tensors: list[Tensor]) -> Any:
+        """A copy of the recorded object with ``tensors`` in the places of the recorded ones.
+
+        Parameters
+        ----------
+        tensors : list of Tensor
+            The new run's tensors, in the order of :attr:`tensors`.
+
+        Returns
+        -------
+        Any
+            The copy.
+        """
         memo: dict[int, Any] = {id(old): new for old, new in zip(self.tensors, tensors, strict=True)}
         return copy.deepcopy(self.template, memo)
 
@@ -381,10 +507,35 @@ TENSOR = object()
 def record(module: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, str], bool],
            leaf_functions: tuple[Callable[..., Any], ...], run: Callable[..., Any], args: tuple,
            kwargs: dict) -> Recording:
-    """Record ``run(*args, **kwargs)``, a call of ``module`` (named ``prefix`` in the model), on
-    copies of the tensors of ``args`` and ``kwargs``; :class:`RecordingFailed` says why a run
-    cannot be recorded. Library functions in ``leaf_functions`` and modules ``is_leaf_module``
-    accepts are single nodes."""
+    """Record ``run(*args, **kwargs)``, a call of ``module``, on copies of the tensors of the arguments.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The recorded module.
+    prefix : str
+        Its qualified name in the model.
+    is_leaf_module : callable
+        ``is_leaf_module(module, name)``: modules whose calls are single nodes.
+    leaf_functions : tuple of callable
+        Library functions whose calls are single nodes.
+    run : callable
+        Runs the module (a :class:`~fxlrp.eager.interpret.LayerRunner`).
+    args : tuple
+        Positional arguments.
+    kwargs : dict
+        Keyword arguments.
+
+    Returns
+    -------
+    Recording
+        The recorded graph and how to rebuild the result.
+
+    Raises
+    ------
+    RecordingFailed
+        Saying why the run cannot be recorded.
+    """
     recorder = Recorder(module, prefix, is_leaf_module)
     leaves, input_spec = pytree.tree_flatten((args, kwargs))
     for index, leaf in enumerate(leaves):

@@ -1,13 +1,13 @@
 """Parts run eagerly, replayed as recorded graphs for input signatures they meet again.
 
 A part torch.fx cannot trace runs its module's code under the relevance mode, which pays Python
-at every torch call of every explanation (on an 8-layer Llama that is 3-4% of an explanation).
-When a part meets an input signature (:func:`signature`: the tensors' shapes, strides, dtypes,
-devices and whether they carry relevance, every other argument's value, and whether relevance
-travels in the gradient form, where layers and sums are plain calls) for the second
-time, its run is recorded into a graph (:mod:`fxlrp.eager.record`), which goes through the same
-pipeline as a captured graph - canonicalise, the composite's rules, rewrite - and later runs of
-that signature run the rewritten graph. A run the recording refuses (Python read values of the
+at every torch call of every explanation. When a part meets an input signature
+(:func:`signature`: the tensors' shapes, strides, dtypes, devices and whether they carry
+relevance, every other argument's value, and whether relevance travels in the gradient form,
+where layers and sums are plain calls) for the second time, its run is recorded into a graph
+(:mod:`fxlrp.eager.record`), which goes through the same pipeline as a captured graph -
+canonicalise, the composite's rules, rewrite - and later runs of that signature run the
+rewritten graph. A run the recording refuses (Python read values of the
 run, see :mod:`fxlrp.eager.record`), and a graph with an operation the rewrite has no rule for, keep
 running eagerly: the relevance mode then decides per call, and names or warns as it does.
 Recorded graphs are kept for :data:`KEPT` signatures per part (the most recently used).
@@ -40,9 +40,21 @@ KEPT = 8
 
 
 def signature(leaves: list[Any], spec: pytree.TreeSpec) -> Hashable | None:
-    """What a recorded graph of a call with these arguments (``pytree.tree_flatten((args,
-    kwargs))``) is valid for, or None when an argument is not a value a signature can hold (an
-    object, a cache)."""
+    """What a recorded graph of a call with these arguments is valid for.
+
+    Parameters
+    ----------
+    leaves : list
+        The arguments' leaves, from ``pytree.tree_flatten((args, kwargs))``.
+    spec : pytree.TreeSpec
+        Their structure.
+
+    Returns
+    -------
+    hashable or None
+        The signature; None when an argument is not a value a signature can hold (an object, a
+        cache).
+    """
     described: list[Hashable] = [spec, torch.is_grad_enabled(), torch.get_default_dtype(), gradient_form_active()]
     for leaf in leaves:
         if isinstance(leaf, Tensor):
@@ -64,10 +76,23 @@ class Replay:
     """A recorded run rewritten with the conversion's rules."""
 
     graph_module: fx.GraphModule
+    """The rewritten graph."""
     recording: Recording
+    """The recording, which rebuilds the result from the graph's output."""
 
     def __call__(self, tensors: list[Tensor]) -> Any:
-        """The result for a call whose arguments hold ``tensors`` (in pytree order)."""
+        """The result for a call whose arguments hold ``tensors``.
+
+        Parameters
+        ----------
+        tensors : list of Tensor
+            The tensors among the call's arguments, in pytree order.
+
+        Returns
+        -------
+        Any
+            The result, as the part's forward would return it.
+        """
         return self.recording.rebuild(self.graph_module(*tensors))
 
 
@@ -81,8 +106,13 @@ class Recordings:
         self.lock = threading.Lock()
 
     def summary(self) -> str:
-        """What :meth:`fxlrp.explain.explainer.Explainer.report` says of this part: the signatures it
-        replays, and why the others run eagerly (each reason once)."""
+        """What :meth:`fxlrp.explain.explainer.Explainer.report` says of this part.
+
+        Returns
+        -------
+        str
+            The signatures it replays, and why the others run eagerly (each reason once).
+        """
         with self.lock:
             sizes = [len(replay.graph_module.graph.nodes) for replay in self.replays.values()]
             reasons = list(dict.fromkeys(self.refused.values()))
@@ -95,8 +125,25 @@ class Recordings:
 
     def replay_for(self, call: RelevanceCall, runner: LayerRunner, args: tuple,
                    kwargs: dict) -> Callable[[], Any] | None:
-        """This call run by the replay of its signature (kept, or recorded now: the signature's
-        second call), or None (run eagerly)."""
+        """This call run by the replay of its signature.
+
+        Parameters
+        ----------
+        call : RelevanceCall
+            The part's call (its composite rewrites the recorded graph).
+        runner : LayerRunner
+            The part's runner.
+        args : tuple
+            Positional arguments.
+        kwargs : dict
+            Keyword arguments.
+
+        Returns
+        -------
+        callable or None
+            Runs the replay of the signature (kept, or recorded at the signature's second call);
+            None where the call is to run eagerly.
+        """
         leaves, spec = pytree.tree_flatten((args, kwargs))  # (once per call: the signature and the replay's inputs)
         replay = self._replay(call, runner, args, kwargs, signature(leaves, spec))
         return None if replay is None else partial(replay, [leaf for leaf in leaves if isinstance(leaf, Tensor)])
@@ -152,7 +199,8 @@ def _leaf_modules() -> Callable[[nn.Module, str], bool]:
 
 def _reason(refusal: Exception) -> str:
     """Why a signature is not recorded, for the report: a recording's own reason whole, on one line
-    (it ends with the model's file, line and code that caused it, which a cut first line lost);
+    (it ends with the model's file, line and code that caused it, which cutting it at its first
+    line would lose);
     any other error's first line."""
     if isinstance(refusal, RecordingFailed):
         return f"{type(refusal).__name__}: " + ": ".join(line.strip() for line in str(refusal).strip().splitlines())
