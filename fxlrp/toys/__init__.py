@@ -15,9 +15,16 @@ import torch
 
 @contextmanager
 def single_thread() -> Iterator[None]:
-    """Run with one intra-op thread, restoring the setting after. The toy models are so small
-    that several threads only add synchronisation; on a busy machine, much of it (a 40-step
-    training run: 0.5 s with one thread, 26 s with two on two shared cores)."""
+    """Run with one intra-op thread, restoring the setting after.
+
+    The toy models are so small that several threads only add synchronisation; on a machine
+    whose cores are busy, threads that wait for each other can make a small training run many
+    times slower than one thread.
+
+    Yields
+    ------
+    None
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,10 +1,10 @@
 """Generated "infection" graphs and a scatter-based graph network that learns them.
 
-The task (after the graph-network explainability experiments fxlrp's seeds come from): each
-node is healthy, sick or immune; each directed edge is a real contact or a virtual one (no
-contact). After one step a node is sick if it was sick, or if it was healthy and a sick node
-reaches it through a real edge. An edge "infects" when it is real, its sender is sick and its
-receiver healthy. A good explanation of "node v gets sick" points at v (healthy), at a sick
+The task comes from graph-network explainability experiments: each node is healthy, sick or
+immune; each directed edge is a real contact or a virtual one (no contact). After one step a
+node is sick if it was sick, or if it was healthy and a sick node reaches it through a real
+edge. An edge "infects" when it is real, its sender is sick and its receiver healthy. A good
+explanation of "node v gets sick" points at v (healthy), at a sick
 sender and at the real edge between them, and not at virtual edges or immune nodes.
 """
 
@@ -24,27 +24,41 @@ EDGE_KINDS = ("real", "virtual")
 
 @dataclass(frozen=True)
 class InfectionGraphs:
-    """A batch of graphs as one disjoint union.
-
-    ``nodes``: one-hot states ``[n, 3]``; ``edges``: one-hot kinds ``[e, 2]``; ``senders``,
-    ``receivers``: ``[e]`` node indices; ``sick_next``: ``[n]`` targets; ``infecting``: ``[e]``
-    targets; ``graph_of_node``: ``[n]`` graph index.
-    """
+    """A batch of graphs as one disjoint union."""
 
     nodes: Tensor
+    """One-hot states ``[n, 3]`` (:data:`NODE_STATES`)."""
     edges: Tensor
+    """One-hot kinds ``[e, 2]`` (:data:`EDGE_KINDS`)."""
     senders: Tensor
+    """``[e]`` node indices."""
     receivers: Tensor
+    """``[e]`` node indices."""
     sick_next: Tensor
+    """``[n]`` targets: 1 for a node sick after the step."""
     infecting: Tensor
+    """``[e]`` targets: 1 for an edge that infects."""
     graph_of_node: Tensor
+    """``[n]`` graph index."""
 
     @property
     def edge_index(self) -> Tensor:
+        """``[2, e]``: senders and receivers, as PyG writes edges."""
         return torch.stack([self.senders, self.receivers])
 
     def graph(self, index: int) -> InfectionGraphs:
-        """The ``index``-th graph alone, with node indices starting at 0."""
+        """The ``index``-th graph alone, with node indices starting at 0.
+
+        Parameters
+        ----------
+        index : int
+            The graph's index.
+
+        Returns
+        -------
+        InfectionGraphs
+            The graph.
+        """
         node_mask = self.graph_of_node == index
         first = int(node_mask.nonzero()[0])
         edge_mask = node_mask[self.senders]
@@ -56,7 +70,30 @@ class InfectionGraphs:
 def generate_infection_graphs(count: int, min_nodes: int = 10, max_nodes: int = 20, contacts: int = 2,
                               sick: float = 0.2, immune: float = 0.2, virtual: float = 0.3,
                               seed: int = 0) -> InfectionGraphs:
-    """``count`` random graphs; every node sends ``contacts`` edges to random other nodes."""
+    """``count`` random graphs; every node sends ``contacts`` edges to random other nodes.
+
+    Parameters
+    ----------
+    count : int
+        The number of graphs.
+    min_nodes, max_nodes : int, default 10, 20
+        The bounds of each graph's number of nodes (both included).
+    contacts : int, default 2
+        Edges each node sends.
+    sick : float, default 0.2
+        The probability that a node is sick.
+    immune : float, default 0.2
+        The probability that a node is immune.
+    virtual : float, default 0.3
+        The probability that an edge is virtual.
+    seed : int, default 0
+        The seed.
+
+    Returns
+    -------
+    InfectionGraphs
+        The graphs, with their targets.
+    """
     generator = torch.Generator().manual_seed(seed)
     parts: dict[str, list[Tensor]] = {key: [] for key in ("nodes", "edges", "senders", "receivers", "graph")}
     offset = 0
@@ -89,7 +126,11 @@ class InfectionNetwork(nn.Module):
 
     messages ``m_e = MLP([x_sender, x_receiver, edge_e])``; incoming ``a_v = sum_{e -> v} m_e``
     (``torch_scatter.scatter_add``); node logit ``MLP([x_v, a_v])``; edge logit ``w^T m_e``.
-    Returns ``(node_logits [n], edge_logits [e])``.
+
+    Parameters
+    ----------
+    hidden : int, default 32
+        The width of messages and hidden layers.
     """
 
     def __init__(self, hidden: int = 32) -> None:
@@ -101,6 +142,24 @@ class InfectionNetwork(nn.Module):
         self.edge_readout = nn.Linear(hidden, 1)
 
     def forward(self, nodes: Tensor, edges: Tensor, senders: Tensor, receivers: Tensor) -> tuple[Tensor, Tensor]:
+        """The node and edge logits.
+
+        Parameters
+        ----------
+        nodes : Tensor
+            One-hot node states ``[n, 3]``.
+        edges : Tensor
+            One-hot edge kinds ``[e, 2]``.
+        senders, receivers : Tensor
+            ``[e]`` node indices.
+
+        Returns
+        -------
+        node_logits : Tensor
+            ``[n]``, for "sick after the step".
+        edge_logits : Tensor
+            ``[e]``, for "infects".
+        """
         from torch_scatter import scatter_add
 
         messages = self.message(torch.cat([nodes[senders], nodes[receivers], edges], dim=1))
@@ -111,7 +170,26 @@ class InfectionNetwork(nn.Module):
 
 def train_infection_network(model: InfectionNetwork, steps: int = 300, graphs_per_step: int = 32,
                             learning_rate: float = 1e-2, seed: int = 0) -> InfectionNetwork:
-    """Adam on the node and edge cross-entropies, fresh graphs every step; eval mode after."""
+    """Train with Adam on the node and edge cross-entropies, fresh graphs every step.
+
+    Parameters
+    ----------
+    model : InfectionNetwork
+        The network, trained in place.
+    steps : int, default 300
+        Training steps.
+    graphs_per_step : int, default 32
+        Graphs generated for each step.
+    learning_rate : float, default 1e-2
+        Adam's learning rate.
+    seed : int, default 0
+        The seed of the generated graphs.
+
+    Returns
+    -------
+    InfectionNetwork
+        ``model``, in eval mode.
+    """
     with single_thread():
         optimiser = torch.optim.Adam(model.parameters(), lr=learning_rate)
         model.train()
@@ -128,7 +206,20 @@ def train_infection_network(model: InfectionNetwork, steps: int = 300, graphs_pe
 
 @torch.no_grad()
 def infection_accuracy(model: nn.Module, graphs: InfectionGraphs) -> tuple[float, float]:
-    """(node accuracy, edge accuracy) of the thresholded logits."""
+    """Accuracy of the thresholded logits on nodes and on edges.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The network.
+    graphs : InfectionGraphs
+        The graphs.
+
+    Returns
+    -------
+    nodes, edges : float
+        The node and the edge accuracy.
+    """
     node_logits, edge_logits = model(graphs.nodes, graphs.edges, graphs.senders, graphs.receivers)
     nodes = ((node_logits > 0).float() == graphs.sick_next).float().mean().item()
     edges = ((edge_logits > 0).float() == graphs.infecting).float().mean().item()
@@ -141,6 +232,22 @@ def explain_node(explain: nn.Module, graphs: InfectionGraphs, node: int) -> tupl
     Starts from the node's logit (``R = logit`` at ``node``, 0 elsewhere) and sums the relevance
     of each node's and each edge's one-hot features. Indices carry no relevance, so only the
     feature tensors are leaves of the backward pass.
+
+    Parameters
+    ----------
+    explain : nn.Module
+        The converted network (``fxlrp.convert(model)``).
+    graphs : InfectionGraphs
+        The graphs.
+    node : int
+        The explained node.
+
+    Returns
+    -------
+    node_relevance : Tensor
+        ``[n]``.
+    edge_relevance : Tensor
+        ``[e]``.
     """
     nodes = graphs.nodes.detach().requires_grad_()
     edges = graphs.edges.detach().requires_grad_()
@@ -153,5 +260,16 @@ def explain_node(explain: nn.Module, graphs: InfectionGraphs, node: int) -> tupl
 
 
 def newly_infected(graphs: InfectionGraphs) -> Tensor:
-    """Indices of healthy nodes that a sick node infects in this step."""
+    """Indices of healthy nodes that a sick node infects in this step.
+
+    Parameters
+    ----------
+    graphs : InfectionGraphs
+        The graphs.
+
+    Returns
+    -------
+    Tensor
+        The nodes' indices.
+    """
     return ((graphs.nodes[:, 0] == 1) & (graphs.sick_next == 1)).nonzero().flatten()
