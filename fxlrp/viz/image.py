@@ -36,17 +36,46 @@ COLOUR_MAPS = ("bwr", "seismic", "coolwarm", "RdBu_r", "cold_and_hot")
 """Names :func:`colour_map` accepts; any other matplotlib colour map name works too."""
 
 CHANNEL_REDUCTIONS = ("sum", "abs_sum", "max_abs", "none")
+"""Names :func:`reduce_channels` accepts."""
 
 
 def as_numpy(values: ArrayLike) -> np.ndarray:
-    """A float64 numpy copy of a tensor or array (detached, on the CPU)."""
+    """A float64 numpy copy of a tensor or array (detached, on the CPU).
+
+    Parameters
+    ----------
+    values : ndarray or Tensor
+        The values.
+
+    Returns
+    -------
+    ndarray
+        The float64 array.
+    """
     if isinstance(values, torch.Tensor):
         return values.detach().cpu().double().numpy()
     return np.asarray(values, dtype=np.float64)
 
 
 def colour_map(name: str | Colormap) -> Colormap:
-    """A matplotlib colour map by name; ``"cold_and_hot"`` is fxlrp's :data:`COLD_AND_HOT`."""
+    """A matplotlib colour map by name.
+
+    Parameters
+    ----------
+    name : str or Colormap
+        A matplotlib colour map name, ``"cold_and_hot"`` (fxlrp's :data:`COLD_AND_HOT`), or a
+        colour map, returned as it is.
+
+    Returns
+    -------
+    Colormap
+        The colour map.
+
+    Raises
+    ------
+    ValueError
+        If no colour map has that name.
+    """
     if isinstance(name, Colormap):
         return name
     if name in ("cold_and_hot", "coldnhot"):
@@ -61,9 +90,27 @@ def colour_map(name: str | Colormap) -> Colormap:
 def reduce_channels(relevance: ArrayLike, reduction: str = "sum", channel_axis: int = -3) -> np.ndarray:
     """Collapse the channel axis of ``[..., channels, height, width]`` relevance.
 
-    ``"sum"``: ``R_hw = sum_c R_chw`` (keeps the sign; relevance of a pixel is the sum over its
-    colours). ``"abs_sum"``: ``sum_c |R_chw|`` (magnitude only). ``"max_abs"``: the channel
-    value with the largest magnitude, sign kept. ``"none"``: the input must have no channel axis.
+    Parameters
+    ----------
+    relevance : ndarray or Tensor
+        The relevance.
+    reduction : {"sum", "abs_sum", "max_abs", "none"}, default "sum"
+        ``"sum"``: ``R_hw = sum_c R_chw`` (keeps the sign; relevance of a pixel is the sum over
+        its colours). ``"abs_sum"``: ``sum_c |R_chw|`` (magnitude only). ``"max_abs"``: the
+        channel value with the largest magnitude, sign kept. ``"none"``: the input must have no
+        channel axis.
+    channel_axis : int, default -3
+        The channel axis.
+
+    Returns
+    -------
+    ndarray
+        The relevance without the channel axis.
+
+    Raises
+    ------
+    ValueError
+        For an unknown reduction, or relevance with fewer than 3 dimensions to reduce.
     """
     values = as_numpy(relevance)
     if reduction == "none":
@@ -84,9 +131,27 @@ def reduce_channels(relevance: ArrayLike, reduction: str = "sum", channel_axis: 
 def normalise_symmetric(heatmaps: ArrayLike, per_map: bool = True, percentile: float = 100.0) -> np.ndarray:
     """Scale ``[..., height, width]`` maps to ``[-1, 1]`` by ``R / max|R|``, keeping zero at zero.
 
-    ``per_map``: each map gets its own scale (the default); otherwise one scale for all.
-    ``percentile`` below 100 uses that percentile of ``|R|`` as the scale and clips beyond it,
-    so that a few extreme pixels do not wash out the rest. All-zero maps stay zero.
+    All-zero maps stay zero.
+
+    Parameters
+    ----------
+    heatmaps : ndarray or Tensor
+        The maps.
+    per_map : bool, default True
+        Whether each map gets its own scale; otherwise one scale for all.
+    percentile : float, default 100.0
+        Below 100, that percentile of ``|R|`` is the scale and values beyond it are clipped, so
+        that a few extreme pixels do not wash out the rest.
+
+    Returns
+    -------
+    ndarray
+        The normalised maps.
+
+    Raises
+    ------
+    ValueError
+        If the maps have fewer than 2 dimensions.
     """
     values = as_numpy(heatmaps)
     if values.ndim < 2:
@@ -103,7 +168,20 @@ def normalise_symmetric(heatmaps: ArrayLike, per_map: bool = True, percentile: f
 
 
 def colourise(normalised: ArrayLike, cmap: str | Colormap = "bwr") -> np.ndarray:
-    """Map values in ``[-1, 1]`` to RGB ``uint8`` with zero at the centre of ``cmap``."""
+    """Map values in ``[-1, 1]`` to RGB ``uint8`` with zero at the centre of ``cmap``.
+
+    Parameters
+    ----------
+    normalised : ndarray or Tensor
+        Values in ``[-1, 1]`` (clipped to it).
+    cmap : str or Colormap, default "bwr"
+        The colour map (:func:`colour_map`).
+
+    Returns
+    -------
+    ndarray
+        ``[..., 3]`` colours.
+    """
     values = as_numpy(normalised)
     rgba = colour_map(cmap)((np.clip(values, -1.0, 1.0) + 1.0) / 2.0)
     return np.round(rgba[..., :3] * 255).astype(np.uint8)
@@ -116,8 +194,25 @@ def heatmap(
     per_map: bool = True,
     percentile: float = 100.0,
 ) -> np.ndarray:
-    """Relevance ``[..., channels, height, width]`` (or ``[..., h, w]`` with ``reduction="none"``)
-    to RGB ``uint8`` ``[..., height, width, 3]``: reduce channels, normalise symmetrically, colour.
+    """Relevance as RGB ``uint8`` pictures: reduce channels, normalise symmetrically, colour.
+
+    Parameters
+    ----------
+    relevance : ndarray or Tensor
+        ``[..., channels, height, width]`` (or ``[..., h, w]`` with ``reduction="none"``).
+    cmap : str or Colormap, default "bwr"
+        The colour map (:func:`colour_map`).
+    reduction : str, default "sum"
+        The channel reduction (:func:`reduce_channels`).
+    per_map : bool, default True
+        Whether each map gets its own scale (:func:`normalise_symmetric`).
+    percentile : float, default 100.0
+        The percentile of ``|R|`` that is the scale (:func:`normalise_symmetric`).
+
+    Returns
+    -------
+    ndarray
+        ``[..., height, width, 3]``.
     """
     return colourise(normalise_symmetric(reduce_channels(relevance, reduction), per_map, percentile), cmap)
 
@@ -125,8 +220,25 @@ def heatmap(
 def image_to_rgb(image: ArrayLike, low: float | None = None, high: float | None = None) -> np.ndarray:
     """An input image ``[..., channels, height, width]`` (1 or 3 channels) as RGB ``uint8``.
 
-    Values are scaled from ``[low, high]`` (default: the image's own range) to ``[0, 255]``,
-    which undoes any per-channel-free normalisation well enough for display.
+    Values are scaled from ``[low, high]`` to ``[0, 255]``, which undoes any per-channel-free
+    normalisation well enough for display.
+
+    Parameters
+    ----------
+    image : ndarray or Tensor
+        The image or images.
+    low, high : float, optional
+        The range of the values; by default the image's own.
+
+    Returns
+    -------
+    ndarray
+        ``[..., height, width, 3]``.
+
+    Raises
+    ------
+    ValueError
+        If the image does not have 1 or 3 channels third from last.
     """
     values = as_numpy(image)
     if values.ndim < 3 or values.shape[-3] not in (1, 3):
@@ -152,7 +264,31 @@ def overlay(
 
     Each pixel blends a grey image with the heatmap colour, weighted by ``strength * |R|`` of the
     normalised relevance: irrelevant pixels show the image, relevant ones the colour.
-    ``image`` and ``relevance`` are ``[..., channels, height, width]`` of the same size.
+
+    Parameters
+    ----------
+    image : ndarray or Tensor
+        ``[..., channels, height, width]``.
+    relevance : ndarray or Tensor
+        ``[..., channels, height, width]``, of the image's size.
+    cmap : str or Colormap, default "bwr"
+        The colour map (:func:`colour_map`).
+    reduction : str, default "sum"
+        The channel reduction (:func:`reduce_channels`).
+    strength : float, default 0.7
+        The weight of the colour at the largest relevance.
+    percentile : float, default 100.0
+        The percentile of ``|R|`` that is the scale (:func:`normalise_symmetric`).
+
+    Returns
+    -------
+    ndarray
+        ``[..., height, width, 3]``.
+
+    Raises
+    ------
+    ValueError
+        If image and relevance differ in size.
     """
     grey = image_to_rgb(image).astype(np.float64).mean(axis=-1, keepdims=True)
     normalised = normalise_symmetric(reduce_channels(relevance, reduction), percentile=percentile)
@@ -164,15 +300,54 @@ def overlay(
 
 
 def enlarge(rgb: np.ndarray, factor: int) -> np.ndarray:
-    """Repeat each pixel ``factor`` times along height and width (small inputs such as 8x8 digits
-    stay crisp: no interpolation invents structure)."""
+    """Repeat each pixel ``factor`` times along height and width.
+
+    Small inputs such as 8x8 digits stay crisp: no interpolation invents structure.
+
+    Parameters
+    ----------
+    rgb : ndarray
+        ``[..., height, width, 3]``.
+    factor : int
+        The repetitions, at least 1.
+
+    Returns
+    -------
+    ndarray
+        ``[..., factor * height, factor * width, 3]``.
+
+    Raises
+    ------
+    ValueError
+        If ``factor < 1``.
+    """
     if factor < 1:
         raise ValueError(f"enlarge factor must be >= 1, got {factor}")
     return np.repeat(np.repeat(rgb, factor, axis=-3), factor, axis=-2)
 
 
 def save_png(rgb: np.ndarray, path: str | Path, scale: int = 1) -> Path:
-    """Save one RGB ``uint8`` picture ``[height, width, 3]`` as PNG; returns the path."""
+    """Save one RGB ``uint8`` picture ``[height, width, 3]`` as PNG.
+
+    Parameters
+    ----------
+    rgb : ndarray
+        The picture.
+    path : str or Path
+        The file; its directory is made if missing.
+    scale : int, default 1
+        Each pixel is saved as ``scale x scale`` pixels (:func:`enlarge`).
+
+    Returns
+    -------
+    Path
+        The path.
+
+    Raises
+    ------
+    ValueError
+        If ``rgb`` is not one RGB picture.
+    """
     if rgb.ndim != 3 or rgb.shape[-1] != 3:
         raise ValueError(f"save_png takes one RGB picture [height, width, 3], got shape {rgb.shape}")
     path = Path(path)
@@ -182,7 +357,29 @@ def save_png(rgb: np.ndarray, path: str | Path, scale: int = 1) -> Path:
 
 
 def save_pngs(rgb: np.ndarray, directory: str | Path, names: Sequence[str], scale: int = 1) -> list[Path]:
-    """Save a batch ``[batch, height, width, 3]`` as ``directory/name.png`` each."""
+    """Save a batch ``[batch, height, width, 3]`` as ``directory/name.png`` each.
+
+    Parameters
+    ----------
+    rgb : ndarray
+        The pictures.
+    directory : str or Path
+        The directory.
+    names : sequence of str
+        One file name (without ``.png``) per picture.
+    scale : int, default 1
+        Each pixel is saved as ``scale x scale`` pixels.
+
+    Returns
+    -------
+    list of Path
+        The paths.
+
+    Raises
+    ------
+    ValueError
+        If ``rgb`` is no batch or the names do not match it.
+    """
     if rgb.ndim != 4 or len(names) != rgb.shape[0]:
         raise ValueError(f"save_pngs takes a batch [batch, height, width, 3] and one name per picture; "
                          f"got shape {rgb.shape} and {len(names)} names")
@@ -191,7 +388,18 @@ def save_pngs(rgb: np.ndarray, directory: str | Path, names: Sequence[str], scal
 
 
 def read_png(path: str | Path) -> np.ndarray:
-    """An RGB ``uint8`` array ``[height, width, 3]`` read from a PNG file."""
+    """An RGB ``uint8`` array ``[height, width, 3]`` read from a PNG file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+
+    Returns
+    -------
+    ndarray
+        The picture.
+    """
     with Image.open(path) as picture:
         return np.asarray(picture.convert("RGB"))
 
@@ -201,6 +409,16 @@ def signed_values_from_bwr(rgb: np.ndarray) -> np.ndarray:
 
     bwr runs blue ``(0, 0, 1)`` -> white -> red ``(1, 0, 0)``, so ``(red - blue) / 255`` is the
     normalised relevance. Used to check rendered pictures, not only the arrays behind them.
+
+    Parameters
+    ----------
+    rgb : ndarray
+        ``[..., 3]`` colours of a bwr heatmap.
+
+    Returns
+    -------
+    ndarray
+        The values.
     """
     channels = rgb.astype(np.float64)
     return (channels[..., 0] - channels[..., 2]) / 255.0
@@ -218,9 +436,34 @@ def figure_grid(
 ) -> Path:
     """One figure with, for each sample, the input and one heatmap per relevance batch.
 
-    ``images``: ``[batch, channels, h, w]``; ``relevances``: batches of the same shape (for
-    example one per composite); ``titles``: ``"input"`` plus one per relevance batch.
-    Samples are rows (default) or columns (``samples_in_columns``, for wide figures).
+    Parameters
+    ----------
+    images : ndarray or Tensor
+        ``[batch, channels, h, w]``.
+    relevances : sequence of (ndarray or Tensor)
+        Batches of the same shape (for example one per composite).
+    titles : sequence of str
+        ``"input"`` plus one per relevance batch.
+    path : str or Path
+        The PNG file; its directory is made if missing.
+    sample_labels : sequence of str, optional
+        One label per sample.
+    cmap : str or Colormap, default "bwr"
+        The colour map (:func:`colour_map`).
+    reduction : str, default "sum"
+        The channel reduction (:func:`reduce_channels`).
+    samples_in_columns : bool, default False
+        Whether samples are columns (for wide figures) rather than rows.
+
+    Returns
+    -------
+    Path
+        The path.
+
+    Raises
+    ------
+    ValueError
+        If the titles do not match the relevance batches.
     """
     import matplotlib
 

@@ -58,18 +58,47 @@ _WHITESPACE_MARKS = {"\n": "↵", "\r": "↵", "\t": "→", " ": "·"}
 
 
 def normalise(relevance: RelevanceLike) -> np.ndarray:
-    """``R / max|R|`` in float64: values in ``[-1, 1]``, zero stays zero, an all-zero sequence
-    stays zero (the ``per_map`` normalisation of :func:`fxlrp.viz.image.normalise_symmetric`, over
-    one sequence)."""
+    """``R / max|R|`` in float64: values in ``[-1, 1]``, zero stays zero.
+
+    This is the ``per_map`` normalisation of :func:`fxlrp.viz.image.normalise_symmetric`, over
+    one sequence.
+
+    Parameters
+    ----------
+    relevance : sequence of float, ndarray or Tensor
+        The relevance of one sequence (``[length]``, or ``[1, length]``).
+
+    Returns
+    -------
+    ndarray
+        The normalised relevance; an all-zero sequence stays zero.
+
+    Raises
+    ------
+    ValueError
+        If the relevance is no single sequence, or has NaN or infinite values.
+    """
     values = _as_vector(relevance)
     scale = np.abs(values).max(initial=0.0)
     return values / scale if scale > 0 else np.zeros_like(values)
 
 
 def colours(normalised: RelevanceLike) -> np.ndarray:
-    """RGB ``uint8`` ``[n, 3]`` of normalised relevance in ``[-1, 1]`` on the ``bwr`` scale:
+    """RGB ``uint8`` colours of normalised relevance on the ``bwr`` scale.
+
     ``v >= 0``: ``(255, 255 (1 - v), 255 (1 - v))`` (white to red); ``v < 0``:
-    ``(255 (1 + v), 255 (1 + v), 255)`` (white to blue). Values beyond ``[-1, 1]`` are clipped."""
+    ``(255 (1 + v), 255 (1 + v), 255)`` (white to blue).
+
+    Parameters
+    ----------
+    normalised : sequence of float, ndarray or Tensor
+        Values in ``[-1, 1]``; values beyond are clipped.
+
+    Returns
+    -------
+    ndarray
+        ``[n, 3]``.
+    """
     values = np.clip(_as_vector(normalised), -1.0, 1.0)
     fade = 1.0 - np.abs(values)
     red = np.where(values >= 0, 1.0, fade)
@@ -78,8 +107,20 @@ def colours(normalised: RelevanceLike) -> np.ndarray:
 
 
 def text_colour(background: Sequence[int]) -> tuple[int, int, int]:
-    """Black or white, whichever contrasts more with ``background`` (WCAG's relative luminance):
-    black on white, light blue and red; white on strong blue."""
+    """Black or white, whichever contrasts more with ``background`` (WCAG's relative luminance).
+
+    Black on white, light blue and red; white on strong blue.
+
+    Parameters
+    ----------
+    background : sequence of int
+        RGB, 0 to 255.
+
+    Returns
+    -------
+    tuple of int
+        ``(0, 0, 0)`` or ``(255, 255, 255)``.
+    """
     linear = [(channel / 255) / 12.92 if channel <= 10 else ((channel / 255 + 0.055) / 1.055) ** 2.4
               for channel in background]
     luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
@@ -91,8 +132,20 @@ def text_colour(background: Sequence[int]) -> tuple[int, int, int]:
 
 
 def tokens_of(tokenizer: Any, input_ids: Any) -> list[str] | list[list[str]]:
-    """The token strings of ``input_ids`` (one sequence, or a batch: a list per sequence), from
-    ``tokenizer.convert_ids_to_tokens`` (any Hugging Face tokenizer)."""
+    """The token strings of ``input_ids``, from ``tokenizer.convert_ids_to_tokens``.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        Any Hugging Face tokenizer.
+    input_ids : Tensor, ndarray or sequence
+        One sequence, or a batch.
+
+    Returns
+    -------
+    list of str or list of list of str
+        The tokens; a list per sequence for a batch.
+    """
     ids = input_ids.tolist() if hasattr(input_ids, "tolist") else list(input_ids)
     if ids and isinstance(ids[0], list):
         return [list(tokenizer.convert_ids_to_tokens(row)) for row in ids]
@@ -100,9 +153,21 @@ def tokens_of(tokenizer: Any, input_ids: Any) -> list[str] | list[list[str]]:
 
 
 def detect_convention(tokens: Sequence[str]) -> str:
-    """``"bytelevel"`` if a token starts with ``Ġ`` or ``Ċ``, else ``"sentencepiece"`` if one
-    has ``▁``, else ``"wordpiece"`` if one starts with ``##``, else ``"plain"``. (A sequence
-    without any marked token reads the same under all conventions but byte-level.)"""
+    """The way the tokens mark words.
+
+    A sequence without any marked token reads the same under all conventions but byte-level.
+
+    Parameters
+    ----------
+    tokens : sequence of str
+        The tokens.
+
+    Returns
+    -------
+    str
+        ``"bytelevel"`` if a token starts with ``Ġ`` or ``Ċ``, else ``"sentencepiece"`` if one
+        has ``▁``, else ``"wordpiece"`` if one starts with ``##``, else ``"plain"``.
+    """
     if any(token[:1] in ("Ġ", "Ċ") for token in tokens):
         return "bytelevel"
     if any("▁" in token for token in tokens):
@@ -115,10 +180,34 @@ def detect_convention(tokens: Sequence[str]) -> str:
 def merge_words(
     tokens: Sequence[str], relevance: RelevanceLike, *, convention: str | None = None
 ) -> tuple[list[str], np.ndarray]:
-    """Words and their relevance: the relevance of a word is the sum (float64, in token order)
-    of the relevance of its tokens, so the total is kept. Words are shown as text (markers
-    removed, leading whitespace stripped; a word of whitespace only, such as a newline token,
-    stays as it is)."""
+    """Words and their relevance.
+
+    The relevance of a word is the sum (float64, in token order) of the relevance of its tokens,
+    so the total is kept.
+
+    Parameters
+    ----------
+    tokens : sequence of str
+        The tokens of one sequence.
+    relevance : sequence of float, ndarray or Tensor
+        Their relevance.
+    convention : str, optional
+        One of :data:`CONVENTIONS`; detected from the tokens by default
+        (:func:`detect_convention`).
+
+    Returns
+    -------
+    words : list of str
+        The words as text (markers removed, leading whitespace stripped; a word of whitespace
+        only, such as a newline token, stays as it is).
+    relevance : ndarray
+        The relevance of each word.
+
+    Raises
+    ------
+    ValueError
+        If tokens and relevance differ in length, or the convention is unknown.
+    """
     pieces = _pieces(tokens, relevance, convention, merge=True)
     words = [piece.text or piece.space for piece in pieces]
     return words, np.array([piece.relevance for piece in pieces], dtype=np.float64)
@@ -257,12 +346,38 @@ def html(
     title: str | None = None,
     legend: bool = True,
 ) -> str:
-    """One sequence as an HTML fragment (a ``<div>``): each token (or word, with
-    ``merge_subwords``) on a background from white to red (positive relevance) or blue
+    """One sequence as an HTML fragment (a ``<div>``).
+
+    Each token (or word) is on a background from white to red (positive relevance) or blue
     (negative), scaled by ``max |R|`` of the sequence. Text is HTML-escaped; spaces and line
     breaks are kept. Each box carries its exact relevance in ``data-relevance`` (Python's
-    ``repr`` of the float64 value) and shows it, with its tokens, on hover. ``title``: a heading
-    line; ``legend``: a line with the scale. Whole pages: :func:`html_page`, :func:`save_html`.
+    ``repr`` of the float64 value) and shows it, with its tokens, on hover. Whole pages:
+    :func:`html_page`, :func:`save_html`.
+
+    Parameters
+    ----------
+    tokens : sequence of str
+        The tokens of one sequence.
+    relevance : sequence of float, ndarray or Tensor
+        Their relevance.
+    merge_subwords : bool, default False
+        Whether each box is a word of merged tokens (:func:`merge_words`).
+    convention : str, optional
+        One of :data:`CONVENTIONS`; detected from the tokens by default.
+    title : str, optional
+        A heading line.
+    legend : bool, default True
+        Whether a line with the scale follows.
+
+    Returns
+    -------
+    str
+        The fragment.
+
+    Raises
+    ------
+    ValueError
+        If tokens and relevance differ in length, or the convention is unknown.
     """
     pieces = _pieces(tokens, relevance, convention, merge_subwords)
     values = np.array([piece.relevance for piece in pieces], dtype=np.float64)
@@ -301,7 +416,20 @@ def _legend(scale: float, total: float) -> str:
 
 
 def html_page(*fragments: str, title: str = "fxlrp explanation") -> str:
-    """A complete HTML document (UTF-8) holding the fragments of :func:`html`."""
+    """A complete HTML document (UTF-8) holding the fragments of :func:`html`.
+
+    Parameters
+    ----------
+    *fragments : str
+        The fragments.
+    title : str, default "fxlrp explanation"
+        The page's title and heading.
+
+    Returns
+    -------
+    str
+        The document.
+    """
     body = "\n".join(fragments)
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{_html.escape(title)}</title>\n</head>\n"
@@ -310,7 +438,22 @@ def html_page(*fragments: str, title: str = "fxlrp explanation") -> str:
 
 
 def save_html(path: str | Path, *fragments: str, title: str = "fxlrp explanation") -> Path:
-    """Write :func:`html_page` of the fragments to ``path`` (folders are made); returns the path."""
+    """Write :func:`html_page` of the fragments to ``path`` (folders are made).
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    *fragments : str
+        The fragments of :func:`html`.
+    title : str, default "fxlrp explanation"
+        The page's title and heading.
+
+    Returns
+    -------
+    Path
+        The path.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html_page(*fragments, title=title), encoding="utf-8")
@@ -326,8 +469,19 @@ def _hex(colour: Sequence[int]) -> str:
 
 
 def use_colour(stream: TextIO | None = None) -> bool:
-    """Whether to write colours to ``stream`` (default ``sys.stdout``): it is a terminal, the
-    ``NO_COLOR`` variable is unset or empty (https://no-color.org) and ``TERM`` is not ``dumb``."""
+    """Whether to write colours to ``stream``.
+
+    Parameters
+    ----------
+    stream : TextIO, optional
+        The stream; ``sys.stdout`` by default.
+
+    Returns
+    -------
+    bool
+        True if it is a terminal, the ``NO_COLOR`` variable is unset or empty
+        (https://no-color.org) and ``TERM`` is not ``dumb``.
+    """
     stream = sys.stdout if stream is None else stream
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
@@ -344,11 +498,38 @@ def terminal(
     colour: bool | None = None,
     stream: TextIO | None = None,
 ) -> str:
-    """One sequence as text for a terminal. With colour: each token (or word) on a 24-bit ANSI
-    background (``ESC[48;2;R;G;Bm``) of the colours of :func:`html`, black or white text, reset
-    after each box. Without: each token followed by its normalised relevance ``R / max|R|`` in
-    brackets, e.g. ``good(+1.00)``. ``colour=None`` decides by :func:`use_colour` for
-    ``stream`` (colour in a terminal, none when piped or with ``NO_COLOR`` set)."""
+    """One sequence as text for a terminal.
+
+    With colour: each token (or word) on a 24-bit ANSI background (``ESC[48;2;R;G;Bm``) of the
+    colours of :func:`html`, black or white text, reset after each box. Without: each token
+    followed by its normalised relevance ``R / max|R|`` in brackets, e.g. ``good(+1.00)``.
+
+    Parameters
+    ----------
+    tokens : sequence of str
+        The tokens of one sequence.
+    relevance : sequence of float, ndarray or Tensor
+        Their relevance.
+    merge_subwords : bool, default False
+        Whether each box is a word of merged tokens (:func:`merge_words`).
+    convention : str, optional
+        One of :data:`CONVENTIONS`; detected from the tokens by default.
+    colour : bool, optional
+        Whether to colour; None decides by :func:`use_colour` for ``stream`` (colour in a
+        terminal, none when piped or with ``NO_COLOR`` set).
+    stream : TextIO, optional
+        The stream the text is for; ``sys.stdout`` by default.
+
+    Returns
+    -------
+    str
+        The text.
+
+    Raises
+    ------
+    ValueError
+        If tokens and relevance differ in length, or the convention is unknown.
+    """
     colour = use_colour(stream) if colour is None else colour
     pieces = _pieces(tokens, relevance, convention, merge_subwords)
     normalised = normalise([piece.relevance for piece in pieces])
