@@ -16,6 +16,16 @@ def with_cp_lrp(composite: Composite | Rule | None = None) -> Composite:
     relevance to ``x_j``. Without it, the softmax gets AttnLRP's rule and a product of two
     relevance-carrying factors splits relevance in halves. The same choice as
     ``operation_rules=fxlrp.rules.attention.cp_lrp()``, added to an existing composite.
+
+    Parameters
+    ----------
+    composite : Composite, Rule or None, optional
+        The composite (a rule: that rule on every weighted layer; None: the default).
+
+    Returns
+    -------
+    Composite
+        A copy of the composite with CP-LRP's operation rules added; ``composite`` is unchanged.
     """
     chosen = copy.copy(as_composite(composite))
     chosen.operation_rules = {**chosen.operation_rules, **attention_rules.cp_lrp()}

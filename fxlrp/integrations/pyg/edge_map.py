@@ -17,8 +17,16 @@ from torch import Tensor
 class EdgeMap:
     """Sums per-message relevance into per-input-edge and per-node (added self-loop) relevance.
 
-    ``sent``: ``[2, E']`` edges the messages went along; ``edge_index``: ``[2, E]`` input edges;
-    ``source_to_target``: the layer's flow (a self-loop message belongs to its receiving node).
+    Parameters
+    ----------
+    sent : Tensor
+        ``[2, E']``: the edges the messages went along.
+    edge_index : Tensor
+        ``[2, E]``: the input edges.
+    num_nodes : int
+        The number of nodes.
+    source_to_target : bool
+        The layer's flow (a self-loop message belongs to its receiving node).
     """
 
     def __init__(self, sent: Tensor, edge_index: Tensor, num_nodes: int, source_to_target: bool) -> None:
@@ -45,7 +53,20 @@ class EdgeMap:
         self.loop_nodes = receivers[along_loop]
 
     def __call__(self, per_message: Tensor) -> tuple[Tensor, Tensor]:
-        """``[E']`` relevance per message -> (``[E]`` per input edge, ``[N]`` per added self-loop)."""
+        """Sum per-message relevance into per-edge and per-node relevance.
+
+        Parameters
+        ----------
+        per_message : Tensor
+            ``[E']`` relevance per message.
+
+        Returns
+        -------
+        per_edge : Tensor
+            ``[E]`` relevance per input edge.
+        loops : Tensor
+            ``[N]`` relevance per added self-loop, at its node.
+        """
         if self.num_keys == 0:
             per_edge = per_message.new_zeros(self.num_edges)
         else:

@@ -42,19 +42,25 @@ class LRPExplainer(ExplainerAlgorithm):
     relevances, ``common_attributes`` sums over nodes; ``edge_mask`` is the relevance of each
     edge's messages summed over all message-passing layers (see :mod:`fxlrp.integrations.pyg.relevance`).
 
-    ``composite``: as for :func:`fxlrp.convert` (a rule, a composite, None for the default;
-    :func:`fxlrp.integrations.pyg.with_cp_lrp` for attention as constants). ``strict``: as for ``convert``.
     The converted model is kept and made again for another model, composite or ``strict``, or
     when a parameter or buffer of the model was replaced by another tensor (the conversion holds
     the tensors themselves; changes in place reach it).
 
-    ``reuse_forward``: PyG calls the algorithm once per explained node with the same graph; the
-    forward pass is then run once and kept for the following calls, which pay only a backward
-    pass each, with results identical to a fresh forward. It is run again as soon as the model's
-    parameters (modified in place or replaced), the inputs (other tensors or modified in place)
-    or the keywords change (see :mod:`fxlrp.integrations.pyg.forward_reuse`). The last forward's graph stays
-    in memory until the next call with other inputs or :meth:`clear`; False: a forward per call,
-    nothing kept.
+    Parameters
+    ----------
+    composite : Composite, Rule or None, optional
+        As for :func:`fxlrp.convert` (a rule, a composite, None for the default;
+        :func:`fxlrp.integrations.pyg.with_cp_lrp` for attention as constants).
+    strict : bool, default True
+        As for :func:`fxlrp.convert`.
+    reuse_forward : bool, default True
+        PyG calls the algorithm once per explained node with the same graph; the forward pass
+        is then run once and kept for the following calls, which pay only a backward pass each,
+        with results identical to a fresh forward. It is run again as soon as the model's
+        parameters (modified in place or replaced), the inputs (other tensors or modified in
+        place) or the keywords change (see :mod:`fxlrp.integrations.pyg.forward_reuse`). The last
+        forward's graph stays in memory until the next call with other inputs or :meth:`clear`;
+        False: a forward per call, nothing kept.
     """
 
     def __init__(self, composite: Composite | Rule | None = None, *, strict: bool = True,
@@ -67,7 +73,18 @@ class LRPExplainer(ExplainerAlgorithm):
         self._reuse = ForwardReuse()
 
     def explainer_for(self, model: nn.Module) -> nn.Module:
-        """The fxlrp conversion of ``model`` (made again only when what it was made from changed)."""
+        """The fxlrp conversion of ``model`` (made again only when what it was made from changed).
+
+        Parameters
+        ----------
+        model : nn.Module
+            The user's model.
+
+        Returns
+        -------
+        nn.Module
+            The conversion.
+        """
         made_from = (model, self.composite, self.strict, *model.parameters(), *model.buffers())
         kept = self._converted
         if kept is None or len(kept[0]) != len(made_from) or any(
@@ -87,6 +104,33 @@ class LRPExplainer(ExplainerAlgorithm):
         index: int | Tensor | None = None,
         **kwargs: Any,
     ) -> Explanation:
+        """Explain ``model``'s output on one graph (PyG's ``ExplainerAlgorithm.forward``).
+
+        Parameters
+        ----------
+        model : nn.Module
+            The user's model.
+        x : Tensor or dict
+            Node features (by node type for heterogeneous graphs).
+        edge_index : Tensor or dict
+            Edges (by edge type for heterogeneous graphs).
+        target : Tensor
+            The target PyG passes: the model's prediction, or the given target.
+        index : int or Tensor, optional
+            The explained rows; all rows if None.
+        **kwargs
+            The model's other keywords.
+
+        Returns
+        -------
+        Explanation or HeteroExplanation
+            The node and edge masks (relevances).
+
+        Raises
+        ------
+        ValueError
+            If one of ``x`` and ``edge_index`` is a dict and the other is not.
+        """
         if isinstance(x, dict) != isinstance(edge_index, dict):
             raise ValueError("LRPExplainer: x and edge_index must both be tensors (homogeneous graph) or both "
                              "dicts by node and edge type (heterogeneous graph)")
@@ -125,6 +169,14 @@ class LRPExplainer(ExplainerAlgorithm):
         self._reuse.clear()
 
     def supports(self) -> bool:
+        """Whether the explainer's configuration is one this algorithm supports.
+
+        Returns
+        -------
+        bool
+            False (with a logged reason) for edge masks other than ``object`` or for neither
+            node nor edge masks.
+        """
         if self.explainer_config.edge_mask_type not in (None, MaskType.object):
             logging.error(f"'{type(self).__name__}' gives one relevance per edge: edge_mask_type must be "
                           f"'object' or None (got '{self.explainer_config.edge_mask_type.value}')")

@@ -43,9 +43,27 @@ def _value_key(value: Any) -> tuple[Any, ...] | None:
 
 def forward_key(model: nn.Module, explain: nn.Module, x: Tensor | dict, edge_index: Tensor | dict,
                 kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-    """What the forward of ``explain(x, edge_index, **kwargs)`` depends on; None when a call
-    must not be reused (a module in training mode, a keyword value that is neither a tensor nor
-    a plain value)."""
+    """What the forward of ``explain(x, edge_index, **kwargs)`` depends on.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The user's model.
+    explain : nn.Module
+        Its conversion.
+    x : Tensor or dict
+        Node features (by node type for heterogeneous graphs).
+    edge_index : Tensor or dict
+        Edges (by edge type for heterogeneous graphs).
+    kwargs : dict
+        The other keywords of the call.
+
+    Returns
+    -------
+    tuple or None
+        The key; None when a call must not be reused (a module in training mode, a keyword
+        value that is neither a tensor nor a plain value).
+    """
     if any(module.training for module in model.modules()):
         return None
     keywords = []
@@ -73,7 +91,29 @@ class ForwardReuse:
     def get(self, model: nn.Module, explain: nn.Module, x: Tensor | dict, edge_index: Tensor | dict,
             kwargs: dict[str, Any],
             run: Callable[[bool], GraphForward]) -> GraphForward:
-        """The kept forward if its key matches; else ``run(reusable)``, kept when it has a key."""
+        """The kept forward if its key matches; else ``run(reusable)``, kept when it has a key.
+
+        Parameters
+        ----------
+        model : nn.Module
+            The user's model.
+        explain : nn.Module
+            Its conversion.
+        x : Tensor or dict
+            Node features.
+        edge_index : Tensor or dict
+            Edges.
+        kwargs : dict
+            The other keywords of the call.
+        run : callable
+            ``run(reusable)`` runs the forward; ``reusable`` says whether it is to be kept
+            (:func:`forward_key` gave a key).
+
+        Returns
+        -------
+        GraphForward
+            The forward.
+        """
         key = forward_key(model, explain, x, edge_index, kwargs)
         if key is not None and key == self._key and self._forward is not None:
             return self._forward

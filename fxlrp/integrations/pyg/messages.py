@@ -37,7 +37,9 @@ class Messages:
     messages: Tensor
     """The output of the layer's ``message``: one row per edge along ``edge_dim``."""
     edge_dim: int
+    """The dimension of :attr:`messages` that runs along the edges."""
     source_to_target: bool
+    """Whether the layer's flow is ``"source_to_target"``."""
     given: Any = None
     """The edges the layer was called with (its ``edge_index`` argument: a tensor, or a dict of
     edge types for layers that take whole heterogeneous graphs, as ``HGTConv``); None if unknown."""
@@ -47,7 +49,21 @@ _RECORDERS = threading.local()
 
 
 def given_edges(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The edge argument of a message-passing layer's call: ``layer(x, edge_index, ...)``."""
+    """The edge argument of a message-passing layer's call: ``layer(x, edge_index, ...)``.
+
+    Parameters
+    ----------
+    args : tuple
+        The call's positional arguments.
+    kwargs : dict
+        The call's keyword arguments.
+
+    Returns
+    -------
+    Any
+        The second positional argument, or ``edge_index`` (``edge_index_dict``) by keyword;
+        None if neither is given.
+    """
     if len(args) > 1:
         return args[1]
     return kwargs.get("edge_index", kwargs.get("edge_index_dict"))
@@ -57,8 +73,17 @@ def given_edges(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def recording_messages(names: dict[int, str] | None = None) -> Iterator[list[Messages]]:
     """Collects :class:`Messages` of every message-passing layer called while active.
 
-    ``names``: qualified names of the model's modules by ``id``, for layers called inside code
-    that runs eagerly (else their type names)."""
+    Parameters
+    ----------
+    names : dict of int to str, optional
+        Qualified names of the model's modules by ``id``, for layers called inside code that runs
+        eagerly (else their type names).
+
+    Yields
+    ------
+    list of Messages
+        The records, filled as the layers are called.
+    """
     records: list[Messages] = []
     previous = getattr(_RECORDERS, "records", None)
     _RECORDERS.records = records
@@ -94,8 +119,21 @@ def _recorded() -> set[int]:
 
 @contextmanager
 def messages_of(layer: nn.Module, name: str, given: Any = None) -> Iterator[None]:
-    """While active, the messages of ``layer`` are recorded if a recording is on. ``given``: the
-    edges the layer is called with (see :attr:`Messages.given`)."""
+    """While active, the messages of ``layer`` are recorded if a recording is on.
+
+    Parameters
+    ----------
+    layer : nn.Module
+        The message-passing layer.
+    name : str
+        Its qualified name.
+    given : Any, optional
+        The edges the layer is called with (see :attr:`Messages.given`).
+
+    Yields
+    ------
+    None
+    """
     records = getattr(_RECORDERS, "records", None)
     if records is None or id(layer) in _recorded():
         yield
