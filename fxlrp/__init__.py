@@ -33,9 +33,26 @@ _moved.install(sys.modules[__name__])
 
 
 def __getattr__(name: str) -> object:
-    """``fxlrp.read_explanations`` (explanations written by ``fxlrp explain --data``), imported on
-    first use so that ``import fxlrp`` stays light; a module's path before the package layout
-    (``fxlrp.explainer``), the module it names now (:mod:`fxlrp._moved`)."""
+    """The package's attributes that are imported on first use.
+
+    Parameters
+    ----------
+    name : str
+        ``"read_explanations"`` (explanations written by ``fxlrp explain --data``), imported on
+        first use so that ``import fxlrp`` stays light; or a module's old path
+        (``fxlrp.explainer``), which names the module at its place in the package layout
+        (:mod:`fxlrp._moved`).
+
+    Returns
+    -------
+    object
+        The function or the module.
+
+    Raises
+    ------
+    AttributeError
+        For any other name.
+    """
     if name == "read_explanations":
         from fxlrp.app.explanations_store import read_explanations
 
