@@ -131,6 +131,18 @@ class RelevanceNode(nn.Module):
         return self.operation.explained(self.call, self.function, *args, **kwargs, **self.keywords)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`forward`, through nn.Module's call machinery only where the node has hooks.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The node's arguments.
+
+        Returns
+        -------
+        Any
+            What :meth:`forward` returns.
+        """
         # nn.Module's call machinery costs more than a view's own work, in graphs of hundreds of
         # nodes run at every explanation: it runs only for a node given hooks (relevant walks
         # record node states with them). (Global module hooks do not see fxlrp's nodes.)
@@ -198,6 +210,18 @@ class PlainCallNode(nn.Module):
         return self.call(self.function, *args, **kwargs, **self.keywords)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`forward`, without nn.Module's call machinery.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The node's arguments.
+
+        Returns
+        -------
+        Any
+            What :meth:`forward` returns.
+        """
         # (a node of a recorded graph: nobody hooks it; see RelevanceNode.__call__)
         return self.forward(*args, **kwargs)
 
