@@ -351,7 +351,7 @@ def capture(
         if failure is not None:
             if path == "fx":
                 raise CaptureError(_explain_capture_failure(model, failure)) from failure
-            failing, reason = tracer.failing_module or "", first_line(failure)
+            failing, reason = tracer.failing_module or "", why_not_traced(failure)
             if failing == "" or failing in eager:
                 return Capture(whole_model_graph(model), eager_modules={"": reason})
             eager[failing] = reason
@@ -477,6 +477,30 @@ def first_line(error: BaseException) -> str:
     """
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
+
+
+def why_not_traced(error: BaseException) -> str:
+    """Why torch.fx could not trace a module, in a report line: what in the module's code stops it
+    and where, rather than torch.fx's own exception.
+
+    Parameters
+    ----------
+    error : BaseException
+        What tracing raised.
+
+    Returns
+    -------
+    str
+        One line, at most 300 characters.
+    """
+    if _failed_on_signature(error):
+        return "torch.fx cannot take the arguments of its forward (*args or **kwargs, or a decorator's wrapper)"
+    where = error_line(error)
+    at = f" at {where}" if where else ""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if isinstance(error, fx.proxy.TraceError) or "symbolically traced" in text or "Proxy" in text:
+        return f"its code uses a tensor's value or shape in Python control flow (if, for, int()){at}"[:300]
+    return f"torch.fx failed on it ({text}){at}"[:300]
 
 
 def _failed_on_signature(error: BaseException) -> bool:

@@ -48,6 +48,7 @@ from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_
 from fxlrp.capture.source import calling_line, function_name
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph.canonicalise import view_of_written, without_inplace_flag, written_through_view
+from fxlrp.graph.report import handling_of
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.registry.spellings import (
     AUGMENTED_ASSIGNMENTS,
@@ -98,6 +99,17 @@ def _carries(value: Any) -> bool:
     return False
 
 
+@dataclasses.dataclass
+class OperationRun:
+    """Calls of one operation in one module, with one handling and rule, in a run of a part run
+    eagerly."""
+
+    source: str
+    """``file:line: code`` of the first such call."""
+    calls: int
+    """How many such calls one run made (the most of any run)."""
+
+
 class LayerRunner:
     """A module's forward with its parameters and buffers detached (shared storage).
 
@@ -118,11 +130,14 @@ class LayerRunner:
         """Graphs recorded from runs, by input signature (:class:`fxlrp.eager.replay.Recordings`,
         which imports this module): made at the first run, replayed from the second run of a
         signature on."""
+        self.operations_run: dict[tuple[str, str, str, str], OperationRun] = {}
+        """What runs under the relevance mode have done, by module, operation, handling and rule
+        (the rows :meth:`fxlrp.explain.explainer.Explainer.report` shows for the part)."""
 
     def __getstate__(self) -> dict[str, Any]:
         # Names are kept by the ids of this object's modules: a copy (copy.deepcopy, pickle) has
         # modules of its own and names them again, or its composite's name rules would miss them.
-        return {**self.__dict__, "_names": {}, "recordings": None}
+        return {**self.__dict__, "_names": {}, "recordings": None, "operations_run": {}}
 
     def module_names(self, prefix: str) -> dict[int, str]:
         """Qualified name of each of the module's modules, by id; made once per prefix.
@@ -328,6 +343,12 @@ class Interpretation:
         self.entry_nodes: set[int] = set()
         self.entry_leaves: set[int] = set()
         self.layer_outputs: dict[int, Any] = {}
+        self.ran: dict[tuple[str, str, str, int], list[Any]] | None = None
+        """With a part's runner: per (module, operation, handling, rule id), ``[calls, source,
+        rule]`` of this run (see :meth:`note`)."""
+        self.rules_by_module = False
+        """Whether the module a call belongs to can change its rule (else :attr:`context` only
+        names modules for the report)."""
         self.runs_module = False
         """Whether this runs a module's own code (a part run eagerly), not a decomposition of
         fxlrp's (fused attention's, in backward)."""
@@ -405,7 +426,7 @@ class Interpretation:
         """
         first = self.holds_first_layer and self.composite.may_hold_first_layer(operation) and self._meets_input(args)
         context = self.context  # the innermost running module, read inline: this runs for every torch call
-        module = context.stack[-1] if context is not None and context.stack else None
+        module = context.stack[-1] if self.rules_by_module and context.stack else None
         factors = operation.factors
         relevance_factors = 0
         if factors is not None:  # a product: several relevance-carrying factors take a Product rule
@@ -447,12 +468,52 @@ class Interpretation:
             The call's output.
         """
         if operation.relevance is None:
+            if self.ran is not None:
+                self.note(operation.name, "native", None)
             return function(*args, **kwargs)
-        result = operation.explained(self.call_for(operation, args, kwargs), function, *args, **kwargs)
+        call = self.call_for(operation, args, kwargs)
+        if self.ran is not None:
+            self.note(operation.name, handling_of(operation.kind), call.rule)
+        result = operation.explained(call, function, *args, **kwargs)
         if self.holds_first_layer and isinstance(result, Tensor) and result.grad_fn is not None \
                 and self.composite.may_hold_first_layer(operation):
             self.layer_outputs[id(result.grad_fn)] = result.grad_fn  # (kept: ids stay unique)
         return result
+
+    def note(self, operation: str, handling: str, rule: Any) -> None:
+        """Count a call for the report of the part run eagerly: by the innermost running module,
+        the operation, its handling and rule; the source line is read at the first such call of
+        the run only (it walks the stack).
+
+        Parameters
+        ----------
+        operation : str
+            The operation's name.
+        handling : str
+            As in the report's rows (``rule``, ``identity``, ``native``, ``gradient``).
+        rule : Any
+            The call's rule, or None.
+        """
+        context = self.context
+        module = context.names[id(context.stack[-1])] if context is not None and context.stack \
+            else self.site.module_name
+        key = (module, operation, handling, id(rule))
+        seen = self.ran.get(key)
+        if seen is None:
+            self.ran[key] = [1, calling_line(), rule]
+        else:
+            seen[0] += 1
+
+    def noted(self) -> dict[tuple[str, str, str, str], OperationRun]:
+        """This run's counts, keyed by module, operation, handling and the rule's ``repr``."""
+        rows: dict[tuple[str, str, str, str], OperationRun] = {}
+        for (module, operation, handling, _), (calls, source, rule) in (self.ran or {}).items():
+            key = (module, operation, handling, "" if rule is None else repr(rule))
+            if key in rows:
+                rows[key].calls += calls
+            else:
+                rows[key] = OperationRun(source, calls)
+        return rows
 
     def enter(self, args: tuple, kwargs: dict) -> None:
         """Record where relevance starts in the run, for the first layers that meet it.
@@ -530,6 +591,8 @@ class Interpretation:
             In the gradient form, which such an operation has none of.
         """
         require_relevance_form(name)  # "follows the gradient" means relevance, not R / x
+        if self.ran is not None:
+            self.note(name, "gradient", None)
         where = calling_line()
         if self.call.strict:
             self.unsupported_calls[(name, where)] = None
@@ -946,9 +1009,13 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], args: tup
     interpretation = Interpretation(call, observer=observer)
     interpretation.runs_module = isinstance(function, LayerRunner)
     interpretation.enter(args, kwargs)
-    if interpretation.runs_module and interpretation.composite.chooses_by_module():
+    if interpretation.runs_module:
+        # Module calls are followed for the report of the part; for rules only where the module
+        # a call belongs to can change its rule.
         prefix = call.site.module_name + "." if call.site is not None and call.site.module_name else ""
         context = interpretation.context = ModuleContext(function.module_names(prefix))
+        interpretation.rules_by_module = interpretation.composite.chooses_by_module()
+        interpretation.ran = {}
     else:
         context = None
     with contextlib.ExitStack() as stack:
@@ -960,5 +1027,17 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], args: tup
         stack.enter_context(intercepted_applications(_custom_function_handler(interpretation, mode)))
         stack.enter_context(mode)
         result = function(*args, **kwargs)
+    if interpretation.runs_module:
+        _merge_run(function.operations_run, interpretation.noted())
     interpretation.raise_unsupported()
     return result
+
+
+def _merge_run(kept: dict[tuple[str, str, str, str], OperationRun],
+               run: dict[tuple[str, str, str, str], OperationRun]) -> None:
+    """Add a run's rows to those kept: new rows, and the most calls any run made of each."""
+    for key, row in run.items():
+        if key not in kept:
+            kept[key] = row
+        elif row.calls > kept[key].calls:
+            kept[key] = dataclasses.replace(kept[key], calls=row.calls)

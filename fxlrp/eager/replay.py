@@ -202,8 +202,8 @@ def _reason(refusal: Exception) -> str:
     (it ends with the model's file, line and code that caused it, which cutting it at its first
     line would lose);
     any other error's first line."""
-    if isinstance(refusal, RecordingFailed):
-        return f"{type(refusal).__name__}: " + ": ".join(line.strip() for line in str(refusal).strip().splitlines())
+    if isinstance(refusal, RecordingFailed):  # (its message says why in the model's terms)
+        return ": ".join(line.strip() for line in str(refusal).strip().splitlines())
     return first_line(refusal)
 
 

@@ -14,7 +14,7 @@ from fxlrp.capture.module_state import MODEL_WRITES
 from fxlrp.explain.model_snapshot import ModelSnapshot
 from fxlrp.explain.placement import refuse_to_move
 from fxlrp.graph.nodes import original_node_name
-from fxlrp.graph.report import Report
+from fxlrp.graph.report import Report, rows_run
 from fxlrp.relevance.rule_function import outputs_recorded
 from fxlrp.relevance.tracing import values_are_traced
 
@@ -188,14 +188,20 @@ class Explainer(nn.Module):
         return self._with_replays()
 
     def _with_replays(self) -> Report:
-        """The conversion's report, with what the parts run eagerly have recorded by now."""
-        replays = {}
+        """The conversion's report, with what the parts run eagerly have run and recorded by now."""
+        replays, operations_run = {}, {}
         for module in self.graph_module.modules():
-            recordings = getattr(getattr(module, "function", None), "recordings", None)
+            function = getattr(module, "function", None)
+            site = module.call.site if hasattr(module, "call") else None
+            recordings = getattr(function, "recordings", None)
             if recordings is not None:
-                site = module.call.site
                 replays[site.module_name if site is not None and site.module_name else ""] = recordings.summary()
-        return dataclasses.replace(self._report, replays=replays) if replays else self._report
+            ran = getattr(function, "operations_run", None)
+            if ran and site is not None:
+                operations_run[site.node_name] = rows_run(site.node_name, ran)
+        if not replays and not operations_run:
+            return self._report
+        return dataclasses.replace(self._report, replays=replays, operations_run=operations_run)
 
     def _graph_nodes(self, names: Sequence[str]) -> dict[str, fx.Node]:
         """Graph node of each report name: rewritten nodes are call_module nodes whose target

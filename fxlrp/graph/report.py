@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from fxlrp.registry import Kind
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,23 @@ class NodeReport:
     """The model's source line that made the node (``path:line: code``); ``""`` where unknown."""
 
 
+def handling_of(kind: Kind) -> str:
+    """The handling a report shows for an operation of ``kind`` that has a relevance function.
+
+    Parameters
+    ----------
+    kind : Kind
+        The operation's kind.
+
+    Returns
+    -------
+    str
+        ``rule`` (affine: the composite's rule), ``identity`` (relevance passes unchanged) or
+        ``native`` (the native backward routes it).
+    """
+    return {Kind.AFFINE: "rule", Kind.PASS: "identity"}.get(kind, "native")
+
+
 EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance", "eager"}
 
 
@@ -45,6 +65,16 @@ class Report:
     replays: Mapping[str, str] = field(default_factory=dict)
     """For each module run eagerly, the input signatures it replays as recorded graphs so far, and
     why others keep running eagerly (:mod:`fxlrp.eager.replay`)."""
+    operations_run: Mapping[str, Sequence[NodeReport]] = field(default_factory=dict)
+    """For each node run eagerly (by its name), the operations its runs so far have made: one row
+    per module, operation, handling and rule, whose ``name`` is the module, ``target`` how many
+    calls one run made and ``source`` the first call's line."""
+
+    @property
+    def all_rows(self) -> list[NodeReport]:
+        """The nodes, each node run eagerly followed by the operations its runs made."""
+        inside = getattr(self, "operations_run", {})  # (a report pickled before it had them)
+        return [shown for row in self.rows for shown in (row, *inside.get(row.name, ()))]
 
     @property
     def capture(self) -> str:
@@ -58,26 +88,30 @@ class Report:
 
     @property
     def coverage(self) -> float:
-        """Fraction of nodes handled by a rule or a declared relevance-neutral operation."""
-        handled = sum(row.handling in EXPLAINED for row in self.rows)
-        return handled / len(self.rows) if self.rows else 1.0
+        """Fraction of the rows (nodes, and operations run eagerly) handled by a rule or a declared
+        relevance-neutral operation."""
+        rows = self.all_rows
+        handled = sum(row.handling in EXPLAINED for row in rows)
+        return handled / len(rows) if rows else 1.0
 
     @property
     def counts(self) -> Counter:
-        """How many nodes have each handling."""
-        return Counter(row.handling for row in self.rows)
+        """How many rows have each handling."""
+        return Counter(row.handling for row in self.all_rows)
 
     def __str__(self) -> str:
         header = ("node", "target", "operation", "handling", "rule", "source")
         table = [header] + [
-            (row.name, row.target, row.operation, row.handling, row.rule, _short(row.source)) for row in self.rows
+            (row.name, row.target, row.operation, row.handling, row.rule, _short(row.source)) for row in self.all_rows
         ]
         widths = [max(len(line[column]) for line in table) for column in range(len(header) - 1)]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)) + "  " + line[-1]
                  for line in table]
         lines.insert(1, "-" * len(lines[0]))
         counts = ", ".join(f"{count} {handling}" for handling, count in sorted(self.counts.items()))
-        lines.append(f"{self.model_name}: {len(self.rows)} nodes ({counts}); coverage {self.coverage:.2%}")
+        inside = len(self.all_rows) - len(self.rows)
+        ran = f" and {inside} operation(s) run eagerly (by module)" if inside else ""
+        lines.append(f"{self.model_name}: {len(self.rows)} nodes{ran} ({counts}); coverage {self.coverage:.2%}")
         lines.append(self.capture)
         # (a report pickled by an fxlrp without recorded runs has no ``replays``)
         lines += [f"recorded runs of {name or 'the whole model'}: {said}"
@@ -90,3 +124,24 @@ def _short(source: str) -> str:
         return ""
     path, _, rest = source.partition(":")
     return path.rsplit("/", 1)[-1] + ":" + rest
+
+
+def rows_run(node: str, operations: Mapping[tuple[str, str, str, str], Any]) -> list[NodeReport]:
+    """The report rows of what the runs of node ``node``, run eagerly, have made.
+
+    Parameters
+    ----------
+    node : str
+        The node's name in the report.
+    operations : Mapping
+        ``(module, operation, handling, rule) -> run`` with the run's ``source`` and ``calls``
+        (:attr:`fxlrp.eager.interpret.LayerRunner.operations_run`).
+
+    Returns
+    -------
+    list of NodeReport
+        One row each, named ``node › module``.
+    """
+    return [NodeReport(f"{node} › {module}" if module else node, f"x{run.calls}", operation, handling, rule,
+                       run.source)
+            for (module, operation, handling, rule), run in operations.items()]

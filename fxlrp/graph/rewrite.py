@@ -29,7 +29,7 @@ from fxlrp.graph.relevance_flow import (
     nodes_that_may_hold_roles,
     relevance_factors,
 )
-from fxlrp.graph.report import NodeReport
+from fxlrp.graph.report import NodeReport, handling_of
 from fxlrp.registry import REGISTRY, Kind, Operation, called
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules.composites import Composite, Site
@@ -341,8 +341,7 @@ class Rewriter:
         if operation.name == "eager":
             self._report(node, operation.name, "eager", "chosen per operation as it runs")
             return
-        handling = "rule" if operation.kind is Kind.AFFINE else (
-            "identity" if operation.kind is Kind.PASS else "native")
+        handling = handling_of(operation.kind)
         self._report(node, operation.name, handling, rule)
 
     def _plain_call(self, node: fx.Node, operation: Operation, rule: Any, factors: int) -> Any:
