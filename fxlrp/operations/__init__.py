@@ -21,6 +21,7 @@ from fxlrp.operations import (  # noqa: F401
     recurrent,
     resampling,
     scatter,
+    sparse,
     statistics,
     sums,
 )

@@ -26,6 +26,7 @@ from fxlrp.graph.canonicalise import (
     zeroed,
 )
 from fxlrp.operations.helpers import held_constant, identity, native
+from fxlrp.operations.sparse import selected
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, role_of
 
@@ -67,7 +68,7 @@ register(
         functions=VIEW_FUNCTIONS,
         methods=VIEW_METHODS,
         modules=VIEW_MODULES,
-        relevance=native,
+        relevance=selected,
         moves_values=True,
         description="views, copies, indexing, gathering, concatenation, padding",
     )

@@ -1,5 +1,5 @@
-"""Products in which several factors may carry relevance: ``mul``, ``matmul``, ``einsum``,
-``torch._grouped_mm``.
+"""Products in which several factors may carry relevance: ``mul``, ``matmul`` (sparse factors
+included), ``einsum``, ``torch._grouped_mm``.
 
 With one relevance-carrying factor a product is a layer in that factor: an elementwise product
 rescales it (relevance passes unchanged), a matrix product or einsum is a linear layer whose
@@ -22,7 +22,9 @@ import torch
 from torch import Tensor
 
 from fxlrp.eager.interpret import interpret
+from fxlrp.errors import UnsupportedOperationError
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, NATIVE_WITH_ONE_CARRIER, bind
+from fxlrp.operations.sparse import SparseEntries, entry_product, is_sparse
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
 from fxlrp.relevance.call import RelevanceCall
@@ -126,7 +128,10 @@ def _complex_product_real_form(a: Any, b: Any) -> Tensor:
 
 def matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Tensor:
     """``left @ right``: a linear layer in the factor that carries relevance (the other one is its
-    weight), or the :class:`Product` rule when both do."""
+    weight), or the :class:`Product` rule when both do; with a sparse factor, by its values
+    (:func:`sparse_matrix_product`)."""
+    if is_sparse(left) or is_sparse(right):
+        return sparse_matrix_product(call, function, left, right, *args, **kwargs)
     left_carries, right_carries = carries_relevance(left), carries_relevance(right)
     if left_carries and right_carries:
         return multilinear(call, function, left, right, *args, **kwargs)
@@ -138,6 +143,70 @@ def matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *a
     def left_layer(x: Tensor, w: Tensor, b: Any) -> Tensor:
         return function(x, w, *args, **kwargs)
     return call.affine(call.layer(left_layer, right, None, has_parameters=True), left)
+
+
+LINEAR_REDUCTIONS = (None, "sum", "mean")
+"""``torch.sparse.mm(a, b, reduce)``: the reductions of the products along a row that keep it a
+product (a mean is the sum over the row's stored entries divided by their number)."""
+
+
+def sparse_matrix_product(call: RelevanceCall, function: Any, left: Any, right: Any, *args: Any,
+                          **kwargs: Any) -> Tensor:
+    r"""``left @ right`` (``matmul``, ``torch.mm``, ``torch.sparse.mm``) with a sparse factor: the
+    same rules as for dense factors - a linear layer in the factor that carries relevance, whose
+    weight is the other, or the :class:`Product` rule where both carry relevance (a sparse matrix
+    built from relevance-carrying values, as ASAPooling's cluster assignment ``S``, times a
+    relevance-carrying one) - on the stored entries: with ``z = S B``,
+
+    .. math:: R_{S_{ik}} = \frac{1}{N} \sum_f \frac{S_{ik} B_{kf}}{s(z_{if})} R_{if}, \qquad
+        R_{B_{kf}} = \frac{1}{N} \sum_i \frac{S_{ik} B_{kf}}{s(z_{if})} R_{if}
+
+    for the stored entries ``S_ik`` (``N`` = 2 where both carry relevance; the layer rule, ``N`` =
+    1, in the one that does; ``s`` the rule's stabiliser). A sparse result is explained on its
+    stored values. The rule's terms come from :func:`~fxlrp.operations.sparse.entry_product` (dense
+    gathers and sums over the stored entries), the values from the model's own call. A mean
+    (``torch.sparse.mm(a, b, "mean")``, PyG's mean aggregation on a sparse adjacency) is the sum
+    scaled per row; another reduction (``"max"``, ``"min"``, ``"prod"``) is not a product and is
+    refused."""
+    reduction = args[0] if args else kwargs.get("reduce")
+    if reduction not in LINEAR_REDUCTIONS:
+        raise UnsupportedOperationError(
+            f"fxlrp has no LRP rule for torch.sparse.mm with reduce={reduction!r} on relevance-carrying tensors: only "
+            "its sum and mean are products; write the reduction out (the products, then "
+            "torch_geometric.utils.scatter(..., reduce=...), which fxlrp explains: sums and means proportionally, "
+            "max and min winner-take-all)"
+        )
+    carrying = (carries_relevance(left), carries_relevance(right))
+    if not any(carrying):
+        return function(left, right, *args, **kwargs)
+    name = f"{getattr(function, '__name__', 'matmul')} with a sparse factor"
+    with torch.no_grad():
+        exact = function(left, right, *args, **kwargs)  # the model's own values
+        if exact.layout is torch.sparse_coo:
+            exact = exact.coalesce()
+    entries = [SparseEntries(factor, name) if is_sparse(factor) else None for factor in (left, right)]
+    operands = [piece.values if piece is not None else factor
+                for piece, factor in zip(entries, (left, right), strict=True)]
+    result = SparseEntries(exact, name) if is_sparse(exact) else None
+    exact_values = result.values if result is not None else exact
+
+    def product(a: Tensor, b: Tensor, own: bool = True) -> Tensor:
+        terms = entry_product(entries[0], a, entries[1], b, result, name, mean=reduction == "mean")
+        # the model's own values (x + 0 is x), the gradient of the terms
+        return exact_values + (terms - terms.detach()) if own else terms
+
+    if all(carrying):
+        output = multilinear(call, product, *operands)
+    else:
+        position = carrying.index(True)
+        weight = operands[1 - position]
+
+        def layer(x: Tensor, w: Tensor, b: Any) -> Tensor:
+            # the layer's own weight gives the model's values; a rule's modified weight (z+) its own
+            return product(x, w, w is weight) if position == 0 else product(w, x, w is weight)
+
+        output = call.affine(call.layer(layer, weight, None, has_parameters=True), operands[position])
+    return result.rebuild(output) if result is not None else output
 
 
 def leading_pair(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Sequence[Any]:
@@ -237,7 +306,8 @@ register(
     Operation(
         "matmul",
         Kind.AFFINE,
-        functions=(torch.matmul, torch.mm, torch.bmm, operator.matmul),
+        functions=(torch.matmul, torch.mm, torch.bmm, operator.matmul, torch.sparse.mm,
+                   *((torch._sparse_mm,) if hasattr(torch, "_sparse_mm") else ())),
         methods=("matmul", "mm", "bmm", "__matmul__"),
         relevance=matrix_product,
         gradient_native=NATIVE_UNDER_NATIVE_RULE,
