@@ -9,7 +9,10 @@ values there are summed where it is used (``coalesce``, ``to_dense``, a product)
 backward would give each summand the whole sum's relevance. Those calls are refused, naming what
 to do. Products with sparse factors are ``matmul``'s (:mod:`fxlrp.operations.products`): a sparse
 matrix built from relevance-carrying values times a dense or sparse one that carries relevance is
-a product of two relevance-carrying factors, under the Product rule, as ``a @ b`` of dense ones.
+a product of two relevance-carrying factors, under the Product rule, as ``a @ b`` of dense ones,
+computed for the rule on the stored entries (:class:`SparseEntries`, :func:`entry_product`).
+``index_select`` of a sparse COO tensor, which torch cannot differentiate, picks the values it
+keeps (:func:`selected`, the ``view`` entry's relevance function).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def _refuse_repeats(name: str) -> UnsupportedOperationError:
     )
 
 
-def _values_of(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _values_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The values argument of a sparse constructor: the last positional argument before ``size``
     (``sparse_coo_tensor(indices, values, size)``, ``sparse_csr_tensor(crow, col, values, size)``)
     or ``values=``."""
@@ -178,7 +181,7 @@ def selected(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kw
     relevance. ``index_select`` of a sparse COO tensor whose values carry relevance (ASAPooling's
     ``S.index_select(1, perm)``) has no native backward: the values it keeps are picked from the
     input's values (found by running it on their positions), which routes relevance as a dense
-    selection does."""
+    selection does; the result is the same matrix, coalesced."""
     source = args[0] if args else None
     if type(source) is not Tensor or source.layout is not torch.sparse_coo or not carries_relevance(source) \
             or getattr(function, "__name__", "") != "index_select":
@@ -193,7 +196,7 @@ def selected(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kw
 
 def _values_role(result: Any, *args: Any, **kwargs: Any) -> str | None:
     """A sparse tensor built from attention weights (ASAPooling's cluster assignment) holds them."""
-    values = _values_of(None, args, kwargs)  # type: ignore[arg-type]
+    values = _values_of(args, kwargs)
     return role_of(values) if values is not None else None
 
 
