@@ -4,10 +4,10 @@ tensor file whose first dimension counts the samples, or a ``package.module:FACT
 
 Every source becomes a :class:`Source`: a map-style data set whose items never raise. An item is
 a :class:`Item` ``(index, values, label, error)``: a sample that cannot be read (a broken file in
-the middle of a folder, a factory item of the wrong type) comes back with ``values=None`` and the
-reason, so that the caller names it and skips it or stops (``--on-error``), in the main process,
-with the one-line error of the command line - an exception raised in a ``DataLoader`` worker would
-arrive as a multi-line traceback.
+the middle of a folder, a factory item of the wrong type, values with NaN or Inf) comes back with
+``values=None`` and the reason, so that the caller names it and skips it or stops (``--on-error``),
+in the main process, with the one-line error of the command line - an exception raised in a
+``DataLoader`` worker would arrive as a multi-line traceback.
 
 Part of the command line, not of the core: ``import fxlrp`` does not import this module.
 """
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
-from fxlrp.app.cli_inputs import TENSOR_SUFFIXES, InputError, Preprocessing, imported_object, read_input
+from fxlrp.app.cli_inputs import TENSOR_SUFFIXES, InputError, Preprocessing, imported_object, non_finite, read_input
 
 NO_LABEL = -1
 """The label of a sample that has none (a file directly in the folder, a tensor file without labels)."""
@@ -66,6 +66,9 @@ class Source(Dataset):
             values, label = self.read(index)
         except Exception as error:  # noqa: BLE001 - any failure is reported for this one sample
             return Item(index, None, self.known_label(index), _one_line(error))
+        problem = non_finite(values)
+        if problem is not None:  # NaN or Inf: relevance NaN (every value it meets), not an explanation
+            return Item(index, None, label, problem)
         return Item(index, values, label)
 
     def read(self, index: int) -> tuple[Tensor, int]:

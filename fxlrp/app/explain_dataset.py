@@ -29,17 +29,19 @@ from fxlrp.app.cli_inputs import (
     InputError,
     Preprocessing,
     _preprocessing,
-    _run_model,
     _targets,
+    class_scores,
     composite_by_name,
+    explained_output,
     load_model,
+    probe_model,
+    unexplainable,
 )
 from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
 from fxlrp.app.distributed import Processes, processes_from_environment
 from fxlrp.app.explanations_store import PNG, ExplanationWriter, ShardRows, write_atomic
 from fxlrp.explain.attribute import attribute
 
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 STORED = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16, "float64": np.float64}
 """The dtype relevance is stored in per ``--dtype`` (numpy has no bfloat16: its relevance is
@@ -55,26 +57,6 @@ def target_of(text: int | str | None) -> int | str | None:
         return int(text)
     except ValueError:
         raise InputError(f"--target {text!r} is neither a class index nor 'label'") from None
-
-
-def add_dataset_options(parser: argparse.ArgumentParser) -> None:
-    """The options of ``fxlrp explain`` for data sets, devices and precision."""
-    group = parser.add_argument_group("data sets", "explain a whole data set into resumable .npy shards "
-                                      "(see docs/datasets.md); also with torchrun --nproc-per-node N -m fxlrp")
-    group.add_argument("--data", metavar="SOURCE",
-                       help="a folder of images (searched recursively; class sub-folders give labels), a .pt/.npy "
-                            "tensor file with samples along the first dimension, or package.module:FACTORY "
-                            "returning a torch.utils.data.Dataset; --out then receives shards and index.json")
-    group.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
-    group.add_argument("--shard-size", type=int, default=256, help="samples per shard file (default 256)")
-    group.add_argument("--on-error", choices=("stop", "skip"), default="stop",
-                       help="a sample that cannot be read: stop with an error naming it (default), or skip it "
-                            "(named on stderr and listed in index.json, its relevance NaN)")
-    group.add_argument("--png", action="store_true", help="also write heatmap (and overlay) PNGs to DIR/png")
-    group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or mps")
-    group.add_argument("--dtype", default="float32", choices=DTYPES,
-                       help="float32 (default); bfloat16 or float16 run the model under autocast; float64 "
-                            "converts model and inputs")
 
 
 def explains_data_set(args: argparse.Namespace) -> bool:
@@ -226,6 +208,10 @@ class _Run:
     skipped: int = 0
     compiled: Any = None
     """``fxlrp.compile(explain)`` with ``--compile``."""
+    image_shaped: bool = False
+    """The model's output is ``[batch, classes, height, width]`` (a segmentation model's): a class
+    is explained over the image, and the predicted class is the one whose logits summed over the
+    pixels are largest."""
 
 
 def _problem(run: _Run, item: Item) -> str | None:
@@ -244,61 +230,89 @@ def _problem(run: _Run, item: Item) -> str | None:
     return None
 
 
-def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _scores(run: _Run, output: Tensor) -> Tensor:
+    """``[batch, classes]`` scores of the explained output (summed over the pixels of a
+    segmentation model's), in float32, or float64 with ``--dtype float64``."""
+    output = output.detach()
+    return class_scores(output.double() if run.dtype == "float64" else output.float())
+
+
+def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str | None]]:
     """Relevance, predictions, targets and explained scores of a batch, in one forward and one
-    backward pass."""
+    backward pass (two forward passes for a segmentation model's predicted class), and per sample
+    why its explanation cannot be used (output or relevance NaN or Inf), or None."""
     inputs = prepare_inputs(torch.stack([item.values for item in items]), run.device, run.dtype)  # type: ignore[misc]
     outputs: list[Tensor] = []
 
     def kept(result: Any) -> Tensor:
-        outputs.append(result)
-        return result
+        output = explained_output(result)
+        outputs.append(output)
+        return output
 
     if run.target == "label":
         targets: Any = torch.tensor([item.label for item in items], device=run.device)
     else:
         targets = run.target
     with autocast(run.device, run.dtype):
+        if targets is None and run.image_shaped:  # the class over the image, not each pixel's own
+            with torch.no_grad():
+                targets = _scores(run, explained_output(run.explain(inputs))).argmax(dim=1)
         if run.compiled is not None:
             given = None if targets is None else torch.as_tensor(targets, device=run.device).expand(len(items))
             relevance, output = run.compiled(inputs, given, return_output=True)
             outputs.append(output)
         else:
-            relevance = attribute(run.explain, inputs, target=targets, output=kept)
-    logits = outputs[0].detach().float()
+            relevance = attribute(run.explain, inputs, target=targets, output=kept, check_finite=False)
+    logits = _scores(run, outputs[0])
     predictions = logits.argmax(dim=-1)
     if targets is None:
         targets = predictions
     targets = torch.as_tensor(targets, device=logits.device).expand(len(items))
     scores = logits.gather(1, targets[:, None]).squeeze(1)
-    return relevance.detach(), predictions.cpu(), targets.cpu(), scores.cpu()
+    problems = unexplainable(logits, relevance, run.dtype)
+    return relevance.detach(), predictions.cpu(), targets.cpu(), scores.cpu(), problems
+
+
+def _refuse(run: _Run, shard: _Shard, item: Item, problem: str) -> None:
+    """A sample that cannot be explained: stop the run with one line naming it (``--on-error
+    stop``), or name it on stderr and list it in the shard's rows as skipped."""
+    name = run.source.names[item.index]
+    if run.on_error == "stop":
+        raise InputError(f"sample {item.index} ({name!r}) cannot be explained: {problem}; fix or remove it, "
+                         f"or pass --on-error skip")
+    print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
+    shard.rows.skipped.append({"index": item.index, "name": name, "reason": problem})
+    run.skipped += 1
 
 
 def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
-    """Explain a batch into its shard; samples that cannot be read are named and skipped, or stop
-    the run (``--on-error``)."""
+    """Explain a batch into its shard; samples that cannot be read or explained are named and
+    skipped, or stop the run (``--on-error``). A sample whose explanation comes out NaN or Inf is
+    taken out of the batch and the rest explained again without it, so that their relevance is
+    that of a batch without it."""
     good: list[Item] = []
     for item in batch:
         problem = _problem(run, item)
         if problem is None:
             good.append(item)
-            continue
-        name = run.source.names[item.index]
-        if run.on_error == "stop":
-            raise InputError(f"sample {item.index} ({name!r}) cannot be explained: {problem}; fix or remove it, "
-                             f"or pass --on-error skip")
-        print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
-        shard.rows.skipped.append({"index": item.index, "name": name, "reason": problem})
-        run.skipped += 1
+        else:
+            _refuse(run, shard, item, problem)
     results: dict[int, tuple[Tensor, int, int, float]] = {}
-    if good:
-        relevance, predictions, targets, scores = _explain_batch(run, good)
+    while good:
+        relevance, predictions, targets, scores, problems = _explain_batch(run, good)
+        if any(problem is not None for problem in problems):
+            for item, problem in zip(good, problems, strict=True):
+                if problem is not None:
+                    _refuse(run, shard, item, problem)
+            good = [item for item, problem in zip(good, problems, strict=True) if problem is None]
+            continue
         stored = relevance.float().cpu().numpy().astype(shard.relevance.dtype, copy=False) if run.dtype != "float64" \
             else relevance.cpu().numpy()
         for row, item in enumerate(good):
             results[item.index] = (stored[row], int(predictions[row]), int(targets[row]), float(scores[row]))
             if run.png:
                 shard.inputs[item.index] = item.values  # type: ignore[assignment]
+        break
     for item in batch:
         rows = shard.rows
         rows.names.append(run.source.names[item.index])
@@ -391,7 +405,8 @@ def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: So
         "model": args.model, "weights_sha256": _file_hash(args.weights), "composite": args.composite,
         "target": args.target,
         "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
-                          "mean": list(preprocessing.mean), "std": list(preprocessing.std)},
+                          "mean": list(preprocessing.mean), "std": list(preprocessing.std),
+                          "transform": preprocessing.description},
         "data": source.description, "samples": len(source), "names_sha256": source.fingerprint(),
         "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
         "png": args.cmap if args.png else None,
@@ -418,8 +433,11 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
         raise InputError(f"--png needs image-shaped samples [channels, height, width]; these are {sample_shape}")
     explain = fxlrp.convert(prepare_model(model, device, args.dtype), composite)
     with autocast(device, args.dtype):
-        logits = _run_model(explain, prepare_inputs(first.values[None], device, args.dtype),
-                            [source.names[first.index]])
+        logits, image_shaped = probe_model(explain, prepare_inputs(first.values[None], device, args.dtype),
+                                           [source.names[first.index]])
+    if image_shaped and getattr(args, "compile", False):
+        raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a segmentation model "
+                         "without it")
     classes = logits.shape[1]
     if isinstance(args.target, int):
         _targets(args.target, logits)
@@ -438,7 +456,8 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
     processes.barrier()
 
     run = _Run(explain, source, sample_shape, classes, args.target, device, args.dtype, args.on_error, args.png,
-               args.cmap, compiled=fxlrp.compile(explain) if getattr(args, "compile", False) else None)
+               args.cmap, image_shaped=image_shaped,
+               compiled=fxlrp.compile(explain, output=explained_output) if getattr(args, "compile", False) else None)
     mine = processes.share(missing)
     spans = [writer.ranges[shard] for shard in mine]
     loader = DataLoader(source, batch_sampler=ShardBatches(spans, args.batch_size), num_workers=args.workers,

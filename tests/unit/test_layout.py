@@ -19,8 +19,9 @@ FLOORS = ["_moved", "errors", "relevance", "registry", "rules", "capture", "grap
 
 LAZY = {
     ("fxlrp", "fxlrp.app.explanations_store"): "fxlrp.read_explanations: import fxlrp loads no data-set code",
-    ("fxlrp.app.cli", "fxlrp.viz.image"): "matplotlib and pillow, only for pictures",
-    ("fxlrp.app.cli", "fxlrp.app.demo"): "the demo draws with matplotlib",
+    ("fxlrp.app.cli", "fxlrp.app.commands"): "torch, only to run a command: fxlrp --help needs none of it",
+    ("fxlrp.app.commands", "fxlrp.viz.image"): "matplotlib and pillow, only for pictures",
+    ("fxlrp.app.commands", "fxlrp.app.demo"): "the demo draws with matplotlib",
     ("fxlrp.app.explain_dataset", "fxlrp.viz.image"): "matplotlib and pillow, only for --png",
 }
 """Imports of fxlrp's modules made inside functions: (importer, imported) -> why."""

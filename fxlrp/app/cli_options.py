@@ -1,0 +1,52 @@
+"""What the ``fxlrp`` command's parser needs, without torch: the error of a bad input, the composite
+names, the data-set options. ``fxlrp --help`` imports this module and :mod:`fxlrp.app.cli` only;
+the commands (:mod:`fxlrp.app.commands`) import torch when one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fxlrp.errors import FxlrpError
+
+HF_PREFIX = "hf:"
+"""``--model hf:DIR``: a Hugging Face model saved with ``save_pretrained``."""
+
+COMPOSITE_NAMES = ("epsilon", "lrp0", "epsilon_plus", "epsilon_plus_flat", "epsilon_alpha2_beta1",
+                   "epsilon_alpha2_beta1_flat", "epsilon_gamma_box", "attnlrp", "cplrp")
+"""The composite names the command line accepts (:func:`fxlrp.app.cli_inputs.composite_by_name`)."""
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+"""``--dtype`` of a data-set run."""
+
+
+class InputError(FxlrpError):
+    """A command-line input (model, weights, composite, image) that cannot be used."""
+
+
+def add_dataset_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``fxlrp explain`` for data sets, devices and precision.
+
+    Parameters
+    ----------
+    parser
+        The ``explain`` command's parser; the options go into a group of their own.
+    """
+    group = parser.add_argument_group("data sets", "explain a whole data set into resumable .npy shards "
+                                      "(see docs/datasets.md); also with torchrun --nproc-per-node N -m fxlrp")
+    group.add_argument("--data", metavar="SOURCE",
+                       help="a folder of images (searched recursively; class sub-folders give labels), a .pt/.npy "
+                            "tensor file with samples along the first dimension, or package.module:FACTORY "
+                            "returning a torch.utils.data.Dataset; --out then receives shards and index.json")
+    group.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    group.add_argument("--shard-size", type=int, default=256, help="samples per shard file (default 256)")
+    group.add_argument("--on-error", choices=("stop", "skip"), default="stop",
+                       help="a sample that cannot be read or explained (a damaged file, NaN or Inf in it or in its "
+                            "explanation, another size, no label): stop with an error naming it (default), or "
+                            "skip it (named on stderr and listed in index.json with its reason, its relevance "
+                            "NaN) and explain the rest")
+    group.add_argument("--png", action="store_true", help="also write heatmap (and overlay) PNGs to DIR/png")
+    group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or mps")
+    group.add_argument("--dtype", default="float32", choices=DTYPES,
+                       help="float32 (default); bfloat16 or float16 run the model under autocast; float64 "
+                            "converts model and inputs")

@@ -1,0 +1,316 @@
+"""What the ``fxlrp`` commands do: ``explain`` images, data sets or text, ``report`` a model's
+node/rule table, run the ``demo``. :mod:`fxlrp.app.cli` parses the command line and imports this
+module (and with it torch) only to run a command, so that ``fxlrp --help`` starts at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+import fxlrp
+from fxlrp.app.cli_inputs import (
+    InputError,
+    Preprocessing,
+    Pretrained,
+    _first_sentence,
+    _preprocessing,
+    _run_model,
+    _targets,
+    check_inputs,
+    composite_by_name,
+    explained_output,
+    load_model,
+    open_pretrained,
+    probe_model,
+    stack_inputs,
+    unexplainable,
+)
+from fxlrp.app.cli_options import HF_PREFIX
+from fxlrp.app.explain_dataset import explains_data_set, run_dataset
+from fxlrp.explain.attribute import attribute
+from fxlrp.explain.compiled import compile as fxlrp_compile
+from fxlrp.viz import text
+
+
+def _convert(model: torch.nn.Module, composite: object) -> torch.nn.Module:
+    return fxlrp.convert(model, composite)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """``fxlrp report MODEL``: print the explainer's node/operation/rule table.
+
+    Parameters
+    ----------
+    args
+        The parsed command line.
+
+    Returns
+    -------
+    int
+        The exit code, 0; bad input raises :class:`InputError`.
+    """
+    if args.model.startswith(HF_PREFIX):
+        raise InputError("fxlrp report takes torchvision:NAME, timm:NAME or package.module:FACTORY; explain an hf: "
+                         "model with fxlrp explain --model hf:DIR")
+    model = load_model(args.model, args.weights)
+    composite = composite_by_name(args.composite, _preprocessing(args, model))
+    print(_convert(model, composite).report())
+    return 0
+
+
+def _output_names(paths: Sequence[str]) -> list[str]:
+    """File stems, numbered where two inputs share one."""
+    names: list[str] = []
+    for path in paths:
+        stem, number = Path(path).stem, 1
+        name = stem
+        while name in names:
+            number += 1
+            name = f"{stem}_{number}"
+        names.append(name)
+    return names
+
+
+def _explains_text(args: argparse.Namespace) -> bool:
+    """Whether ``fxlrp explain`` explains text: ``--text``, or an hf: model that is not an image model."""
+    if args.text is not None:
+        return True
+    return args.model.startswith(HF_PREFIX) and not open_pretrained(args.model[len(HF_PREFIX):]).image
+
+
+def _as_picture(values: torch.Tensor) -> torch.Tensor:
+    """A batch of images ``[n, C, H, W]`` as it is; video clips ``[n, C, T, H, W]`` as their frames
+    side by side ``[n, C, H, T * W]``."""
+    if values.dim() == 5:
+        count, channels, frames, height, width = values.shape
+        return values.permute(0, 1, 3, 2, 4).reshape(count, channels, height, frames * width)
+    return values
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    """``fxlrp explain``: image files into heatmap PNGs (a data set with ``--data``, text with
+    ``--text`` or an hf: text model).
+
+    Parameters
+    ----------
+    args
+        The parsed command line.
+
+    Returns
+    -------
+    int
+        The exit code, 0; bad input (a file that cannot be read, NaN or Inf in an input or its
+        explanation) raises :class:`InputError` naming it.
+    """
+    from tqdm import tqdm
+
+    from fxlrp.viz import image
+
+    if _explains_text(args):
+        if args.compile:
+            raise InputError("--compile explains images and data sets, not --text")
+        return run_explain_text(args)
+    if explains_data_set(args):
+        return run_dataset(args)
+    if args.out is None:
+        raise InputError("the following arguments are required: --out")
+    if not args.images:
+        raise InputError("the following arguments are required: IMAGE (image files to explain)")
+    target = _class_index(args.target)
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size must be positive, got {args.batch_size}")
+    model = load_model(args.model, args.weights)
+    preprocessing = _preprocessing(args, model)
+    composite = composite_by_name(args.composite or "epsilon", preprocessing)
+    try:
+        image.colour_map(args.cmap)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    check_inputs(args.images, preprocessing)
+    explain = _convert(model, composite)
+    compiled = fxlrp_compile(explain, output=explained_output) if args.compile else None
+    out = Path(args.out)  # (the first batch's _run_model fails before anything is written)
+    names = _output_names(args.images)
+    lines = []
+    image_shaped = False
+    with tqdm(total=len(args.images), unit="image", desc="explaining", file=sys.stderr,
+              disable=None) as progress:
+        for start in range(0, len(args.images), args.batch_size):
+            paths = args.images[start:start + args.batch_size]
+            inputs = stack_inputs(paths, preprocessing)
+            if start == 0:  # errors in the user's terms (input shape, target, output) before any work
+                logits, image_shaped = probe_model(explain, inputs[:1], paths)
+                _targets(target, logits)
+                if compiled is not None and image_shaped:
+                    raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a "
+                                     "segmentation model without it")
+            if compiled is not None:  # one pass gives the scores and the relevance
+                given = None if target is None else torch.full((len(paths),), target)
+                relevance, logits = compiled(inputs, given, return_output=True)
+                targets = _targets(target, logits)
+            else:
+                logits = _run_model(explain, inputs, paths)
+                targets = _targets(target, logits)
+                relevance = attribute(explain, inputs, target=targets, output=explained_output, check_finite=False)
+            for path, problem in zip(paths, unexplainable(logits, relevance), strict=True):
+                if problem is not None:
+                    raise InputError(f"{path}: {problem}")
+            heatmaps = image.heatmap(_as_picture(relevance), args.cmap)
+            overlays = image.overlay(_as_picture(inputs), _as_picture(relevance), args.cmap)
+            scale = max(1, 128 // max(_as_picture(inputs).shape[-2:]))
+            for index, name in enumerate(names[start:start + len(paths)]):
+                image.save_png(heatmaps[index], out / f"{name}.heatmap.png", scale)
+                image.save_png(overlays[index], out / f"{name}.overlay.png", scale)
+                explained = int(targets[index])  # (not `target`: the next batch needs the option)
+                what = "logits summed over the pixels" if image_shaped else "output"
+                lines.append(f"{paths[index]}: class {explained} ({what} {logits[index, explained]:.3g}), "
+                             f"relevance sum {relevance[index].sum():.3g} -> {out / name}.heatmap.png")
+            progress.update(len(paths))
+    print("\n".join(lines))
+    return 0
+
+
+def _class_index(target: str | None) -> int | None:
+    if target is None:
+        return None
+    try:
+        return int(target)
+    except ValueError:
+        raise InputError(f"--target {target!r} is not a class index (a whole number)") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# text: Hugging Face models saved with save_pretrained
+
+def _text_target(target: str | None, pretrained: Pretrained) -> int | None:
+    """``--target`` as an index of the logits: a number, a label name (classifiers) or a token
+    (language models); None without one (the highest logit)."""
+    if target is None:
+        return None
+    size, tokenizer = pretrained.outputs, pretrained.tokenizer
+    if target.lstrip("-").isdigit():
+        index = int(target)
+        if not 0 <= index < size:
+            what = "token ids" if pretrained.causal else "classes"
+            raise InputError(f"--target {index} is out of range: the model has {size} {what} (0..{size - 1})")
+        return index
+    if not pretrained.causal:
+        names = getattr(pretrained.config, "id2label", None) or {}
+        labels = {str(label): int(index) for index, label in names.items()}
+        folded = {label.lower(): index for label, index in labels.items()}
+        if target in labels or target.lower() in folded:
+            return labels.get(target, folded.get(target.lower(), 0))
+        raise InputError(f"--target {target!r} is neither a class index (0..{size - 1}) nor a label of the model "
+                         f"({', '.join(labels) or 'it names none'})")
+    if target in tokenizer.get_vocab():
+        return int(tokenizer.convert_tokens_to_ids(target))
+    ids = [int(value) for value in tokenizer(target, add_special_tokens=False)["input_ids"]]
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    unknown = tokenizer.unk_token_id
+    if len(ids) == 1 and (unknown is None or ids[0] != unknown):
+        return ids[0]
+    listing = " ".join(tokens) if tokens else "no tokens"
+    ids_listing = ", ".join(f"{token!r} = {value}" for token, value in zip(tokens, ids, strict=True))
+    instead = f"give one token as the vocabulary writes it or a token id (0..{size - 1})"
+    if unknown is not None and unknown in ids:
+        raise InputError(f"--target {target!r} is not a token of the model's vocabulary: it tokenises to {listing} "
+                         f"({ids_listing}), where {tokenizer.unk_token!r} is the unknown token; {instead}")
+    if not ids:
+        raise InputError(f"--target {target!r} tokenises to no tokens; {instead}")
+    raise InputError(f"--target {target!r} is {len(ids)} tokens ({listing}); give one token or a token id: "
+                     f"a target is one token of the vocabulary ({ids_listing}), e.g. --target {tokens[0]!r} or "
+                     f"--target {ids[0]}")
+
+
+def run_explain_text(args: argparse.Namespace) -> int:
+    """``fxlrp explain --model hf:DIR --text TEXT``: each text's tokens coloured by relevance.
+
+    Parameters
+    ----------
+    args
+        The parsed command line.
+
+    Returns
+    -------
+    int
+        The exit code, 0; bad input raises :class:`InputError`.
+    """
+    if not args.model.startswith(HF_PREFIX):
+        raise InputError(f"--text needs a Hugging Face model, --model hf:DIR (got {args.model!r})")
+    if not args.text:
+        raise InputError("hf: models explain text: pass --text TEXT")
+    if args.images:
+        raise InputError(f"give --text or image files, not both (got {args.images[0]!r})")
+    if args.weights is not None:
+        raise InputError("--weights is for torchvision, timm and factory models; hf:DIR has its weights in DIR")
+    if any(not sentence.strip() for sentence in args.text):
+        raise InputError("--text is empty")
+    composite_name = args.composite or "attnlrp"
+    if composite_name.lower().replace("-", "_") == "epsilon_gamma_box":
+        raise InputError("epsilon_gamma_box needs the value range of image pixels; for text use attnlrp, cplrp "
+                         "or epsilon")
+    composite = composite_by_name(composite_name, Preprocessing(None, 1, (0.0,), (1.0,)))
+    pretrained = open_pretrained(args.model[len(HF_PREFIX):])
+    if pretrained.image:
+        raise InputError(f"the model in {str(pretrained.directory)!r} is an image classifier "
+                         f"({pretrained.architecture}); give it image files or --data, not --text")
+    tokenizer, limit = pretrained.tokenizer, getattr(pretrained.config, "max_position_embeddings", None)
+    inputs = [tokenizer(sentence, return_tensors="pt")["input_ids"] for sentence in args.text]
+    for sentence, ids in zip(args.text, inputs, strict=True):
+        if limit is not None and ids.shape[1] > limit:
+            raise InputError(f"the text {sentence[:30]!r}... has {ids.shape[1]} tokens; the model takes at most "
+                             f"{limit}")
+    target = _text_target(args.target, pretrained)
+    model = pretrained.load_model()
+    explain = _convert(model, composite)
+    fragments, lines = [], []
+    for sentence, ids in zip(args.text, inputs, strict=True):
+        try:
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits
+        except (RuntimeError, IndexError, ValueError) as error:
+            raise InputError(f"the model cannot take the text {sentence[:30]!r}: {_first_sentence(error)}") from None
+        logits = logits[0, -1] if logits.dim() == 3 else logits[0]
+        explained = int(logits.argmax()) if target is None else target
+        relevance = attribute(explain, ids, target=explained)[0]
+        if pretrained.causal:
+            what = f"next token {tokenizer.convert_ids_to_tokens(explained)!r} (id {explained}, "
+        else:
+            what = f"class {explained} {model.config.id2label.get(explained, explained)!r} ("
+        heading = f"{what}logit {logits[explained]:.4g}), relevance sum {relevance.sum():.4g}, {composite_name}"
+        tokens = text.tokens_of(tokenizer, ids[0])
+        lines += [heading, text.terminal(tokens, relevance, merge_subwords=args.merge_subwords)]
+        fragments.append(text.html(tokens, relevance, merge_subwords=args.merge_subwords, title=heading))
+    if args.out is not None:
+        path = text.save_html(Path(args.out) / "explanation.html", *fragments,
+                              title=f"fxlrp: {pretrained.directory.name}")
+        lines.append(f"-> {path}")
+    print("\n".join(lines))
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """``fxlrp demo``: the README's three explanations.
+
+    Parameters
+    ----------
+    args
+        The parsed command line.
+
+    Returns
+    -------
+    int
+        The exit code, 0.
+    """
+    from fxlrp.app.demo import run
+
+    run(Path(args.out), fast=args.fast)
+    return 0
+
+
+COMMANDS = {"explain": run_explain, "report": run_report, "demo": run_demo}
