@@ -22,6 +22,7 @@ from torch.nn.utils import parametrize
 
 from fxlrp.capture.interception import (
     checkpoints_run_their_function,
+    contains_proxy,
     forward_of,
     intercepted_applications,
     leaf_function_calls,
@@ -112,6 +113,8 @@ class RelevanceTracer(fx.Tracer):
         self.leaf_functions = tuple(leaf_functions)
         self.eager_modules = frozenset(eager_modules)
         self.tracing: list[str] = []
+        self.custom_functions: list[str] = []
+        """Names of the custom autograd Functions whose ``forward`` is being traced, innermost last."""
         self.thread = threading.get_ident()
         self.failing_module: str | None = None
         """Qualified name of the innermost module whose forward was being traced when tracing
@@ -195,6 +198,8 @@ class RelevanceTracer(fx.Tracer):
             trace = innermost_user_frame()
             if trace:
                 node.stack_trace = trace
+        if self.custom_functions:
+            node.meta[INSIDE_FUNCTION] = self.custom_functions[-1]
         return node
 
     def is_leaf_module(self, module: nn.Module, module_qualified_name: str) -> bool:
@@ -214,6 +219,18 @@ class RelevanceTracer(fx.Tracer):
         """
         return (module_qualified_name in self.eager_modules or self.is_explained_module(module)
                 or super().is_leaf_module(module, module_qualified_name))
+
+    def _application(self, function: type, args: tuple, kwargs: dict, own: Callable[..., Any]) -> Any:
+        """A custom autograd Function applied while tracing: one node where the registry names it
+        (its own backward declared its rule, :func:`~fxlrp.registry.own_backward`), else traced
+        through its ``forward``, whose operations get their rules."""
+        if REGISTRY.for_function(function) is not None and contains_proxy(args, kwargs):
+            return self.create_proxy("call_function", own, args, kwargs)
+        self.custom_functions.append(function.__qualname__)
+        try:
+            return forward_of(function, args, kwargs)
+        finally:
+            self.custom_functions.pop()
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         """Trace ``root`` with gradients on, library functions recorded as single calls.
@@ -235,7 +252,7 @@ class RelevanceTracer(fx.Tracer):
             # (GRADIENTS_OFF); custom Functions' forwards and checkpointed functions run as the
             # code around them (their own machinery turns gradients off).
             with (leaf_function_calls(self, self.leaf_functions), torch.enable_grad(),
-                  intercepted_applications(lambda function, args, kwargs, own: forward_of(function, args, kwargs)),
+                  intercepted_applications(self._application),
                   checkpoints_run_their_function()):
                 return super().trace(root, concrete_args)
         except Exception:
@@ -247,6 +264,10 @@ class RelevanceTracer(fx.Tracer):
 CAPTURE_PATHS = ("auto", "fx", "eager")
 """``fx``: torch.fx symbolic tracing only; ``eager``: the whole model run eagerly; ``auto``: torch.fx,
 with each module it cannot trace run eagerly (see :mod:`fxlrp.eager`)."""
+
+INSIDE_FUNCTION = "fxlrp_inside_function"
+"""``node.meta`` key of a node traced inside a custom autograd Function's ``forward``: the
+Function's name (fxlrp explains its forward's operations, not its own backward)."""
 
 EXTRA_KEYWORDS = "fxlrp_extra_keywords"
 """Keyword under which the graph of a model run eagerly as a whole hands on its ``**kwargs``."""

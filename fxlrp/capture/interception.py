@@ -213,7 +213,7 @@ def intercepted_calls(functions: Iterable[Callable[..., Any]], handler: Handler)
             _unpatch(function)
 
 
-def _contains_proxy(args: Any, kwargs: Any) -> bool:
+def contains_proxy(args: Any, kwargs: Any) -> bool:
     found = False
 
     def visit(value: Any) -> Any:
@@ -353,7 +353,7 @@ def leaf_function_calls(tracer: fx.Tracer, functions: Iterable[Callable[..., Any
     """
 
     def record(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], original) -> Any:
-        if _contains_proxy(args, kwargs):
+        if contains_proxy(args, kwargs):
             return tracer.create_proxy("call_function", function, args, kwargs)
         return original(*args, **kwargs)
 

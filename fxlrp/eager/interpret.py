@@ -922,6 +922,10 @@ def _custom_function_handler(interpretation: Interpretation, mode: RelevanceMode
         depth = torch._C._len_torch_function_stack()
         if (interpretation.active and depth and torch._C._get_function_stack_at(depth - 1) is mode
                 and _arguments_carry(args, kwargs)):
+            operation = REGISTRY.for_function(function)
+            if operation is not None:  # its own backward declared its rule
+                with interpretation.paused():
+                    return interpretation.run(operation, own, args, kwargs)
             return _forward_explained(interpretation, function, args, kwargs, own)
         return own(*args, **kwargs)
 

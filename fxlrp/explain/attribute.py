@@ -194,12 +194,14 @@ def _backward(
                 "image, node features, inputs_embeds) or token ids the model looks up in an embedding"
             )
         if not explained.requires_grad:
+            stops = explain.report().relevance_stops() if isinstance(explain, Explainer) else []
             raise ValueError(
                 "the explained output does not depend on the inputs along any path relevance can take: each "
                 "path is cut by a .detach() or torch.no_grad() in the model, or passes an operation LRP holds "
                 "constant (a norm, variance, sqrt or rsqrt of an input-dependent value is a statistic and gets "
                 "no relevance), so there is no relevance to give. Explain an output the inputs reach; where such "
                 "a sqrt is an activation of your model, register it with the identity rule (docs/extending.md)"
+                + "".join(f"\n  - relevance stops at {stop}" for stop in stops)
             )
         if check_finite:
             refuse_non_finite_output(explained)

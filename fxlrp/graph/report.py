@@ -30,6 +30,10 @@ class NodeReport:
     """The rule's ``repr``; ``""`` where the node has none."""
     source: str
     """The model's source line that made the node (``path:line: code``); ``""`` where unknown."""
+    inside: str = ""
+    """The custom autograd Function whose ``forward`` made the node; ``""`` for none."""
+    calls: int | None = None
+    """For an operation run eagerly, the calls one run made (``target`` shows them); None for a node."""
 
 
 def handling_of(kind: Kind) -> str:
@@ -47,6 +51,10 @@ def handling_of(kind: Kind) -> str:
         ``native`` (the native backward routes it).
     """
     return {Kind.AFFINE: "rule", Kind.PASS: "identity"}.get(kind, "native")
+
+
+RELEVANCE_STOPS = {"step": "a step function: its gradient is 0", "statistic": "a statistic LRP holds constant"}
+"""Operations that end every path of relevance through them, with what they are."""
 
 
 EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance", "eager"}
@@ -85,6 +93,31 @@ class Report:
             return f"run eagerly as a whole ({self.eager_modules['']})"
         parts = "; ".join(f"{name} ({reason})" for name, reason in self.eager_modules.items())
         return f"captured by torch.fx, except {len(self.eager_modules)} module(s) run eagerly: {parts}"
+
+    def relevance_stops(self) -> list[str]:
+        """Where relevance stops: each row of an operation that ends every path through it
+        (:data:`RELEVANCE_STOPS`), with its source line and the custom autograd Function it is in.
+
+        Returns
+        -------
+        list of str
+            One line each, for an error that says why an output receives no relevance.
+        """
+        lines = []
+        for row in self.all_rows:
+            what = RELEVANCE_STOPS.get(row.operation)
+            if what is None:
+                continue
+            line = f"{row.operation if getattr(row, 'calls', None) is not None else row.target} ({what})"
+            if row.source:
+                line += f" at {_short(row.source)}"
+            inside = getattr(row, "inside", "")
+            if inside:
+                line += (f", inside {inside}.forward: fxlrp explains the operations of a custom autograd Function's "
+                         "forward; to take its own backward as its rule, register it with relevance=own_backward "
+                         "(docs/extending.md)")
+            lines.append(line)
+        return list(dict.fromkeys(lines))
 
     @property
     def coverage(self) -> float:
@@ -143,5 +176,5 @@ def rows_run(node: str, operations: Mapping[tuple[str, str, str, str], Any]) -> 
         One row each, named ``node › module``.
     """
     return [NodeReport(f"{node} › {module}" if module else node, f"x{run.calls}", operation, handling, rule,
-                       run.source)
+                       run.source, calls=run.calls)
             for (module, operation, handling, rule), run in operations.items()]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxlrp.capture import INSIDE_FUNCTION
 from fxlrp.capture.source import function_name, source_line
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph.graph_module import ExplainedGraphModule
@@ -396,7 +397,8 @@ class Rewriter:
     def _report(self, node: fx.Node, operation: str, handling: str, rule: Any = None) -> None:
         self.reports.append(NodeReport(
             node.name, describe_target(node), operation, handling,
-            "" if rule is None else rule if isinstance(rule, str) else repr(rule), source_line(node)))
+            "" if rule is None else rule if isinstance(rule, str) else repr(rule), source_line(node),
+            node.meta.get(INSIDE_FUNCTION, "")))
 
     def _unsupported(self, nodes: list[fx.Node]) -> None:
         listing = "\n".join(

@@ -20,7 +20,7 @@ from torch import nn
 
 from fxlrp.registry import integrations
 from fxlrp.relevance.call import RelevanceCall
-from fxlrp.relevance.form import gradient_is_native
+from fxlrp.relevance.form import gradient_is_native, require_relevance_form
 from fxlrp.relevance.roles import give_role, role_of, shared_role
 
 
@@ -79,6 +79,37 @@ def called(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     Any
         What ``function`` returns.
     """
+    return function(*args, **kwargs)
+
+
+def own_backward(call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Relevance function of a custom ``torch.autograd.Function`` whose own backward is declared
+    its rule: the Function is applied as the model applies it, and relevance goes back through
+    its ``backward``, ``R_in = backward(R_out)``.
+
+    Right where that backward routes values rather than scaling them by a derivative - a
+    straight-through estimator's identity (the identity rule), a gradient reversal's sign - which
+    is why it is declared, never assumed: an undeclared Function is explained by the operations of
+    its ``forward``. Register it with ``register(Operation("name", Kind.PASS,
+    functions=(TheFunction,), relevance=own_backward))`` (docs/extending.md). Relevance is carried
+    as itself (the relevance form), not as ``R / x``.
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's call (unused: the Function's backward is its rule).
+    function : callable
+        ``TheFunction.apply``.
+    *args, **kwargs
+        The Function's arguments.
+
+    Returns
+    -------
+    Any
+        What the Function returns.
+    """
+    require_relevance_form(f"{getattr(getattr(function, '__self__', None), '__name__', 'a custom Function')}'s "
+                           "own backward")
     return function(*args, **kwargs)
 
 
@@ -352,7 +383,13 @@ class Registry:
         Operation or None
             The operation, by the function's identity; None if none is registered.
         """
-        return self._by_function.get(id(function))
+        operation = self._by_function.get(id(function))
+        if operation is None and getattr(function, "__name__", None) == "apply":
+            # ``TheFunction.apply`` of a custom autograd Function, registered by its class
+            owner = getattr(function, "__self__", None)
+            if isinstance(owner, type):
+                operation = self._by_function.get(id(owner))
+        return operation
 
     def for_method(self, name: str) -> Operation | None:
         """The operation a Tensor method spells.
