@@ -501,8 +501,10 @@ def first_line(error: BaseException) -> str:
 
 
 def why_not_traced(error: BaseException) -> str:
-    """Why torch.fx could not trace a module, in a report line: what in the module's code stops it
-    and where, rather than torch.fx's own exception.
+    """Why torch.fx could not trace a module, in a report line.
+
+    The line says what in the module's code stops it and where, rather than torch.fx's own
+    exception.
 
     Parameters
     ----------

@@ -214,6 +214,20 @@ def intercepted_calls(functions: Iterable[Callable[..., Any]], handler: Handler)
 
 
 def contains_proxy(args: Any, kwargs: Any) -> bool:
+    """Whether a call's arguments hold a torch.fx Proxy (the call is being traced).
+
+    Parameters
+    ----------
+    args : Any
+        The positional arguments.
+    kwargs : Any
+        The keyword arguments.
+
+    Returns
+    -------
+    bool
+        True if a Proxy is among them, at any depth.
+    """
     found = False
 
     def visit(value: Any) -> Any:

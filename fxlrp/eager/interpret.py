@@ -101,8 +101,7 @@ def _carries(value: Any) -> bool:
 
 @dataclasses.dataclass
 class OperationRun:
-    """Calls of one operation in one module, with one handling and rule, in a run of a part run
-    eagerly."""
+    """Calls of one operation in one module, with one handling and rule, in a run of a part run eagerly."""
 
     source: str
     """``file:line: code`` of the first such call."""
@@ -481,9 +480,10 @@ class Interpretation:
         return result
 
     def note(self, operation: str, handling: str, rule: Any) -> None:
-        """Count a call for the report of the part run eagerly: by the innermost running module,
-        the operation, its handling and rule; the source line is read at the first such call of
-        the run only (it walks the stack).
+        """Count a call for the report of the part run eagerly.
+
+        Calls are counted by the innermost running module, the operation, its handling and rule;
+        the source line is read at the first such call of the run only (it walks the stack).
 
         Parameters
         ----------
@@ -505,7 +505,13 @@ class Interpretation:
             seen[0] += 1
 
     def noted(self) -> dict[tuple[str, str, str, str], OperationRun]:
-        """This run's counts, keyed by module, operation, handling and the rule's ``repr``."""
+        """This run's counts.
+
+        Returns
+        -------
+        dict of tuple to OperationRun
+            The counts, keyed by module, operation, handling and the rule's ``repr``.
+        """
         rows: dict[tuple[str, str, str, str], OperationRun] = {}
         for (module, operation, handling, _), (calls, source, rule) in (self.ran or {}).items():
             key = (module, operation, handling, "" if rule is None else repr(rule))

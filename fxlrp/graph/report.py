@@ -95,8 +95,10 @@ class Report:
         return f"captured by torch.fx, except {len(self.eager_modules)} module(s) run eagerly: {parts}"
 
     def relevance_stops(self) -> list[str]:
-        """Where relevance stops: each row of an operation that ends every path through it
-        (:data:`RELEVANCE_STOPS`), with its source line and the custom autograd Function it is in.
+        """Where relevance stops.
+
+        Each row of an operation that ends every path through it (:data:`RELEVANCE_STOPS`) is
+        named, with its source line and the custom autograd Function it is in.
 
         Returns
         -------
@@ -121,8 +123,10 @@ class Report:
 
     @property
     def coverage(self) -> float:
-        """Fraction of the rows (nodes, and operations run eagerly) handled by a rule or a declared
-        relevance-neutral operation."""
+        """Fraction of the rows handled by a rule or a declared relevance-neutral operation.
+
+        The rows are the nodes, and the operations run eagerly.
+        """
         rows = self.all_rows
         handled = sum(row.handling in EXPLAINED for row in rows)
         return handled / len(rows) if rows else 1.0

@@ -83,9 +83,10 @@ def called(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def own_backward(call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Relevance function of a custom ``torch.autograd.Function`` whose own backward is declared
-    its rule: the Function is applied as the model applies it, and relevance goes back through
-    its ``backward``, ``R_in = backward(R_out)``.
+    """Relevance function of a custom ``torch.autograd.Function`` whose own backward is declared its rule.
+
+    The Function is applied as the model applies it, and relevance goes back through its
+    ``backward``, ``R_in = backward(R_out)``.
 
     Right where that backward routes values rather than scaling them by a derivative - a
     straight-through estimator's identity (the identity rule), a gradient reversal's sign - which
