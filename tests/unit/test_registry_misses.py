@@ -1,12 +1,14 @@
 """Operations the model zoos call on relevance-carrying tensors that the registry lacked
 (benchmarks/registry_misses.py, docs/coverage.md): ``torch.diff`` in every spelling, a one-operand
-``einsum`` (PyG's dense_mincut_pool and DMoNPooling), and sparse adjacency built from
-relevance-carrying values (PyG's ASAPooling).
+``einsum`` (PyG's dense_mincut_pool and DMoNPooling), sparse matrices built from
+relevance-carrying values and their products (PyG's ASAPooling), and ``torch.sparse.mm`` (PyG's
+layers on a torch.sparse adjacency).
 
 References, none computed by fxlrp: gradient x input in float64 (LRP-0 on maps that are piecewise
 linear in the explained input), the epsilon rule written out with the dense matrix of the linear
-map, and the Product rule written out with dense matrices for a product of a sparse matrix and a
-dense one.
+map, the Product rule written out with dense matrices for products of a sparse matrix and a dense
+or sparse one, and conservation where products of two relevance-carrying factors make gradient x
+input another quantity.
 """
 
 from __future__ import annotations
