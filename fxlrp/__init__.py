@@ -4,15 +4,24 @@
 propagates relevance: ``explain(x).backward(R)`` leaves the relevance of ``x`` in ``x.grad``.
 """
 
+import importlib
 import sys
 
-from fxlrp import _moved, rules
+from fxlrp import _moved
 from fxlrp.errors import CaptureError, FxlrpError, UnsupportedOperationError
-from fxlrp.explain.attribute import attribute, attribute_nodes
-from fxlrp.explain.compiled import compile
-from fxlrp.explain.convert import convert
-from fxlrp.explain.explainer import Explainer
-from fxlrp.rules import composites
+
+LAZY = {
+    "convert": ("fxlrp.explain.convert", "convert"),
+    "attribute": ("fxlrp.explain.attribute", "attribute"),
+    "attribute_nodes": ("fxlrp.explain.attribute", "attribute_nodes"),
+    "compile": ("fxlrp.explain.compiled", "compile"),
+    "Explainer": ("fxlrp.explain.explainer", "Explainer"),
+    "rules": ("fxlrp.rules", None),
+    "composites": ("fxlrp.rules.composites", None),
+    "read_explanations": ("fxlrp.app.explanations_store", "read_explanations"),
+}
+"""The package's attributes, imported on first use (name -> module, attribute; None: the module):
+``import fxlrp`` imports no torch, so that ``fxlrp --help`` answers at once."""
 
 __all__ = [
     "convert",
@@ -33,31 +42,37 @@ _moved.install(sys.modules[__name__])
 
 
 def __getattr__(name: str) -> object:
-    """The package's attributes that are imported on first use.
+    """The package's attributes, imported on first use.
 
     Parameters
     ----------
     name : str
-        ``"read_explanations"`` (explanations written by ``fxlrp explain --data``), imported on
-        first use so that ``import fxlrp`` stays light; or a module's old path
+        One of :data:`LAZY` (``convert``, ``attribute``, ... and ``read_explanations``, the
+        explanations written by ``fxlrp explain --data``); or a module's old path
         (``fxlrp.explainer``), which names the module at its place in the package layout
         (:mod:`fxlrp._moved`).
 
     Returns
     -------
     object
-        The function or the module.
+        The function, class or module.
 
     Raises
     ------
     AttributeError
         For any other name.
     """
-    if name == "read_explanations":
-        from fxlrp.app.explanations_store import read_explanations
-
-        return read_explanations
+    if name in LAZY:
+        module_name, attribute = LAZY[name]
+        module = importlib.import_module(module_name)
+        value = module if attribute is None else getattr(module, attribute)
+        globals()[name] = value
+        return value
     module = _moved.moved_module(sys.modules[__name__], name)
     if module is not None:
         return module
     raise AttributeError(f"module 'fxlrp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *LAZY})

@@ -102,18 +102,32 @@ class OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.find_spec(new).loader.get_code(new)
 
 
+class Package(ModuleType):
+    """The type of the package's module. The import system names each submodule it imports on its
+    package (``import fxlrp.convert`` sets ``fxlrp.convert``); an old path whose name is also one
+    of the package's own attributes (``fxlrp.convert``, the function, imported on first use) must
+    not replace that attribute with the module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        lazy = self.__dict__.get("LAZY", {})
+        if (isinstance(value, ModuleType) and f"{self.__name__}.{name}" in MOVED and name in lazy
+                and lazy[name][1] is not None):  # (the attribute is no module: a function, a class)
+            return
+        super().__setattr__(name, value)
+
+
 def install(package: ModuleType) -> None:
-    """Put the finder first on ``sys.meta_path`` (once). An old path whose name the package already
-    holds as something else (``fxlrp.convert``, the function) is entered now, so that importing
-    it does not replace the package's attribute with the module."""
+    """Put the finder first on ``sys.meta_path`` (once) and give the package the type
+    :class:`Package`.
+
+    Parameters
+    ----------
+    package : ModuleType
+        The package ``fxlrp``.
+    """
     if not any(isinstance(finder, OldPaths) for finder in sys.meta_path):
         sys.meta_path.insert(0, OldPaths())
-    for old, new in MOVED.items():
-        parent, _, child = old.rpartition(".")
-        if parent == package.__name__ and child in vars(package) and old not in sys.modules:
-            module = importlib.import_module(new)
-            if vars(package)[child] is not module:
-                sys.modules[old] = module
+    package.__class__ = Package
 
 
 def moved_module(package: ModuleType, name: str) -> ModuleType | None:

@@ -280,8 +280,6 @@ _FIELD_RULES: tuple[tuple[Callable[[Operation], bool], str], ...] = (
      "default_rule needs kind=Kind.AFFINE (only affine operations take a rule)"),
     (lambda op: op.factors is not None and op.kind is not Kind.AFFINE,
      "factors needs kind=Kind.AFFINE (a product of relevance-carrying factors takes a Product rule)"),
-    (lambda op: (op.leaf or op.index_arguments) and not op.functions,
-     "leaf and index_arguments describe calls of functions: give functions=(...)"),
     (lambda op: op.subclasses and not op.modules,
      "subclasses=True describes module types: give modules=(...)"),
     (lambda op: (op.source or op.holds_layers or op.gradient_native is not None) and op.relevance is None,

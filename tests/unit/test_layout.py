@@ -2,23 +2,33 @@
 import each other in a circle, and an import made inside a function is one of the few listed
 here with its reason (never a way round a circle).
 
-Read from the source with ``ast``; nothing is imported.
+Read from the source with ``ast``; one test imports fxlrp in a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import fxlrp
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fxlrp"
 
 FLOORS = ["_moved", "errors", "relevance", "registry", "rules", "capture", "graph", "eager", "operations", "explain",
-          "", "integrations", "viz", "toys", "app", "__main__"]
+          "", "integrations", "viz", "concepts", "toys", "app", "__main__"]
 """From the bottom up, by the name under ``fxlrp`` (``""``: the package itself, whose
 ``fxlrp.convert``, ``fxlrp.attribute``, ... the integrations and the command use)."""
 
 LAZY = {
     ("fxlrp", "fxlrp.app.explanations_store"): "fxlrp.read_explanations: import fxlrp loads no data-set code",
+    ("fxlrp", "fxlrp.explain.convert"): "fxlrp.convert: import fxlrp imports no torch (fxlrp --help answers at once)",
+    ("fxlrp", "fxlrp.explain.attribute"): "fxlrp.attribute and attribute_nodes, likewise",
+    ("fxlrp", "fxlrp.explain.compiled"): "fxlrp.compile, likewise",
+    ("fxlrp", "fxlrp.explain.explainer"): "fxlrp.Explainer, likewise",
+    ("fxlrp", "fxlrp.rules"): "fxlrp.rules, likewise",
+    ("fxlrp", "fxlrp.rules.composites"): "fxlrp.composites, likewise",
     ("fxlrp.app.cli", "fxlrp.app.commands"): "torch, only to run a command: fxlrp --help needs none of it",
     ("fxlrp.app.commands", "fxlrp.viz.image"): "matplotlib and pillow, only for pictures",
     ("fxlrp.app.commands", "fxlrp.app.demo"): "the demo draws with matplotlib",
@@ -79,9 +89,21 @@ def test_imports_point_down() -> None:
 
 
 def test_imports_inside_functions_are_the_listed_ones() -> None:
+    """Imports inside functions, and the package's attributes imported on first use by name
+    (``fxlrp.LAZY``, which no import statement shows)."""
     lazy = {(importer, imported) for importer, path in MODULES.items()
             for imported, inside in imported_modules(path) if inside and imported != "fxlrp"}
+    lazy |= {("fxlrp", module) for module, _ in fxlrp.LAZY.values()}
     assert lazy == set(LAZY), (sorted(lazy - set(LAZY)), sorted(set(LAZY) - lazy))
+
+
+def test_import_fxlrp_imports_no_torch_and_its_attributes_load_on_first_use() -> None:
+    code = ("import sys, fxlrp; assert 'torch' not in sys.modules, 'torch'; "
+            "assert callable(fxlrp.convert) and fxlrp.composites.EpsilonPlusFlat and fxlrp.rules.Epsilon; "
+            "assert 'torch' in sys.modules; print(sorted(set(fxlrp.__all__) - set(dir(fxlrp))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
 
 
 def test_no_modules_import_each_other_in_a_circle() -> None:

@@ -154,8 +154,8 @@ def test_the_public_names_the_docs_use() -> None:
     assert (Kind, Operation, register) == (fxlrp.registry.Kind, fxlrp.registry.Operation, fxlrp.registry.register)
     assert register_integration is importlib.import_module("fxlrp.registry.integrations").register_integration
     explainer = importlib.import_module("fxlrp.explain.explainer")
-    assert vars(fxlrp)["convert"] is importlib.import_module("fxlrp.explain.convert").convert
-    assert vars(fxlrp)["compile"] is importlib.import_module("fxlrp.explain.compiled").compile
+    assert fxlrp.convert is importlib.import_module("fxlrp.explain.convert").convert
+    assert fxlrp.compile is importlib.import_module("fxlrp.explain.compiled").compile
     assert (fxlrp.attribute, fxlrp.attribute_nodes, fxlrp.Explainer) == (
         explainer.attribute, explainer.attribute_nodes, explainer.Explainer)
     for name, path in [("image", "fxlrp.viz.image"), ("text", "fxlrp.viz.text"),

@@ -20,8 +20,6 @@ def _relevance(call, function, *args, **kwargs):
     ({"kind": Kind.PASS, "weighted": True}, "weighted=True needs kind=Kind.AFFINE"),
     ({"kind": Kind.NATIVE, "default_rule": Epsilon}, "default_rule needs kind=Kind.AFFINE"),
     ({"kind": Kind.PASS, "factors": lambda args, kwargs: args[:2]}, "factors needs kind=Kind.AFFINE"),
-    ({"kind": Kind.NATIVE, "leaf": True}, "give functions=(...)"),
-    ({"kind": Kind.NATIVE, "index_arguments": (1,)}, "give functions=(...)"),
     ({"kind": Kind.NATIVE, "subclasses": True}, "give modules=(...)"),
     ({"kind": Kind.NATIVE, "source": True}, "give relevance=..."),
     ({"kind": Kind.NATIVE, "holds_layers": True}, "give relevance=..."),
