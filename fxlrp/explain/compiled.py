@@ -4,11 +4,11 @@
 the relevance Functions' forward builds the inner autograd graph their backward pulls relevance
 back through (``get_gradient_edge``, ``.grad_fn``, leaves made with ``requires_grad_()``) and keeps
 state between the two passes in Python objects (a ReLU rectifying a rule's kept output, an
-activation recomputed from it). Dynamo broke the graph at each of them, resumed, and recompiled
-each rewritten node's ``forward`` for every operation it serves until its recompile limit, then
-ran it eagerly (``docs/datasets.md``, "Compiled explanations"); that ``forward`` is now skipped by
-Dynamo (``torch.compiler.disable``), so ``torch.compile(explain)`` gives the eager relevance
-without recompiling, but compiles next to nothing.
+activation recomputed from it). Dynamo would break the graph at each of them, resume, and
+recompile each rewritten node's ``forward`` for every operation it serves until its recompile
+limit (``docs/datasets.md``, "Compiled explanations"); so that ``forward`` is skipped by Dynamo
+(``torch.compiler.disable``): ``torch.compile(explain)`` gives the eager relevance without
+recompiling, but compiles next to nothing.
 
 :func:`compile` traces one level lower instead. ``torch.fx.experimental.proxy_tensor.make_fx``
 runs the whole explanation (the explainer's forward, the start relevance, ``torch.autograd.grad``

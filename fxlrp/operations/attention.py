@@ -387,8 +387,7 @@ PIECE_SCORES = 1 << 19
 """Attention scores (query x key entries) per piece of the decomposition in backward, about 2 MB in
 float32. The scores, the weights and their relevance are alive for one piece at a time (for
 ViT-Base at 224 x 224, batch 2: one sample's heads, half a layer's). Smaller pieces cost time: each
-runs the decomposition's few dozen operations again on less data (one head per piece made
-HF ViT-Base's Epsilon explanation about 20% slower)."""
+runs the decomposition's few dozen operations again on less data."""
 
 
 def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> list[Piece] | None:

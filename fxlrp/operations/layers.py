@@ -20,7 +20,7 @@ def as_matrix_rows(input: Tensor) -> Tensor:
     """``F.linear``'s input, contiguous: for an input that requires grad and cannot be viewed as
     one matrix (a batch-first sequence transposed by ``nn.MultiheadAttention``), torch's matmul
     broadcasts the weight into a batched product of ``length`` tiny matrices instead of copying
-    the input into one (ViT-B/16's in-projection: 185 ms against 12 ms), and rounds differently
+    the input into one (an order of magnitude slower for ViT-B/16's in-projection), and rounds differently
     from the model's own forward, which runs without gradients."""
     return input.contiguous() if input.dim() > 2 and not input.is_contiguous() else input
 
@@ -63,8 +63,8 @@ class LinearInGradientForm(torch.autograd.Function):
 
 SPARSE_CHECK_MIN_PRODUCT = 2**20
 """Multiply-adds of ``g @ W`` below which :func:`linear_input_gradient` does not look for rows and
-columns of 0 (about 0.1 ms of a matrix product on one CPU core; looking, and the Function that
-gives the gradient form's linear layer that backward, cost some 60 microseconds)."""
+columns of 0: below it, looking (and the Function that gives the gradient form's linear layer
+that backward) costs about as much as the product itself."""
 
 
 def may_skip_zeros(tensor: Tensor, products: int) -> bool:
@@ -106,7 +106,7 @@ def carrying_rows_and_columns(matrix: Tensor, inner: int) -> tuple[Tensor | None
     multiplied into ``g @ W`` with ``inner`` columns) that hold anything but 0 (NaN counts): the
     rows where they are at most half of them, the columns where at most a sixteenth (each kept
     column copies a row of ``W``: for one row of ``g``, a product that reads ``W`` once, a copy of
-    a quarter of a 4096 x 25088 ``W`` took 2.5 times the whole product); None for all of them.
+    a quarter of a 4096 x 25088 ``W`` costs more than the whole product); None for all of them.
 
     Looked for where :func:`may_skip_zeros`, and only where one of three entries - first, middle,
     last - is 0: where at most half the rows (or columns) carry relevance, one of them almost

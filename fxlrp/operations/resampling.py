@@ -56,7 +56,8 @@ def mode_of(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
 
 @functools.cache
 def _signature(function: Callable[..., Any]) -> inspect.Signature:
-    """Read once per function: every explained call asks for its mode (~36 us per reading)."""
+    """Read once per function: every explained call asks for its mode, and reading a signature
+    costs tens of microseconds."""
     return inspect.signature(function)
 
 
