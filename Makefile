@@ -1,6 +1,8 @@
 # Set-up and entry points. `make demo` and `make test` work on a fresh machine: they create
 # .venv, install torch/torchvision (pinned), build torch-scatter against that torch, and install
-# fxlrp with its test extras.
+# fxlrp with its test extras. zennit-crp (tests/models/test_crp_parity.py) is installed without its
+# dependencies: it asks for zennit <= 0.4.6, which the test extra's zennit 0.5.1 rules out (pip
+# cannot resolve both), and runs on 0.5.1.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install --quiet --no-build-isolation torch-scatter
 	$(BIN)/pip install --quiet -e ".[test,pictures,pyg]"
+	$(BIN)/pip install --quiet --no-deps zennit-crp==0.6.0
 	touch $(STAMP)
 
 setup: $(STAMP)

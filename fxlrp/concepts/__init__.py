@@ -1,0 +1,33 @@
+"""Concepts: conditional relevance (Concept Relevance Propagation) and attribution graphs for any
+model :func:`fxlrp.convert` explains.
+
+- :func:`conditional_relevance`: heatmaps (and node relevances) restricted to chosen concepts of
+  chosen nodes, zennit-crp's conditions (``[{"features.40": [12], "y": [1]}]``), many conditions per
+  call; on both capture paths (a traced graph, parts run eagerly).
+- :class:`ChannelConcept`, :class:`NeuronConcept`, :class:`HeadConcept`: what a node's concept
+  indices are (channels, neurons, attention heads); :func:`concept_relevance`: the relevance of
+  each concept of a node.
+- :func:`attribution_graph`: how the relevance of concepts of one layer comes from the concepts
+  of the layers below, for one prediction.
+
+The core (``fxlrp.convert``, ``fxlrp.attribute``) never imports this package.
+"""
+
+from fxlrp.concepts.concept import ChannelConcept, Concept, HeadConcept, NeuronConcept, concept_relevance
+from fxlrp.concepts.conditional import ConditionalRelevance, conditional_relevance
+from fxlrp.concepts.graph import ConceptEdge, ConceptGraph, attribution_graph
+from fxlrp.concepts.sites import OUTPUT
+
+__all__ = [
+    "Concept",
+    "ChannelConcept",
+    "NeuronConcept",
+    "HeadConcept",
+    "concept_relevance",
+    "conditional_relevance",
+    "ConditionalRelevance",
+    "attribution_graph",
+    "ConceptGraph",
+    "ConceptEdge",
+    "OUTPUT",
+]
