@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import Function
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree
 
 from fxlrp.capture.interception import (
     checkpoints_run_their_function,
@@ -48,6 +49,7 @@ from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_
 from fxlrp.capture.source import calling_line, function_name
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph.canonicalise import view_of_written, without_inplace_flag, written_through_view
+from fxlrp.graph.relevance_flow import unreached, unreached_message
 from fxlrp.graph.report import handling_of
 from fxlrp.registry import REGISTRY, Kind, Operation
 from fxlrp.registry.spellings import (
@@ -330,6 +332,8 @@ class Interpretation:
         self.context = context
         self.observer = observer
         self.unsupported_calls: dict[tuple[str, str], None] = {}
+        self.guards: list[tuple[Any, str, str]] = []
+        """The guards of operations without a rule (with ``strict``): autograd node, name, line."""
         # A library call outside a conversion has no site: its own rule goes to layers.
         self.composite = call.composite or Composite(call.rule if isinstance(call.rule, Rule) else None)
         self.site = call.site or Site("library call", "", False, None, None, False)
@@ -574,10 +578,16 @@ class Interpretation:
         return [node for node, _ in item.next_functions if node is not None]
 
     def unsupported(self, name: str, result: Any) -> Any:
-        """Handle an operation without a rule on a relevance-carrying tensor: its gradient is used.
+        """Handle an operation without a rule on a relevance-carrying tensor.
 
-        With ``strict`` it is recorded, and :meth:`raise_unsupported` names every such call at
-        the end of the run; otherwise it warns.
+        With ``strict`` its output is put behind a guard
+        (:func:`~fxlrp.graph.relevance_flow.unreached`): an error naming it and its line if the
+        relevance of an explanation arrives there in backward. :meth:`raise_unsupported` names at
+        the end of the run every such call that all of the run's relevance-carrying outputs
+        depend on (whatever is explained, relevance reaches it), as conversion does for a graph;
+        the others (box decoding when a class score is explained) are listed in the report as
+        ``unreached``. An in-place call (a name ending in ``_``), whose output is its argument,
+        is named at the end of the run. Without ``strict`` its gradient is used, with a warning.
 
         Parameters
         ----------
@@ -589,7 +599,7 @@ class Interpretation:
         Returns
         -------
         Any
-            ``result``.
+            ``result``, behind the guard with ``strict``.
 
         Raises
         ------
@@ -597,24 +607,50 @@ class Interpretation:
             In the gradient form, which such an operation has none of.
         """
         require_relevance_form(name)  # "follows the gradient" means relevance, not R / x
-        if self.ran is not None:
-            self.note(name, "gradient", None)
         where = calling_line()
-        if self.call.strict:
+        if not self.call.strict:
+            if self.ran is not None:
+                self.note(name, "gradient", None)
+            warnings.warn(f"fxlrp: relevance follows the gradient through {name} (no LRP rule) at {where}",
+                          stacklevel=2)
+            return result
+        if self.ran is not None:
+            self.note(name, "unreached", None)
+        if name.endswith("_"):
             self.unsupported_calls[(name, where)] = None
             return result
-        warnings.warn(f"fxlrp: relevance follows the gradient through {name} (no LRP rule) at {where}",
-                      stacklevel=2)
-        return result
+        with self.paused():  # (the guard is fxlrp's Function, not the code's)
+            guarded = unreached(result, unreached_message(f"{name} (run eagerly)", where))
+        self.guards.extend((item.grad_fn, name, where) for item in _pytree.tree_leaves(guarded)
+                           if isinstance(item, Tensor) and item.grad_fn is not None
+                           and type(item.grad_fn).__name__ == "_UnreachedBackward")
+        return guarded
 
-    def raise_unsupported(self) -> None:
-        """Name every operation without a rule met in the run (with ``strict``).
+    def raise_unsupported(self, result: Any = None) -> None:
+        """Name every operation without a rule met in the run (with ``strict``) that relevance
+        reaches whatever is explained: every relevance-carrying tensor of ``result`` depends on
+        it (see :meth:`unsupported`).
+
+        Parameters
+        ----------
+        result : Any, optional
+            What the run returns.
 
         Raises
         ------
         UnsupportedOperationError
             If the run met any.
         """
+        if self.guards:
+            leaves = _pytree.tree_leaves(result)
+            outputs = [item for item in leaves if _carries(item)]
+            reached = [_autograd_ancestors(item.grad_fn) for item in outputs if item.grad_fn is not None]
+            # (a container pytree does not know may hold outputs: then each guard counts as reached)
+            opaque = any(not isinstance(item, (Tensor, int, float, bool, str, type(None))) for item in leaves)
+            for node, name, where in self.guards:
+                if opaque or reached and all(id(node) in ancestors for ancestors in reached):
+                    self.unsupported_calls[(name, where)] = None
+            self.guards.clear()
         if not self.unsupported_calls:
             return
         inside = self.call.site.module_name if self.call.site and self.call.site.module_name else "the model"
@@ -625,6 +661,19 @@ class Interpretation:
             "Register a rule for them (see docs/extending.md), or pass strict=False to let relevance "
             "follow their gradient."
         )
+
+
+def _autograd_ancestors(node: Any) -> set[int]:
+    """The ids of ``node`` and every autograd node before it."""
+    seen: set[int] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        pending.extend(next_node for next_node, _ in current.next_functions)
+    return seen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1039,7 +1088,7 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], args: tup
         result = function(*args, **kwargs)
     if interpretation.runs_module:
         _merge_run(function.operations_run, interpretation.noted())
-    interpretation.raise_unsupported()
+    interpretation.raise_unsupported(result)
     return result
 
 

@@ -10,14 +10,24 @@ In backward, relevance comes back only along the same paths: a value that enters
 operations alone (``x.pow(2).mean(-1)`` in an RMSNorm, read by ``rsqrt``, whose output is held
 constant) carries relevance forward, but none ever returns to it, so its operations need no rule
 either and run as the model runs them.
+
+An operation without a rule that relevance comes back to from some of the model's outputs but not
+from all of them (RetinaNet's box decoding, ``torch.exp``, when a class score is explained) cannot
+be judged when the graph is captured: which output is explained is known only when an
+explanation runs. It runs as the model runs it, behind :func:`unreached`, whose backward is the
+error naming it if relevance of an explanation does arrive.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from torch import fx, nn
+import torch
+from torch import Tensor, fx, nn
+from torch.utils import _pytree
 
+from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph.canonicalise import may_write
 from fxlrp.registry import REGISTRY, Kind, Operation
 
@@ -129,6 +139,128 @@ def nodes_relevance_returns_to(graph: fx.Graph, modules: dict[str, nn.Module], c
                 for user in node.users):
             returning.add(node)
     return returning
+
+
+def outputs_reached(graph: fx.Graph, modules: dict[str, nn.Module], carrying: set[fx.Node]) -> dict[fx.Node, set[int]]:
+    """Which of the graph's relevance-carrying outputs each node has a path of values to.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+    carrying : set of fx.Node
+        The nodes relevance may reach (:func:`nodes_that_may_carry_relevance`).
+
+    Returns
+    -------
+    dict of fx.Node to set of int
+        For each node of ``carrying``, the positions (among the distinct relevance-carrying nodes
+        the output returns, in order) of the outputs relevance may come back from; see
+        :func:`carrying_outputs` for the outputs.
+    """
+    outputs = carrying_outputs(graph, carrying)
+    reached: dict[fx.Node, set[int]] = {node: set() for node in carrying}
+    for position, output in enumerate(outputs):
+        reached[output].add(position)
+    for node in reversed(graph.nodes):  # users come after the values they read
+        positions = reached.get(node)
+        if not positions or node.op == "placeholder":
+            continue
+        for source in value_arguments(node, find_operation(node, modules)):
+            if source in reached:
+                reached[source] |= positions
+    return reached
+
+
+def carrying_outputs(graph: fx.Graph, carrying: set[fx.Node]) -> list[fx.Node]:
+    """The distinct relevance-carrying nodes the graph returns, in the order of its output.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph.
+    carrying : set of fx.Node
+        The nodes relevance may reach.
+
+    Returns
+    -------
+    list of fx.Node
+        The nodes, each once.
+    """
+    found: list[fx.Node] = []
+    for node in graph.nodes:
+        if node.op == "output":
+            fx.node.map_arg(node.args, found.append)
+    return [node for node in dict.fromkeys(found) if node in carrying]
+
+
+class _Unreached(torch.autograd.Function):
+    """Forward: a copy of ``x``. Backward: the error ``message`` if relevance that is not 0 arrives,
+    else the (zero) relevance handed on."""
+
+    @staticmethod
+    def forward(ctx: Any, message: str, x: Tensor) -> Tensor:
+        ctx.message = message
+        return x.clone()  # (a copy: a view made in a Function may not be written in place)
+
+    @staticmethod
+    def backward(ctx: Any, relevance: Tensor) -> tuple[None, Tensor]:
+        if relevance is not None and bool((relevance != 0).any()):  # (NaN counts as arriving)
+            raise UnsupportedOperationError(ctx.message)
+        return None, relevance
+
+
+def unreached(value: Any, message: str) -> Any:
+    """``value`` with each relevance-carrying tensor behind a guard that is ``message``'s error in
+    backward, should relevance of an explanation arrive there.
+
+    An operation without an LRP rule that relevance reaches for some of the model's outputs but not
+    for others runs as the model runs it, its output behind this guard: explaining an output that
+    does not depend on it works, explaining one that does is an error naming it, never relevance
+    silently following its gradient.
+
+    Parameters
+    ----------
+    value : Any
+        The operation's output: a tensor or a structure of them.
+    message : str
+        The error, naming the operation and its source line.
+
+    Returns
+    -------
+    Any
+        ``value``, its floating-point tensors that require gradients copied behind the guard.
+    """
+    def guarded(item: Any) -> Any:
+        if isinstance(item, Tensor) and item.requires_grad and item.is_floating_point():
+            return _Unreached.apply(message, item)
+        return item
+
+    return _pytree.tree_map(guarded, value)
+
+
+def unreached_message(operation: str, where: str) -> str:
+    """The error of an operation without a rule that an explanation's relevance reached.
+
+    Parameters
+    ----------
+    operation : str
+        The operation, as the user writes it.
+    where : str
+        Its source line (``file:line: code``), or ``""``.
+
+    Returns
+    -------
+    str
+        The message.
+    """
+    at = f"  at {where}" if where else ""
+    return (f"fxlrp has no LRP rule for {operation}{at}, and the relevance of this explanation reaches it "
+            "(the relevance of the model's other outputs does not, so it ran as the model runs it).\n"
+            "Explain an output that does not depend on it, register a rule for it (see docs/extending.md), or "
+            "pass strict=False to let relevance follow its gradient (gradient x input locally, no LRP rule).")
 
 
 def nodes_that_may_hold_roles(graph: fx.Graph, operation_of: Callable[[fx.Node], Operation | None],

@@ -24,8 +24,10 @@ class NodeReport:
     """``rule`` (a rule of the composite), ``identity``, ``native`` (relevance-neutral or routed by
     the native backward), ``container`` (attribute access or a method of a non-tensor input),
     ``input``/``output``/``constant``, ``no relevance`` (an operation without a rule on values
-    that no input reaches, e.g. a degree normalisation from ``edge_index``) or ``gradient`` (no
-    rule: strict=False fallback)."""
+    that no input reaches, e.g. a degree normalisation from ``edge_index``), ``unreached`` (an
+    operation without a rule that relevance reaches for some of the model's outputs only, e.g. box
+    decoding when a class score is explained: run natively, an error if an explanation's
+    relevance arrives) or ``gradient`` (no rule: strict=False fallback)."""
     rule: str
     """The rule's ``repr``; ``""`` where the node has none."""
     source: str
@@ -57,7 +59,8 @@ RELEVANCE_STOPS = {"step": "a step function: its gradient is 0", "statistic": "a
 """Operations that end every path of relevance through them, with what they are."""
 
 
-EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance", "eager"}
+EXPLAINED = {"rule", "identity", "native", "container", "input", "output", "constant", "no relevance", "eager",
+             "unreached"}
 
 
 @dataclass(frozen=True)

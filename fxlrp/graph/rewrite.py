@@ -13,6 +13,7 @@ from torch import fx, nn
 from fxlrp.capture import INSIDE_FUNCTION
 from fxlrp.capture.source import function_name, source_line
 from fxlrp.errors import UnsupportedOperationError
+from fxlrp.graph.canonicalise import may_write
 from fxlrp.graph.graph_module import ExplainedGraphModule
 from fxlrp.graph.nodes import (
     NativeModuleNode,
@@ -28,7 +29,10 @@ from fxlrp.graph.relevance_flow import (
     nodes_relevance_returns_to,
     nodes_that_may_carry_relevance,
     nodes_that_may_hold_roles,
+    outputs_reached,
     relevance_factors,
+    unreached,
+    unreached_message,
 )
 from fxlrp.graph.report import NodeReport, handling_of
 from fxlrp.registry import REGISTRY, Kind, Operation, called
@@ -219,6 +223,8 @@ class Rewriter:
         # (the rest compute constants of the explanation: relevance never reaches them, or never
         # comes back from what they compute)
         returning = nodes_relevance_returns_to(self.graph, self.modules, carrying)
+        reached = outputs_reached(self.graph, self.modules, carrying)
+        outputs = set().union(*reached.values()) if reached else set()
         first_layers = self._first_layer_calls(carrying)
         nodes = list(self.graph.nodes)
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
@@ -245,6 +251,11 @@ class Rewriter:
                     # normalisation), or for them only (an RMSNorm's mean square): no relevance
                     # passes through it, so it needs no rule.
                     self._keep_native(node, operation=None, handling="no relevance")
+                    continue
+                if self.options.strict and node.users and not may_write(node) and set() < reached[node] < outputs:
+                    # Relevance comes back to it from some outputs only: whether it does depends on
+                    # the output explained, known when an explanation runs.
+                    self._guard(node)
                     continue
                 unsupported.append(node)
                 self._keep_native(node, operation=None)
@@ -399,6 +410,17 @@ class Rewriter:
             node.name, describe_target(node), operation, handling,
             "" if rule is None else rule if isinstance(rule, str) else repr(rule), source_line(node),
             node.meta.get(INSIDE_FUNCTION, "")))
+
+    def _guard(self, node: fx.Node) -> None:
+        """Keep ``node`` (no rule; relevance reaches it for some outputs only) native, its output
+        behind :func:`~fxlrp.graph.relevance_flow.unreached`: an error in backward naming it, should
+        relevance of an explanation arrive."""
+        message = unreached_message(self._describe_call(node), source_line(node))
+        with self.graph.inserting_after(node):
+            guard = self.graph.call_function(unreached, (node, message))
+        guard.meta = dict(node.meta)
+        node.replace_all_uses_with(guard, delete_user_cb=lambda user: user is not guard)
+        self._keep_native(node, operation=None, handling="unreached")
 
     def _unsupported(self, nodes: list[fx.Node]) -> None:
         listing = "\n".join(
