@@ -1,4 +1,4 @@
-"""LayerNorm, GroupNorm, RMSNorm and ``F.normalize``: the denominator is a constant.
+"""LayerNorm, GroupNorm, InstanceNorm, RMSNorm and ``F.normalize``: the denominator is a constant.
 
 ``y = (x - mean(x)) / sigma * gamma + beta``. Following AttnLRP, the division by ``sigma`` takes
 the identity rule (``sigma`` is treated as a constant of the input), which leaves an affine map of
@@ -144,6 +144,72 @@ def group_norm(
     return normalisation(call, exact, linearised, input, weight, bias)
 
 
+def instance_norm(
+    call: RelevanceCall, function: Any, input: Tensor, running_mean: Tensor | None = None,
+    running_var: Tensor | None = None, weight: Tensor | None = None, bias: Tensor | None = None,
+    use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5, no_batch_dim: int | None = None,
+) -> Tensor:
+    r"""``F.instance_norm`` with each sample's and channel's ``sigma`` constant.
+
+    ``y = (x - mean(x)) / sigma * gamma + beta``, mean and ``sigma`` over the spatial dimensions
+    of each sample and channel (RAFT's encoders, style transfer). As for LayerNorm, ``sigma`` takes
+    the identity rule and the composite's rule (by default the z-rule) is applied to the affine
+    map that is left:
+
+    .. math::
+        R_{x_i} = x_i \sum_k \frac{\partial y_k / \partial x_i |_{\sigma \text{ const}}}{y_k} R_k
+
+    With the running statistics (``use_input_stats=False``: ``track_running_stats`` in evaluation)
+    the map is affine as it is: ``(x - running_mean) / sqrt(running_var + eps) * gamma + beta``.
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's rule and settings.
+    function : Any
+        ``F.instance_norm``.
+    input : Tensor
+        ``[batch, channels, *spatial]``.
+    running_mean, running_var : Tensor, optional
+        The running statistics.
+    weight, bias : Tensor, optional
+        The affine parameters ``gamma`` and ``beta``.
+    use_input_stats : bool, default True
+        Whether the input's own statistics normalise it (else the running ones).
+    momentum : float, default 0.1
+        As ``F.instance_norm`` takes it (the running statistics are not updated in evaluation).
+    eps : float, default 1e-5
+        Added to the variance.
+    no_batch_dim : int, optional
+        For a module (``nn.InstanceNorm2d``), the dimensions of an input without a batch, which
+        it normalises as a batch of one.
+
+    Returns
+    -------
+    Tensor
+        ``function``'s output.
+    """
+    if no_batch_dim is not None and input.dim() == no_batch_dim:
+        return instance_norm(call, function, input.unsqueeze(0), running_mean, running_var, weight, bias,
+                             use_input_stats, momentum, eps).squeeze(0)
+    channel_shape = (1, -1) + (1,) * (input.dim() - 2)
+    spatial = tuple(range(2, input.dim()))
+
+    def exact(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        return function(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
+
+    def linearised(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
+        if use_input_stats:
+            inverse_sigma = torch.rsqrt(x.detach().var(spatial, unbiased=False, keepdim=True) + eps)
+            centred = (x - x.mean(spatial, keepdim=True)) * inverse_sigma
+        else:
+            inverse_sigma = torch.rsqrt(running_var.view(channel_shape) + eps)
+            centred = (x - running_mean.view(channel_shape)) * inverse_sigma
+        return scaled_and_shifted(centred, w, b, channel_shape)
+
+    return normalisation(call, exact, linearised, input, weight, bias)
+
+
 def rms_norm(
     call: RelevanceCall, function: Any, input: Tensor, normalized_shape: Any,
     weight: Tensor | None = None, eps: float | None = None,
@@ -182,6 +248,16 @@ def group_norm_module(module: nn.GroupNorm, parameters: dict[str, Any]):
                           "bias": parameters.get("bias"), "eps": module.eps}
 
 
+def instance_norm_module(module: nn.modules.instancenorm._InstanceNorm, parameters: dict[str, Any]):
+    # (the statistics of the input in evaluation unless the module tracks running ones)
+    return F.instance_norm, {"running_mean": parameters.get("running_mean"),
+                             "running_var": parameters.get("running_var"), "weight": parameters.get("weight"),
+                             "bias": parameters.get("bias"),
+                             "use_input_stats": module.training or not module.track_running_stats,
+                             "momentum": module.momentum if module.momentum is not None else 0.0, "eps": module.eps,
+                             "no_batch_dim": module._get_no_batch_dim()}
+
+
 def rms_norm_module(module: nn.Module, parameters: dict[str, Any]):
     return F.rms_norm, {"normalized_shape": module.normalized_shape, "weight": parameters.get("weight"),
                         "eps": module.eps}
@@ -209,6 +285,18 @@ register(
         module_function=group_norm_module,
         default_rule=proportional,
         description="GroupNorm: sigma constant per group, centring, scale and shift as one affine map",
+    )
+)
+register(
+    Operation(
+        "instance_norm",
+        Kind.AFFINE,
+        functions=(F.instance_norm,),
+        modules=(nn.modules.instancenorm._InstanceNorm,),
+        relevance=instance_norm,
+        module_function=instance_norm_module,
+        default_rule=proportional,
+        description="InstanceNorm: sigma constant per sample and channel, centring, scale and shift as one affine map",
     )
 )
 if hasattr(F, "rms_norm"):  # torch >= 2.4
