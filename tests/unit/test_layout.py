@@ -17,7 +17,7 @@ import fxlrp
 PACKAGE = Path(__file__).resolve().parents[2] / "fxlrp"
 
 FLOORS = ["_moved", "errors", "relevance", "registry", "rules", "capture", "graph", "eager", "operations", "explain",
-          "", "integrations", "viz", "concepts", "toys", "app", "__main__"]
+          "", "integrations", "jax", "viz", "concepts", "toys", "app", "__main__"]
 """From the bottom up, by the name under ``fxlrp`` (``""``: the package itself, whose
 ``fxlrp.convert``, ``fxlrp.attribute``, ... the integrations and the command use)."""
 
