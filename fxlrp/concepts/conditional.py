@@ -382,11 +382,11 @@ class _Run:
 
     # forward
 
-    def observe(self, site: Site, tensor: Tensor) -> None:
+    def observe(self, site: Site, tensor: Tensor) -> Tensor | None:
         name = _canonical_name(site)
         self.calls[name] = self.calls.get(name, 0) + 1
         if self.calls[name] > 1:
-            return
+            return None
         # Past any torch function mode: code run eagerly notes the views it sees taken and takes
         # them again after an in-place write into their base (fxlrp.eager.interpret.replace_values);
         # this view must keep the output as computed, and the node that computed it.
@@ -396,6 +396,12 @@ class _Run:
                 self.observed[name] = _Observed(get_gradient_edge(tensor), tensor.view_as(tensor), True)
             else:
                 self.observed[name] = _Observed(None, tensor.detach(), False)  # type: ignore[arg-type]
+            if name == self.start and tensor.requires_grad:
+                # The start's relevance, its activation, also reaches positions an activation after it
+                # blocks (a ReLU's negative inputs): its readers get a view, so that no ReLU hands the
+                # rule that computed it its own output as the denominator (equal only where it passes).
+                return tensor.view_as(tensor)
+        return None
 
     def pick(self, result: Any) -> Tensor:
         """``output=`` of :func:`fxlrp.attribute_nodes`: the model's explained output is kept,
@@ -428,8 +434,9 @@ class _Run:
             if self.start is not None:
                 later = [name for name in self.chain if order[name] > order[self.start]]
                 if later:
-                    raise ValueError(f"the conditions name {', '.join(map(repr, later))}, which the forward pass "
-                                     f"computes after start={self.start!r}: relevance starts there and never reaches "
+                    named = ", ".join(self.sites[name].describe() for name in later)
+                    raise ValueError(f"the conditions name {named}, which the forward pass computes after the start, "
+                                     f"{self.sites[self.start].describe()}: relevance starts there and never reaches "
                                      "them; remove them or start later")
         if self.chain:
             root = self.observed[self.chain[-1]].value
@@ -516,10 +523,12 @@ class _Run:
         if isinstance(value, Tensor):
             mask = value.to(dtype=like.dtype, device=like.device)
             try:
-                torch.broadcast_shapes(mask.shape, tuple(shape[1:]))
+                fits = torch.broadcast_shapes(mask.shape, tuple(shape[1:])) == tuple(shape[1:])
             except RuntimeError:
+                fits = False
+            if not fits:
                 raise ValueError(f"the mask tensor for {self.sites[name].describe()} has shape {list(mask.shape)}, "
-                                 f"which does not broadcast to its output per sample, {list(shape[1:])}") from None
+                                 f"which does not broadcast to its output per sample, {list(shape[1:])}")
             return mask
         try:
             return concept.mask(shape, value, dtype=like.dtype, device=like.device)

@@ -232,8 +232,9 @@ def tensor_of(site: Site, output: Any) -> Tensor:
     )
 
 
-OutputObserver = Callable[[Site, Tensor], None]
-"""``observer(site, tensor)``: called with a site's output tensor each time the site computes it."""
+OutputObserver = Callable[[Site, Tensor], Tensor | None]
+"""``observer(site, tensor)``: called with a site's output tensor each time the site computes it;
+what it returns (not None) replaces the output of a graph node for the nodes that read it."""
 
 
 @contextmanager
@@ -249,7 +250,8 @@ def outputs_observed(explainer: Explainer, sites: Sequence[Site], observer: Outp
     sites : sequence of Site
         The sites to observe.
     observer : OutputObserver
-        Called as ``observer(site, tensor)``.
+        Called as ``observer(site, tensor)``; a tensor it returns replaces a graph node's output
+        (of the same values) for the nodes that read it.
 
     Yields
     ------
@@ -263,9 +265,11 @@ def outputs_observed(explainer: Explainer, sites: Sequence[Site], observer: Outp
             if site.node is None:
                 continue
 
-            def hook(module: nn.Module, args: Any, output: Any, site: Site = site) -> None:
-                if threading.get_ident() == thread:
-                    observer(site, tensor_of(site, output))
+            def hook(module: nn.Module, args: Any, output: Any, site: Site = site) -> Any:
+                if threading.get_ident() != thread:
+                    return None
+                replaced = observer(site, tensor_of(site, output))
+                return replaced if replaced is not None and isinstance(output, Tensor) else None
 
             stack.callback(node_modules[site.node].register_forward_hook(hook).remove)
         if eager:
