@@ -23,6 +23,7 @@ import numpy as np
 from fxlrp.errors import ExplanationInputError, UnsupportedOperationError
 from fxlrp.jax import formulas
 from fxlrp.jax.graph import Group, Program, Var, flatten, groups, is_floating, source_line, value_of
+from fxlrp.jax.loops import unrolled
 from fxlrp.registry import registered_operation
 from fxlrp.rules import Pass, Rule
 from fxlrp.rules.composites import Composite, Site, as_composite
@@ -105,7 +106,7 @@ def convert(fn: Callable[..., Any], composite: Composite | Rule | None = None, *
     closed, out_shape = jax.make_jaxpr(lambda *flat: fn(*jax.tree_util.tree_unflatten(in_tree, flat)),
                                        return_shape=True)(*leaves)
     out_tree = jax.tree_util.tree_structure(out_shape)
-    program = flatten(closed)
+    program = flatten(unrolled(closed, leaves))
     carrying = [is_floating(var.aval) for var in program.inputs]
     plan = _plan(groups(program, carrying), composite, program)
     return Explanation(fn, composite, closed, program, plan, in_tree, out_tree)

@@ -28,7 +28,7 @@ NATIVE = frozenset({
     "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice", "concatenate",
     "pad", "rev", "convert_element_type", "copy", "copy_p", "gather", "select_n", "max", "min", "reduce_max",
     "reduce_min", "reduce_window_max", "reduce_window_min", "reduce_precision", "stop_gradient", "sharding_constraint",
-    "optimization_barrier",
+    "optimization_barrier", "stack", "split",
 })
 """Primitives whose own vector-Jacobian product routes relevance (moves, copies, selections,
 ReLU's ``max`` and max pooling: the winner takes all)."""
@@ -73,6 +73,8 @@ class Equation:
     source_info: Any
     activation: str | None = None
     """The smooth activation this equation (a call kept whole) is, or None."""
+    effects: bool = False
+    """Whether the equation has side effects (kept even if its results are unused)."""
 
     @property
     def name(self) -> str:
@@ -108,7 +110,21 @@ def flatten(closed: Any) -> Program:
     inputs = [Var(var.aval) for var in closed.jaxpr.invars]
     program = Program(inputs, [])
     program.outputs = _inline(closed.jaxpr, closed.consts, inputs, program.equations)
+    program.equations = _live(program.equations, program.outputs)
     return program
+
+
+def _live(equations: list[Equation], outputs: list[Atom]) -> list[Equation]:
+    """The equations whose results reach the outputs (or that have effects): values a function
+    computes and drops (a scan's unused outputs) carry no relevance."""
+    needed = {id(atom) for atom in outputs if isinstance(atom, Var)}
+    kept: list[Equation] = []
+    for eqn in reversed(equations):
+        if eqn.effects or any(id(var) in needed for var in eqn.outputs):
+            kept.append(eqn)
+            needed.update(id(atom) for atom in eqn.inputs if isinstance(atom, Var))
+    kept.reverse()
+    return kept
 
 
 def _activation_of(primitive: Any, params: dict[str, Any]) -> str | None:
@@ -142,7 +158,7 @@ def _inline(jaxpr: Any, consts: Any, arguments: list[Atom], equations: list[Equa
         for var, value in zip(eqn.outvars, outputs, strict=True):
             env[var] = value
         equations.append(Equation(eqn.primitive, dict(eqn.params), inputs, outputs, eqn.source_info,
-                                  _activation_of(eqn.primitive, eqn.params)))
+                                  _activation_of(eqn.primitive, eqn.params), bool(eqn.effects)))
     return [read(atom) for atom in jaxpr.outvars]
 
 

@@ -374,3 +374,46 @@ def test_import_fxlrp_imports_no_jax() -> None:
     code = "import sys, fxlrp, fxlrp.rules, fxlrp.composites; fxlrp.convert; print('jax' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# ---- NNX, vmap, scan --------------------------------------------------------------------------
+
+def test_an_nnx_module_and_vmap() -> None:
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: Any) -> None:
+            self.a = nnx.Linear(6, 8, rngs=rngs, param_dtype=jnp.float64)
+            self.b = nnx.Linear(8, 3, rngs=rngs, param_dtype=jnp.float64)
+
+        def __call__(self, x: Any) -> Any:
+            return self.b(nnx.relu(self.a(x)))
+
+    net = Net(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 6), jnp.float64)
+    targets = [0, 1, 2, 0]
+    relevance = fxjax.attribute(fxjax.convert(net, Epsilon(0.0), x), x, target=targets)
+    assert relative_error(relevance, gradient_times_input(net, x, targets)) < 1e-12
+    one = fxjax.convert(net, Epsilon(0.0), x[0])  # traced for one sample, mapped over the batch
+    mapped = jax.vmap(lambda sample, target: fxjax.attribute(one, sample, target))(x, jnp.asarray(targets))
+    assert relative_error(mapped, relevance) < 1e-15
+
+
+def test_lrp0_is_gradient_times_input_through_a_scan() -> None:
+    keys = jax.random.split(jax.random.PRNGKey(6), 5)
+    w, u = 0.5 * jax.random.normal(keys[0], (5, 5), jnp.float64), jax.random.normal(keys[1], (3, 5), jnp.float64)
+    b, v = 0.1 * jax.random.normal(keys[2], (5,), jnp.float64), jax.random.normal(keys[3], (5, 2), jnp.float64)
+
+    def rnn(x: Any) -> Any:
+        def step(h: Any, x_t: Any) -> tuple[Any, Any]:
+            h = jax.nn.relu(h @ w + x_t @ u + b)
+            return h, h.sum()
+
+        h, _ = jax.lax.scan(step, jnp.zeros(5, jnp.float64), x)
+        return h @ v
+
+    x = jax.random.normal(keys[4], (6, 3), jnp.float64)
+    explain = fxjax.convert(rnn, Epsilon(0.0), x)
+    assert np.array_equal(np.asarray(explain(x)), np.asarray(rnn(x)))
+    expected = jax.grad(lambda x: rnn(x)[1])(x) * x
+    assert relative_error(fxjax.attribute(explain, x, target=1), expected) < 1e-12
