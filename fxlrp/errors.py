@@ -11,3 +11,11 @@ class CaptureError(FxlrpError):
 
 class UnsupportedOperationError(FxlrpError):
     """The graph has operations with no LRP rule that are not known to be relevance-neutral."""
+
+
+class ExplanationInputError(FxlrpError, ValueError, TypeError):
+    """An input or target that an explanation cannot take as it is: a NumPy array or a list where
+    the model takes tensors, an input the model itself rejects (no batch dimension, another dtype
+    or device than its parameters), a target that names no output. The message says which and what
+    to do; a rejection by the model is raised from the model's own error. A :class:`ValueError` and a
+    :class:`TypeError`, so that code catching either, as for the errors torch raises, catches it."""

@@ -12,14 +12,23 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
+from fxlrp.errors import FxlrpError
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.input_checks import (
+    FAILURES,
+    input_rejection,
+    model_of,
     no_floating_input_error,
+    raised_by_fxlrp,
+    raised_from_the_call,
+    refuse_inputs_without_values,
     refuse_non_finite_inputs,
     refuse_non_finite_output,
     refuse_non_finite_relevance,
+    refuse_ranks_the_model_refuses,
+    refuse_unusable_inputs,
 )
-from fxlrp.explain.targets import default_output, output_relevance, padding_mask, per_copy
+from fxlrp.explain.targets import default_output, output_relevance, padding_mask, per_copy, refuse_unknown_target
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
 from fxlrp.relevance.rule_function import reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
@@ -34,6 +43,7 @@ Inputs = Tensor | Sequence[Any] | Mapping[str, Any]
 """A model's inputs: a tensor, a sequence by position, or a mapping by name (a tokenizer's output)."""
 
 
+@raised_from_the_call
 def attribute(
     explain: Explainer | nn.Module,
     inputs: Inputs,
@@ -75,10 +85,50 @@ def attribute(
     finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
     is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
     :mod:`fxlrp.explain.input_checks`); False returns whatever comes out.
+
+    Inputs and targets are checked before the explanation runs (:mod:`fxlrp.explain.input_checks`):
+    inputs the model itself would not take are refused in its own words (see Raises).
+
+    Parameters
+    ----------
+    explain
+        The explainer :func:`fxlrp.convert` returned.
+    inputs
+        The model's inputs, as described above.
+    target
+        What to explain (see :func:`~fxlrp.explain.targets.output_relevance`): None (each
+        sample's highest output, the predicted class), a class index (an int; negative ones count
+        from the end, as in torch indexing: ``-1`` is the last class), a tensor of one index per
+        sample, a pair ``(a, b)`` (logit ``a`` minus logit ``b``), a float tensor of the explained
+        output's shape (the output relevance itself), or a list of these. A float or bool is no
+        class index, and no target is rounded to one.
+    output, repeat, check_finite
+        As described above.
+
+    Returns
+    -------
+    InputRelevance
+        The relevance of each input, with the inputs' shapes (a leading dimension per target
+        for a list of targets).
+
+    Raises
+    ------
+    fxlrp.errors.ExplanationInputError
+        (a ``ValueError`` and a ``TypeError``) for inputs given as NumPy arrays, lists of numbers,
+        text or other objects than tensors; for inputs the model itself rejects - no batch
+        dimension, another dtype or device than its parameters, a wrong shape: the model's own
+        message, with what to do; for a target of no known kind (a name, a float, a bool, a
+        tensor on the meta device), an index out of range, a float tensor not of the output's
+        shape.
+    ValueError
+        For NaN or Inf in an input, the output or the relevance (``check_finite``).
     """
+    refuse_unusable_inputs(explain, inputs)
+    refuse_unknown_target(target)
     return _attribute(explain, inputs, target, output=output, nodes=None, repeat=repeat, check_finite=check_finite)
 
 
+@raised_from_the_call
 def attribute_nodes(
     explain: Explainer,
     inputs: Inputs,
@@ -97,9 +147,32 @@ def attribute_nodes(
     node's relevance is what reaches its output in the backward pass, summed over its consumers,
     of the shape of its output; with a list of targets it gets the same leading dimension as the
     inputs' relevance. The other arguments are :func:`attribute`'s.
+
+    Parameters
+    ----------
+    explain
+        The explainer :func:`fxlrp.convert` returned.
+    inputs, target, output, repeat, check_finite
+        As for :func:`attribute`.
+    nodes
+        As described above.
+
+    Returns
+    -------
+    tuple of (InputRelevance, dict of str to Tensor)
+        The inputs' relevance and each node's.
+
+    Raises
+    ------
+    fxlrp.errors.ExplanationInputError
+        As :func:`attribute` raises it.
+    TypeError
+        For ``nodes`` that are not a list of names; ValueError for a name no node has.
     """
     if isinstance(nodes, str) or not all(isinstance(name, str) for name in nodes):
         raise TypeError(f"nodes must be a list of node names from explain.report(), got {nodes!r}")
+    refuse_unusable_inputs(explain, inputs)
+    refuse_unknown_target(target)
     return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat, check_finite=check_finite)
 
 
@@ -126,9 +199,10 @@ def _attribute(
     if many and repeat > 0:
         return _attribute_repeated(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
                                    check_finite=check_finite)
+    single = isinstance(inputs, Tensor)
+    refuse_ranks_the_model_refuses(explain, (inputs,) if single else inputs)
     if check_finite:
         refuse_non_finite_inputs(explain, inputs)
-    single = isinstance(inputs, Tensor)
     leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
     # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
     # eagerly) leaves the Python object holding the written values (fxlrp.eager.interpret.replace_values);
@@ -162,6 +236,36 @@ def _backward(
     """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
     inputs, the intermediate nodes and the embedding lookups, per target. ``gradient``: in the
     gradient form (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
+    try:
+        return _passes(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite,
+                       gradient)
+    except _ForwardFailed as failed:
+        error, ids_looked_up = failed.error, failed.ids_looked_up
+    if isinstance(error, (RuntimeError, TypeError)):
+        replaced = no_floating_input_error(inputs, error, ids_looked_up)
+        if replaced is not error:
+            raise replaced from None
+    single = isinstance(inputs, Tensor)
+    rejection = input_rejection(explain, model_of(explain), (inputs,) if single else tuple(inputs), {}, error)
+    if rejection is None:
+        raise error
+    raise rejection from rejection.__cause__
+
+
+class _ForwardFailed(Exception):  # noqa: N818 - a signal within this module, never shown
+    """The explainer's forward failed with ``error`` (carried out of the passes' contexts)."""
+
+    def __init__(self, error: BaseException, ids_looked_up: bool) -> None:
+        super().__init__()
+        self.error, self.ids_looked_up = error, ids_looked_up
+
+
+def _passes(
+    explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
+    values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
+    many: bool, check_finite: bool, gradient: bool,
+) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
+    """:func:`_backward`'s passes; a failure of the forward raised as :class:`_ForwardFailed`."""
     with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
           reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
@@ -170,8 +274,13 @@ def _backward(
                 result, recorded = explain(*leaves), {}
             else:
                 result, recorded = explain.run_recording(list(nodes), *leaves)
-        except (RuntimeError, TypeError) as error:
-            raise no_floating_input_error(inputs, error, bool(lookups.sources) or lookups.of_copied_ids()) from error
+        except FxlrpError:
+            raise
+        except FAILURES as error:
+            if raised_by_fxlrp(error):
+                raise
+            raise _ForwardFailed(error, bool(lookups.sources) or lookups.of_copied_ids()) from None
+        refuse_inputs_without_values(explain, leaves)
         explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
         if not isinstance(explained, Tensor):
             raise TypeError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
@@ -13,6 +14,7 @@ import fxlrp.eager  # noqa: F401  (registers the parts run eagerly)
 import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.capture import capture as capture_model
 from fxlrp.explain.explainer import Conversion, Explainer
+from fxlrp.explain.input_checks import recorded_rank_checks
 from fxlrp.explain.model_snapshot import ModelSnapshot
 from fxlrp.graph.canonicalise import canonicalise
 from fxlrp.graph.fold_batchnorm import fold_batch_norms
@@ -84,16 +86,50 @@ def convert(
     A model wrapped by ``torch.compile``, ``nn.DataParallel`` or ``DistributedDataParallel`` is
     explained as the module it wraps. The model is only read: its parameters are shared
     (detached), never modified or given gradients. Explanations use inference semantics
-    (BatchNorm running statistics, no dropout) whatever mode the model is in.
+    (BatchNorm running statistics, no dropout) whatever mode the model is in. What the model's
+    BatchNorms check of an input's number of dimensions is recorded, so that explanations refuse
+    what the model refuses (:mod:`fxlrp.explain.input_checks`).
+
+    Parameters
+    ----------
+    model
+        The model (an ``nn.Module``; not an explainer).
+    composite, strict, concrete_args, warn_lost_relevance, fold_batch_norm, capture
+        As described above.
+
+    Returns
+    -------
+    Explainer
+        The model's outputs in forward, relevance in backward.
+
+    Raises
+    ------
+    TypeError
+        For a model that is no ``nn.Module`` or is already an explainer, a composite that is no
+        rule or composite (or their class, not an instance), ``concrete_args`` that is no dict.
+    fxlrp.CaptureError, fxlrp.UnsupportedOperationError
+        For a model that cannot be captured, or operations without a rule (``strict``).
     """
+    if isinstance(model, Explainer):
+        raise TypeError("the model given to fxlrp.convert is already an explainer (what fxlrp.convert returns): "
+                        "explain with it as it is, or convert the original model")
     if not isinstance(model, nn.Module):
         raise TypeError(f"fxlrp.convert expects an nn.Module, got {type(model).__name__}")
+    if isinstance(composite, type) and issubclass(composite, (Composite, Rule)):
+        raise TypeError(f"composite is the class {composite.__name__}; give an instance of it: "
+                        f"{composite.__name__}(...)")
     model = _unwrapped(model)
     composite = as_composite(composite)
+    if concrete_args is not None and not isinstance(concrete_args, Mapping):
+        raise TypeError(f"concrete_args must be a dict {{input name: value}}, got {type(concrete_args).__name__}")
     captured = capture_model(model, _is_explained_module, all_scatter_functions(), concrete_args, capture)
     graph = captured.graph
     original = dict(model.named_modules())
     in_place_modules = canonicalise(graph, original)
+    signature = inspect.signature(model.forward)
+    positional = [name for name, parameter in signature.parameters.items()
+                  if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
+    rank_checks = recorded_rank_checks(graph, original, positional)  # (before BatchNorm leaves the graph)
     called = _called_modules(graph)
     modules = fold_batch_norms(graph, original) if fold_batch_norm else original
     # Folded BatchNorms left the graph; the layers they went into became copies with new tensors.
@@ -103,7 +139,6 @@ def convert(
                         eager_modules=captured.eager_modules)
     graph_module = rewriter.run()
     report = Report(type(model).__name__, rewriter.reports, captured.eager_modules)
-    signature = inspect.signature(model.forward)
     binds_calls = bool(captured.optional_inputs or captured.settings or concrete_args)
     conversion = Conversion(
         # Nodes without a rule let relevance follow the gradient, which the gradient form would change.
@@ -117,6 +152,8 @@ def convert(
         settings=dict(captured.settings or {}) if binds_calls else {},
         convert_again=partial(convert, model, composite, strict=strict, warn_lost_relevance=warn_lost_relevance,
                               fold_batch_norm=fold_batch_norm, capture=capture),
+        model=model,
+        rank_checks=rank_checks,
     )
     explainer = Explainer(graph_module, report, conversion,
                           ModelSnapshot(model, [original[name] for name in sorted(folded)]))

@@ -11,6 +11,7 @@ from typing import Any
 from torch import Tensor, fx, nn
 
 from fxlrp.capture.module_state import MODEL_WRITES
+from fxlrp.explain.input_checks import RankCheck
 from fxlrp.explain.model_snapshot import ModelSnapshot
 from fxlrp.explain.placement import refuse_to_move
 from fxlrp.graph.nodes import original_node_name
@@ -32,6 +33,10 @@ class Conversion:
     :meth:`Explainer.explainer_for`); ``signature`` None passes calls on as given.
     ``convert_again``: how to convert the model again (``convert_again(concrete_args=...)``), for
     a changed model and for graphs traced with other optional inputs or settings.
+    ``model``: the model converted (unwrapped), which is asked whether it takes inputs an
+    explanation failed on (:func:`~fxlrp.explain.input_checks.input_rejection`); None in a copy.
+    ``rank_checks``: the numbers of dimensions of inputs that BatchNorms of the model refuse
+    (:func:`~fxlrp.explain.input_checks.recorded_rank_checks`), checked before each explanation.
     """
 
     gradient_form: bool = False
@@ -42,6 +47,8 @@ class Conversion:
     concrete_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     convert_again: Callable[..., Explainer] | None = None
+    model: nn.Module | None = dataclasses.field(default=None, compare=False, repr=False)
+    rank_checks: tuple[RankCheck, ...] = ()
 
 
 # What explainers saved before Conversion held their settings as attributes: name -> field.
@@ -104,7 +111,7 @@ class Explainer(nn.Module):
         # model than the graph does. A graph traced for settings keeps how to trace others.
         state = {**self.__dict__, "_snapshot": None}
         if self.conversion.signature is None:
-            state["conversion"] = dataclasses.replace(self.conversion, convert_again=None)
+            state["conversion"] = dataclasses.replace(self.conversion, convert_again=None, model=None)
         return state
 
     def follow_model(self) -> bool:

@@ -6,15 +6,53 @@ everything below it, Inf or NaN. Returned as relevance, either looks like an exp
 :func:`fxlrp.attribute` checks the floating-point inputs before it runs the model and the
 explained output and the relevance after (one pass over each, small next to the explanation);
 ``check_finite=False`` turns the checks off for inputs whose NaN and Inf are meant.
+
+Inputs the model itself would not take (no batch dimension, another dtype or device than its
+parameters) are the model's to refuse, in its own words, not a failure deep inside the relevance
+machinery. Three checks, none of which costs an explanation of valid inputs a forward pass:
+
+- before anything runs, what is not a tensor where the model takes one: a NumPy array, a list
+  of numbers (``x.tolist()``, a tokenizer's output without ``return_tensors="pt"``), text
+  (:func:`refuse_unusable_inputs`);
+- before anything runs, the number of dimensions a BatchNorm near an input checks: the explainer
+  computes BatchNorm as its affine map (or folds it into the layer before it), which broadcasts
+  where the module raised ``expected 4D input (got 3D input)``, so a missing batch dimension could
+  be explained where the model refuses it. :func:`recorded_rank_checks` records at conversion the
+  BatchNorms an input reaches through layers that keep its number of dimensions (convolutions,
+  linear layers, activations, pooling, dropout) with what each says to which number
+  (:class:`RankCheck`), and :func:`refuse_ranks_the_model_refuses` compares;
+- when the explanation fails anyway, the model is asked (:func:`input_rejection`): it runs once on
+  the inputs as given (evaluation mode, no gradients, its modules' attributes put back), and if it
+  fails too, the error is the model's own message with what to do (the input's dtype or device
+  against the parameters', a missing batch dimension), raised from the model's own error; if the
+  model takes the inputs, the explanation's error is raised as it was. An input on the meta device
+  that the model takes (an embedding looks meta ids up without complaint) holds nothing to explain
+  (:func:`refuse_inputs_without_values`).
+
+These errors are :class:`~fxlrp.errors.ExplanationInputError`; the public functions raise them
+from their own call (:func:`raised_from_the_call`), without the frames of fxlrp that found them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import re
+import sys
+import traceback
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, fx, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
+from fxlrp.errors import ExplanationInputError, FxlrpError
+from fxlrp.explain.placement import tensors_used
 
 TURN_OFF = "pass check_finite=False to fxlrp.attribute to explain it as it is"
 
@@ -26,6 +64,8 @@ def refuse_non_finite_inputs(explain: Any, inputs: Tensor | Sequence[Any]) -> No
     names = _input_names(explain, len(values))
     for position, value in enumerate(values):
         if not isinstance(value, Tensor) or not (value.is_floating_point() or value.is_complex()):
+            continue
+        if value.device.type == "meta":  # (no values to check; the model says whether it takes it)
             continue
         finite = torch.isfinite(value.detach())
         if bool(finite.all()):
@@ -39,6 +79,23 @@ def refuse_non_finite_inputs(explain: Any, inputs: Tensor | Sequence[Any]) -> No
             f"and that of every value it meets in the model, would be NaN. Replace them (torch.nan_to_num, a "
             f"mask) or {TURN_OFF}"
         )
+
+
+def refuse_inputs_without_values(explain: Any, inputs: Sequence[Any]) -> None:
+    """An :class:`~fxlrp.errors.ExplanationInputError` for an input on the meta device that the
+    model took (an embedding looks meta ids up in a CPU table without complaint): it holds no
+    values, so neither does its explanation. (Where the model refuses such an input, its own
+    message is raised instead, see :func:`input_rejection`.)"""
+    for position, value in enumerate(inputs):
+        if isinstance(value, Tensor) and value.device.type == "meta":
+            names = _model_names(explain)
+            name = names[position] if position < len(names) else f"inputs[{position}]"
+            _, devices = _model_placements(explain, model_of(explain))
+            device = sorted(str(device) for device in devices if device.type != "meta")
+            where = f": pass {name}.to({device[0]!r})" if device else ""
+            raise ExplanationInputError(f"input {name!r} (shape {list(value.shape)}) is on the meta device, which "
+                                        f"holds no values to explain; give it on the device of the model's "
+                                        f"parameters{where}")
 
 
 def refuse_non_finite_output(output: Tensor) -> None:
@@ -107,3 +164,523 @@ def no_floating_input_error(inputs: Tensor | Sequence[Any], error: Exception, id
         "floating-point inputs, and token ids the model looks up in an embedding: give an image or features "
         "as floats as the model expects them (e.g. images.float() / 255, normalised as in training)"
     )
+
+
+# Inputs of the wrong kind, checked before anything runs.
+
+
+def _numpy_array(value: Any) -> bool:
+    numpy = sys.modules.get("numpy")  # (a value cannot be an array unless NumPy is imported)
+    return numpy is not None and isinstance(value, numpy.ndarray)
+
+
+def _number(value: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return (isinstance(value, (int, float, complex))
+            or (numpy is not None and isinstance(value, (numpy.number, numpy.bool_))))
+
+
+def _numbers_shape(value: Any) -> list[int] | None:
+    """The shape of a (nested) list or tuple of numbers, read along its first elements (as
+    ``torch.tensor`` would take it); None for anything else."""
+    shape = []
+    while isinstance(value, (list, tuple)) and value:
+        shape.append(len(value))
+        value = value[0]
+    return shape if shape and _number(value) else None
+
+
+def _model_names(explain: Any) -> tuple[str, ...]:
+    """The names of the model's inputs in the order of its ``forward``, where the explainer knows them."""
+    return tuple(getattr(explain, "input_names", ()) or ())
+
+
+def _placements(tensors: Iterator[Tensor]) -> tuple[set[torch.dtype], set[torch.device]]:
+    """The floating-point dtypes and the devices of ``tensors``."""
+    dtypes, devices = set(), set()
+    for tensor in tensors:
+        devices.add(tensor.device)
+        if tensor.is_floating_point():
+            dtypes.add(tensor.dtype)
+    return dtypes, devices
+
+
+def _model_placements(explain: Any, model: nn.Module | None) -> tuple[set[torch.dtype], set[torch.device]]:
+    """The dtypes and devices of the model's parameters and buffers (of those the explainer holds,
+    for an explainer without its model: a copy)."""
+    if model is not None:
+        return _placements(iter([*model.parameters(), *model.buffers()]))
+    return _placements(tensors_used(explain))
+
+
+def _shown(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _from_numpy(name: str, array: Any, explain: Any) -> str:
+    """What to write instead of a NumPy array: ``torch.from_numpy(x)``, cast to the model's dtype
+    where the array is floating-point and of another one."""
+    try:
+        dtype = torch.as_tensor(array.reshape(-1)[:0]).dtype
+    except (TypeError, ValueError, RuntimeError):  # (an array of objects or strings)
+        return f"torch.tensor({name})"
+    if not dtype.is_floating_point:
+        return f"torch.from_numpy({name})"
+    dtypes, _ = _model_placements(explain, model_of(explain))
+    if len(dtypes) == 1 and dtype not in dtypes:
+        return f"torch.from_numpy({name}).to(torch.{_shown(next(iter(dtypes)))})"
+    return f"torch.from_numpy({name})"
+
+
+def _tensor_from_numbers(name: str, numbers: Any, explain: Any) -> str:
+    """What to write instead of a list of numbers: ``torch.tensor(x)``, of the model's dtype where
+    they are floats (integers stay integers: token ids, indices)."""
+    while isinstance(numbers, (list, tuple)):
+        numbers = numbers[0]
+    if not isinstance(numbers, float) and not _number_of_kind(numbers, "fc"):
+        return f"torch.tensor({name})"
+    dtypes, _ = _model_placements(explain, model_of(explain))
+    dtype = f", dtype=torch.{_shown(next(iter(dtypes)))}" if len(dtypes) == 1 else ""
+    return f"torch.tensor({name}{dtype})"
+
+
+def _number_of_kind(value: Any, kinds: str) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.generic) and value.dtype.kind in kinds
+
+
+def refuse_unusable_inputs(explain: Any, inputs: Any) -> None:
+    """An :class:`~fxlrp.errors.ExplanationInputError` for inputs given as something other than
+    what :func:`fxlrp.attribute` takes (a tensor, a sequence of the model's inputs, a mapping of
+    them by name), or holding a NumPy array or, where no input is a tensor, a list of numbers: the
+    model takes tensors, and an array would be taken for a sequence of inputs, one per row.
+
+    Parameters
+    ----------
+    explain
+        The explainer (its model's input names and parameters make the advice concrete).
+    inputs
+        The inputs as given to :func:`fxlrp.attribute`.
+
+    Raises
+    ------
+    ExplanationInputError
+        Naming the input, what it is and what to pass instead.
+    """
+    if isinstance(inputs, Tensor):
+        return
+    names = _model_names(explain)
+    single = names[0] if names else "inputs"  # (a tensor given alone is the forward's first input)
+    if _numpy_array(inputs):
+        raise ExplanationInputError(
+            f"the input is a NumPy array (shape {list(inputs.shape)}, {inputs.dtype}); fxlrp explains the torch "
+            f"tensors the model takes: pass {_from_numpy(single, inputs, explain)}")
+    if isinstance(inputs, (str, bytes)):
+        raise ExplanationInputError(
+            "the input is text; the model takes tensors: tokenize it first (tokenizer(text, return_tensors='pt')) "
+            "and give the tokenizer's output, or its input_ids")
+    if isinstance(inputs, Mapping):
+        named = [(f"input {name!r}", str(name), value) for name, value in inputs.items()]
+    elif isinstance(inputs, Sequence):
+        shape = _numbers_shape(inputs)
+        if shape is not None:
+            raise ExplanationInputError(
+                f"the input is a {type(inputs).__name__} of numbers (shape {shape}); fxlrp explains the torch tensors "
+                f"the model takes: pass {_tensor_from_numbers(single, inputs, explain)}")
+        named = [(f"input {position}" + (f" ({names[position]!r})" if position < len(names) else ""),
+                  names[position] if position < len(names) else f"inputs[{position}]", value)
+                 for position, value in enumerate(inputs)]
+    else:
+        raise ExplanationInputError(
+            f"the inputs are a {type(inputs).__name__}; give a tensor, a list or tuple of the model's inputs in the "
+            "order of its forward, or a dict of them by name (as a tokenizer returns them)")
+    for label, name, value in named:
+        if _numpy_array(value):
+            raise ExplanationInputError(
+                f"{label} is a NumPy array (shape {list(value.shape)}, {value.dtype}); fxlrp explains the torch "
+                f"tensors the model takes: pass {_from_numpy(name, value, explain)}")
+    if any(isinstance(value, Tensor) for *_, value in named):
+        return
+    for label, name, value in named:
+        shape = _numbers_shape(value)
+        if shape is not None:
+            tokenizer = " (a tokenizer gives tensors with return_tensors='pt')" if isinstance(inputs, Mapping) else ""
+            raise ExplanationInputError(
+                f"{label} is a {type(value).__name__} of numbers (shape {shape}); fxlrp explains the torch tensors "
+                f"the model takes: pass {_tensor_from_numbers(name, value, explain)}{tokenizer}")
+
+
+def refuse_unusable_arguments(arguments: Mapping[str, Any], lists_refused: Sequence[str] = ()) -> None:
+    """:func:`refuse_unusable_inputs` for inputs given by name, as the graph functions take them
+    (``x``, ``edge_index``, keywords): a NumPy array anywhere, a list of numbers where a tensor is
+    needed (``lists_refused``); dicts (a heterogeneous graph's, by type) are checked per entry.
+
+    Parameters
+    ----------
+    arguments
+        ``{name: value}`` as the user passed them.
+    lists_refused
+        The names whose value must be a tensor (or a dict of tensors), never a list.
+
+    Raises
+    ------
+    ExplanationInputError
+        Naming the argument, what it is and what to pass instead.
+    """
+    for name, value in arguments.items():
+        entries = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, entry in entries:
+            shown = name if key is None else f"{name}[{key!r}]"
+            if _numpy_array(entry):
+                integer = entry.dtype.kind in "iu"
+                advice = f"torch.from_numpy({shown})" + (".long()" if integer and name == "edge_index" else "")
+                raise ExplanationInputError(
+                    f"{shown} is a NumPy array (shape {list(entry.shape)}, {entry.dtype}); the model takes torch "
+                    f"tensors: pass {advice}")
+            shape = _numbers_shape(entry) if name in lists_refused else None
+            if shape is not None:
+                dtype = "torch.long" if name == "edge_index" else "torch.float32"
+                raise ExplanationInputError(
+                    f"{shown} is a {type(entry).__name__} of numbers (shape {shape}); the model takes torch tensors: "
+                    f"pass torch.tensor({shown}, dtype={dtype})")
+
+
+# The number of dimensions BatchNorm checks, recorded at conversion.
+
+
+_KEEP_RANK_MODULES = frozenset({
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear,
+    nn.Identity, nn.Dropout, nn.AlphaDropout, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU,
+    nn.SiLU, nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus, nn.Softsign,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+})
+"""Modules (of exactly these types) whose output has as many dimensions as their input, batched or not."""
+
+_KEEP_RANK_FUNCTIONS = frozenset({
+    torch.relu, torch.sigmoid, torch.tanh, nn.functional.relu, nn.functional.relu6, nn.functional.leaky_relu,
+    nn.functional.gelu, nn.functional.silu, nn.functional.elu, nn.functional.hardtanh, nn.functional.hardswish,
+    nn.functional.dropout,
+})
+_KEEP_RANK_METHODS = frozenset({"relu", "relu_", "sigmoid", "tanh", "contiguous"})
+
+
+@dataclass(frozen=True)
+class RankCheck:
+    """What a BatchNorm of the model says to the number of dimensions of an input it is reached by
+    through layers that keep that number (recorded by :func:`recorded_rank_checks`).
+
+    ``position``, ``name``: the input's place and name in the model's ``forward``; ``module``,
+    ``kind``: the BatchNorm's path in the model and its class; ``accepted``: the numbers of
+    dimensions it takes; ``said``: its message for each number of dimensions up to 8 it refuses.
+    """
+
+    position: int
+    name: str
+    module: str
+    kind: str
+    accepted: tuple[int, ...]
+    said: tuple[tuple[int, str], ...]
+
+    def refusal(self, value: Tensor) -> str | None:
+        """The error message for ``value`` in the user's terms; None if the BatchNorm takes it."""
+        rank = value.dim()
+        if rank in self.accepted:
+            return None
+        expected = " or ".join(f"{accepted}D" for accepted in self.accepted)
+        said = dict(self.said).get(rank, f"expected {expected} input (got {rank}D input)")
+        advice = (f"a single sample needs its batch dimension: pass {self.name}.unsqueeze(0)"
+                  if rank + 1 in self.accepted else f"give it with {expected.replace('D', '')} dimensions")
+        return (f"the model itself rejects input {self.name!r} (shape {list(value.shape)}): its {self.kind} "
+                f"{self.module!r} raises ValueError: {said}; {advice}")
+
+
+def _checks_rank(module: nn.Module) -> bool:
+    return (isinstance(module, _BatchNorm) and type(module).forward is _BatchNorm.forward
+            and hasattr(module, "_check_input_dim"))
+
+
+def _keeps_rank(node: fx.Node, module: nn.Module | None) -> bool:
+    if node.op == "call_module":
+        return type(module) in _KEEP_RANK_MODULES
+    if node.op == "call_function":
+        return node.target in _KEEP_RANK_FUNCTIONS
+    return node.op == "call_method" and node.target in _KEEP_RANK_METHODS
+
+
+def _rank_check(module: nn.Module, path: str, position: int, name: str) -> RankCheck | None:
+    accepted, said = [], []
+    for rank in range(9):
+        try:
+            module._check_input_dim(torch.empty((1,) * rank, device="meta"))
+        except ValueError as error:
+            said.append((rank, str(error)))
+        else:
+            accepted.append(rank)
+    if not said or not accepted:
+        return None
+    return RankCheck(position, name, path, type(module).__name__, tuple(accepted), tuple(said))
+
+
+def recorded_rank_checks(graph: fx.Graph, modules: Mapping[str, nn.Module],
+                         positional: Sequence[str]) -> tuple[RankCheck, ...]:
+    """The BatchNorms each input reaches with its own number of dimensions, through call_module,
+    function and method nodes that keep it (convolutions, linear layers, activations, pooling,
+    dropout), as :class:`RankCheck` s in the order the graph runs them.
+
+    Parameters
+    ----------
+    graph
+        The captured graph, before BatchNorm is folded.
+    modules
+        The model's modules by qualified name.
+    positional
+        The names of the model's inputs that may be given by position, in order.
+
+    Returns
+    -------
+    tuple of RankCheck
+        Empty where no input reaches a BatchNorm that way (transformers, graph networks, models
+        run eagerly).
+    """
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    found: list[tuple[int, RankCheck]] = []
+    for placeholder in graph.nodes:
+        if placeholder.op != "placeholder" or placeholder.target not in positional:
+            continue
+        position = list(positional).index(placeholder.target)
+        pending, seen = [placeholder], {placeholder}
+        while pending:
+            current = pending.pop()
+            for user in current.users:
+                if user in seen or not user.args or user.args[0] is not current or len(user.all_input_nodes) != 1:
+                    continue
+                seen.add(user)
+                module = modules.get(user.target) if user.op == "call_module" else None
+                if module is not None and _checks_rank(module):
+                    check = _rank_check(module, user.target, position, placeholder.target)
+                    if check is not None:
+                        found.append((order[user], check))
+                elif _keeps_rank(user, module):
+                    pending.append(user)
+    return tuple(check for _, check in sorted(found, key=lambda item: item[0]))
+
+
+def refuse_ranks_the_model_refuses(explain: Any, values: Sequence[Any]) -> None:
+    """An :class:`~fxlrp.errors.ExplanationInputError` with the model's BatchNorm's own message for
+    an input with a number of dimensions it refuses (see :func:`recorded_rank_checks`). No more
+    than a look at each checked input's ``dim()``.
+
+    Parameters
+    ----------
+    explain
+        The explainer; one without recorded checks (a plain module) checks nothing.
+    values
+        The model's inputs by position.
+
+    Raises
+    ------
+    ExplanationInputError
+        Naming the input, its shape, the BatchNorm and what it says, and what to do.
+    """
+    conversion = getattr(explain, "conversion", None)
+    for check in getattr(conversion, "rank_checks", ()):
+        if check.position < len(values) and isinstance(values[check.position], Tensor):
+            refusal = check.refusal(values[check.position])
+            if refusal is not None:
+                raise ExplanationInputError(refusal)
+
+
+# When the explanation fails: does the model itself take the inputs?
+
+
+FAILURES = (RuntimeError, TypeError, ValueError, LookupError, AttributeError, AssertionError)
+"""What a forward raises for inputs it does not take: torch's checks of shapes, dtypes and devices,
+a shape that does not unpack, an attribute a list lacks, a library's assertion."""
+
+
+def model_of(explain: Any) -> nn.Module | None:
+    """The model an explainer was converted from (None for a copy, which holds only its graph, or
+    for a module not made by :func:`fxlrp.convert`)."""
+    return getattr(getattr(explain, "conversion", None), "model", None)
+
+
+def _labelled(args: Sequence[Any], kwargs: Mapping[str, Any],
+              names: Sequence[str]) -> list[tuple[str, str, Tensor]]:
+    """``(label, name in code, tensor)`` of each tensor among the arguments."""
+    found = []
+    for position, value in enumerate(args):
+        if isinstance(value, Tensor):
+            name = names[position] if position < len(names) else f"inputs[{position}]"
+            label = f"input {name!r}" if position < len(names) else f"input {position}"
+            found.append((label, name, value))
+    found += [(f"input {name!r}", name, value) for name, value in kwargs.items() if isinstance(value, Tensor)]
+    return found
+
+
+def _advice(tensors: list[tuple[str, str, Tensor]], placements: tuple[set[torch.dtype], set[torch.device]],
+            said: str) -> list[str]:
+    """What to do: an input's device or floating-point dtype that the model's parameters do not
+    have, a batch dimension the model's message asks for."""
+    dtypes, devices = placements
+    advice = []
+    for label, name, value in tensors:
+        if devices and value.device not in devices:
+            device = sorted(map(str, devices))[0]
+            on = " and ".join(sorted(map(str, devices)))
+            advice.append(f"{label} is on {value.device} but the model's parameters are on {on}: pass "
+                          f"{name}.to({device!r})")
+        elif value.is_floating_point() and dtypes and value.dtype not in dtypes:
+            dtype = _shown(sorted(dtypes, key=str)[0])
+            advice.append(f"{label} is {_shown(value.dtype)} but the model's parameters are "
+                          f"{' and '.join(sorted(_shown(each) for each in dtypes))}: pass {name}.to(torch.{dtype}), or "
+                          f"convert a copy of the model in {_shown(value.dtype)} "
+                          f"(fxlrp.convert(copy.deepcopy(model).to(torch.{_shown(value.dtype)})))")
+    # "expected 4D input (got 3D input)" (a layer's check), "not enough values to unpack (expected 2,
+    # got 1)" (``batch, length = ids.shape``): one dimension short, the batch's
+    ranks = re.search(r"expected (\d+)D\b.*?got (\d+)D", said) or re.search(r"unpack \(expected (\d+), got (\d+)\)",
+                                                                         said)
+    if ranks is not None and int(ranks.group(2)) + 1 == int(ranks.group(1)):
+        unbatched = next((name for _, name, value in tensors if value.dim() == int(ranks.group(2))), None)
+        if unbatched is not None:
+            advice.append(f"a single sample needs its batch dimension: pass {unbatched}.unsqueeze(0)")
+    return advice
+
+
+def _sentence(text: str, capitalised: bool = True) -> str:
+    """``text`` as a sentence: ending in a full stop, capitalised (not a message quoted as it is)."""
+    text = text[:1].upper() + text[1:] if capitalised else text
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+
+
+def _described(tensors: list[tuple[str, str, Tensor]]) -> str:
+    """``input 'x' (shape [3, 64, 64], float32, on cpu)``; ``the inputs 'x' (...) and 'edge_index' (...)``."""
+    shown = [(label, f"(shape {list(value.shape)}, {_shown(value.dtype)}, on {value.device})")
+             for label, _, value in tensors]
+    if len(shown) == 1:
+        return " ".join(shown[0])
+    if not shown:
+        return "the inputs"
+    parts = [f"{label.removeprefix('input ')} {placed}" for label, placed in shown]
+    return f"the inputs {', '.join(parts[:-1])} and {parts[-1]}"
+
+
+def _run_model(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any]) -> BaseException | None:
+    """Run ``model`` on the inputs as the user would, in evaluation mode and without gradients,
+    every module's attributes put back after; the error it raised, or None."""
+    with MODEL_WRITES:
+        state = ModuleState(model)
+        in_evaluation_mode(state.modules)
+        try:
+            with torch.no_grad():
+                model(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - whatever the model raises is its refusal
+            return error
+        finally:
+            state.restore()
+    return None
+
+
+def _from_the_model_on(traceback: types.TracebackType | None) -> types.TracebackType | None:
+    """The model's traceback without the frame of :func:`_run_model` that called it."""
+    while traceback is not None and traceback.tb_frame.f_code is _run_model.__code__:
+        traceback = traceback.tb_next
+    return traceback
+
+
+def input_rejection(explain: Any, model: nn.Module | None, args: Sequence[Any], kwargs: Mapping[str, Any],
+                    failure: BaseException) -> ExplanationInputError | None:
+    """The error to raise instead of ``failure``, an explanation's failure on these inputs: the
+    model's own refusal of them, or (for an explainer without its model, a copy) an input whose
+    device or dtype the explainer's parameters do not have; None: the inputs are not the cause.
+
+    Parameters
+    ----------
+    explain
+        The explainer that failed.
+    model
+        The model it was converted from (None: not known).
+    args, kwargs
+        The inputs as the user gave them, as the model takes them.
+    failure
+        The explanation's error.
+
+    Returns
+    -------
+    ExplanationInputError or None
+        With the model's error as its ``__cause__`` (its traceback from the model's call on),
+        nothing of the explanation's.
+    """
+    names = _model_names(explain)
+    tensors = _labelled(args, kwargs, names)
+    if model is None:
+        advice = _advice(tensors, _model_placements(explain, None), "")
+        if not advice:
+            return None
+        error = ExplanationInputError(f"{_described(tensors)} does not fit the model: {'; '.join(advice)} (the "
+                                      f"explanation failed with {type(failure).__name__}: {_first_line(failure)})")
+        error.__suppress_context__ = True
+        return error
+    refused = _run_model(model, args, kwargs)
+    if refused is None:
+        return None
+    said = _first_line(refused)
+    advice = (_advice(tensors, _model_placements(explain, model), said)
+              or ["give the inputs as the model itself takes them"])
+    error = ExplanationInputError(f"the model itself rejects {_described(tensors)}: {type(refused).__name__}: "
+                                  f"{_sentence(said, capitalised=False)} {_sentence('; '.join(advice))}")
+    refused.__traceback__ = _from_the_model_on(refused.__traceback__)
+    refused.__suppress_context__ = True  # (raised while the explanation's error was handled)
+    error.__cause__, error.__suppress_context__ = refused, True
+    return error
+
+
+def raised_from_the_call(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` (a public entry point) raising an :class:`~fxlrp.errors.ExplanationInputError`
+    found inside it from its own call, without the frames of fxlrp's functions that found it: the
+    user's call and the message are what count. (Its cause, the model's own error where it has
+    one, stays.)"""
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except ExplanationInputError as error:
+            raise error.with_traceback(None)  # noqa: B904 - the error keeps its own cause
+
+    return checked
+
+
+_PACKAGE = str(Path(__file__).resolve().parent.parent)
+
+
+def raised_by_fxlrp(error: BaseException) -> bool:
+    """Whether ``error`` comes from a ``raise`` statement of fxlrp's own (an error in the user's
+    terms, such as "node types ... have edges but no features in x"), not from a computation that
+    failed on the inputs inside it."""
+    innermost = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ is not None else []
+    # (``raise ValueError(...)`` there, not ``raise error`` handing on what a computation raised)
+    return bool(innermost) and innermost[0].filename.startswith(_PACKAGE) and \
+        re.match(rf"raise {type(error).__name__}\(", innermost[0].line or "") is not None
+
+
+@contextmanager
+def model_consulted(explain: Any, model: nn.Module | None, args: Sequence[Any],
+                    kwargs: Mapping[str, Any]) -> Iterator[None]:
+    """Where the explanation inside fails on the inputs, :func:`input_rejection`'s error if there
+    is one, else the explanation's error as it was. fxlrp's own errors (its exception classes, and
+    what its ``raise`` statements raise, see :func:`raised_by_fxlrp`) pass unchanged."""
+    try:
+        yield
+    except FxlrpError:
+        raise
+    except FAILURES as failure:
+        if raised_by_fxlrp(failure):
+            raise
+        rejection = input_rejection(explain, model, args, kwargs, failure)
+        if rejection is None:
+            raise
+        raise rejection from rejection.__cause__

@@ -4,11 +4,100 @@ contrast of two, each sample's value, a pixel's class) and which output of a mod
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from fxlrp.errors import ExplanationInputError
+
+TARGETS = (
+    "A target is None (each sample's highest output: the predicted class), a class index (an int; negative "
+    "ones count from the end, as in torch indexing), a tensor of one class index per sample, a pair (a, b) of "
+    "these (logit a minus logit b), a float tensor of the explained output's shape (the output relevance "
+    "itself), or a list of these (one explanation each)"
+)
+"""What :func:`output_relevance` takes, for error messages."""
+
+_WORDS = {"predicted": "None", "prediction": "None", "pred": "None", "max": "None", "argmax": "None",
+          "top": "None", "best": "None", "label": "the labels", "labels": "the labels", "true": "the labels"}
+
+
+def _numpy_kind(value: Any, kinds: str) -> bool:
+    """A NumPy scalar of one of ``kinds`` (``"b"``: bool, ``"iu"``: integer, ``"f"``: float)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.generic) and value.dtype.kind in kinds
+
+
+def _is_index(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or _numpy_kind(value, "iu")
+
+
+def refuse_unknown_target(target: Any, *, many: bool = True) -> None:
+    """An :class:`~fxlrp.errors.ExplanationInputError` for a target that is none of the kinds
+    :func:`output_relevance` takes (see :data:`TARGETS`), before anything runs: a name (``"cat"``,
+    ``"predicted"``), a float or bool where a class index belongs, a dict, a tensor of bools or
+    one on the meta device (which holds no values). Whether an index is in range, and whether a
+    float tensor has the output's shape, is known when the output is.
+
+    Parameters
+    ----------
+    target
+        The target as given to :func:`fxlrp.attribute`.
+    many
+        Whether a list is a list of targets (one explanation each), as at the top level.
+
+    Raises
+    ------
+    ExplanationInputError
+        Saying what the target is and what targets are.
+    """
+    if many and isinstance(target, list):
+        for each in target:
+            refuse_unknown_target(each, many=False)
+        return
+    if target is None or _is_index(target):
+        return
+    if isinstance(target, tuple) and len(target) == 2:
+        for each in target:
+            refuse_unknown_target(each, many=False)
+        return
+    if isinstance(target, bool) or _numpy_kind(target, "b"):
+        raise ExplanationInputError(f"target {target!r} is a bool; a class is given by its index, an int. {TARGETS}")
+    if isinstance(target, float) or _numpy_kind(target, "f"):
+        instead = f" (target={int(target)})" if float(target).is_integer() else ""
+        raise ExplanationInputError(f"target {target!r} is a float; a class is given by its index, an "
+                                    f"int{instead}. {TARGETS}")
+    if isinstance(target, (str, bytes)):
+        meant = _WORDS.get(str(target).strip().lower())
+        hint = (" (for the predicted class pass target=None)" if meant == "None" else
+                " (for each sample's label pass the labels as a tensor of class indices)" if meant else "")
+        raise ExplanationInputError(f"target {target!r} is not a target fxlrp knows{hint}. {TARGETS}")
+    if isinstance(target, (list, tuple)):
+        if all(_is_index(each) or isinstance(each, (list, tuple)) for each in target):
+            for each in target:  # (indices per sample, nested as a tensor of them would be)
+                if isinstance(each, (list, tuple)):
+                    refuse_unknown_target(each, many=False)
+            return
+        other = next(each for each in target if not (_is_index(each) or isinstance(each, (list, tuple))))
+        raise ExplanationInputError(f"target {target!r} holds {other!r}, which is not a class index (an int). "
+                                    f"{TARGETS}")
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(target, numpy.ndarray):
+        if target.dtype.kind not in "iuf":
+            raise ExplanationInputError(f"target is a NumPy array of {target.dtype}. {TARGETS}")
+        return
+    if isinstance(target, Tensor):
+        if target.device.type == "meta":
+            raise ExplanationInputError("target is a tensor on the meta device, which holds no values: give it on "
+                                        "the CPU or on the inputs' device")
+        if target.dtype == torch.bool or target.is_complex():
+            raise ExplanationInputError(f"target is a tensor of {target.dtype}; class indices are integers (a mask "
+                                        f"of classes is not a target). {TARGETS}")
+        return
+    raise ExplanationInputError(f"target is a {type(target).__name__}, which is not a target fxlrp knows. {TARGETS}")
 
 
 def output_relevance(output: Tensor, target: Any, samples: int | None = None) -> Tensor:
@@ -16,17 +105,43 @@ def output_relevance(output: Tensor, target: Any, samples: int | None = None) ->
 
     ``target`` may be a class index, a tensor of one index per sample, None (each sample's
     highest output), a pair ``(a, b)`` of class indices (a contrast: ``R = out_a e_a - out_b e_b``,
-    the relevance of logit ``a`` minus logit ``b``, e.g. two candidate next tokens) or a tensor of
-    the output's shape (taken as the relevance itself). Classes are in the last dimension
+    the relevance of logit ``a`` minus logit ``b``, e.g. two candidate next tokens) or a float
+    tensor of the output's shape (taken as the relevance itself; moved to the output's device).
+    Class indices are integers: negative ones count from the end, as in torch indexing
+    (``-1``: the last class), and a float or a float tensor of another shape than the output's
+    is an error, never rounded to an index. Classes are in the last dimension
     (``[batch, classes]``, ``[batch, positions, classes]``), except in an image-shaped output of four
     or more dimensions (``[batch, classes, height, width]``, a segmentation model's), where they are
     in dimension 1 and a class is explained at every pixel (None: each pixel's top class).
     ``samples``: the batch size of the explained inputs, if they have one; a one-dimensional output
     of that length holds one value per sample (a regression, a score, a node's): None explains each
     sample's value, an index the value of that sample.
+
+    Parameters
+    ----------
+    output
+        The explained output.
+    target
+        As described above.
+    samples
+        As described above.
+
+    Returns
+    -------
+    Tensor
+        The relevance to start from, of the output's shape.
+
+    Raises
+    ------
+    ExplanationInputError
+        For an index out of range, a number of indices that is not one per sample, a float (tensor)
+        target not of the output's shape.
     """
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(target, numpy.ndarray):
+        target = torch.as_tensor(target)
     if isinstance(target, Tensor) and target.shape == output.shape and target.is_floating_point():
-        return target
+        return target.to(device=output.device)
     if output.dim() == 0:
         return output.detach().clone()
     if target is None and output.dim() == 1 and samples is not None and output.shape[0] == samples:
@@ -44,6 +159,12 @@ def _class_relevance(output: Tensor, target: Any, given: Tensor | None = None) -
     the model gave it, when its classes were moved last (an image-shaped output)."""
     if target is None:
         target = output.detach().argmax(dim=-1)
+    if isinstance(target, float) or (isinstance(target, Tensor) and target.is_floating_point()):
+        shape = list((output if given is None else given).shape)
+        shown = f"a float tensor of shape {list(target.shape)}" if isinstance(target, Tensor) else f"{target!r}"
+        raise ExplanationInputError(
+            f"target is {shown}: a float tensor is taken as the output relevance itself and must have the explained "
+            f"output's shape {shape}; class indices are integers (pass target.long() for labels held as floats)")
     mask = torch.zeros_like(output)
     index = torch.as_tensor(target, device=output.device, dtype=torch.long)
     _check_target(index, target, output, given)
@@ -72,15 +193,15 @@ def _check_target(index: Tensor, target: Any, output: Tensor, given: Tensor | No
     shape = list((output if given is None else given).shape)
     if index.dim() > 0 and index.numel() != samples:
         per = f"one per sample ({samples})" if given is None else f"one per sample ({shape[0]}) or position ({samples})"
-        raise ValueError(f"target has {index.numel()} class indices; the explained output {shape} needs one index, "
-                         f"or {per}")
+        raise ExplanationInputError(f"target has {index.numel()} class indices; the explained output {shape} needs "
+                                    f"one index, or {per}")
     if index.numel() and bool((index < -classes).any() | (index >= classes).any()):
         shown = (target.tolist() if target.numel() <= 16 else f"tensor of shape {list(target.shape)}") \
             if isinstance(target, Tensor) else target
         where = f"has {classes} classes in its last dimension" if given is None else \
             f"is image-shaped, with {classes} classes in dimension 1"
-        raise ValueError(f"target {shown!r} is out of range: the explained output {shape} {where} "
-                         f"(indices 0 to {classes - 1})")
+        raise ExplanationInputError(f"target {shown!r} is out of range: the explained output {shape} {where} "
+                                    f"(indices 0 to {classes - 1}, or -{classes} to -1 counting from the end)")
 
 
 def per_copy(target: Any, batch: int) -> Tensor:

@@ -12,6 +12,7 @@ is the sum over layers (and over repeated calls of one layer) of these per-layer
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,14 @@ import torch
 from torch import Tensor, nn
 
 from fxlrp.eager.interpret import LayerRunner
+from fxlrp.errors import ExplanationInputError
+from fxlrp.explain.input_checks import (
+    model_consulted,
+    model_of,
+    raised_from_the_call,
+    refuse_ranks_the_model_refuses,
+    refuse_unusable_arguments,
+)
 from fxlrp.integrations.pyg.edge_map import EdgeMap
 from fxlrp.integrations.pyg.messages import Messages, recording_messages
 from fxlrp.relevance.rule_function import reusable_graph
@@ -269,6 +278,76 @@ def _hetero_relevance(forward: GraphForward, found: list[Tensor], message_gradie
     )
 
 
+_MODES = ("multiclass", "binary", "regression")
+
+
+def _check_graph_target(target: Any, mode: str) -> None:
+    """A target of a known kind for ``mode``, before anything runs: None, a class (an int) or a
+    tensor of one per row; in ``"binary"`` mode 0/1 or bools."""
+    if target is None or mode == "regression":
+        return
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(target, (numpy.ndarray, numpy.generic)):
+        target = torch.as_tensor(target)
+    if isinstance(target, bool) and mode == "binary":
+        return
+    if isinstance(target, (list, tuple)) and target and all(isinstance(each, int) for each in target):
+        return
+    if isinstance(target, int) and not isinstance(target, bool):
+        return
+    if isinstance(target, Tensor):
+        if target.device.type == "meta":
+            raise ExplanationInputError("target is a tensor on the meta device, which holds no values: give it on "
+                                        "the CPU or on the inputs' device")
+        if not target.is_floating_point() and not target.is_complex() and (target.dtype != torch.bool
+                                                                            or mode == "binary"):
+            return
+    raise ExplanationInputError(
+        f"target {target!r} is not a class: in mode={mode!r} a target is None (each row's highest output), a class "
+        f"index (an int; negative ones count from the end, as in torch indexing) or a tensor of one per row"
+        + (" (0 or 1, or bools)" if mode == "binary" else ""))
+
+
+def _check_against_output(output: Tensor, target: Any, index: Any, mode: str, relevance: Tensor | None) -> None:
+    """``index``, ``target`` and ``relevance`` against the model's output, in the user's terms."""
+    rows = output.size(0) if output.dim() else 0
+    if relevance is not None:
+        if not isinstance(relevance, Tensor) or relevance.shape != output.shape:
+            shown = list(relevance.shape) if isinstance(relevance, Tensor) else type(relevance).__name__
+            raise ExplanationInputError(f"relevance ({shown}) must be a tensor of the model's output's shape "
+                                        f"{list(output.shape)}")
+        return
+    if index is not None:
+        try:
+            torch.zeros(rows, dtype=torch.bool)[index.cpu() if isinstance(index, Tensor) else index]
+        except (IndexError, TypeError, RuntimeError, ValueError):
+            raise ExplanationInputError(
+                f"index {index!r} picks no rows of the model's output {list(output.shape)} ({rows} rows: nodes, "
+                f"graphs or node pairs): give a row (0 to {rows - 1}; negative ones count from the end), a tensor "
+                f"or list of rows, or a mask of {rows} bools") from None
+    if mode == "multiclass" and output.dim() < 2:
+        raise ExplanationInputError(f"mode='multiclass' explains a class of each row, but the model's output "
+                                    f"{list(output.shape)} has no classes: use mode='regression' (or 'binary')")
+    if mode == "regression" or target is None:
+        return
+    values = torch.as_tensor(target).reshape(-1)
+    if values.numel() not in (1, rows):
+        raise ExplanationInputError(f"target has {values.numel()} values; the model's output {list(output.shape)} "
+                                    f"needs one class, or one per row ({rows})")
+    if mode == "binary":
+        if bool(((values != 0) & (values != 1)).any()):
+            raise ExplanationInputError(f"target {target!r}: in mode='binary' a target is 0 (explain -logit) or 1 "
+                                        "(explain +logit)")
+        return
+    classes = output.size(-1)
+    if bool(((values < -classes) | (values >= classes)).any()):
+        shown = target.tolist() if isinstance(target, Tensor) and target.numel() <= 16 else target
+        raise ExplanationInputError(f"target {shown!r} is out of range: the model's output {list(output.shape)} has "
+                                    f"{classes} classes (indices 0 to {classes - 1}, or -{classes} to -1 counting "
+                                    "from the end)")
+
+
+@raised_from_the_call
 def graph_relevance(
     explain: nn.Module,
     x: Tensor,
@@ -284,7 +363,49 @@ def graph_relevance(
 
     The output relevance is ``relevance`` if given, else :func:`output_relevance` of ``target``,
     ``index`` and ``mode``. A floating ``edge_attr`` keyword gets its own relevance.
+
+    Parameters
+    ----------
+    explain
+        The explainer :func:`fxlrp.convert` returned for the graph model.
+    x
+        Node features ``[N, F]`` (a dict by node type for a heterogeneous graph).
+    edge_index
+        Edges ``[2, E]`` of integers (a dict by edge type for a heterogeneous graph).
+    target
+        The class explained at each row: None (each row's highest output), an int (negative ones
+        count from the end, as in torch indexing) or a tensor of one per row; in ``"binary"`` mode
+        0 (``-logit``) or 1 (``+logit``); unused in ``"regression"`` mode.
+    index
+        The explained rows of the output (nodes, graphs or node pairs): a row, rows or a mask;
+        None: all.
+    mode
+        ``"multiclass"``, ``"binary"`` or ``"regression"``.
+    relevance
+        The output relevance itself, of the output's shape, instead of ``target`` and ``index``.
+    **kwargs
+        Further inputs of the model (``edge_attr``, ``batch``, ...).
+
+    Returns
+    -------
+    GraphRelevance
+        Node, edge and edge-feature relevance.
+
+    Raises
+    ------
+    fxlrp.errors.ExplanationInputError
+        (a ``ValueError`` and a ``TypeError``) for a NumPy array or a list where the model takes a
+        tensor, inputs the model itself rejects (its own message, with what to do), an unknown
+        ``mode``, or a target, index or relevance that does not fit the output.
     """
-    forward = explained_forward(explain, x, edge_index, **kwargs)
+    if mode not in _MODES:
+        raise ExplanationInputError(f"mode={mode!r} is not one of {', '.join(map(repr, _MODES))}")
+    refuse_unusable_arguments({"x": x, "edge_index": edge_index, **kwargs}, lists_refused=("x", "edge_index"))
+    _check_graph_target(target, mode)
+    if isinstance(x, Tensor):
+        refuse_ranks_the_model_refuses(explain, (x, edge_index))
+    with model_consulted(explain, model_of(explain), (x, edge_index), kwargs):
+        forward = explained_forward(explain, x, edge_index, **kwargs)
+    _check_against_output(forward.output, target, index, mode, relevance)
     start = relevance if relevance is not None else output_relevance(forward.output, target, index, mode)
     return relevance_from(forward, start)

@@ -122,6 +122,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -133,7 +134,15 @@ from torch_geometric.nn.conv import MessagePassing
 
 import fxlrp
 from fxlrp.capture.interception import module_calls_followed
+from fxlrp.errors import ExplanationInputError
 from fxlrp.explain.explainer import Explainer
+from fxlrp.explain.input_checks import (
+    model_consulted,
+    model_of,
+    raised_from_the_call,
+    refuse_ranks_the_model_refuses,
+    refuse_unusable_arguments,
+)
 from fxlrp.graph.nodes import REWRITTEN_PREFIX
 from fxlrp.integrations.pyg.messages import Messages, recording_messages
 from fxlrp.integrations.pyg.relevance import _edge_type_of, layer_names
@@ -434,6 +443,62 @@ def _converted(model: nn.Module, composite: Composite | Rule | None) -> Explaine
     return fxlrp.convert(model, composite)
 
 
+def _one_integer(value: Any) -> bool:
+    """An int (a NumPy integer included) or a tensor holding one integer; not a bool or a float."""
+    if isinstance(value, Tensor):
+        return value.numel() == 1 and not value.is_floating_point() and not value.is_complex() \
+            and value.dtype != torch.bool
+    if isinstance(value, (bool, float)):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_walk_target(target: Any, index: Any) -> None:
+    """``target`` and ``index`` of known kinds, before anything runs: a target is None, a class (an
+    int, or a tensor holding one) or a float tensor (the output relevance, checked against the
+    output's shape when it is known); an index is a row: an int or a tensor holding one."""
+    if not _one_integer(index):
+        raise ExplanationInputError(f"index {index!r} is not a row of the output: give one row (a node, a graph or a "
+                                    "node pair) as an int, or a tensor holding one")
+    if isinstance(target, Tensor) and target.device.type == "meta":
+        raise ExplanationInputError("target is a tensor on the meta device, which holds no values: give it on the CPU "
+                                    "or on the inputs' device")
+    if target is None or _one_integer(target):
+        return
+    if isinstance(target, Tensor) and target.is_floating_point():
+        return
+    raise ExplanationInputError(f"target {target!r} is not a class: a target is None (the row's highest output), a "
+                                "class index (an int; negative ones count from the end, as in torch indexing), or a "
+                                "float tensor of the output's shape (the output relevance itself)")
+
+
+def _check_walk_start(output: Tensor, index: Any, target: Any) -> None:
+    """``index`` and ``target`` against the model's output, in the user's terms."""
+    if isinstance(target, Tensor) and target.is_floating_point():
+        if target.shape != output.shape:
+            raise ExplanationInputError(f"target is a float tensor of shape {list(target.shape)}: a float tensor is "
+                                        f"taken as the output relevance itself and must have the model's output's "
+                                        f"shape {list(output.shape)}; a class is given by its index, an int")
+        return
+    rows = output.size(0) if output.dim() else 0
+    row = int(index)
+    if not -rows <= row < rows:
+        raise ExplanationInputError(f"index {row} is out of range: the model's output {list(output.shape)} has {rows} "
+                                    f"rows (nodes, graphs or node pairs; 0 to {rows - 1}, or -{rows} to -1 counting "
+                                    "from the end)")
+    if target is not None and output.dim() == 2:
+        classes, chosen = output.size(1), int(target)
+        if not -classes <= chosen < classes:
+            raise ExplanationInputError(f"target {chosen} is out of range: the model's output {list(output.shape)} "
+                                        f"has {classes} classes (indices 0 to {classes - 1}, or -{classes} to -1 "
+                                        "counting from the end)")
+
+
+@raised_from_the_call
 def walk_graph(
     model: nn.Module,
     x: Tensor | dict[Any, Tensor],
@@ -453,26 +518,57 @@ def walk_graph(
 
     ``check``: verify that the step-by-step backward (the chain of ``B_t`` with the exits) equals
     the model's own relevance of ``x`` (no relevance bypasses a step); ``ValueError`` otherwise.
+
+    Parameters
+    ----------
+    model, x, edge_index, index, target, composite, steps, **forward_kwargs
+        As for :func:`relevant_walks`.
+    check
+        As described above.
+
+    Returns
+    -------
+    WalkGraph
+        The node states, their layouts and the relevance reaching each.
+
+    Raises
+    ------
+    fxlrp.errors.ExplanationInputError
+        (a ``ValueError`` and a ``TypeError``) for a NumPy array or a list where the model takes a
+        tensor, inputs the model itself rejects (its own message, raised from its own error, with
+        what to do), an ``index`` that is not one row of the output, a ``target`` that is no class
+        or out of range.
+    ValueError
+        For steps that do not decompose the explanation, or a graph that is not one.
     """
+    refuse_unusable_arguments({"x": x, "edge_index": edge_index, **forward_kwargs}, lists_refused=("x", "edge_index"))
     if isinstance(x, dict) != isinstance(edge_index, dict):
         raise ValueError("x and edge_index must both be tensors (homogeneous graph) or both dicts by node and edge "
                          "type (heterogeneous graph: data.x_dict, data.edge_index_dict)")
-    # the graph this call runs; run directly, since calling the explainer it comes from (or that
-    # one, when it was traced for optional inputs left None) may trace yet another graph
-    explain, call_args, call_kwargs = _converted(model, composite).explainer_for(x, edge_index, **forward_kwargs)
-    if isinstance(x, dict):
-        if steps is not None:
-            raise ValueError("steps= names node states of a homogeneous model; on heterogeneous graphs the steps are "
-                             "the calls of the message-passing layers, found by themselves")
-        output, states, offsets, neighbourhoods, type_offsets = _run_layer_calls(explain, x, edge_index, call_args,
-                                                                                 call_kwargs)
-        node_types, nodes = tuple(x), sum(value.size(0) for value in x.values())
-    elif steps is None and _runs_eagerly(explain):
-        output, states, offsets, neighbourhoods, _ = _run_layer_calls(explain, x, edge_index, call_args, call_kwargs)
-        node_types, type_offsets, nodes = None, (0,), x.size(0)
-    else:
-        output, states, neighbourhoods = _run_homogeneous(explain, x, steps, call_args, call_kwargs)
-        offsets, node_types, type_offsets, nodes = [[0]] * len(states), None, (0,), x.size(0)
+    _check_walk_target(target, index)
+    converted = _converted(model, composite)
+    if isinstance(x, Tensor):
+        refuse_ranks_the_model_refuses(converted, (x, edge_index))
+    # (inputs the model itself rejects are refused in its words, not by a failure inside)
+    with model_consulted(converted, model_of(converted), (x, edge_index), forward_kwargs):
+        # the graph this call runs; run directly, since calling the explainer it comes from (or that
+        # one, when it was traced for optional inputs left None) may trace yet another graph
+        explain, call_args, call_kwargs = converted.explainer_for(x, edge_index, **forward_kwargs)
+        if isinstance(x, dict):
+            if steps is not None:
+                raise ValueError("steps= names node states of a homogeneous model; on heterogeneous graphs the steps "
+                                 "are the calls of the message-passing layers, found by themselves")
+            output, states, offsets, neighbourhoods, type_offsets = _run_layer_calls(explain, x, edge_index, call_args,
+                                                                                     call_kwargs)
+            node_types, nodes = tuple(x), sum(value.size(0) for value in x.values())
+        elif steps is None and _runs_eagerly(explain):
+            output, states, offsets, neighbourhoods, _ = _run_layer_calls(explain, x, edge_index, call_args,
+                                                                          call_kwargs)
+            node_types, type_offsets, nodes = None, (0,), x.size(0)
+        else:
+            output, states, neighbourhoods = _run_homogeneous(explain, x, steps, call_args, call_kwargs)
+            offsets, node_types, type_offsets, nodes = [[0]] * len(states), None, (0,), x.size(0)
+    _check_walk_start(output, index, target)
     layouts = [Layout(tensors, offset, nodes) for tensors, offset in zip(states, offsets, strict=True)]
     start = _output_relevance(output, index, target)
     exits = _exits(states, layouts, output, start)
@@ -892,6 +988,7 @@ DEFAULT_BEAM = 256
 """Suffixes a top-k search extends per step, at least (``max(DEFAULT_BEAM, 16 k)``)."""
 
 
+@raised_from_the_call
 def relevant_walks(
     model: nn.Module,
     x: Tensor | dict[Any, Tensor],
@@ -944,6 +1041,41 @@ def relevant_walks(
     approximation (see the module docstring). ``steps`` (homogeneous graphs): names of the node
     states ``H_1, ..., H_L`` (rows of ``explain.report()``; ``"output"`` for the output itself),
     by default :func:`walk_steps`.
+
+    Parameters
+    ----------
+    model
+        The model, or the explainer :func:`fxlrp.convert` made of it.
+    x, edge_index
+        Node features ``[N, F]`` and edges ``[2, E]`` (integers) as tensors, or dicts of them by
+        node and edge type.
+    index
+        The explained row: an int (negative ones count from the end, as in torch indexing) or a
+        tensor holding one.
+    target
+        The explained class: None (the largest logit), an int (``-1``: the last class, as in
+        torch indexing), or a float tensor of the output's shape (the output relevance itself).
+    composite
+        As for :func:`fxlrp.convert`, when ``model`` is not converted yet.
+    top_k, largest, steps, beam
+        As described above.
+    **forward_kwargs
+        Further inputs of the model.
+
+    Returns
+    -------
+    tuple of (Tensor or HeteroWalks, Tensor)
+        ``(walks, relevance)`` as described above.
+
+    Raises
+    ------
+    fxlrp.errors.ExplanationInputError
+        (a ``ValueError`` and a ``TypeError``) for a NumPy array or a list where the model takes a
+        tensor, inputs the model itself rejects (its own message, raised from its own error, with
+        what to do), an ``index`` that is not one row of the output, a ``target`` that is no class
+        or out of range.
+    ValueError
+        For ``top_k`` or ``beam`` out of range, and steps that do not decompose the explanation.
     """
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be a positive number of walks or None, got {top_k}")
@@ -960,6 +1092,7 @@ def relevant_walks(
     return (walks if graph.node_types is None else graph.typed(walks)), relevance
 
 
+@raised_from_the_call
 def subgraph_relevance(
     model: nn.Module,
     x: Tensor | dict[Any, Tensor],
@@ -979,6 +1112,25 @@ def subgraph_relevance(
     One forward and ``L`` step-backward passes (linear in depth; as many again for the check that
     the steps decompose the explanation). Arguments as for :func:`relevant_walks`; ``nodes`` is
     ``{node type: ids}`` on heterogeneous graphs. Returns a scalar tensor.
+
+    Parameters
+    ----------
+    model, x, edge_index, index, target, composite, steps, **forward_kwargs
+        As for :func:`relevant_walks`.
+    nodes
+        The node set: node ids, or ``{node type: ids}`` on heterogeneous graphs.
+
+    Returns
+    -------
+    Tensor
+        The relevance of the node set, a scalar.
+
+    Raises
+    ------
+    fxlrp.errors.ExplanationInputError
+        As :func:`relevant_walks` raises it.
+    ValueError
+        For nodes of unknown types, and steps that do not decompose the explanation.
     """
     graph = walk_graph(model, x, edge_index, index=index, target=target, composite=composite, steps=steps,
                        **forward_kwargs)
