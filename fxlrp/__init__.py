@@ -8,7 +8,7 @@ import importlib
 import sys
 
 from fxlrp import _moved
-from fxlrp.errors import CaptureError, FxlrpError, UnsupportedOperationError
+from fxlrp.errors import CaptureError, ExplanationInputError, FxlrpError, UnsupportedOperationError
 
 LAZY = {
     "convert": ("fxlrp.explain.convert", "convert"),
@@ -32,6 +32,7 @@ __all__ = [
     "rules",
     "composites",
     "CaptureError",
+    "ExplanationInputError",
     "FxlrpError",
     "UnsupportedOperationError",
     "read_explanations",
