@@ -1,0 +1,100 @@
+"""What an fxlrp.jax explanation costs against gradient x input, both compiled with ``jax.jit``.
+
+A Flax ResNet-style CNN with random weights (a 3x3 stem, ``--blocks`` residual blocks of two 3x3
+convolutions with ReLU, average pooling between stages, a global mean and a dense head), a batch
+of ``--batch`` images of 32x32x3 in float32, explained at each image's predicted class:
+
+- ``gxi``: ``x * jax.grad(lambda x: (f(x) * onehot).sum())(x)`` under ``jax.jit``;
+- ``lrp``: ``fxlrp.jax.attribute(fxlrp.jax.convert(f, composite, x), x)`` under ``jax.jit``, for
+  LRP-0 (``Epsilon(0)``) and ``EpsilonPlusFlat``.
+
+Reported: the time to trace and convert, the time of the first (compiling) call of each, the
+median of ``--repeats`` calls (each waited for with ``block_until_ready``, the two alternating
+so that both see the same machine state), and the median of the paired ratios lrp / gxi of calls
+that ran one after the other.
+
+Run: ``.venv/bin/python benchmarks/jax_cost.py [--blocks 4] [--batch 32] [--repeats 30]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import fxlrp.jax as fxjax
+from fxlrp.rules import Epsilon, composites
+
+
+class ResNetStyle(nn.Module):
+    """A small ResNet-style CNN (no BatchNorm)."""
+
+    blocks: int = 4
+    width: int = 32
+
+    @nn.compact
+    def __call__(self, x: Any) -> Any:
+        h = nn.relu(nn.Conv(self.width, (3, 3))(x))
+        for block in range(self.blocks):
+            residual = h
+            h = nn.relu(nn.Conv(self.width, (3, 3))(h))
+            h = nn.relu(nn.Conv(self.width, (3, 3))(h) + residual)
+            if block % 2 == 1:
+                h = nn.avg_pool(h, (2, 2), (2, 2))
+        return nn.Dense(10)(h.mean(axis=(1, 2)))
+
+
+def timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=30)
+    options = parser.parse_args()
+
+    model = ResNetStyle(blocks=options.blocks)
+    images = jax.random.normal(jax.random.PRNGKey(0), (options.batch, 32, 32, 3), jnp.float32)
+    apply = functools.partial(model.apply, model.init(jax.random.PRNGKey(1), images))
+
+    @jax.jit
+    def gxi(x: Any) -> Any:
+        def score(x: Any) -> Any:
+            out = apply(x)
+            return (out * jax.nn.one_hot(jnp.argmax(jax.lax.stop_gradient(out), -1), out.shape[-1])).sum()
+        return jax.grad(score)(x) * x
+
+    print(f"device: {jax.devices()[0]}; batch {options.batch} x 32 x 32 x 3, {options.blocks} blocks, float32")
+    print(f"gxi     first call (compiles) {timed(lambda: gxi(images)):8.3f} s")
+    for name, composite in (("LRP-0", Epsilon(0.0)), ("EpsilonPlusFlat", composites.EpsilonPlusFlat())):
+        start = time.perf_counter()
+        explain = fxjax.convert(apply, composite, images)
+        convert_time = time.perf_counter() - start
+        lrp = jax.jit(lambda x, explain=explain: fxjax.attribute(explain, x))
+        print(f"{name:16s} convert (trace) {convert_time:8.3f} s, first call (compiles) "
+              f"{timed(lambda: lrp(images)):8.3f} s")
+        gxi_times, lrp_times, ratios = [], [], []
+        for repeat in range(options.repeats):
+            pair = [timed(lambda: gxi(images)), timed(lambda: lrp(images))]
+            if repeat % 2:
+                pair = [timed(lambda: lrp(images)), timed(lambda: gxi(images))][::-1]
+            gxi_times.append(pair[0])
+            lrp_times.append(pair[1])
+            ratios.append(pair[1] / pair[0])
+        print(f"{name:16s} median call {1e3 * statistics.median(lrp_times):8.2f} ms; gxi "
+              f"{1e3 * statistics.median(gxi_times):8.2f} ms; paired ratio lrp / gxi {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()
