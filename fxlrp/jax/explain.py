@@ -25,7 +25,8 @@ from fxlrp.jax import formulas
 from fxlrp.jax.graph import Group, Program, Var, flatten, groups, is_floating, source_line, value_of
 from fxlrp.jax.loops import unrolled
 from fxlrp.registry import registered_operation
-from fxlrp.rules import Pass, Rule
+from fxlrp.relevance.roles import GATE
+from fxlrp.rules import Pass, Product, Rule
 from fxlrp.rules.composites import Composite, Site, as_composite
 
 FIRST_LAYER_CANDIDATES = ("linear", "conv", "matmul")
@@ -138,6 +139,13 @@ def _plan(found: list[Group], composite: Composite, program: Program) -> list[tu
             if rule is None:
                 raise UnsupportedOperationError(f"fxlrp.jax: no rule for {group.operation}")
             formulas.formula_of(rule)  # a rule without a JAX formula is refused here, not in backward
+            if isinstance(rule, Product) and len(group.carrying) > 1 and set(rule.constants) - {GATE}:
+                raise UnsupportedOperationError(
+                    f"fxlrp.jax: {rule!r} treats factors of the roles {rule.constants} as constants, but a jaxpr "
+                    f"does not say which factor of the {group.operation} at "
+                    f"{source_line(group.equations[0].source_info)} is attention weights or a gate; use AttnLRP "
+                    "(the uniform product rule) or jax.lax.stop_gradient on the factor that should get no relevance"
+                )
             if candidate or any(id(var) in after_first for var in group.carrying):
                 after_first.add(id(group.output))
         if group.kind != "constant":
@@ -220,7 +228,10 @@ def _explained(group: Group, rule: Rule, env: dict[int, Any]) -> Callable[..., A
     def explained_backward(saved: Any, relevance: Any) -> tuple[Any, Any]:
         xs, constant_values, output = saved
         local = {id(atom): value for atom, value in zip(constant_atoms, constant_values, strict=True)}
-        layer = _layer(group, local) if group.kind == "affine" else None
+        if group.operation == "softmax":
+            layer = formulas.Layer(None, None, None, axes=group.axes)
+        else:
+            layer = _layer(group, local) if group.kind == "affine" else None
         shares = formula(rule, layer, list(xs), output, relevance)
         shares = tuple(share.astype(x.dtype) for share, x in zip(shares, xs, strict=True))
         zeros = tuple(_zero_cotangent(value) for value in constant_values)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxlrp.rules import AlphaBeta, Epsilon, Flat, Gamma, Pass, Product, Rule, WSquare, ZBox
+from fxlrp.rules import AlphaBeta, Epsilon, Flat, Gamma, Pass, Product, Rule, SoftmaxRule, WSquare, ZBox
 
 Array = Any
 """A JAX array (or a value JAX takes as one)."""
@@ -41,9 +41,11 @@ class Layer:
         The constant added to the output (a bias; the constant operand of ``x + c``).
     """
 
-    apply: Callable[[Sequence[Array], Array | None, Array | None], Array]
+    apply: Callable[[Sequence[Array], Array | None, Array | None], Array] | None
     weight: Array | None
     bias: Array | None
+    axes: tuple[int, ...] | None = None
+    """The axes of a softmax."""
 
     def __call__(self, xs: Sequence[Array], weight: Array | None, bias: Array | None) -> Array:
         return self.apply(xs, weight, bias)
@@ -268,7 +270,21 @@ def pass_rule(rule: Pass | None, layer: Layer | None, xs: Sequence[Array], outpu
     return [unbroadcast(relevance, x.shape) / len(xs) for x in xs]
 
 
+def softmax_rule(rule: SoftmaxRule, layer: Layer, xs: Sequence[Array], output: Array,
+                 relevance: Array) -> list[Array]:
+    r"""AttnLRP's softmax rule, the softmax linearised at its input (over the softmax's axes).
+
+    .. math:: R_{x_i} = x_i \left(R_i - s_i \sum_j R_j\right), \qquad s = \operatorname{softmax}(x)
+
+    Inputs of ``-inf`` (masked positions) get no relevance.
+    """
+    x = xs[0]
+    share = x * (relevance - output * relevance.sum(axis=layer.axes, keepdims=True))
+    return [jnp.where(jnp.isfinite(x), share, 0.0)]
+
+
 FORMULAS: list[tuple[type[Rule], Callable[..., list[Array]]]] = [
+    (SoftmaxRule, softmax_rule),
     (ZBox, z_box_rule),
     (AlphaBeta, two_halves_rule),  # ZPlus too
     (Gamma, two_halves_rule),
@@ -300,7 +316,7 @@ def formula_of(rule: Rule) -> Callable[..., list[Array]]:
         For a rule type with no JAX formula (the attention rules, a rule of your own).
     """
     for kind, formula in FORMULAS:
-        if isinstance(rule, kind) and type(rule).__name__ != "SoftmaxRule":
+        if isinstance(rule, kind):
             return formula
     raise NotImplementedError(
         f"fxlrp.jax has no formula for {type(rule).__name__} yet (it has: "

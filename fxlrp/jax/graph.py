@@ -23,6 +23,8 @@ SMOOTH_ACTIVATIONS = frozenset({
     "soft_sign", "log_sigmoid", "hard_swish", "hard_silu", "hard_sigmoid", "glu", "squareplus", "sparse_plus",
 })
 """Names of jax.nn's smooth activations, explained by the identity rule as on the PyTorch side."""
+KEPT_WHOLE = SMOOTH_ACTIVATIONS | {"softmax"}
+"""jax.nn functions whose equations are grouped into one operation (``softmax``: AttnLRP's rule)."""
 
 NATIVE = frozenset({
     "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice", "concatenate",
@@ -170,7 +172,7 @@ def _nn_activation_frame(source_info: Any) -> tuple[str, str] | None:
     frames = traceback.frames
     for index, frame in enumerate(frames):
         if frame.file_name.replace("\\", "/").endswith("jax/_src/nn/functions.py") and \
-                frame.function_name in SMOOTH_ACTIVATIONS:
+                frame.function_name in KEPT_WHOLE:
             caller = frames[index + 1] if index + 1 < len(frames) else frame
             return frame.function_name, f"{caller.file_name}:{caller.line_num}"
     return None
@@ -199,6 +201,8 @@ class Group:
     bias: Atom | None = None
     """The constant added after the first equation (a bias), if any."""
     bias_first: bool = False
+    axes: tuple[int, ...] | None = None
+    """The axes a softmax normalises over."""
     scale: tuple[str, Atom] | None = None
     """``("mul" | "div", constant)`` applied after a sum (a mean, average pooling)."""
 
@@ -267,12 +271,19 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
         outputs = [var for e in run for var in e.outputs]
         inputs = [atom for e in run for atom in e.inputs if not any(atom is var for var in outputs)]
         carried = [atom for atom in inputs if carrying(atom)]
-        if not carried:
-            result.append(Group("constant", run))
+        if not carried or (len(run) == 1 and eqn.primitive.name == "stop_gradient"):
+            result.append(Group("constant", run))  # stop_gradient: a constant of the explanation
             continue
         for var in outputs:
             if is_floating(var.aval):
                 carries.add(id(var))
+        if eqn.activation == "softmax":
+            sums = [e for e in run if e.primitive.name == "reduce_sum"]
+            axes = tuple(sums[0].params["axes"]) if len(sums) == 1 else None
+            group = Group("affine" if axes is not None else "unsupported", run, "softmax", _unique(carried),
+                          run[-1].outputs[0], axes=axes)
+            result.append(group)
+            continue
         if len(run) > 1 or eqn.activation is not None:
             last = run[-1].outputs[0]
             result.append(Group("pass", run, eqn.name, _unique(carried), last))

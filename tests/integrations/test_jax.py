@@ -278,6 +278,10 @@ def test_seed004_matmul() -> None:
     both = fxjax.attribute(fxjax.convert(lambda a, b: a @ b, Product(0.0), SEED_A, SEED_B), (SEED_A, SEED_B),
                            target=SEED_R)
     assert seed_close(both[0], [[1.0, -0.5], [0.0, 0.0]]) and seed_close(both[1], [[1.0, 0.0], [-0.5, 0.0]])
+    # jax.lax.stop_gradient makes a factor a constant of the explanation: the other takes its whole share
+    held = fxjax.convert(lambda a, b: a @ jax.lax.stop_gradient(b), Product(0.0), SEED_A, SEED_B)
+    of_a, of_b = fxjax.attribute(held, (SEED_A, SEED_B), target=SEED_R)
+    assert seed_close(of_a, [[2.0, -1.0], [0.0, 0.0]]) and seed_close(of_b, np.zeros((2, 2)))
 
 
 def seed_safe_divide(a: Any, b: Any) -> Any:
@@ -370,6 +374,11 @@ def test_a_primitive_without_a_rule_is_named_with_its_source_line() -> None:
     assert "exp at " in message and f"{__file__}:{line}" in message and "stop_gradient" in message
 
 
+def test_cp_lrp_is_refused_where_roles_are_unknown() -> None:
+    with pytest.raises(UnsupportedOperationError, match="stop_gradient"):
+        fxjax.convert(lambda q, k: q @ k.T, composites.CPLRP(), jnp.ones((2, 3)), jnp.ones((4, 3)))
+
+
 def test_import_fxlrp_imports_no_jax() -> None:
     code = "import sys, fxlrp, fxlrp.rules, fxlrp.composites; fxlrp.convert; print('jax' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -417,3 +426,56 @@ def test_lrp0_is_gradient_times_input_through_a_scan() -> None:
     assert np.array_equal(np.asarray(explain(x)), np.asarray(rnn(x)))
     expected = jax.grad(lambda x: rnn(x)[1])(x) * x
     assert relative_error(fxjax.attribute(explain, x, target=1), expected) < 1e-12
+
+
+# ---- AttnLRP: an attention block --------------------------------------------------------------
+
+class TorchAttentionBlock(nn.Module):
+    """Single-head self-attention with a residual, a ReLU MLP with a residual, a mean and a head."""
+
+    def __init__(self, width: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+        self.up, self.down, self.head = nn.Linear(width, 16), nn.Linear(16, width), nn.Linear(width, classes)
+        self.scale = float(np.sqrt(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2) / self.scale, dim=-1)
+        h = x + self.o(weights @ self.v(x))
+        h = h + self.down(F.relu(self.up(h)))
+        return self.head(h.mean(1))
+
+
+def jax_attention_block(model: TorchAttentionBlock) -> Callable[[Any], Any]:
+    """The torch block as a JAX function of the same weights."""
+    weights = {name: (jnp.asarray(layer.weight.detach().numpy()), jnp.asarray(layer.bias.detach().numpy()))
+               for name, layer in model.named_children()}
+
+    def dense(name: str, x: Any) -> Any:
+        weight, bias = weights[name]
+        return x @ weight.T + bias
+
+    def block(x: Any) -> Any:
+        scores = dense("q", x) @ jnp.swapaxes(dense("k", x), -1, -2) / model.scale
+        h = x + dense("o", jax.nn.softmax(scores, axis=-1) @ dense("v", x))
+        h = h + dense("down", jax.nn.relu(dense("up", h)))
+        return dense("head", h.mean(1))
+
+    return block
+
+
+@pytest.mark.parametrize("composite", ["AttnLRP", "AttnLRP(0)"])
+def test_attnlrp_attention_block_parity_with_the_pytorch_path(composite: str) -> None:
+    torch.manual_seed(2)
+    model = TorchAttentionBlock().double().eval()
+    tokens = torch.randn(2, 5, 8, dtype=torch.float64)
+    block = jax_attention_block(model)
+    x = jnp.asarray(tokens.numpy())
+    make = (lambda: composites.AttnLRP()) if composite == "AttnLRP" else (lambda: composites.AttnLRP(0.0))
+    explain = fxjax.convert(block, make(), x)
+    report = explain.report()
+    assert "softmax" in report and "SoftmaxRule()" in report and "Product(" in report
+    assert relative_error(explain(x), model(tokens).detach().numpy()) < 1e-13
+    expected = fxlrp.attribute(fxlrp.convert(model, make()), tokens, target=torch.tensor([0, 2]))
+    relevance = fxjax.attribute(explain, x, target=[0, 2])
+    assert relative_error(relevance, expected.numpy()) < 1e-10
