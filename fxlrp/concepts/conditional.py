@@ -427,17 +427,17 @@ class _Run:
             if not self.observed[name].carries:
                 raise ValueError(f"{self.sites[name].describe()} carries no relevance: no explained input reaches its "
                                  "output, so a condition there (or a start) has nothing to restrict")
+        order = {name: index for index, name in enumerate(self.observed)}  # the forward's order
+        if self.start is not None:
+            later = sorted((name for name in named if order[name] > order[self.start]), key=order.get)
+            if later:
+                listed = ", ".join(self.sites[name].describe() for name in later)
+                raise ValueError(f"the conditions name {listed}, which the forward pass computes after the start, "
+                                 f"{self.sites[self.start].describe()}: relevance starts there and never reaches "
+                                 "them; remove them or start later")
         if self.exclude_parallel:
-            order = {name: index for index, name in enumerate(self.observed)}  # the forward's order
             chain = {key for key in self.conditions[0] if key not in (OUTPUT, self.start)}
             self.chain = sorted(chain, key=lambda name: -order[name])
-            if self.start is not None:
-                later = [name for name in self.chain if order[name] > order[self.start]]
-                if later:
-                    named = ", ".join(self.sites[name].describe() for name in later)
-                    raise ValueError(f"the conditions name {named}, which the forward pass computes after the start, "
-                                     f"{self.sites[self.start].describe()}: relevance starts there and never reaches "
-                                     "them; remove them or start later")
         if self.chain:
             root = self.observed[self.chain[-1]].value
         elif self.start is not None:
