@@ -77,7 +77,8 @@ def main() -> None:
 
     print(f"device: {jax.devices()[0]}; batch {options.batch} x 32 x 32 x 3, {options.blocks} blocks, float32")
     print(f"gxi     first call (compiles) {timed(lambda: gxi(images)):8.3f} s")
-    for name, composite in (("LRP-0", Epsilon(0.0)), ("EpsilonPlusFlat", composites.EpsilonPlusFlat())):
+    for name, composite in (("LRP-0", Epsilon(0.0)), ("Epsilon", Epsilon(1e-6)),
+                            ("EpsilonPlusFlat", composites.EpsilonPlusFlat())):
         start = time.perf_counter()
         explain = fxjax.convert(apply, composite, images)
         convert_time = time.perf_counter() - start

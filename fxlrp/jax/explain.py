@@ -201,7 +201,7 @@ def _layer(group: Group, env: dict[int, Any]) -> formulas.Layer:
             out = b + out if group.bias_first else out + b
         return out
 
-    return formulas.Layer(apply, weight, bias)
+    return formulas.Layer(apply, weight, bias, nonnegative=group.nonnegative)
 
 
 def _explained(group: Group, rule: Rule, env: dict[int, Any]) -> Callable[..., Any]:

@@ -46,6 +46,8 @@ class Layer:
     bias: Array | None
     axes: tuple[int, ...] | None = None
     """The axes of a softmax."""
+    nonnegative: tuple[bool, ...] = ()
+    """Whether each input is known never to be negative (behind a ReLU): terms of ``x-`` are 0."""
 
     def __call__(self, xs: Sequence[Array], weight: Array | None, bias: Array | None) -> Array:
         return self.apply(xs, weight, bias)
@@ -179,17 +181,23 @@ def two_halves_rule(rule: AlphaBeta | Gamma, layer: Layer, xs: Sequence[Array], 
         more, less = _positive, _negative
         weights = (rule.alpha, -rule.beta if rule.beta != 0 else None)
         signs = (1.0, -1.0)
-    positive_inputs, negative_inputs = [_positive(x) for x in xs], [_negative(x) for x in xs]
+    # Inputs behind a ReLU have no negative part: its terms are 0 and are not computed.
+    skip_negative = bool(layer.nonnegative) and all(layer.nonnegative)
+    positive_inputs = list(xs) if skip_negative else [_positive(x) for x in xs]
+    negative_inputs = [_negative(x) for x in xs]
     shares = [jnp.zeros_like(x) for x in xs]
     for weight, sign, for_positive, for_negative in zip(weights, signs, (more, less), (less, more), strict=True):
         if weight is None:
             continue
         positive_params = _params(layer, for_positive, zero)
         negative_params = _params(layer, for_negative, zero | {"bias"})
-        total = layer(positive_inputs, *positive_params) + layer(negative_inputs, *negative_params)
+        total = layer(positive_inputs, *positive_params)
+        if not skip_negative:
+            total = total + layer(negative_inputs, *negative_params)
         quotient = scaled(relevance, total, epsilon, sign) * weight
         from_positive = pulled_back(layer, positive_inputs, *positive_params, quotient)
-        from_negative = pulled_back(layer, negative_inputs, *negative_params, quotient)
+        from_negative = [0.0] * len(xs) if skip_negative else pulled_back(layer, negative_inputs, *negative_params,
+                                                                           quotient)
         shares = [share + a + b for share, a, b in zip(shares, from_positive, from_negative, strict=True)]
     return shares
 

@@ -203,6 +203,9 @@ class Group:
     bias_first: bool = False
     axes: tuple[int, ...] | None = None
     """The axes a softmax normalises over."""
+    nonnegative: tuple[bool, ...] = ()
+    """Whether each relevance-carrying input is never negative (behind a ReLU), known from the
+    program: the rules' terms of negative inputs are then left out."""
     scale: tuple[str, Atom] | None = None
     """``("mul" | "div", constant)`` applied after a sum (a mean, average pooling)."""
 
@@ -262,6 +265,7 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
         return not carrying(atom)
 
     equations = _activation_runs(program.equations)
+    nonnegative: set[int] = set()
     result: list[Group] = []
     index = 0
     while index < len(equations):
@@ -290,6 +294,8 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
             continue
         name = eqn.primitive.name
         if name in NATIVE:
+            if _keeps_nonnegative(eqn, nonnegative):
+                nonnegative.add(id(eqn.outputs[0]))
             result.append(Group("native", run))
             continue
         output = eqn.outputs[0]
@@ -345,7 +351,30 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
             result.append(Group("pass", [eqn], name, carried, output))
             continue
         result.append(Group("unsupported", [eqn], name, carried, output))
+    for group in result:
+        group.nonnegative = tuple(id(var) in nonnegative for var in group.carrying)
     return result
+
+
+MOVES = frozenset({"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice",
+                   "reduce_max", "reduce_window_max", "gather", "rev", "convert_element_type", "copy", "copy_p"})
+
+
+def _keeps_nonnegative(eqn: Equation, nonnegative: set[int]) -> bool:
+    """Whether a native equation's output is never negative: ReLU's ``max(x, 0)``, or a move or
+    maximum of values that are never negative."""
+    def known(atom: Atom) -> bool:
+        if isinstance(atom, Constant):
+            return bool(np.all(np.asarray(atom.value) >= 0))
+        return id(atom) in nonnegative
+
+    if eqn.primitive.name == "max":
+        return any(known(atom) for atom in eqn.inputs)
+    if eqn.primitive.name in MOVES:
+        return known(eqn.inputs[0])
+    if eqn.primitive.name == "concatenate":
+        return all(known(atom) for atom in eqn.inputs)
+    return False
 
 
 def _consumer(equations: list[list[Equation]], start: int, output: Var, carrying: Any) -> int | None:
