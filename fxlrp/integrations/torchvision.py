@@ -11,15 +11,26 @@
 
 from __future__ import annotations
 
-from fxlrp.eager.interpret import interpret
-from fxlrp.operations.helpers import identity
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fxlrp.capture.interception import module_calls_followed
+from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
+from fxlrp.eager.interpret import interpret, operations_observed
+from fxlrp.operations.helpers import affine, identity
+from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
+from fxlrp.relevance.call import RelevanceCall
 
 try:
     from torchvision.models import swin_transformer
-    from torchvision.ops import stochastic_depth
+    from torchvision.ops import ps_roi_align, ps_roi_pool, roi_align, roi_pool, stochastic_depth
 except ImportError:  # torchvision is optional for fxlrp's core
-    swin_transformer = stochastic_depth = None
+    swin_transformer = stochastic_depth = roi_align = roi_pool = ps_roi_align = ps_roi_pool = None
 
 if stochastic_depth is not None:
     register(
@@ -56,5 +67,360 @@ if swin_transformer is not None:
             Kind.NATIVE,
             functions=(swin_transformer._get_relative_position_bias,),
             description="Swin relative position bias: from parameters only, carries no relevance",
+        )
+    )
+
+
+def _fixed(boxes: Any) -> Any:
+    """The boxes (a tensor, or one per image) as constants: they say where to pool, not what."""
+    if isinstance(boxes, Tensor):
+        return boxes.detach()
+    if isinstance(boxes, (list, tuple)):
+        return type(boxes)(_fixed(each) for each in boxes)
+    return boxes
+
+
+def region_average(call: RelevanceCall, function: Callable[..., Any], input: Tensor, boxes: Any, *args: Any,
+                   **kwargs: Any) -> Any:
+    r"""RoIAlign (and the position-sensitive RoIAlign and RoIPool) with the boxes held constant.
+
+    For fixed boxes each output cell is a weighted average of bilinear samples of the feature map,
+    ``z_k = sum_j a_kj x_j``: a linear map of ``input``, explained by the node's rule, by default
+    the z-rule of the sums,
+
+    .. math:: R_j = \sum_k \frac{x_j a_{kj}}{z_k} R_k
+
+    The boxes (which a detector's mask and keypoint heads compute from its box regression) get
+    no relevance: they say where to pool, as ``grid_sample``'s positions do.
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's rule and settings.
+    function : callable
+        ``torchvision.ops.roi_align`` (or another spelling: the ``torchvision::`` operator).
+    input : Tensor
+        The feature map ``[batch, channels, height, width]``.
+    boxes : Tensor or list of Tensor
+        The boxes, held constant.
+    *args, **kwargs
+        The other arguments of ``function``.
+
+    Returns
+    -------
+    Any
+        ``function``'s output (the pooled features; an operator's pair of them and its indices).
+    """
+    boxes = _fixed(boxes)
+    if function in _PAIRED_OPERATORS:  # (the operators return the features with their indices)
+        pooled = affine(call, _FirstOutput(function), input, boxes, *args, **kwargs)
+        with torch.no_grad():
+            indices = function(input.detach(), boxes, *args, **kwargs)[1]
+        return pooled, indices
+    return affine(call, function, input, boxes, *args, **kwargs)
+
+
+def region_maximum(call: RelevanceCall, function: Callable[..., Any], input: Tensor, boxes: Any, *args: Any,
+                   **kwargs: Any) -> Any:
+    """RoIPool with the boxes held constant: each output cell is the largest value of its bin, a
+    copy routed by the native backward (winner-take-all, as max pooling).
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's rule and settings.
+    function : callable
+        ``torchvision.ops.roi_pool`` or the ``torchvision::roi_pool`` operator.
+    input : Tensor
+        The feature map.
+    boxes : Tensor or list of Tensor
+        The boxes, held constant.
+    *args, **kwargs
+        The other arguments of ``function``.
+
+    Returns
+    -------
+    Any
+        ``function``'s output.
+    """
+    return function(input, _fixed(boxes), *args, **kwargs)
+
+
+class _FirstOutput:
+    """``function(...)[0]``: an operator's features without its indices (picklable)."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self.function(*args, **kwargs)[0]
+
+
+_PAIRED_OPERATORS: tuple[Any, ...] = ()
+if roi_align is not None:
+    _PAIRED_OPERATORS = (torch.ops.torchvision.ps_roi_align, torch.ops.torchvision.ps_roi_pool)
+    register(
+        Operation(
+            "roi_align",
+            Kind.AFFINE,
+            functions=(roi_align, torch.ops.torchvision.roi_align, ps_roi_align, ps_roi_pool, *_PAIRED_OPERATORS),
+            relevance=region_average,
+            default_rule=proportional,
+            leaf=True,  # (torchvision's Python functions branch on their inputs: recorded as one call)
+            index_arguments=(1,),
+            description="RoIAlign (position-sensitive RoIAlign and RoIPool): for fixed boxes a linear map of the "
+            "features (averages of bilinear samples), z-rule; the boxes get no relevance",
+        )
+    )
+    register(
+        Operation(
+            "roi_pool",
+            Kind.NATIVE,
+            functions=(roi_pool, torch.ops.torchvision.roi_pool),
+            relevance=region_maximum,
+            leaf=True,
+            index_arguments=(1,),
+            description="RoIPool: the largest value of each bin of a fixed box, winner-take-all (native backward)",
+        )
+    )
+
+
+def detection_target(detections: dict[str, Tensor], *, index: int | None = None, label: int | None = None,
+                     box: Sequence[float] | Tensor | None = None) -> int:
+    """The index of a detection among one image's detections: given, or by class and box.
+
+    Parameters
+    ----------
+    detections : dict of str to Tensor
+        One image's output of a torchvision detector (``boxes``, ``labels``, ``scores``).
+    index : int, optional
+        The detection's index (negative ones count from the end).
+    label : int, optional
+        With ``box``: the class; the detection of that class whose box overlaps ``box`` most
+        (the highest intersection over union) is chosen.
+    box : sequence of float or Tensor, optional
+        ``(x0, y0, x1, y1)`` in the image's pixels.
+
+    Returns
+    -------
+    int
+        The index into ``detections["scores"]`` (and its boxes and labels).
+
+    Raises
+    ------
+    ValueError
+        For neither or both of ``index`` and ``label``/``box``, an index out of range, a class
+        with no detection.
+    """
+    count = int(detections["scores"].shape[0])
+    if (index is None) == (label is None or box is None):
+        raise ValueError("detection_target takes index=, or label= and box= (a detection of that class with the "
+                         "highest IoU with the box)")
+    if index is not None:
+        if not -count <= index < count:
+            raise ValueError(f"detection {index} is out of range: the image has {count} detection(s)")
+        return index % count
+    labels = detections["labels"]
+    same = (labels == label).nonzero().flatten()
+    if same.numel() == 0:
+        found = sorted({int(each) for each in labels})
+        raise ValueError(f"no detection of class {label}; the image's detections are of class(es) {found}")
+    given = torch.as_tensor(box, dtype=detections["boxes"].dtype, device=detections["boxes"].device).reshape(1, 4)
+    overlap = box_iou(detections["boxes"][same].detach(), given)[:, 0]
+    return int(same[int(overlap.argmax())])
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectionExplanation:
+    """What :func:`explain_detection` explained and the relevance it found."""
+
+    relevance: Tensor | list[Tensor]
+    """The relevance of the images, in their shapes (a tensor, or a list as the images were given)."""
+    index: int
+    """The detection's index in the image's output."""
+    label: int
+    """Its class."""
+    score: float
+    """Its score, as the model outputs it."""
+    explained: float
+    """The value explained: the class logit, or the score."""
+    position: tuple[int, ...] | None
+    """Where the logit is in the output of the classification head (None for the score)."""
+
+
+LOGIT_HEADS: dict[type, int | None] = {}
+"""The modules whose output holds a detector's class logits, and which output (None: the output
+itself): torchvision's box predictor of the R-CNNs (``(class_logits, box_regression)``) and the
+classification heads of RetinaNet, SSD, SSDlite and FCOS."""
+try:
+    from torchvision.models.detection import faster_rcnn, fcos, retinanet, ssd
+    from torchvision.ops import box_iou
+
+    LOGIT_HEADS.update({faster_rcnn.FastRCNNPredictor: 0, retinanet.RetinaNetClassificationHead: None,
+                        ssd.SSDScoringHead: None, fcos.FCOSClassificationHead: None})
+except ImportError:  # torchvision is optional
+    box_iou = None
+
+
+def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: int, *, image: int = 0,
+                      score: str = "logit", heads: dict[type, int | None] | None = None) -> DetectionExplanation:
+    """Explain one detection of a torchvision detector: its class logit, or its score.
+
+    ``score="logit"`` explains the logit of the detection's class before the softmax (R-CNNs, SSD)
+    or sigmoid (RetinaNet, FCOS) that makes its score: relevance starts as ``R = z`` at that one
+    element of the classification head's output, ``R_j = z e_j``, found by where the relevance
+    of the detection's score goes in that output. ``score="score"`` starts from the score the
+    model outputs, ``R = s``, through the softmax's or sigmoid's rule. Boxes, their decoding, NMS
+    and top-k selections take no part in either (see :func:`region_average`); explaining a box
+    is the error naming ``torch.exp`` of its decoding, which has no rule.
+
+    Parameters
+    ----------
+    explain : nn.Module
+        The explainer of a detector (:func:`fxlrp.convert`).
+    images : Tensor or list of Tensor
+        The images as the detector takes them (``[batch, 3, H, W]``, or a list of ``[3, H, W]``).
+    index : int
+        The detection's index in image ``image``'s output (see :func:`detection_target`).
+    image : int, default 0
+        Which image's detection.
+    score : {"logit", "score"}, default "logit"
+        What is explained.
+    heads : dict of type to int or None, optional
+        For a detector of your own: the module types whose output holds the class logits, and
+        which element of it (None: the output itself); by default :data:`LOGIT_HEADS`.
+
+    Returns
+    -------
+    DetectionExplanation
+        The relevance of the images and what was explained.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``score``, an index out of range, a detector whose class logits are not
+        found.
+    """
+    if score not in ("logit", "score"):
+        raise ValueError(f"score={score!r}: explain the class 'logit' or the 'score'")
+    as_list = not isinstance(images, Tensor)
+    leaves = [each.detach().clone().requires_grad_() for each in images] if as_list else \
+        [images.detach().clone().requires_grad_()]
+    heads = LOGIT_HEADS if heads is None else heads
+    outputs: list[Tensor] = []
+
+    def after(module: nn.Module, args: Any, output: Any) -> None:
+        for kind, position in heads.items():
+            if isinstance(module, kind):
+                outputs.append(output if position is None else output[position])
+
+    with operations_observed(_ignore), module_calls_followed(after=after):  # (each run eagerly: modules called)
+        detections = explain(leaves if as_list else leaves[0])[image]
+    index = detection_target(detections, index=index)
+    value, label = detections["scores"][index], int(detections["labels"][index])
+    if score == "score":
+        if not value.requires_grad:
+            raise ValueError(f"the scores of {type(explain).__name__} carry no relevance (an operation the rules hold "
+                             "constant makes them, as FCOS's square root); explain score='logit' instead")
+        start, position = value, None
+        relevance = torch.autograd.grad(value, leaves, value.detach(), allow_unused=True)
+    else:
+        carrying = [output for output in outputs if isinstance(output, Tensor) and output.requires_grad]
+        if not carrying:
+            raise ValueError(f"no class logits found in {type(explain).__name__}'s run: pass heads= with the type "
+                             "of the module that outputs them")
+        found = _logit_positions(explain, leaves if as_list else leaves[0], image, index, label, heads)
+        if len(found) != 1 or found[0][0] >= len(carrying):
+            raise ValueError(f"the class logit of detection {index} is not one element of the classification head's "
+                             f"output (found {len(found)}); explain score='score' instead")
+        number, position = found[0]
+        logits = carrying[number]
+        start = logits[position]
+        seed = torch.zeros_like(logits)
+        seed[position] = start.detach()
+        relevance = torch.autograd.grad(logits, leaves, seed, allow_unused=True)
+    relevance = [torch.zeros_like(leaf) if each is None else each for each, leaf in zip(relevance, leaves, strict=True)]
+    return DetectionExplanation(relevance if as_list else relevance[0], index, label, value.item(), start.item(),
+                                position)
+
+
+def _logit_positions(explain: nn.Module, images: Any, image: int, index: int, label: int,
+                     heads: dict[type, int | None]) -> list[tuple[int, tuple[int, ...]]]:
+    """Where the logit of a detection's class is: (which output of a classification head, the
+    element), found from the model's own gradient of the detection's score (as the model runs
+    it, in evaluation mode; the model is put back as it was)."""
+    model = getattr(getattr(explain, "conversion", None), "model", None)
+    if model is None:
+        raise ValueError("the explainer holds no model (a copy): explain score='score' instead")
+    outputs: list[Tensor] = []
+
+    def after(module: nn.Module, args: Any, output: Any) -> None:
+        for kind, position in heads.items():
+            if isinstance(module, kind):
+                outputs.append(output if position is None else output[position])
+
+    detached = ([each.detach().requires_grad_() for each in images] if isinstance(images, list)
+                else images.detach().requires_grad_())
+    with MODEL_WRITES:
+        state = ModuleState(model)
+        in_evaluation_mode(state.modules)
+        try:
+            with torch.enable_grad(), module_calls_followed(after=after):
+                detections = model(detached)[image]
+        finally:
+            state.restore()
+    value = detections["scores"][index]
+    logits = [output for output in outputs if isinstance(output, Tensor) and output.requires_grad]
+    if not value.requires_grad or not logits:
+        return []
+    shares = torch.autograd.grad(value, logits, allow_unused=True)
+    return [(number, tuple(int(each) for each in where) + (label,))
+            for number, share in enumerate(shares) if share is not None
+            for where in (share[..., label] != 0).nonzero()]
+
+
+def _ignore(*arguments: Any) -> None:
+    """An observer that keeps parts running eagerly (their module calls seen) and counts nothing."""
+
+
+def multi_scale_region_average(call: RelevanceCall, function: Callable[..., Any], x: Any, boxes: Any,
+                               *args: Any, **kwargs: Any) -> Any:
+    """``MultiScaleRoIAlign``: its code run with relevance functions inside (each level's
+    ``roi_align`` by :func:`region_average`), the boxes held constant (they also choose each box's
+    level).
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's rule and settings.
+    function : callable
+        The module.
+    x : dict of str to Tensor
+        The feature maps by name.
+    boxes : list of Tensor
+        The boxes of each image, held constant.
+    *args, **kwargs
+        The images' sizes.
+
+    Returns
+    -------
+    Any
+        The pooled features.
+    """
+    return interpret(call, function, x, _fixed(boxes), *args, **kwargs)
+
+
+if roi_align is not None:
+    from torchvision.ops import MultiScaleRoIAlign
+
+    register(
+        Operation(
+            "multi_scale_roi_align",
+            Kind.AFFINE,
+            modules=(MultiScaleRoIAlign,),
+            relevance=multi_scale_region_average,
+            default_rule=proportional,
+            description="MultiScaleRoIAlign: RoIAlign on each box's level of the feature pyramid, run with relevance "
+            "functions inside; the boxes get no relevance",
         )
     )
