@@ -6,7 +6,8 @@ of ``--batch`` images of 32x32x3 in float32, explained at each image's predicted
 
 - ``gxi``: ``x * jax.grad(lambda x: (f(x) * onehot).sum())(x)`` under ``jax.jit``;
 - ``lrp``: ``fxlrp.jax.attribute(fxlrp.jax.convert(f, composite, x), x)`` under ``jax.jit``, for
-  LRP-0 (``Epsilon(0)``) and ``EpsilonPlusFlat``.
+  LRP-0 (``Epsilon(0)``), ``Epsilon(1e-6)`` and ``EpsilonPlusFlat`` (z+ on convolutions: a forward
+  and a backward convolution with the positive weights per layer, on top of the model's own).
 
 Reported: the time to trace and convert, the time of the first (compiling) call of each, the
 median of ``--repeats`` calls (each waited for with ``block_until_ready``, the two alternating
