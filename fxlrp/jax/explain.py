@@ -22,7 +22,7 @@ import numpy as np
 
 from fxlrp.errors import ExplanationInputError, UnsupportedOperationError
 from fxlrp.jax import formulas
-from fxlrp.jax.graph import Group, Program, Var, flatten, groups, is_floating, source_line, value_of
+from fxlrp.jax.graph import HELD, Group, Program, Var, flatten, groups, is_floating, source_line, value_of
 from fxlrp.jax.loops import unrolled
 from fxlrp.registry import registered_operation
 from fxlrp.relevance.roles import GATE
@@ -166,11 +166,15 @@ def _bind(eqn: Any, values: Sequence[Any]) -> list[Any]:
     return list(result) if primitive.multiple_results else [result]
 
 
-def _run(equations: Sequence[Any], inputs: dict[int, Any]) -> Any:
-    """Run equations on values keyed by ``id(Var)``; the last equation's first output."""
+def _run(equations: Sequence[Any], inputs: dict[int, Any], held: frozenset[str] = frozenset()) -> Any:
+    """Run equations on values keyed by ``id(Var)``; the last equation's first output. Outputs of
+    the primitives named in ``held`` are constants (``jax.lax.stop_gradient``)."""
     env = dict(inputs)
     for eqn in equations:
-        for var, value in zip(eqn.outputs, _bind(eqn, [value_of(atom, env) for atom in eqn.inputs]), strict=True):
+        values = _bind(eqn, [value_of(atom, env) for atom in eqn.inputs])
+        if eqn.primitive.name in held:
+            values = [jax.lax.stop_gradient(value) for value in values]
+        for var, value in zip(eqn.outputs, values, strict=True):
             env[id(var)] = value
     return env[id(equations[-1].outputs[0])]
 
@@ -178,6 +182,14 @@ def _run(equations: Sequence[Any], inputs: dict[int, Any]) -> Any:
 def _layer(group: Group, env: dict[int, Any]) -> formulas.Layer:
     """The affine map of a group as ``f(xs, w, b)``, with its constants read from ``env``."""
     first = group.equations[0]
+    if group.operation == "layer_norm":  # sigma held constant: an affine map of x, parameters inside
+        def linearised(xs: Sequence[Any], w: Any, b: Any) -> Any:
+            values = {id(var): x for var, x in zip(group.carrying, xs, strict=True)}
+            values.update({id(atom): env[id(atom)] for eqn in group.equations for atom in eqn.inputs
+                           if isinstance(atom, Var) and id(atom) in env and id(atom) not in values})
+            return _run(group.equations, values, HELD)
+
+        return formulas.Layer(linearised, None, None)
     constants = {id(atom): value_of(atom, env) for eqn in group.equations for atom in eqn.inputs
                  if not any(atom is var for var in group.carrying)
                  and not any(atom is var for e in group.equations for var in e.outputs)}

@@ -25,6 +25,10 @@ SMOOTH_ACTIVATIONS = frozenset({
 """Names of jax.nn's smooth activations, explained by the identity rule as on the PyTorch side."""
 KEPT_WHOLE = SMOOTH_ACTIVATIONS | {"softmax"}
 """jax.nn functions whose equations are grouped into one operation (``softmax``: AttnLRP's rule)."""
+FLAX_NORMALISATIONS = {"LayerNorm.__call__": "layer_norm"}
+"""Flax modules whose equations are grouped into one operation, by the function that runs them."""
+HELD = frozenset({"rsqrt"})
+"""Primitives whose outputs a normalisation's linearised map holds constant (``1 / sigma``)."""
 
 NATIVE = frozenset({
     "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice", "concatenate",
@@ -171,10 +175,15 @@ def _nn_activation_frame(source_info: Any) -> tuple[str, str] | None:
         return None
     frames = traceback.frames
     for index, frame in enumerate(frames):
-        if frame.file_name.replace("\\", "/").endswith("jax/_src/nn/functions.py") and \
-                frame.function_name in KEPT_WHOLE:
+        path = frame.file_name.replace("\\", "/")
+        name = None
+        if path.endswith("jax/_src/nn/functions.py") and frame.function_name in KEPT_WHOLE:
+            name = frame.function_name
+        elif path.endswith("flax/linen/normalization.py") and frame.function_name in FLAX_NORMALISATIONS:
+            name = FLAX_NORMALISATIONS[frame.function_name]
+        if name is not None:
             caller = frames[index + 1] if index + 1 < len(frames) else frame
-            return frame.function_name, f"{caller.file_name}:{caller.line_num}"
+            return name, f"{caller.file_name}:{caller.line_num}"
     return None
 
 
@@ -287,6 +296,9 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
             group = Group("affine" if axes is not None else "unsupported", run, "softmax", _unique(carried),
                           run[-1].outputs[0], axes=axes)
             result.append(group)
+            continue
+        if eqn.activation == "layer_norm":
+            result.append(Group("affine", run, "layer_norm", _unique(carried), run[-1].outputs[0]))
             continue
         if len(run) > 1 or eqn.activation is not None:
             last = run[-1].outputs[0]

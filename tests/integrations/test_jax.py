@@ -431,43 +431,59 @@ def test_lrp0_is_gradient_times_input_through_a_scan() -> None:
 # ---- AttnLRP: an attention block --------------------------------------------------------------
 
 class TorchAttentionBlock(nn.Module):
-    """Single-head self-attention with a residual, a ReLU MLP with a residual, a mean and a head."""
+    """Single-head self-attention with a residual, a ReLU MLP with a residual, a mean and a head;
+    with ``norm``, LayerNorm before the attention and the MLP (a pre-norm transformer block)."""
 
-    def __init__(self, width: int = 8, classes: int = 3) -> None:
+    def __init__(self, width: int = 8, classes: int = 3, norm: bool = False) -> None:
         super().__init__()
         self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
         self.up, self.down, self.head = nn.Linear(width, 16), nn.Linear(16, width), nn.Linear(width, classes)
+        self.norm1, self.norm2 = (nn.LayerNorm(width), nn.LayerNorm(width)) if norm else (nn.Identity(), nn.Identity())
         self.scale = float(np.sqrt(width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights = torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2) / self.scale, dim=-1)
-        h = x + self.o(weights @ self.v(x))
-        h = h + self.down(F.relu(self.up(h)))
+        n = self.norm1(x)
+        weights = torch.softmax(self.q(n) @ self.k(n).transpose(-1, -2) / self.scale, dim=-1)
+        h = x + self.o(weights @ self.v(n))
+        h = h + self.down(F.relu(self.up(self.norm2(h))))
         return self.head(h.mean(1))
 
 
 def jax_attention_block(model: TorchAttentionBlock) -> Callable[[Any], Any]:
-    """The torch block as a JAX function of the same weights."""
+    """The torch block as a JAX function of the same weights (LayerNorm: Flax's)."""
     weights = {name: (jnp.asarray(layer.weight.detach().numpy()), jnp.asarray(layer.bias.detach().numpy()))
-               for name, layer in model.named_children()}
+               for name, layer in model.named_children() if not isinstance(layer, nn.Identity)}
 
     def dense(name: str, x: Any) -> Any:
         weight, bias = weights[name]
         return x @ weight.T + bias
 
+    def norm(name: str, x: Any) -> Any:
+        if name not in weights:
+            return x
+        scale, bias = weights[name]
+        return fnn.LayerNorm(epsilon=1e-5, param_dtype=jnp.float64).apply({"params": {"scale": scale, "bias": bias}}, x)
+
     def block(x: Any) -> Any:
-        scores = dense("q", x) @ jnp.swapaxes(dense("k", x), -1, -2) / model.scale
-        h = x + dense("o", jax.nn.softmax(scores, axis=-1) @ dense("v", x))
-        h = h + dense("down", jax.nn.relu(dense("up", h)))
+        n = norm("norm1", x)
+        scores = dense("q", n) @ jnp.swapaxes(dense("k", n), -1, -2) / model.scale
+        h = x + dense("o", jax.nn.softmax(scores, axis=-1) @ dense("v", n))
+        h = h + dense("down", jax.nn.relu(dense("up", norm("norm2", h))))
         return dense("head", h.mean(1))
 
     return block
 
 
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "layer_norm"])
 @pytest.mark.parametrize("composite", ["AttnLRP", "AttnLRP(0)"])
-def test_attnlrp_attention_block_parity_with_the_pytorch_path(composite: str) -> None:
+def test_attnlrp_attention_block_parity_with_the_pytorch_path(composite: str, norm: bool) -> None:
     torch.manual_seed(2)
-    model = TorchAttentionBlock().double().eval()
+    model = TorchAttentionBlock(norm=norm).double().eval()
+    if norm:
+        with torch.no_grad():  # LayerNorm parameters away from their initial ones and zeros
+            for layer in (model.norm1, model.norm2):
+                layer.weight.add_(0.3 * torch.randn_like(layer.weight))
+                layer.bias.add_(0.3 * torch.randn_like(layer.bias))
     tokens = torch.randn(2, 5, 8, dtype=torch.float64)
     block = jax_attention_block(model)
     x = jnp.asarray(tokens.numpy())
@@ -475,6 +491,7 @@ def test_attnlrp_attention_block_parity_with_the_pytorch_path(composite: str) ->
     explain = fxjax.convert(block, make(), x)
     report = explain.report()
     assert "softmax" in report and "SoftmaxRule()" in report and "Product(" in report
+    assert ("layer_norm" in report) == norm
     assert relative_error(explain(x), model(tokens).detach().numpy()) < 1e-13
     expected = fxlrp.attribute(fxlrp.convert(model, make()), tokens, target=torch.tensor([0, 2]))
     relevance = fxjax.attribute(explain, x, target=[0, 2])
