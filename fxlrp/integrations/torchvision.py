@@ -424,3 +424,42 @@ if roi_align is not None:
             "functions inside; the boxes get no relevance",
         )
     )
+
+
+try:
+    from torchvision.models.video import mvit
+    from torchvision.models.video import swin_transformer as swin_transformer_3d
+except ImportError:  # torchvision is optional
+    mvit = swin_transformer_3d = None
+
+if swin_transformer_3d is not None:
+    register(
+        Operation(
+            "window_attention_3d",
+            Kind.AFFINE,
+            functions=(swin_transformer_3d.shifted_window_attention_3d,),
+            relevance=interpret,
+            weighted=True,
+            description="Swin3D window attention, run with relevance functions inside (as the 2D one)",
+        )
+    )
+if mvit is not None:
+    register(
+        Operation(
+            "mvit_reshape",
+            Kind.NATIVE,
+            functions=(mvit._unsqueeze, mvit._squeeze),
+            description="MViT's adding and removing of a dimension: a view, routed by its native backward",
+        )
+    )
+    register(
+        Operation(
+            "mvit_attention_pieces",
+            Kind.AFFINE,
+            functions=(mvit._add_rel_pos, mvit._add_shortcut),
+            relevance=interpret,
+            weighted=True,
+            description="MViT's relative positions added to the attention scores (q times the position tables: linear "
+            "in q) and its pooled shortcut (a sum), run with relevance functions inside",
+        )
+    )
