@@ -96,7 +96,8 @@ def test_raft_converts_strictly_and_explains_a_region_of_the_flow_over_both_fram
     expected = model(first, second, num_flow_updates=2)
     leaves = [first.clone().requires_grad_(), second.clone().requires_grad_()]
     flows = explain(*leaves, num_flow_updates=2)
-    assert len(flows) == len(expected) and all(torch.equal(mine, theirs) for mine, theirs in zip(flows, expected))
+    assert len(flows) == len(expected)
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(flows, expected, strict=True))
     start = torch.zeros_like(flows[-1])
     start[:, 0, 40:60, 50:70] = flows[-1][:, 0, 40:60, 50:70].detach()  # horizontal flow of a region
     flows[-1].backward(start)
