@@ -29,8 +29,6 @@ from fxlrp.relevance.roles import GATE
 from fxlrp.rules import Pass, Product, Rule
 from fxlrp.rules.composites import Composite, Site, as_composite
 
-FIRST_LAYER_CANDIDATES = ("linear", "conv", "matmul")
-
 
 class Explanation:
     """A JAX function whose outputs are the original function's and whose ``jax.vjp`` gives relevance.
