@@ -496,3 +496,53 @@ def test_attnlrp_attention_block_parity_with_the_pytorch_path(composite: str, no
     expected = fxlrp.attribute(fxlrp.convert(model, make()), tokens, target=torch.tensor([0, 2]))
     relevance = fxjax.attribute(explain, x, target=[0, 2])
     assert relative_error(relevance, expected.numpy()) < 1e-10
+
+
+# ---- a scatter graph network and its torch_scatter twin ---------------------------------------
+
+class TorchMessagePassing(nn.Module):
+    """The README's torch_scatter network: messages from both ends of each edge, summed at receivers."""
+
+    def __init__(self, features: int = 3, hidden: int = 8) -> None:
+        super().__init__()
+        self.message = nn.Sequential(nn.Linear(2 * features, hidden), nn.ReLU())
+        self.readout = nn.Linear(features + hidden, 1)
+
+    def forward(self, x: torch.Tensor, senders: torch.Tensor, receivers: torch.Tensor) -> torch.Tensor:
+        torch_scatter = pytest.importorskip("torch_scatter")
+        messages = self.message(torch.cat([x[senders], x[receivers]], dim=1))
+        incoming = torch_scatter.scatter_add(messages, receivers, dim=0, dim_size=x.shape[0])
+        return self.readout(torch.cat([x, incoming], dim=1)).squeeze(-1)
+
+
+def jax_message_passing(model: TorchMessagePassing) -> Callable[..., Any]:
+    """The twin with ``jax.ops.segment_sum``, as jraph writes message passing."""
+    (w1, b1), (w2, b2) = ((jnp.asarray(layer.weight.detach().numpy().T), jnp.asarray(layer.bias.detach().numpy()))
+                          for layer in (model.message[0], model.readout))
+
+    def network(x: Any, senders: Any, receivers: Any) -> Any:
+        messages = jax.nn.relu(jnp.concatenate([x[senders], x[receivers]], axis=1) @ w1 + b1)
+        incoming = jax.ops.segment_sum(messages, receivers, x.shape[0])
+        return (jnp.concatenate([x, incoming], axis=1) @ w2 + b2)[:, 0]
+
+    return network
+
+
+@pytest.mark.parametrize("name", ["LRP-0", "Epsilon", "AlphaBeta(2,1)"])
+def test_node_relevance_parity_with_a_torch_scatter_network(name: str) -> None:
+    torch.manual_seed(3)
+    model = TorchMessagePassing().double().eval()
+    x = torch.randn(6, 3, dtype=torch.float64)
+    senders, receivers = torch.tensor([0, 1, 2, 3, 4, 5, 1]), torch.tensor([1, 2, 3, 4, 5, 0, 3])
+    explain_torch = fxlrp.convert(model, PARITY[name]())
+    leaf = x.clone().requires_grad_()
+    scores = explain_torch(leaf, senders, receivers)
+    start = torch.zeros_like(scores)
+    start[3] = scores[3].detach()
+    scores.backward(start)
+    network = jax_message_passing(model)
+    arguments = (jnp.asarray(x.numpy()), jnp.asarray(senders.numpy()), jnp.asarray(receivers.numpy()))
+    explain = fxjax.convert(network, PARITY[name](), *arguments)
+    assert relative_error(explain(*arguments), scores.detach().numpy()) < 1e-14
+    relevance = fxjax.attribute(explain, arguments, target=3)[0]
+    assert relative_error(relevance, leaf.grad.numpy()) < 1e-10
