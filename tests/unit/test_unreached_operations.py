@@ -10,6 +10,8 @@ backward), also once that part replays recorded graphs.
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 from torch import nn
@@ -171,3 +173,17 @@ def test_the_users_model_is_not_modified() -> None:
     fxlrp.attribute(explain, x, target=1, output=lambda outputs: outputs[0])
     assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
     assert not model._forward_hooks and all(not module._forward_hooks for module in model.modules())
+
+
+def test_a_saved_explainer_keeps_the_guard() -> None:
+    model, x = _model_and_input()
+    explain = fxlrp.convert(model, Epsilon(0.0), capture="fx")
+    stored = io.BytesIO()
+    torch.save(explain, stored)
+    stored.seek(0)
+    loaded = torch.load(stored, weights_only=False)
+    relevance = fxlrp.attribute(loaded, x, target=1, output=lambda outputs: outputs[0])
+    assert torch.allclose(relevance, _gradient_times_input(model, x, target=1), rtol=0, atol=1e-14)
+    assert loaded.report().counts["unreached"] == 1
+    with pytest.raises(fxlrp.UnsupportedOperationError, match="torch.exp"):
+        fxlrp.attribute(loaded, x, target=1, output=lambda outputs: outputs[1])
