@@ -9,6 +9,9 @@ model :func:`fxlrp.convert` explains.
   each concept of a node.
 - :func:`attribution_graph`: how the relevance of concepts of one layer comes from the concepts
   of the layers below, for one prediction.
+- :func:`relevance_maximisation`: the reference samples of each concept over a data set, by
+  relevance and by activation (zennit-crp's ``FeatureVisualization``), shards merged exactly;
+  :func:`reference_crops` (receptive regions) and :func:`concept_atlas` (a picture).
 
 The core (``fxlrp.convert``, ``fxlrp.attribute``) never imports this package.
 """
@@ -16,6 +19,13 @@ The core (``fxlrp.convert``, ``fxlrp.attribute``) never imports this package.
 from fxlrp.concepts.concept import ChannelConcept, Concept, HeadConcept, NeuronConcept, concept_relevance
 from fxlrp.concepts.conditional import ConditionalRelevance, conditional_relevance
 from fxlrp.concepts.graph import ConceptEdge, ConceptGraph, attribution_graph
+from fxlrp.concepts.maximisation import (
+    ReferenceSamples,
+    TopSamples,
+    concept_atlas,
+    reference_crops,
+    relevance_maximisation,
+)
 from fxlrp.concepts.sites import OUTPUT
 
 __all__ = [
@@ -29,5 +39,10 @@ __all__ = [
     "attribution_graph",
     "ConceptGraph",
     "ConceptEdge",
+    "relevance_maximisation",
+    "ReferenceSamples",
+    "TopSamples",
+    "reference_crops",
+    "concept_atlas",
     "OUTPUT",
 ]

@@ -1,0 +1,134 @@
+"""Conditional heatmaps of many concepts of one image: fxlrp.concepts against zennit-crp 0.6.0,
+same process, same run, same composite (EpsilonPlusFlat; zennit's VGGCanonizer for zennit-crp)
+and conditions.
+
+Workload: torchvision's VGG-16 with BatchNorm (random weights), one image, 32 channels of its last
+convolution (``features.40``), each explained for the predicted class: the conditions
+``{"features.40": [c], "y": [t]}``.
+
+- **zennit-crp**: ``CondAttribution.generate(batch_size=b)``: the image repeated ``b`` times, one
+  forward pass, one backward pass per ``b`` conditions (its default ``exclude_parallel=True``).
+- **fxlrp, repeat=b**: ``conditional_relevance(..., repeat=b)``: the same batching.
+- **fxlrp, repeat=0**: one forward pass of the single image, one backward pass per condition.
+
+Times are medians of interleaved rounds (a busy machine slows all alike); memory is the peak of
+the bytes torch's allocator handed out during a call (``benchmarks.allocator``). The heatmaps are
+compared with zennit-crp's (max-abs difference over all conditions relative to the largest value;
+zennit's BatchNorm merge made exact as in tests/models/test_crp_parity.py).
+
+Run: ``python -m benchmarks.concepts [--size 64] [--concepts 32] [--batch 8] [--repeats 3]
+[--threads 2]``; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torchvision
+from torch import Tensor, nn
+
+import fxlrp
+from benchmarks.allocator import allocated_peak_of_call
+from fxlrp.concepts import conditional_relevance
+
+LAYER = "features.40"
+
+
+def model_and_image(size: int) -> tuple[nn.Module, Tensor]:
+    torch.manual_seed(0)
+    model = torchvision.models.vgg16_bn().eval()
+    generator = torch.Generator().manual_seed(1)
+    for module in model.modules():  # BatchNorm statistics that make folding matter
+        if isinstance(module, nn.BatchNorm2d):
+            with torch.no_grad():
+                module.running_mean.copy_(torch.randn(module.running_mean.shape, generator=generator) * 0.1)
+                module.running_var.copy_(torch.rand(module.running_var.shape, generator=generator) + 0.5)
+    return model, torch.randn(1, 3, size, size, generator=generator)
+
+
+def configurations(model: nn.Module, image: Tensor, conditions: list[dict[str, Any]],
+                   batch: int) -> dict[str, Callable[[], Tensor]]:
+    """Each configuration's run: the heatmaps ``[conditions, H, W]`` summed over colour channels."""
+    from crp.attribution import CondAttribution
+    from zennit.canonizers import Canonizer
+    from zennit.composites import EpsilonPlusFlat
+    from zennit.torchvision import VGGCanonizer
+
+    class ExactMerge(Canonizer):
+        """``eps = 0`` on the BatchNorms zennit's merge leaves as ``x / sqrt(1 + eps)``
+        (tests/models/test_crp_parity.py): both sides then compute the model's own function."""
+
+        def apply(self, root_module: nn.Module) -> list[Canonizer]:
+            self.norms = [(module, module.eps) for module in root_module.modules()
+                          if isinstance(module, nn.BatchNorm2d)]
+            for module, _ in self.norms:
+                module.eps = 0.0
+            return [self]
+
+        def register(self) -> None:
+            """Nothing to register."""
+
+        def remove(self) -> None:
+            for module, eps in self.norms:
+                module.eps = eps
+
+    explain = fxlrp.convert(model, fxlrp.composites.EpsilonPlusFlat())
+    attribution = CondAttribution(model, no_param_grad=False)
+    composite = EpsilonPlusFlat(canonizers=[VGGCanonizer(), ExactMerge()])
+
+    def zennit_crp() -> Tensor:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = [result.heatmap for result in attribution.generate(
+                image.clone().requires_grad_(), conditions, composite, batch_size=batch, verbose=False)]
+        return torch.cat(found)
+
+    def ours(repeat: int) -> Callable[[], Tensor]:
+        return lambda: conditional_relevance(explain, image, conditions, repeat=repeat).heatmap[:, 0].sum(dim=1)
+
+    return {f"zennit-crp generate(batch_size={batch})": zennit_crp, f"fxlrp repeat={batch}": ours(batch),
+            "fxlrp repeat=0": ours(0)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=64, help="image height and width")
+    parser.add_argument("--concepts", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=8, help="conditions per backward pass")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    options = parser.parse_args()
+    torch.set_num_threads(options.threads)
+    model, image = model_and_image(options.size)
+    with torch.no_grad():
+        target = int(model(image).argmax())
+    conditions = [{LAYER: [channel], "y": [target]} for channel in range(options.concepts)]
+    runs = configurations(model, image, conditions, options.batch)
+    results = {name: run() for name, run in runs.items()}  # warm-up, and the heatmaps compared
+    reference = results[next(iter(runs))]
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for round_ in range(options.repeats):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    memory = {name: allocated_peak_of_call(run) for name, run in runs.items()}
+    first = statistics.median(times[names[0]])
+    print(f"VGG-16 (BatchNorm), 3x{options.size}x{options.size}, {options.concepts} concepts of {LAYER}, "
+          f"{options.threads} threads, median of {options.repeats}")
+    print(f"{'configuration':<34} {'seconds':>8} {'speed-up':>9} {'peak MB':>8} {'rel. difference':>16}")
+    for name in names:
+        seconds = statistics.median(times[name])
+        difference = ((results[name] - reference).abs().max() / reference.abs().max()).item()
+        print(f"{name:<34} {seconds:>8.2f} {first / seconds:>8.2f}x {memory[name]:>8.0f} {difference:>16.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Relevance maximisation (fxlrp.concepts.maximisation): the reference samples of each concept
+against a brute-force reference (every sample's scores computed at once and sorted), against
+zennit-crp 0.6.0's ``FeatureVisualization`` (its relevance and activation maxima on the same CNN,
+composite and labels), shards merged against one pass, receptive crops against the receptive
+field of a neuron, and the atlas picture."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from support.references import relative_error
+from torch import Tensor, nn
+
+import fxlrp
+from fxlrp.concepts import ChannelConcept, conditional_relevance
+from fxlrp.concepts.maximisation import concept_atlas, reference_crops, relevance_maximisation, scores_of
+
+LAYERS = ["2", "5"]
+
+
+def small_cnn() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 5, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(20, 4),
+    ).double().eval()
+
+
+def data_set(count: int = 20) -> tuple[Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    return torch.randn(count, 3, 10, 10, dtype=torch.float64, generator=generator), \
+        torch.randint(0, 4, (count,), generator=generator)
+
+
+def batches(images: Tensor, labels: Tensor, size: int) -> list[tuple[Tensor, Tensor]]:
+    return [(images[start:start + size], labels[start:start + size]) for start in range(0, len(images), size)]
+
+
+@pytest.mark.parametrize("max_target", ["sum", "max"])
+def test_references_are_the_top_samples_of_all_scores(max_target: str) -> None:
+    """Per concept the k samples of largest score, best first (ties: the earlier sample), with the
+    position of the concept's peak; scores as the formula says (sum or max over the channel's
+    positions, normalised by the absolute sum over channels), computed here from one explanation
+    of the whole data set."""
+    model = small_cnn()
+    explain = fxlrp.convert(model, fxlrp.composites.EpsilonPlusFlat())
+    images, labels = data_set()
+    found = relevance_maximisation(explain, batches(images, labels, 6), LAYERS, k=5, max_target=max_target)
+    whole = conditional_relevance(explain, images, [{}], target=labels, record=LAYERS)
+    for layer in LAYERS:
+        for mode, values in (("relevance", whole.relevance[layer][0]), ("activation", whole.activation[layer])):
+            flat = values.reshape(*values.shape[:2], -1)
+            scores = flat.sum(-1) if max_target == "sum" else flat.amax(-1)
+            scores = scores / (scores.abs().sum(-1, keepdim=True) + 1e-10)
+            top = getattr(found[layer], mode)
+            expected = torch.sort(scores.T, dim=1, descending=True, stable=True)
+            assert relative_error(top.scores, expected.values[:, :5]) < 1e-12
+            assert torch.equal(top.samples, expected.indices[:, :5])
+            assert torch.equal(top.positions, flat.argmax(-1).T.gather(1, top.samples))
+        assert found[layer].seen == 20
+
+
+def test_shards_merge_to_one_pass() -> None:
+    """Two shards (the second numbered from its first index), merged in either order, give what
+    one pass gives, exactly; so do other batch sizes."""
+    model = small_cnn()
+    explain = fxlrp.convert(model, fxlrp.composites.EpsilonPlusFlat())
+    images, labels = data_set()
+    one = relevance_maximisation(explain, batches(images, labels, 7), LAYERS, k=4)
+    first = relevance_maximisation(explain, batches(images[:9], labels[:9], 4), LAYERS, k=4)
+    second = relevance_maximisation(explain, batches(images[9:], labels[9:], 5), LAYERS, k=4, first_index=9)
+    for layer in LAYERS:
+        for merged in (first[layer].merged(second[layer]), second[layer].merged(first[layer])):
+            for mode in ("relevance", "activation"):
+                expected, got = getattr(one[layer], mode), getattr(merged, mode)
+                assert torch.equal(got.samples, expected.samples)
+                assert torch.equal(got.positions, expected.positions)
+                assert relative_error(got.scores, expected.scores) < 1e-12
+            assert merged.seen == 20
+
+
+def test_references_equal_zennit_crp_feature_visualization(tmp_path: Path) -> None:
+    """zennit-crp's ``FeatureVisualization.run`` (relevance and activation maxima, ``max_target="sum"``,
+    ``abs_norm=True``, each sample explained for its label) on the same CNN with EpsilonPlusFlat:
+    the same scores per concept and, where scores differ, the same samples and peak positions."""
+    from crp.attribution import CondAttribution
+    from crp.concepts import ChannelConcept as CrpChannelConcept
+    from crp.helper import load_maximization
+    from crp.visualization import FeatureVisualization
+    from zennit.composites import EpsilonPlusFlat
+
+    model = small_cnn()
+    images, labels = data_set(16)
+    dataset = [(images[index], int(labels[index])) for index in range(len(images))]
+    visualization = FeatureVisualization(CondAttribution(model, no_param_grad=False), dataset,
+                                         {layer: CrpChannelConcept() for layer in LAYERS}, path=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        visualization.run(EpsilonPlusFlat(), 0, len(dataset), batch_size=6)
+    model.requires_grad_(True)
+    ours = relevance_maximisation(fxlrp.convert(model, fxlrp.composites.EpsilonPlusFlat()),
+                                  batches(images, labels, 6), LAYERS, k=16)
+    for layer in LAYERS:
+        for mode, folder in (("relevance", visualization.RelMax.PATH), ("activation", visualization.ActMax.PATH)):
+            saved = load_maximization(folder, layer)  # [samples, concepts] each
+            samples, scores, positions = (torch.from_numpy(array.copy()).T for array in saved)
+            top = getattr(ours[layer], mode)
+            assert relative_error(top.scores, scores.to(top.scores.dtype)) < 1e-10, (layer, mode)
+            distinct = torch.ones_like(top.scores, dtype=torch.bool)  # no tie with a neighbour
+            distinct[:, 1:] &= top.scores[:, 1:] != top.scores[:, :-1]
+            distinct[:, :-1] &= top.scores[:, :-1] != top.scores[:, 1:]
+            distinct &= top.scores != 0
+            assert distinct.sum() > top.scores.numel() // 2
+            assert torch.equal(top.samples[distinct], samples.long()[distinct]), (layer, mode)
+            assert torch.equal(top.positions[distinct], positions.long()[distinct]), (layer, mode)
+
+
+def test_receptive_crops_lie_in_the_receptive_field() -> None:
+    """A neuron of the second convolution (two 3x3 convolutions deep) sees at most 5x5 pixels
+    around its position: its crop is a part of that window of the image; the atlas is drawn."""
+    model = small_cnn()
+    explain = fxlrp.convert(model, fxlrp.composites.EpsilonPlusFlat())
+    images, labels = data_set()
+    found = relevance_maximisation(explain, batches(images, labels, 10), ["2"], k=3)
+    top = found["2"].relevance
+    for concept_id in range(3):
+        chosen = top.samples[concept_id]
+        crops = reference_crops(explain, images[chosen], "2", concept_id, top.positions[concept_id], threshold=0.0)
+        for crop, image, position in zip(crops, images[chosen], top.positions[concept_id].tolist(), strict=True):
+            row, column = divmod(position, 10)
+            assert 1 <= crop.shape[-2] <= 5 and 1 <= crop.shape[-1] <= 5
+            window = image[:, max(0, row - 2):row + 3, max(0, column - 2):column + 3]
+            assert any(torch.equal(crop, window[:, r:r + crop.shape[-2], c:c + crop.shape[-1]])
+                       for r in range(window.shape[-2] - crop.shape[-2] + 1)
+                       for c in range(window.shape[-1] - crop.shape[-1] + 1))
+    figure = concept_atlas(found["2"], lambda index: images[index], explain, count=3)
+    assert len(figure.axes) == 6 * 3  # every concept of the layer (six channels), three samples each
+    figure.clf()
+
+
+def test_scores_of_heads_group_their_features() -> None:
+    from fxlrp.concepts import HeadConcept
+
+    values = torch.randn(2, 5, 12, dtype=torch.float64)  # [batch, tokens, 3 heads of 4]
+    scores, peaks = scores_of(HeadConcept(3), values, "sum", abs_norm=False)
+    assert relative_error(scores, values.reshape(2, 5, 3, 4).sum(dim=(1, 3))) < 1e-14
+    scores, _ = scores_of(ChannelConcept(), values.transpose(1, 2), "max", abs_norm=False)
+    assert relative_error(scores, values.amax(dim=1)) < 1e-14
