@@ -22,7 +22,18 @@ import numpy as np
 
 from fxlrp.errors import ExplanationInputError, UnsupportedOperationError
 from fxlrp.jax import formulas
-from fxlrp.jax.graph import HELD, Group, Program, Var, flatten, groups, is_floating, source_line, value_of
+from fxlrp.jax.graph import (
+    FLAX_NORMALISATIONS,
+    HELD,
+    Group,
+    Program,
+    Var,
+    flatten,
+    groups,
+    is_floating,
+    source_line,
+    value_of,
+)
 from fxlrp.jax.loops import unrolled
 from fxlrp.registry import registered_operation
 from fxlrp.relevance.roles import GATE
@@ -180,7 +191,7 @@ def _run(equations: Sequence[Any], inputs: dict[int, Any], held: frozenset[str] 
 def _layer(group: Group, env: dict[int, Any]) -> formulas.Layer:
     """The affine map of a group as ``f(xs, w, b)``, with its constants read from ``env``."""
     first = group.equations[0]
-    if group.operation == "layer_norm":  # sigma held constant: an affine map of x, parameters inside
+    if group.operation in FLAX_NORMALISATIONS.values():  # sigma held constant: an affine map of x, parameters inside
         def linearised(xs: Sequence[Any], w: Any, b: Any) -> Any:
             values = {id(var): x for var, x in zip(group.carrying, xs, strict=True)}
             values.update({id(atom): env[id(atom)] for eqn in group.equations for atom in eqn.inputs

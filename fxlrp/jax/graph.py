@@ -25,7 +25,7 @@ SMOOTH_ACTIVATIONS = frozenset({
 """Names of jax.nn's smooth activations, explained by the identity rule as on the PyTorch side."""
 KEPT_WHOLE = SMOOTH_ACTIVATIONS | {"softmax"}
 """jax.nn functions whose equations are grouped into one operation (``softmax``: AttnLRP's rule)."""
-FLAX_NORMALISATIONS = {"LayerNorm.__call__": "layer_norm"}
+FLAX_NORMALISATIONS = {"LayerNorm.__call__": "layer_norm", "RMSNorm.__call__": "rms_norm"}
 """Flax modules whose equations are grouped into one operation, by the function that runs them."""
 HELD = frozenset({"rsqrt"})
 """Primitives whose outputs a normalisation's linearised map holds constant (``1 / sigma``)."""
@@ -297,8 +297,8 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
                           run[-1].outputs[0], axes=axes)
             result.append(group)
             continue
-        if eqn.activation == "layer_norm":
-            result.append(Group("affine", run, "layer_norm", _unique(carried), run[-1].outputs[0]))
+        if eqn.activation in FLAX_NORMALISATIONS.values():
+            result.append(Group("affine", run, eqn.activation, _unique(carried), run[-1].outputs[0]))
             continue
         if len(run) > 1 or eqn.activation is not None:
             last = run[-1].outputs[0]

@@ -432,13 +432,14 @@ def test_lrp0_is_gradient_times_input_through_a_scan() -> None:
 
 class TorchAttentionBlock(nn.Module):
     """Single-head self-attention with a residual, a ReLU MLP with a residual, a mean and a head;
-    with ``norm``, LayerNorm before the attention and the MLP (a pre-norm transformer block)."""
+    with ``norm``, LayerNorm or RMSNorm before the attention and the MLP (a pre-norm block)."""
 
-    def __init__(self, width: int = 8, classes: int = 3, norm: bool = False) -> None:
+    def __init__(self, width: int = 8, classes: int = 3, norm: str | None = None) -> None:
         super().__init__()
         self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
         self.up, self.down, self.head = nn.Linear(width, 16), nn.Linear(16, width), nn.Linear(width, classes)
-        self.norm1, self.norm2 = (nn.LayerNorm(width), nn.LayerNorm(width)) if norm else (nn.Identity(), nn.Identity())
+        kind = {"layer_norm": nn.LayerNorm, "rms_norm": nn.RMSNorm, None: lambda width: nn.Identity()}[norm]
+        self.norm1, self.norm2 = kind(width), kind(width)
         self.scale = float(np.sqrt(width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -450,8 +451,9 @@ class TorchAttentionBlock(nn.Module):
 
 
 def jax_attention_block(model: TorchAttentionBlock) -> Callable[[Any], Any]:
-    """The torch block as a JAX function of the same weights (LayerNorm: Flax's)."""
-    weights = {name: (jnp.asarray(layer.weight.detach().numpy()), jnp.asarray(layer.bias.detach().numpy()))
+    """The torch block as a JAX function of the same weights (LayerNorm, RMSNorm: Flax's)."""
+    weights = {name: (jnp.asarray(layer.weight.detach().numpy()),
+                      None if getattr(layer, "bias", None) is None else jnp.asarray(layer.bias.detach().numpy()))
                for name, layer in model.named_children() if not isinstance(layer, nn.Identity)}
 
     def dense(name: str, x: Any) -> Any:
@@ -462,6 +464,9 @@ def jax_attention_block(model: TorchAttentionBlock) -> Callable[[Any], Any]:
         if name not in weights:
             return x
         scale, bias = weights[name]
+        if bias is None:  # RMSNorm (torch's eps None: the dtype's epsilon)
+            return fnn.RMSNorm(epsilon=float(np.finfo(np.float64).eps), param_dtype=jnp.float64).apply(
+                {"params": {"scale": scale}}, x)
         return fnn.LayerNorm(epsilon=1e-5, param_dtype=jnp.float64).apply({"params": {"scale": scale, "bias": bias}}, x)
 
     def block(x: Any) -> Any:
@@ -474,16 +479,17 @@ def jax_attention_block(model: TorchAttentionBlock) -> Callable[[Any], Any]:
     return block
 
 
-@pytest.mark.parametrize("norm", [False, True], ids=["plain", "layer_norm"])
+@pytest.mark.parametrize("norm", [None, "layer_norm", "rms_norm"])
 @pytest.mark.parametrize("composite", ["AttnLRP", "AttnLRP(0)"])
-def test_attnlrp_attention_block_parity_with_the_pytorch_path(composite: str, norm: bool) -> None:
+def test_attnlrp_attention_block_parity_with_the_pytorch_path(composite: str, norm: str | None) -> None:
     torch.manual_seed(2)
     model = TorchAttentionBlock(norm=norm).double().eval()
     if norm:
         with torch.no_grad():  # LayerNorm parameters away from their initial ones and zeros
             for layer in (model.norm1, model.norm2):
                 layer.weight.add_(0.3 * torch.randn_like(layer.weight))
-                layer.bias.add_(0.3 * torch.randn_like(layer.bias))
+                if getattr(layer, "bias", None) is not None:
+                    layer.bias.add_(0.3 * torch.randn_like(layer.bias))
     tokens = torch.randn(2, 5, 8, dtype=torch.float64)
     block = jax_attention_block(model)
     x = jnp.asarray(tokens.numpy())
@@ -491,7 +497,7 @@ def test_attnlrp_attention_block_parity_with_the_pytorch_path(composite: str, no
     explain = fxjax.convert(block, make(), x)
     report = explain.report()
     assert "softmax" in report and "SoftmaxRule()" in report and "Product(" in report
-    assert ("layer_norm" in report) == norm
+    assert all((kind in report) == (kind == norm) for kind in ("layer_norm", "rms_norm"))
     assert relative_error(explain(x), model(tokens).detach().numpy()) < 1e-13
     expected = fxlrp.attribute(fxlrp.convert(model, make()), tokens, target=torch.tensor([0, 2]))
     relevance = fxjax.attribute(explain, x, target=[0, 2])
