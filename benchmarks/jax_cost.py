@@ -9,12 +9,16 @@ of ``--batch`` images of 32x32x3 in float32, explained at each image's predicted
   LRP-0 (``Epsilon(0)``), ``Epsilon(1e-6)`` and ``EpsilonPlusFlat`` (z+ on convolutions: a forward
   and a backward convolution with the positive weights per layer, on top of the model's own).
 
+And a pre-norm Flax transformer (``--layers`` blocks of single-head attention and a GELU MLP with
+LayerNorm, width 128, ``--batch`` sequences of 128 tokens' embeddings), explained by ``AttnLRP``
+and ``AttnLRP(0)`` against gradient x input at the embeddings.
+
 Reported: the time to trace and convert, the time of the first (compiling) call of each, the
 median of ``--repeats`` calls (each waited for with ``block_until_ready``, the two alternating
 so that both see the same machine state), and the median of the paired ratios lrp / gxi of calls
 that ran one after the other.
 
-Run: ``.venv/bin/python benchmarks/jax_cost.py [--blocks 4] [--batch 32] [--repeats 30]``.
+Run: ``.venv/bin/python benchmarks/jax_cost.py [--blocks 4] [--layers 4] [--batch 32] [--repeats 30]``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,23 @@ class ResNetStyle(nn.Module):
         return nn.Dense(10)(h.mean(axis=(1, 2)))
 
 
+class Transformer(nn.Module):
+    """A small pre-norm transformer on embeddings, mean-pooled into a 10-class head."""
+
+    layers: int = 4
+    width: int = 128
+
+    @nn.compact
+    def __call__(self, x: Any) -> Any:
+        for _ in range(self.layers):
+            n = nn.LayerNorm()(x)
+            q, k, v = (nn.Dense(self.width)(n) for _ in range(3))
+            weights = jax.nn.softmax(q @ jnp.swapaxes(k, -1, -2) / self.width ** 0.5, axis=-1)
+            x = x + nn.Dense(self.width)(weights @ v)
+            x = x + nn.Dense(self.width)(nn.gelu(nn.Dense(4 * self.width)(nn.LayerNorm()(x))))
+        return nn.Dense(10)(x.mean(axis=1))
+
+
 def timed(call: Callable[[], Any]) -> float:
     start = time.perf_counter()
     jax.block_until_ready(call())
@@ -61,13 +82,26 @@ def timed(call: Callable[[], Any]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=30)
     options = parser.parse_args()
 
-    model = ResNetStyle(blocks=options.blocks)
+    cnn = ResNetStyle(blocks=options.blocks)
     images = jax.random.normal(jax.random.PRNGKey(0), (options.batch, 32, 32, 3), jnp.float32)
-    apply = functools.partial(model.apply, model.init(jax.random.PRNGKey(1), images))
+    transformer = Transformer(layers=options.layers)
+    tokens = jax.random.normal(jax.random.PRNGKey(2), (options.batch, 128, 128), jnp.float32)
+    print(f"device: {jax.devices()[0]}; float32")
+    compare(f"ResNet-style CNN, {options.blocks} blocks, batch {options.batch} x 32 x 32 x 3", cnn, images,
+            (("LRP-0", Epsilon(0.0)), ("Epsilon", Epsilon(1e-6)), ("EpsilonPlusFlat", composites.EpsilonPlusFlat())),
+            options.repeats)
+    compare(f"transformer, {options.layers} layers, batch {options.batch} x 128 tokens x 128", transformer, tokens,
+            (("AttnLRP", composites.AttnLRP()), ("AttnLRP(0)", composites.AttnLRP(0.0))), options.repeats)
+
+
+def compare(title: str, model: nn.Module, inputs: Any, rules: Any, repeats: int) -> None:
+    """Time gradient x input and each composite's explanation of ``model`` on ``inputs``."""
+    apply = functools.partial(model.apply, model.init(jax.random.PRNGKey(1), inputs))
 
     @jax.jit
     def gxi(x: Any) -> Any:
@@ -76,27 +110,25 @@ def main() -> None:
             return (out * jax.nn.one_hot(jnp.argmax(jax.lax.stop_gradient(out), -1), out.shape[-1])).sum()
         return jax.grad(score)(x) * x
 
-    print(f"device: {jax.devices()[0]}; batch {options.batch} x 32 x 32 x 3, {options.blocks} blocks, float32")
-    print(f"gxi     first call (compiles) {timed(lambda: gxi(images)):8.3f} s")
-    for name, composite in (("LRP-0", Epsilon(0.0)), ("Epsilon", Epsilon(1e-6)),
-                            ("EpsilonPlusFlat", composites.EpsilonPlusFlat())):
+    print(title)
+    print(f"  gxi              first call (compiles) {timed(lambda: gxi(inputs)):8.3f} s")
+    for name, composite in rules:
         start = time.perf_counter()
-        explain = fxjax.convert(apply, composite, images)
+        explain = fxjax.convert(apply, composite, inputs)
         convert_time = time.perf_counter() - start
         lrp = jax.jit(lambda x, explain=explain: fxjax.attribute(explain, x))
-        print(f"{name:16s} convert (trace) {convert_time:8.3f} s, first call (compiles) "
-              f"{timed(lambda: lrp(images)):8.3f} s")
+        print(f"  {name:16s} convert (trace) {convert_time:8.3f} s, first call (compiles) "
+              f"{timed(lambda: lrp(inputs)):8.3f} s")
         gxi_times, lrp_times, ratios = [], [], []
-        for repeat in range(options.repeats):
-            pair = [timed(lambda: gxi(images)), timed(lambda: lrp(images))]
+        for repeat in range(repeats):
+            pair = [timed(lambda: gxi(inputs)), timed(lambda: lrp(inputs))]
             if repeat % 2:
-                pair = [timed(lambda: lrp(images)), timed(lambda: gxi(images))][::-1]
+                pair = [timed(lambda: lrp(inputs)), timed(lambda: gxi(inputs))][::-1]
             gxi_times.append(pair[0])
             lrp_times.append(pair[1])
             ratios.append(pair[1] / pair[0])
-        print(f"{name:16s} median call {1e3 * statistics.median(lrp_times):8.2f} ms; gxi "
+        print(f"  {name:16s} median call {1e3 * statistics.median(lrp_times):8.2f} ms; gxi "
               f"{1e3 * statistics.median(gxi_times):8.2f} ms; paired ratio lrp / gxi {statistics.median(ratios):.2f}")
-
 
 if __name__ == "__main__":
     main()
