@@ -6,7 +6,8 @@
   segment sums), to 1e-12;
 - parity with fxlrp's PyTorch path on the same weights (a torch CNN copied into its Flax twin:
   NCHW -> NHWC, OIHW -> HWIO kernels, (out, in) -> (in, out) dense kernels) for LRP-0, Epsilon,
-  EpsilonPlusFlat, EpsilonGammaBox, AlphaBeta(2, 1), in float64 to 1e-10; smooth activations
+  EpsilonPlus, EpsilonPlusFlat, EpsilonAlpha2Beta1Flat, EpsilonGammaBox, AlphaBeta(2, 1), WSquare,
+  and zero_params, in float64 to 1e-10; smooth activations
   (GELU, SiLU) under the identity rule on both sides;
 - the tables of seed notebook 004 (``JaxMatMul``, ``JaxAdd``, ``JaxIndexSelect``, ``JaxDense``
   with alpha 1 and 2), on the seed's inputs, in float32 as the seed ran;
@@ -35,7 +36,7 @@ from torch import nn  # noqa: E402
 import fxlrp  # noqa: E402
 import fxlrp.jax as fxjax  # noqa: E402
 from fxlrp.errors import UnsupportedOperationError  # noqa: E402
-from fxlrp.rules import AlphaBeta, Epsilon, Product, composites  # noqa: E402
+from fxlrp.rules import AlphaBeta, Epsilon, Gamma, Product, WSquare, composites  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -121,6 +122,11 @@ PARITY: dict[str, Callable[[], Any]] = {
     "EpsilonPlusFlat": lambda: composites.EpsilonPlusFlat(),
     "EpsilonGammaBox": lambda: composites.EpsilonGammaBox(low=-3.0, high=3.0),
     "AlphaBeta(2,1)": lambda: AlphaBeta(2.0, 1.0),
+    "EpsilonPlus": lambda: composites.EpsilonPlus(),
+    "EpsilonAlpha2Beta1Flat": lambda: composites.EpsilonAlpha2Beta1Flat(),
+    "WSquare": lambda: WSquare(),
+    "Epsilon(zero_params=bias)": lambda: Epsilon(1e-3, zero_params="bias"),
+    "Gamma(zero_params=bias)": lambda: Gamma(0.5, zero_params="bias"),
 }
 
 
