@@ -329,7 +329,9 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
         if not carrying:
             raise ValueError(f"no class logits found in {type(explain).__name__}'s run: pass heads= with the type "
                              "of the module that outputs them")
-        found = _logit_positions(explain, leaves if as_list else leaves[0], image, index, label, heads)
+        found = _reached_positions(value, carrying, label) if value.requires_grad else []
+        if len(found) != 1:  # (a score the rules hold constant, as FCOS's: the model's own gradient says)
+            found = _logit_positions(explain, leaves if as_list else leaves[0], image, index, label, heads)
         if len(found) != 1 or found[0][0] >= len(carrying):
             raise ValueError(f"the class logit of detection {index} is not one element of the classification head's "
                              f"output (found {len(found)}); explain score='score' instead")
@@ -373,7 +375,15 @@ def _logit_positions(explain: nn.Module, images: Any, image: int, index: int, la
     logits = [output for output in outputs if isinstance(output, Tensor) and output.requires_grad]
     if not value.requires_grad or not logits:
         return []
-    shares = torch.autograd.grad(value, logits, allow_unused=True)
+    return _reached_positions(value, logits, label, keep=False)
+
+
+def _reached_positions(value: Tensor, logits: list[Tensor], label: int,
+                       keep: bool = True) -> list[tuple[int, tuple[int, ...]]]:
+    """The elements of class ``label`` among ``logits`` that ``value`` (a detection's score) comes
+    back to in backward: (which tensor, the element). In an explanation's run what comes back is
+    the score's relevance, which the softmax's and sigmoid's rules keep in the detection's row."""
+    shares = torch.autograd.grad(value, logits, value.detach(), retain_graph=keep, allow_unused=True)
     return [(number, tuple(int(each) for each in where) + (label,))
             for number, share in enumerate(shares) if share is not None
             for where in (share[..., label] != 0).nonzero()]

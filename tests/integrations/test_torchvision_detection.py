@@ -26,6 +26,7 @@ from torchvision.ops import MultiScaleRoIAlign, ps_roi_align, ps_roi_pool, roi_a
 
 from fxlrp.integrations.torchvision import (  # noqa: E402
     LOGIT_HEADS,
+    _logit_positions,
     detection_target,
     explain_detection,
 )
@@ -219,7 +220,10 @@ def test_explaining_a_box_is_the_error_naming_its_decoding(name: str) -> None:
 @pytest.mark.parametrize("index", [0, 3])
 def test_lrp0_of_a_detections_class_logit_is_gradient_times_input(name: str, index: int) -> None:
     model, x = build(name, torch.float64), images(torch.float64)
-    explained = explain_detection(fxlrp.convert(model, Epsilon(0.0)), x, index)
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    explained = explain_detection(explain, x, index)
+    # (found from the relevance of the score; the model's own gradient finds the same element)
+    assert _logit_positions(explain, x, 0, index, explained.label, LOGIT_HEADS) == [(0, explained.position)]
     # the same logit of the model itself: the classification head's output at that position
     outputs: list[Tensor] = []
     handles = [module.register_forward_hook(
