@@ -289,3 +289,24 @@ def test_a_detection_is_chosen_by_index_or_by_class_and_box() -> None:
         detection_target(detections, label=3, box=[0, 0, 1, 1])
     with pytest.raises(ValueError, match="index=, or label= and box="):
         detection_target(detections, label=1)
+
+
+def test_a_detection_of_the_second_image_of_a_list() -> None:
+    model = build("fasterrcnn_resnet50_fpn", torch.float64)
+    generator = torch.Generator().manual_seed(4)
+    pictures = [torch.rand(3, 90, 110, dtype=torch.float64, generator=generator),
+                torch.rand(3, 100, 120, dtype=torch.float64, generator=generator)]
+    explained = explain_detection(fxlrp.convert(model, Epsilon(0.0)), pictures, 2, image=1)
+    outputs: list[Tensor] = []
+    handles = [module.register_forward_hook(lambda module, args, output: outputs.append(output[0]))
+               for module in model.modules() if isinstance(module, tuple(LOGIT_HEADS))]
+    leaves = [picture.clone().requires_grad_() for picture in pictures]
+    try:
+        model(leaves)
+    finally:
+        for handle in handles:
+            handle.remove()
+    gradients = torch.autograd.grad(outputs[0][explained.position], leaves)
+    for relevance, gradient, picture in zip(explained.relevance, gradients, pictures, strict=True):
+        assert relative_error(relevance, gradient * picture) < 1e-12 or not gradient.any() and not relevance.any()
+    assert not explained.relevance[0].any() and explained.relevance[1].abs().sum() > 0  # (only image 1's)
