@@ -16,8 +16,15 @@ the bytes torch's allocator handed out during a call (``benchmarks.allocator``).
 compared with zennit-crp's (max-abs difference over all conditions relative to the largest value;
 zennit's BatchNorm merge made exact as in tests/models/test_crp_parity.py).
 
+**Relevance maximisation** (``--maximisation``): the reference samples of every channel of
+``features.40`` and ``features.30`` over ``--samples`` generated images, each explained for its
+label (its predicted class), by relevance and by activation: zennit-crp's ``FeatureVisualization.run`` (which also keeps
+per-class statistics and writes its results to files) against
+:func:`fxlrp.concepts.relevance_maximisation`, batches of ``--batch``; images per second, and the
+scores of the top samples compared.
+
 Run: ``python -m benchmarks.concepts [--size 64] [--concepts 32] [--batch 8] [--repeats 3]
-[--threads 2]``; prints a table.
+[--threads 2] [--maximisation --samples 64]``; prints a table.
 """
 
 from __future__ import annotations
@@ -52,18 +59,13 @@ def model_and_image(size: int) -> tuple[nn.Module, Tensor]:
     return model, torch.randn(1, 3, size, size, generator=generator)
 
 
-def configurations(model: nn.Module, image: Tensor, conditions: list[dict[str, Any]],
-                   batch: int) -> dict[str, Callable[[], Tensor]]:
-    """Each configuration's run: the heatmaps ``[conditions, H, W]`` summed over colour channels."""
-    from crp.attribution import CondAttribution
+def exact_merge() -> Any:
+    """A zennit canonizer, applied after ``VGGCanonizer``, that sets ``eps = 0`` on the BatchNorms
+    zennit's merge leaves as ``x / sqrt(1 + eps)`` (tests/models/test_crp_parity.py): both sides then
+    compute the model's own function."""
     from zennit.canonizers import Canonizer
-    from zennit.composites import EpsilonPlusFlat
-    from zennit.torchvision import VGGCanonizer
 
     class ExactMerge(Canonizer):
-        """``eps = 0`` on the BatchNorms zennit's merge leaves as ``x / sqrt(1 + eps)``
-        (tests/models/test_crp_parity.py): both sides then compute the model's own function."""
-
         def apply(self, root_module: nn.Module) -> list[Canonizer]:
             self.norms = [(module, module.eps) for module in root_module.modules()
                           if isinstance(module, nn.BatchNorm2d)]
@@ -78,9 +80,19 @@ def configurations(model: nn.Module, image: Tensor, conditions: list[dict[str, A
             for module, eps in self.norms:
                 module.eps = eps
 
+    return ExactMerge()
+
+
+def configurations(model: nn.Module, image: Tensor, conditions: list[dict[str, Any]],
+                   batch: int) -> dict[str, Callable[[], Tensor]]:
+    """Each configuration's run: the heatmaps ``[conditions, H, W]`` summed over colour channels."""
+    from crp.attribution import CondAttribution
+    from zennit.composites import EpsilonPlusFlat
+    from zennit.torchvision import VGGCanonizer
+
     explain = fxlrp.convert(model, fxlrp.composites.EpsilonPlusFlat())
     attribution = CondAttribution(model, no_param_grad=False)
-    composite = EpsilonPlusFlat(canonizers=[VGGCanonizer(), ExactMerge()])
+    composite = EpsilonPlusFlat(canonizers=[VGGCanonizer(), exact_merge()])
 
     def zennit_crp() -> Tensor:
         with warnings.catch_warnings():
@@ -96,6 +108,53 @@ def configurations(model: nn.Module, image: Tensor, conditions: list[dict[str, A
             "fxlrp repeat=0": ours(0)}
 
 
+def maximisation(model: nn.Module, size: int, samples: int, batch: int, repeats: int) -> None:
+    """Images per second of zennit-crp's FeatureVisualization and fxlrp's relevance maximisation."""
+    import tempfile
+
+    from crp.attribution import CondAttribution
+    from crp.concepts import ChannelConcept
+    from crp.helper import load_maximization
+    from crp.visualization import FeatureVisualization
+    from zennit.composites import EpsilonPlusFlat
+    from zennit.torchvision import VGGCanonizer
+
+    from fxlrp.concepts import relevance_maximisation
+
+    layers = ["features.30", LAYER]
+    generator = torch.Generator().manual_seed(2)
+    images = torch.randn(samples, 3, size, size, generator=generator)
+    with torch.no_grad():  # each image explained for its predicted class, given as its label
+        labels = torch.cat([model(images[i:i + batch]).argmax(dim=1) for i in range(0, samples, batch)])
+    dataset = [(images[index], int(labels[index])) for index in range(samples)]
+    explain = fxlrp.convert(model, fxlrp.composites.EpsilonPlusFlat())
+    times: dict[str, list[float]] = {"zennit-crp FeatureVisualization": [], "fxlrp relevance_maximisation": []}
+    found: dict[str, Any] = {}
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as directory, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            visualization = FeatureVisualization(CondAttribution(model, no_param_grad=False), dataset,
+                                                 {layer: ChannelConcept() for layer in layers}, path=directory)
+            start = time.perf_counter()
+            visualization.run(EpsilonPlusFlat(canonizers=[VGGCanonizer(), exact_merge()]), 0, samples,
+                              batch_size=batch)
+            times["zennit-crp FeatureVisualization"].append(time.perf_counter() - start)
+            theirs = torch.from_numpy(load_maximization(visualization.RelMax.PATH, LAYER)[1].copy()).T
+        start = time.perf_counter()
+        ours = relevance_maximisation(explain, [(images[i:i + batch], labels[i:i + batch])
+                                                for i in range(0, samples, batch)], layers, k=40)
+        times["fxlrp relevance_maximisation"].append(time.perf_counter() - start)
+        found = {"theirs": theirs, "ours": ours[LAYER].relevance.scores[:, :theirs.shape[1]]}
+    difference = ((found["ours"] - found["theirs"]).abs().max() / found["theirs"].abs().max()).item()
+    print(f"relevance maximisation: {samples} images 3x{size}x{size}, batches of {batch}, layers {layers}, "
+          f"median of {repeats}")
+    print(f"{'configuration':<34} {'seconds':>8} {'images/s':>9}")
+    for name, spent in times.items():
+        seconds = statistics.median(spent)
+        print(f"{name:<34} {seconds:>8.2f} {samples / seconds:>9.1f}")
+    print(f"top relevance scores of {LAYER}: max rel. difference {difference:.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=64, help="image height and width")
@@ -103,9 +162,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="conditions per backward pass")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--maximisation", action="store_true", help="relevance maximisation instead")
+    parser.add_argument("--samples", type=int, default=64, help="images of the relevance maximisation")
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
     model, image = model_and_image(options.size)
+    if options.maximisation:
+        maximisation(model, options.size, options.samples, options.batch, options.repeats)
+        return
     with torch.no_grad():
         target = int(model(image).argmax())
     conditions = [{LAYER: [channel], "y": [target]} for channel in range(options.concepts)]

@@ -208,8 +208,9 @@ def conditional_relevance(
     recorded: dict[str, list[Tensor | None]] = {canonical[key]: [None] * len(masks) for key in record}
     activation: dict[str, Tensor] = {}
     for indices in groups:
-        run = _Run(explain, inputs, [masks[index] for index in indices], sites, concept_of, set(recorded), copies,
-                   target, canonical.get(start) if start is not None else None, exclude_parallel, output)
+        run = _Run(explain, inputs, [masks[index] for index in indices], sites, concept_of, set(recorded),
+                   min(copies, len(indices)), target, canonical.get(start) if start is not None else None,
+                   exclude_parallel, output)
         heatmaps, relevances = run.run_passes(explainer, check_finite)
         for position, index in enumerate(indices):
             found[index] = heatmaps[position]
