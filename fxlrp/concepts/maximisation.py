@@ -278,7 +278,7 @@ def reference_crops(
     for image, position in zip(inputs, positions.tolist(), strict=True):
         one = image.unsqueeze(0)
         activation = conditional_relevance(explain, one, [{}], record=[layer], concepts=concept).activation[layer]
-        mask = torch.zeros(grouped(concept, activation).shape[1:], dtype=activation.dtype)
+        mask = torch.zeros(grouped(concept, activation).shape[1:], dtype=activation.dtype, device=activation.device)
         mask[concept_id, position] = 1.0
         mask = _ungrouped(concept, mask, activation.shape)
         heatmap = conditional_relevance(explain, one, [{layer: mask}], start=layer).heatmap[0, 0]
@@ -300,7 +300,7 @@ def _ungrouped(concept: Concept, mask: Tensor, shape: Sequence[int]) -> Tensor:
     positions = concept.positions(shape)
     if not torch.equal(positions, torch.arange(concept.count(shape))):
         restored = torch.empty_like(per_index)
-        restored[torch.argsort(positions, stable=True)] = per_index
+        restored[torch.argsort(positions, stable=True).to(mask.device)] = per_index
         per_index = restored
     moved = per_index.reshape(moved_shape)
     return moved if dim == 1 else moved.movedim(0, dim - 1)
