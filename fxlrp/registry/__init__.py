@@ -291,6 +291,10 @@ _FIELD_RULES: tuple[tuple[Callable[[Operation], bool], str], ...] = (
 is refused with its message."""
 
 
+CORE = ("fxlrp.operations", "fxlrp.eager")
+"""The modules whose import registers the core's operations (:meth:`Registry.complete`)."""
+
+
 class Registry:
     """Finds the operation of a call by function identity, method name or module type.
 
@@ -305,8 +309,22 @@ class Registry:
         self._by_module: dict[type, Operation] = {}
         self._by_base_module: dict[type, Operation] = {}
         self._concrete_args: dict[type, dict[str, Any]] = {}
+        self._core_loaded = False
         self.version = 0
         """Counts the changes of the registry (lookups made from it know when to be made again)."""
+
+    def complete(self) -> None:
+        """Import the core's operations (:data:`CORE`) once, before the first lookup.
+
+        ``import fxlrp`` imports no torch, so the operations register themselves only when a module
+        that needs them is imported (``fxlrp.convert``); a lookup or an extension made before that
+        (a plug-in's ``extend``, a user's script) finds them all the same. They are imported by
+        name: they import the registry.
+        """
+        if not self._core_loaded:
+            self._core_loaded = True
+            for name in CORE:
+                importlib.import_module(name)
 
     def register(self, operation: Operation) -> Operation:
         """Add an operation.
@@ -351,6 +369,7 @@ class Registry:
         Operation
             The operation with the added spellings, which replaces the registered one.
         """
+        self.complete()
         operation = self.operations[name]
         return self._index(replace(operation, functions=operation.functions + functions,
                                    modules=operation.modules + modules))
@@ -382,6 +401,7 @@ class Registry:
         Operation or None
             The operation, by the function's identity; None if none is registered.
         """
+        self.complete()
         operation = self._by_function.get(id(function))
         if operation is None and getattr(function, "__name__", None) == "apply":
             # ``TheFunction.apply`` of a custom autograd Function, registered by its class
@@ -403,6 +423,7 @@ class Registry:
         Operation or None
             The operation; None if none is registered.
         """
+        self.complete()
         return self._by_method.get(name)
 
     def for_module(self, module: nn.Module) -> Operation | None:
@@ -420,6 +441,7 @@ class Registry:
             ``forward`` it keeps; else of a base registered with ``subclasses=True``. None if
             none.
         """
+        self.complete()
         # Exact type first; then the closest registered base class, so subclasses of
         # nn.Conv2d that keep its forward (as many libraries write) are found too.
         operation = self._by_module.get(type(module))
@@ -461,6 +483,7 @@ class Registry:
         dict of str to Any
             The fixed arguments (a subclass's values win over its bases').
         """
+        self.complete()
         fixed: dict[str, Any] = {}
         for base in reversed(type(model).__mro__):
             fixed.update(self._concrete_args.get(base, {}))
@@ -474,6 +497,7 @@ class Registry:
         tuple of callable
             The functions.
         """
+        self.complete()
         return tuple(
             function for operation in self.operations.values() if operation.leaf for function in operation.functions
         )
@@ -525,6 +549,7 @@ def registered_operation(name: str) -> Operation:
     ValueError
         If nothing loaded registers ``name``.
     """
+    REGISTRY.complete()
     for library, integration in integrations.INTEGRATIONS.items():
         if name in REGISTRY.operations:
             break

@@ -467,6 +467,7 @@ def test_an_operation_registered_after_an_eager_run_is_used_at_the_next(monkeypa
     from fxlrp.errors import UnsupportedOperationError
     from fxlrp.registry import REGISTRY
 
+    REGISTRY.complete()  # (the copies below are then the whole registry, which undoing gives back)
     for name in ("operations", "_by_function", "_functions", "_by_method", "_by_module", "_by_base_module"):
         monkeypatch.setattr(REGISTRY, name, dict(getattr(REGISTRY, name)))
     torch.manual_seed(2)

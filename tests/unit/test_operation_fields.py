@@ -42,3 +42,17 @@ def test_a_consistent_operation_is_made() -> None:
     operation = Operation("scaled", Kind.AFFINE, functions=(torch.mul,), relevance=_relevance,
                           factors=lambda args, kwargs: args[:2], default_rule=Epsilon)
     assert operation.factors is not None
+
+
+def test_the_registry_is_whole_before_anything_converts() -> None:
+    """``import fxlrp`` loads no operations; a lookup or an extension made first finds them all."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from torch import nn; from fxlrp.registry import REGISTRY; "
+            "assert REGISTRY.for_module(nn.ReLU()).name == 'relu', 'module'; "
+            "assert REGISTRY.for_function(torch.index_select).name == 'view', 'function'; "
+            "REGISTRY.extend('view', functions=(torch.positive,)); print(len(REGISTRY.operations))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) > 50
