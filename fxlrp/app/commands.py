@@ -55,12 +55,33 @@ def run_report(args: argparse.Namespace) -> int:
         The exit code, 0; bad input raises :class:`InputError`.
     """
     if args.model.startswith(HF_PREFIX):
-        raise InputError("fxlrp report takes torchvision:NAME, timm:NAME or package.module:FACTORY; explain an hf: "
-                         "model with fxlrp explain --model hf:DIR")
+        print(_report_of_pretrained(args))
+        return 0
     model = load_model(args.model, args.weights)
     composite = composite_by_name(args.composite, _preprocessing(args, model))
     print(_convert(model, composite).report())
     return 0
+
+
+def _report_of_pretrained(args: argparse.Namespace) -> str:
+    """The report of an ``hf:DIR`` model after one explanation of an example input (a sentence, or
+    a gray image of the model's size): a Hugging Face model runs eagerly, and what its run made is
+    what the report lists."""
+    if args.weights is not None:
+        raise InputError("--weights is for torchvision, timm and factory models; hf:DIR has its weights in DIR")
+    pretrained = open_pretrained(args.model[len(HF_PREFIX):])
+    size = int(getattr(pretrained.config, "image_size", 224))
+    name = args.composite or ("epsilon" if pretrained.image else "attnlrp")
+    composite = composite_by_name(name, Preprocessing(size, 3, (0.5,) * 3, (0.5,) * 3))
+    if pretrained.image:
+        example, said = torch.zeros(1, int(getattr(pretrained.config, "num_channels", 3)), size, size), "a gray image"
+    else:
+        sentence = "The report explains this sentence."
+        example, said = pretrained.tokenizer(sentence, return_tensors="pt")["input_ids"], repr(sentence)
+    explain = _convert(pretrained.load_model(), composite)
+    attribute(explain, example, target=None)
+    explained = "token" if pretrained.causal else "class"
+    return f"{explain.report()}\n(after one explanation of {said}, its predicted {explained})"
 
 
 def _output_names(paths: Sequence[str]) -> list[str]:

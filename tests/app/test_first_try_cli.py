@@ -469,3 +469,31 @@ def test_the_command_line_parses_and_prints_help_without_torch() -> None:
 
     for name in COMPOSITE_NAMES:  # each name --help lists is one the commands know
         composite_by_name(name, Preprocessing(None, 3, (0.0,) * 3, (1.0,) * 3))
+
+
+def test_the_report_of_a_hugging_face_model_lists_what_its_run_made(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``fxlrp report hf:DIR`` (refused before): the model runs eagerly, so the report lists the
+    operations of one explanation of an example sentence - every linear layer of the model, by
+    its module's name, with its rule and line."""
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "report", "explains", "this", "sentence", "."]
+    tokenizer = Tokenizer(models.WordPiece({word: index for index, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]")
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(
+        vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=16)).eval()
+    model.save_pretrained(tmp_path / "bert")
+    wrapped.save_pretrained(tmp_path / "bert")
+    capsys.readouterr()
+    code, stdout, stderr = run(["report", f"hf:{tmp_path / 'bert'}"], capsys)
+    assert code == 0, stderr
+    linear = {line.split()[2] for line in stdout.splitlines() if line.startswith("model › ") and " linear " in line}
+    assert linear == {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    assert "(after one explanation of 'The report explains this sentence.', its predicted class)" in stdout
+    assert "co_varnames" not in stdout and "RecordingFailed" not in stdout
