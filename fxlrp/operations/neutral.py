@@ -45,7 +45,9 @@ VIEW_METHODS = (
 VIEW_FUNCTIONS = (
     torch.reshape, torch.flatten, torch.unflatten, torch.permute, torch.transpose, torch.t,
     torch.squeeze, torch.unsqueeze, torch.clone, torch.movedim, torch.moveaxis, torch.swapaxes,
-    torch.narrow, torch.select, torch.index_select, torch.gather, torch.take_along_dim,
+    # torch's own index_select, also where a library imported first has put a wrapper of it in
+    # its place (PyG does; its integration registers the wrapper)
+    torch.narrow, torch.select, torch._C._VariableFunctions.index_select, torch.gather, torch.take_along_dim,
     torch.masked_select, torch.chunk, torch.split, torch.tensor_split, torch.unbind, torch.flip,
     torch.roll, torch.cat, torch.concat, torch.concatenate, torch.stack, torch.hstack,
     torch.vstack, torch.dstack, torch.repeat_interleave, torch.tile,

@@ -56,3 +56,17 @@ def test_the_registry_is_whole_before_anything_converts() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout) > 50
+
+
+def test_torchs_own_functions_are_registered_when_a_library_imported_first_wrapped_them() -> None:
+    """PyG puts a wrapper in the place of ``torch.index_select`` when it is imported; imported
+    before fxlrp's operations, torch's own function must still be found (a model traced with it)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, torch_geometric; from fxlrp.registry import REGISTRY; "
+            "assert torch.index_select is not torch._C._VariableFunctions.index_select, 'not wrapped'; "
+            "print(REGISTRY.for_function(torch._C._VariableFunctions.index_select).name)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "view"
