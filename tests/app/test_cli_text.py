@@ -196,7 +196,6 @@ def bad_text_inputs(saved: dict[str, Path], tmp_path: Path) -> list[tuple[list[s
         ([*bert, "--text", "good " * 30], "tokens; the model takes at most 24"),
         (["explain", "--model", f"hf:{saved['gpt2']}", "--text", "good", "--target", "the movie"],
          "--target 'the movie' is 2 tokens (the Ġmovie); give one token or a token id"),
-        (["report", f"hf:{saved['bert']}"], "fxlrp report takes torchvision:NAME"),
     ]
 
 
