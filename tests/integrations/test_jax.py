@@ -264,9 +264,11 @@ def test_segment_sum_shares_by_contribution() -> None:
 # ---- seed notebook 004: its JAX tables --------------------------------------------------------
 # The seed's jax_safe_divide divides by z + 1e-9, which is z in float32 where |z| ~ 1: LRP-0.
 
-SEED_A = jnp.ones((2, 2), jnp.float32)
-SEED_B = jnp.array([[-2.0, 1], [1, -2]], jnp.float32)
-SEED_R = jnp.array([[1.0, 0], [0, 0]], jnp.float32)
+# (NumPy arrays: a JAX array made when pytest collects this module would start JAX's threads before
+# other tests fork worker processes)
+SEED_A = np.ones((2, 2), np.float32)
+SEED_B = np.array([[-2.0, 1], [1, -2]], np.float32)
+SEED_R = np.array([[1.0, 0], [0, 0]], np.float32)
 
 
 def seed_close(actual: Any, printed: Any) -> bool:
