@@ -267,10 +267,11 @@ def refuse_unusable_inputs(explain: Any, inputs: Any) -> None:
     ExplanationInputError
         Naming the input, what it is and what to pass instead.
     """
-    if isinstance(inputs, Tensor):
-        return
     names = _model_names(explain)
     single = names[0] if names else "inputs"  # (a tensor given alone is the forward's first input)
+    if isinstance(inputs, Tensor):
+        _refuse_sparse("the input", single, inputs)
+        return
     if _numpy_array(inputs):
         raise ExplanationInputError(
             f"the input is a NumPy array (shape {list(inputs.shape)}, {inputs.dtype}); fxlrp explains the torch "
@@ -299,6 +300,8 @@ def refuse_unusable_inputs(explain: Any, inputs: Any) -> None:
             raise ExplanationInputError(
                 f"{label} is a NumPy array (shape {list(value.shape)}, {value.dtype}); fxlrp explains the torch "
                 f"tensors the model takes: pass {_from_numpy(name, value, explain)}")
+        if isinstance(value, Tensor):
+            _refuse_sparse(label, name, value)
     if any(isinstance(value, Tensor) for *_, value in named):
         return
     for label, name, value in named:
@@ -308,6 +311,16 @@ def refuse_unusable_inputs(explain: Any, inputs: Any) -> None:
             raise ExplanationInputError(
                 f"{label} is a {type(value).__name__} of numbers (shape {shape}); fxlrp explains the torch tensors "
                 f"the model takes: pass {_tensor_from_numbers(name, value, explain)}{tokenizer}")
+
+
+def _refuse_sparse(label: str, name: str, value: Tensor) -> None:
+    """Sparse tensors as inputs are not explained (relevance at the inputs is dense); a model may
+    build a sparse matrix inside from index and value tensors, which is explained."""
+    if value.layout is not torch.strided:
+        raise ExplanationInputError(
+            f"{label} is a sparse tensor ({str(value.layout).replace('torch.', '')}, shape {list(value.shape)}); "
+            f"fxlrp takes dense inputs: pass {name}.to_dense(), or give the model the indices and values and "
+            "build the sparse matrix inside its forward (torch.sparse_coo_tensor), where it is explained")
 
 
 def refuse_unusable_arguments(arguments: Mapping[str, Any], lists_refused: Sequence[str] = ()) -> None:

@@ -485,3 +485,39 @@ def test_graph_target_minus_one_is_the_last_class(gcn) -> None:
     per_node = torch.zeros(6, dtype=torch.float64).index_add_(0, walks[:, 0], relevance)
     assert ((per_node - expected.sum(dim=1)).abs().max() / expected.abs().max()).item() < 1e-12
     assert "negative ones count from the end, as in torch indexing" in " ".join(graph_relevance.__doc__.split())
+
+
+class SparseAdjacency(nn.Module):
+    """A graph layer taking its adjacency as a (sparse or dense) matrix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(3, 3, bias=False), nn.Linear(3, 2, bias=False)
+
+    def forward(self, x, adjacency):
+        return self.second(torch.relu(adjacency @ self.first(x)))
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_sparse_input_is_refused_with_the_dense_one_to_pass(layout: str) -> None:
+    """A sparse adjacency given as an input failed deep inside (``aten::ne.Scalar`` on SparseCPU);
+    the dense one it names is explained: a float input, it carries relevance too, and LRP-0's
+    uniform rule on the product of two carrying factors gives each half, so the features get half
+    their gradient x input (float64)."""
+    torch.manual_seed(0)
+    model = SparseAdjacency().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    dense = torch.zeros(4, 4, dtype=torch.float64)
+    dense[[0, 1, 2, 3, 1], [1, 0, 3, 2, 2]] = 1.0
+    sparse = dense.to_sparse() if layout == "coo" else dense.to_sparse_csr()
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    with pytest.raises(fxlrp.errors.ExplanationInputError) as raised:
+        fxlrp.attribute(explain, [x, sparse], target=0)
+    assert str(raised.value) == (
+        f"input 1 ('adjacency') is a sparse tensor (sparse_{layout}, shape [4, 4]); fxlrp takes dense inputs: pass "
+        "adjacency.to_dense(), or give the model the indices and values and build the sparse matrix inside its "
+        "forward (torch.sparse_coo_tensor), where it is explained")
+    relevance = fxlrp.attribute(explain, [x, sparse.to_dense()], target=0)[0]
+    leaf = x.clone().requires_grad_()
+    model(leaf, dense)[:, 0].sum().backward()
+    assert torch.allclose(relevance, leaf.grad * x / 2, rtol=1e-12, atol=1e-14)
