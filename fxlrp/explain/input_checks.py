@@ -267,11 +267,13 @@ def refuse_unusable_inputs(explain: Any, inputs: Any) -> None:
     ExplanationInputError
         Naming the input, what it is and what to pass instead.
     """
+    if isinstance(inputs, Tensor):
+        if inputs.layout is not torch.strided:
+            names = _model_names(explain)
+            _refuse_sparse("the input", names[0] if names else "inputs", inputs)
+        return
     names = _model_names(explain)
     single = names[0] if names else "inputs"  # (a tensor given alone is the forward's first input)
-    if isinstance(inputs, Tensor):
-        _refuse_sparse("the input", single, inputs)
-        return
     if _numpy_array(inputs):
         raise ExplanationInputError(
             f"the input is a NumPy array (shape {list(inputs.shape)}, {inputs.dtype}); fxlrp explains the torch "
