@@ -149,4 +149,4 @@ def test_an_input_without_a_batch_is_a_batch_of_one() -> None:
     assert torch.equal(explain(x), norm(x))
     [expected] = explained_relevance(explain, [x[None]], relevance[None])
     [actual] = explained_relevance(explain, [x], relevance)
-    assert torch.equal(actual, expected[0])
+    assert relative_error(actual, expected[0]) < TOLERANCE  # (other shapes: the kernels may round otherwise)
