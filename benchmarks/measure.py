@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from benchmarks.allocator import allocated_peak_of_call, release_freed_memory
 from benchmarks.configurations import CONFIGURATIONS, Unavailable
 from benchmarks.workloads import Workload, build
@@ -74,14 +76,40 @@ def time_interleaved(workload: Workload, names: list[str], repeats: int) -> dict
         if run is not None:
             runs[name] = run
     order = list(runs)
+    synchronize = _synchronizer(workload.device)
     for round_ in range(repeats):
         shift = round_ % max(len(order), 1)
         for name in order[shift:] + order[:shift]:
             gc.collect()
+            synchronize()
             start = time.perf_counter()
             runs[name]()
+            synchronize()  # a GPU runs the call's kernels after the host has queued them
             results[name].times.append(time.perf_counter() - start)
+    if workload.device.type == "cuda":
+        for name, run in runs.items():
+            results[name].allocated = cuda_allocated_peak_of_call(run, workload.device)
     return results
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def cuda_allocated_peak_of_call(run: Callable[[], Any], device: torch.device) -> float:
+    """The highest total of GPU memory torch's caching allocator handed out during the call,
+    above what was allocated before it, in MB (what a GPU's memory must hold for the call)."""
+    gc.collect()
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    output = run()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    del output
+    return (peak - before) / 2**20
 
 
 def _status_kb(field_name: str) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import torch
@@ -27,7 +28,7 @@ from benchmarks.measure import (  # noqa: E402
     release_freed_memory,
     time_interleaved,
 )
-from benchmarks.table import document, summary, write  # noqa: E402
+from benchmarks.table import document, model_table, summary, write  # noqa: E402
 from benchmarks.workloads import DESCRIPTIONS, FULL, QUICK_DESCRIPTION, build  # noqa: E402
 
 
@@ -50,6 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int,
                         help="torch threads (default: torch's choice); 1 is steadier on a busy machine")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default) or cuda; on cuda, memory is the GPU allocator's peak of a call "
+                             "and the figures are printed, not written")
+    parser.add_argument("--batch", type=int, help="images per call, instead of each workload's default")
     parser.add_argument("--quick", action="store_true", help="small inputs; a smoke check, writes nothing")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-configuration memory processes")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
@@ -75,9 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     all_results = {}
     for model in models:
         print(f"{model}: timing {len(names)} configurations x {arguments.repeats} repeats", flush=True)
-        results = time_interleaved(build(model, arguments.quick), names, arguments.repeats)
+        workload = build(model, arguments.quick, arguments.device, arguments.batch)
+        results = time_interleaved(workload, names, arguments.repeats)
+        del workload
         release_freed_memory()  # the timed explainers and model copies, before the memory processes
-        if not arguments.no_memory:
+        if not arguments.no_memory and arguments.device == "cpu":
             for name, result in results.items():
                 if result.status == "ok":
                     print(f"{model}: memory of {name}", flush=True)
@@ -87,13 +94,17 @@ def main(argv: list[str] | None = None) -> None:
                     if "error" in memory:
                         result.status = f"memory probe failed: {memory['error']}"
         all_results[model] = results
+        print("\n".join(model_table(results)), flush=True)  # as it comes: a long run may be cut short
     command = "make bench" if argv is None and len(sys.argv) == 1 else "python benchmarks/run.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     descriptions = {model: "quick: " + QUICK_DESCRIPTION for model in models} if arguments.quick else DESCRIPTIONS
-    import_time = import_seconds(arguments.repeats)
+    if arguments.batch:
+        descriptions = {model: re.sub(r"batch \d+", f"batch {arguments.batch}", text)
+                        for model, text in descriptions.items()}
+    import_time = import_seconds(arguments.repeats) if arguments.device == "cpu" else None
     text = document(all_results, descriptions, arguments.repeats, arguments.quick, command.strip(), import_time)
     print(text)
-    if not (arguments.quick or arguments.no_write):
+    if not (arguments.quick or arguments.no_write or arguments.device != "cpu" or arguments.batch):
         for path in write(text, summary(all_results, command.strip())):
             print(f"wrote {path}")
 

@@ -34,6 +34,8 @@ def machine() -> str:
         except Exception:
             pass
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    if torch.cuda.is_available():
+        cpu = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}) with {cpu}"
     return (f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
             f"{', '.join(versions)}; Python {platform.python_version()}; load average at start {load}")
 

@@ -29,6 +29,10 @@ class Workload:
     zennit_canonizers: Callable[[], list] = list
     """Builds zennit's canonizers for this model (zennit has none for ViT or graphs)."""
 
+    @property
+    def device(self) -> torch.device:
+        return self.inputs[self.explained].device
+
 
 class GCNLayer(nn.Module):
     """``H' = D^-1/2 A D^-1/2 (H W) + b`` with messages gathered by ``index_select`` and summed by
@@ -121,21 +125,21 @@ def _gcn(nodes: int, edges: int, features: int = 64, hidden: int = 64, classes: 
     )
 
 
-FULL: dict[str, Callable[[], Workload]] = {
-    "resnet50": lambda: _torchvision("resnet50", 4, 224),
-    "vgg16": lambda: _torchvision("vgg16", 4, 224),
-    "densenet121": lambda: _torchvision("densenet121", 4, 224),
-    "vit_b_16": lambda: _torchvision("vit_b_16", 2, 224),
-    "gcn": lambda: _gcn(100_000, 1_000_000),
-    "hf_vit_base": lambda: _hugging_face_vit(2, 224),
+FULL: dict[str, Callable[[int | None], Workload]] = {
+    "resnet50": lambda batch: _torchvision("resnet50", batch or 4, 224),
+    "vgg16": lambda batch: _torchvision("vgg16", batch or 4, 224),
+    "densenet121": lambda batch: _torchvision("densenet121", batch or 4, 224),
+    "vit_b_16": lambda batch: _torchvision("vit_b_16", batch or 2, 224),
+    "gcn": lambda batch: _gcn(100_000, 1_000_000),
+    "hf_vit_base": lambda batch: _hugging_face_vit(batch or 2, 224),
 }
-QUICK: dict[str, Callable[[], Workload]] = {
-    "resnet50": lambda: _torchvision("resnet50", 1, 64),
-    "vgg16": lambda: _torchvision("vgg16", 1, 64),
-    "densenet121": lambda: _torchvision("densenet121", 1, 64),
-    "vit_b_16": lambda: _torchvision("vit_b_16", 1, 32),
-    "gcn": lambda: _gcn(2_000, 20_000),
-    "hf_vit_base": lambda: _hugging_face_vit(1, 32, layers=2, hidden=128),
+QUICK: dict[str, Callable[[int | None], Workload]] = {
+    "resnet50": lambda batch: _torchvision("resnet50", batch or 1, 64),
+    "vgg16": lambda batch: _torchvision("vgg16", batch or 1, 64),
+    "densenet121": lambda batch: _torchvision("densenet121", batch or 1, 64),
+    "vit_b_16": lambda batch: _torchvision("vit_b_16", batch or 1, 32),
+    "gcn": lambda batch: _gcn(2_000, 20_000),
+    "hf_vit_base": lambda batch: _hugging_face_vit(batch or 1, 32, layers=2, hidden=128),
 }
 QUICK_DESCRIPTION = "batch 1 at 64x64 (ViT 32x32), GCN with 2k nodes and 20k edges"
 DESCRIPTIONS = {
@@ -148,9 +152,11 @@ DESCRIPTIONS = {
 }
 
 
-def build(name: str, quick: bool) -> Workload:
-    """The workload ``name`` in eval mode with frozen parameters and a fixed seed."""
+def build(name: str, quick: bool, device: str = "cpu", batch: int | None = None) -> Workload:
+    """The workload ``name`` in eval mode with frozen parameters and a fixed seed, on ``device``;
+    ``batch`` replaces the images' default batch size (graphs have none)."""
     torch.manual_seed(0)
-    workload = (QUICK if quick else FULL)[name]()
-    workload.model.eval().requires_grad_(False)
+    workload = (QUICK if quick else FULL)[name](batch)
+    workload.model.eval().requires_grad_(False).to(device)
+    workload.inputs = tuple(value.to(device) for value in workload.inputs)
     return workload

@@ -99,9 +99,19 @@ def evaluate_unrolled(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any
     return [read(atom) for atom in jaxpr.outvars]
 
 
+def _scan_input_counts(params: dict[str, Any]) -> tuple[int, int]:
+    """How many of a scan's inputs are constants and how many the carry (the rest are sequences)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    # JAX 0.11 and later describe the flat inputs by a tree (constants, carry, sequences), each
+    # group's length its number of flat inputs
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 def _scan_unrolled(params: dict[str, Any], values: Sequence[Any]) -> list[Any]:
     body, length = params["jaxpr"], params["length"]
-    consts_count, carry_count = params["num_consts"], params["num_carry"]
+    consts_count, carry_count = _scan_input_counts(params)
     consts, carry = list(values[:consts_count]), list(values[consts_count:consts_count + carry_count])
     sequences = values[consts_count + carry_count:]
     steps = range(length - 1, -1, -1) if params.get("reverse", False) else range(length)

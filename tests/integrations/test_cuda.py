@@ -1,0 +1,183 @@
+"""Explanations on a CUDA device: the relevance the CPU gives, for each kind of model fxlrp takes.
+
+Each test explains the same model and inputs in float64 on the CPU and on the GPU and compares
+the two to float64's rounding (the kernels differ, the arithmetic does not): a constant, a mask or
+an index left on the CPU, or an operation whose rule builds a tensor on the wrong device, fails
+here with an error or a different heatmap. LRP-0 = gradient x input on the GPU ties the GPU's
+relevance to its own gradient. The tests need a CUDA device and are skipped without one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from support.references import relative_error
+from torch import Tensor, nn
+
+import fxlrp
+from fxlrp.rules import Epsilon
+from fxlrp.rules.composites import AttnLRP, EpsilonGammaBox, EpsilonPlusFlat
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+torchvision = pytest.importorskip("torchvision")
+
+TOLERANCE = 1e-10
+"""float64 on two devices: the same sums in other orders, relative to the largest relevance."""
+
+
+def _randomised_batch_norm(model: nn.Module) -> nn.Module:
+    generator = torch.Generator().manual_seed(3)
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.copy_(torch.randn(module.num_features, generator=generator) * 0.1)
+            module.running_var.copy_(torch.rand(module.num_features, generator=generator) + 0.5)
+    return model
+
+
+def _on_both(build: Callable[[], nn.Module], inputs: Any, composite: Any, **attribute: Any) -> tuple[Any, Any]:
+    """The relevance of the inputs on the CPU and on the GPU (brought back), float64."""
+    results = []
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = build().double().eval().to(device)
+        moved = _moved(inputs, device)
+        relevance = fxlrp.attribute(fxlrp.convert(model, composite), moved, **attribute)
+        results.append(_moved(relevance, "cpu"))
+    return results[0], results[1]
+
+
+def _moved(value: Any, device: str) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_moved(item, device) for item in value)
+    if isinstance(value, dict):
+        return {key: _moved(item, device) for key, item in value.items()}
+    return value
+
+
+def _assert_same(cpu: Any, gpu: Any) -> None:
+    cpu_values = [cpu] if isinstance(cpu, Tensor) else [value for value in cpu if value is not None]
+    gpu_values = [gpu] if isinstance(gpu, Tensor) else [value for value in gpu if value is not None]
+    for expected, actual in zip(cpu_values, gpu_values, strict=True):
+        assert torch.isfinite(actual).all()
+        assert expected.abs().max() > 0
+        assert relative_error(actual, expected) < TOLERANCE
+
+
+def _resnet() -> nn.Module:
+    return _randomised_batch_norm(torchvision.models.resnet18(weights=None, num_classes=10))
+
+
+IMAGE = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("composite", [EpsilonPlusFlat(), EpsilonGammaBox(low=-3.0, high=3.0), Epsilon(1e-6)],
+                         ids=["EpsilonPlusFlat", "EpsilonGammaBox", "Epsilon"])
+def test_a_cnn_explained_on_the_gpu_gives_the_cpu_relevance(composite: Any) -> None:
+    cpu, gpu = _on_both(_resnet, IMAGE, composite, target=3)
+    _assert_same(cpu, gpu)
+
+
+def test_lrp0_on_the_gpu_is_gradient_times_input() -> None:
+    torch.manual_seed(0)
+    model = _resnet().double().eval().cuda()
+    image = IMAGE.cuda()
+    relevance = fxlrp.attribute(fxlrp.convert(model, Epsilon(0.0)), image, target=3)
+    leaf = image.clone().requires_grad_()
+    (gradient,) = torch.autograd.grad(model(leaf)[:, 3].sum(), leaf)
+    assert relative_error(relevance, gradient * image) < TOLERANCE
+
+
+def _vision_transformer() -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                              num_classes=10)
+    nn.init.normal_(model.heads.head.weight, std=0.1)  # torchvision starts the head at zero
+    return model
+
+
+def test_a_vision_transformer_under_attnlrp_on_the_gpu_gives_the_cpu_relevance() -> None:
+    cpu, gpu = _on_both(_vision_transformer, IMAGE, AttnLRP(), target=3)
+    _assert_same(cpu, gpu)
+
+
+def test_a_language_model_run_eagerly_on_the_gpu_gives_the_cpu_relevance() -> None:
+    transformers = pytest.importorskip("transformers")
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(2))
+
+    def build() -> nn.Module:
+        config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=64, num_labels=3)
+        return transformers.BertForSequenceClassification(config)
+
+    cpu, gpu = _on_both(build, ids, AttnLRP(), target=1)
+    _assert_same(cpu, gpu)
+
+
+def test_a_graph_network_on_the_gpu_gives_the_cpu_relevance() -> None:
+    pyg = pytest.importorskip("torch_geometric")
+
+    class Network(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gcn = pyg.nn.GCNConv(8, 16)
+            self.gat = pyg.nn.GATConv(16, 4, heads=2, concat=False)
+
+        def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+            return self.gat(self.gcn(x, edge_index).relu(), edge_index)
+
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(12, 8, dtype=torch.float64, generator=generator)
+    edge_index = torch.randint(0, 12, (2, 40), generator=generator)
+    cpu, gpu = _on_both(Network, (x, edge_index), EpsilonPlusFlat(), target=1)
+    _assert_same(cpu, gpu)
+
+
+def test_lrp0_of_a_detection_on_the_gpu_is_gradient_times_input_and_the_cpu_relevance() -> None:
+    # (ResNet-50 FPN Faster R-CNN: piecewise linear from the image to the class logit, RoIAlign
+    # linear in the features for fixed boxes; a MobileNet's hard-swish makes LRP-0 differ from it)
+    from torchvision.models import detection
+
+    from fxlrp.integrations.torchvision import LOGIT_HEADS, explain_detection
+
+    image = torch.rand(1, 3, 100, 120, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    relevances = []
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = detection.fasterrcnn_resnet50_fpn(
+            weights=None, weights_backbone=None, num_classes=4, box_score_thresh=0.0, box_detections_per_img=6,
+            rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=40, min_size=96, max_size=128)
+        model = model.double().eval().to(device)
+        x = image.to(device)
+        explained = explain_detection(fxlrp.convert(model, Epsilon(0.0)), x, 0)
+        logits: list[Tensor] = []
+        handles = [module.register_forward_hook(lambda module, args, output: logits.append(output[0]))
+                   for module in model.modules() if isinstance(module, tuple(LOGIT_HEADS))]
+        leaf = x.clone().requires_grad_()
+        try:
+            model(leaf)
+        finally:
+            for handle in handles:
+                handle.remove()
+        (gradient,) = torch.autograd.grad(logits[0][explained.position], leaf)
+        assert relative_error(explained.relevance, gradient * x) < 1e-12
+        relevances.append(explained.relevance.cpu())
+    _assert_same(relevances[0], relevances[1])
+
+
+def test_conditional_heatmaps_on_the_gpu_give_the_cpu_ones() -> None:
+    from fxlrp.concepts import conditional_relevance
+
+    conditions = [{"layer3": [0], "y": [3]}, {"layer3": [5, 7], "y": [3]}, {"layer4.1.conv2": [2]}]
+    heatmaps = []
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        explain = fxlrp.convert(_resnet().double().eval().to(device), EpsilonPlusFlat())
+        result = conditional_relevance(explain, IMAGE.to(device), conditions, target=3, repeat=2)
+        heatmaps.append(result.heatmap.cpu())
+    _assert_same(heatmaps[0], heatmaps[1])
