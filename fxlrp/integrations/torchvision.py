@@ -348,7 +348,7 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
         seed = torch.zeros_like(logits)
         seed[position] = start.detach()
         relevance = torch.autograd.grad(logits, leaves, seed, allow_unused=True)
-    box = box_pixels(detections["boxes"][index].detach(), *leaves[image].shape[-2:], leaves[image].device)
+    box = box_pixels(detections["boxes"][index].detach(), *_size(leaves, image, as_list), leaves[0].device)
     return DetectionExplanation(_filled(relevance, leaves, as_list), index, label, value.item(), start.item(),
                                 position, box)
 
@@ -358,6 +358,12 @@ def _leaves(images: Tensor | list[Tensor]) -> tuple[bool, list[Tensor]]:
     if isinstance(images, Tensor):
         return False, [images.detach().clone().requires_grad_()]
     return True, [each.detach().clone().requires_grad_() for each in images]
+
+
+def _size(leaves: list[Tensor], image: int, as_list: bool) -> tuple[int, int]:
+    """Image ``image``'s height and width (the images a list of them, or a batch)."""
+    height, width = leaves[image if as_list else 0].shape[-2:]
+    return int(height), int(width)
 
 
 def _filled(relevance: Sequence[Tensor | None], leaves: list[Tensor], as_list: bool) -> Tensor | list[Tensor]:
@@ -473,7 +479,7 @@ def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: i
     start[index, keypoint] = scores[index, keypoint].detach()
     relevance = torch.autograd.grad(scores, leaves, start, allow_unused=True)
     x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2])
-    around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *leaves[image].shape[-2:], leaves[image].device)
+    around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *_size(leaves, image, as_list), leaves[0].device)
     return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
                                 detections["scores"][index].item(), start.sum().item(), None, around)
 

@@ -422,3 +422,4 @@ def test_a_detection_of_the_second_image_of_a_list() -> None:
     for relevance, gradient, picture in zip(explained.relevance, gradients, pictures, strict=True):
         assert relative_error(relevance, gradient * picture) < 1e-12 or not gradient.any() and not relevance.any()
     assert not explained.relevance[0].any() and explained.relevance[1].abs().sum() > 0  # (only image 1's)
+    assert explained.region.shape == (100, 120) and explained.region.any()  # (its box, on image 1)
