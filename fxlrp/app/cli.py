@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Explain each image's class and write heatmap PNGs to --out (or a data set with --data); "
                     "or explain --text with a Hugging Face text model (--model hf:DIR), print its tokens coloured "
                     "by relevance and write --out/explanation.html. A classifier explains a class; a segmentation "
-                    "model explains a class over the whole image: the sum of that class's logits over all pixels.")
+                    "model explains a class over the whole image: the sum of that class's logits over all pixels "
+                    "(with --region, over a box of them).")
     explain.add_argument("--model", required=True,
                          help="torchvision:NAME: a classification, segmentation or video model (e.g. "
                               "torchvision:resnet18, torchvision:fcn_resnet50, torchvision:r3d_18; video models "

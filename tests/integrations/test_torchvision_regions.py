@@ -225,6 +225,11 @@ def test_the_command_lines_region_is_refused_in_one_line(factories: str, tmp_pat
                                "--out", str(tmp_path / "out")], capsys)
         assert code == 2 and message in stderr, stderr
         assert len(stderr.strip().splitlines()) == 1
+    for other, message in ((["--compile", *paths], "--region explains image files without --compile"),
+                           (["--data", str(tmp_path / "images")], "not --text or --data")):
+        code, _, stderr = run(["explain", "--model", f"{factories}:plain", "--region", "2,1,6,4", *other,
+                               "--out", str(tmp_path / "out")], capsys)
+        assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1, stderr
 
 
 def test_a_region_picture_sets_the_image_beside_its_heatmap_with_the_region_outlined() -> None:
