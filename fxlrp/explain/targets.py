@@ -114,7 +114,8 @@ def output_relevance(output: Tensor, target: Any, samples: int | None = None) ->
     is an error, never rounded to an index. Classes are in the last dimension
     (``[batch, classes]``, ``[batch, positions, classes]``), except in an image-shaped output of four
     or more dimensions (``[batch, classes, height, width]``, a segmentation model's), where they are
-    in dimension 1 and a class is explained at every pixel (None: each pixel's top class).
+    in dimension 1 and a class is explained at every pixel (None: each pixel's top class), or over
+    a :class:`Region` of them.
     ``samples``: the batch size of the explained inputs, if they have one; a one-dimensional output
     of that length holds one value per sample (a regression, a score, a node's): None explains each
     sample's value, an index the value of that sample.
