@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Explain each image's class and write heatmap PNGs to --out (or a data set with --data); "
                     "or explain --text with a Hugging Face text model (--model hf:DIR), print its tokens coloured "
                     "by relevance and write --out/explanation.html. A classifier explains a class; a segmentation "
-                    "model explains a class over the whole image: the sum of that class's logits over all pixels.")
+                    "model explains a class over the whole image: the sum of that class's logits over all pixels "
+                    "(with --region, over a box of them).")
     explain.add_argument("--model", required=True,
                          help="torchvision:NAME: a classification, segmentation or video model (e.g. "
                               "torchvision:resnet18, torchvision:fcn_resnet50, torchvision:r3d_18; video models "
@@ -72,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                                           "segmentation model the class whose logits summed over the pixels are "
                                           "largest); for hf: text models also a label name, or for a language "
                                           "model one token of its vocabulary (default: the predicted next token)")
+    explain.add_argument("--region", type=_floats, metavar="X0,Y0,X1,Y1",
+                         help="a segmentation model: explain the class over this box of its output only (pixels "
+                              "whose centres lie in it; x the column, y the row, in the output's pixels, which for "
+                              "torchvision's models are the preprocessed image's); the default class is the one "
+                              "whose logits summed over the box are largest. Also writes NAME.region.png: the image "
+                              "and the heatmap side by side, the box outlined")
     explain.add_argument("--text", action="append", help="text to explain with an hf: model (repeat for several)")
     explain.add_argument("--merge-subwords", action="store_true",
                          help="text: show words, each with the summed relevance of its tokens")

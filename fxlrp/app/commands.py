@@ -132,6 +132,8 @@ def run_explain(args: argparse.Namespace) -> int:
 
     from fxlrp.viz import image
 
+    if args.region is not None and (_explains_text(args) or explains_data_set(args)):
+        raise InputError("--region explains image files given on the command line, not --text or --data")
     if _explains_text(args):
         if args.compile:
             raise InputError("--compile explains images and data sets, not --text")
@@ -143,6 +145,7 @@ def run_explain(args: argparse.Namespace) -> int:
     if not args.images:
         raise InputError("the following arguments are required: IMAGE (image files to explain)")
     target = _class_index(args.target)
+    region = _region(args)
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be positive, got {args.batch_size}")
     model = load_model(args.model, args.weights)
@@ -166,6 +169,10 @@ def run_explain(args: argparse.Namespace) -> int:
             inputs = stack_inputs(paths, preprocessing)
             if start == 0:  # errors in the user's terms (input shape, target, output) before any work
                 logits, image_shaped = probe_model(explain, inputs[:1], paths)
+                if region is not None and not image_shaped:
+                    raise InputError(f"--region takes a region of a segmentation model's output [batch, classes, "
+                                     f"height, width]; this model's output has no height and width (its scores "
+                                     f"have shape {list(logits.shape)}): leave --region out to explain a class")
                 _targets(target, logits)
                 if compiled is not None and image_shaped:
                     raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a "
@@ -174,6 +181,11 @@ def run_explain(args: argparse.Namespace) -> int:
                 given = None if target is None else torch.full((len(paths),), target)
                 relevance, logits = compiled(inputs, given, return_output=True)
                 targets = _targets(target, logits)
+            elif region is not None:  # the class's logits summed over the region
+                logits, where = _region_scores(explain, inputs, paths, region)
+                targets = _targets(target, logits)
+                relevance = attribute(explain, inputs, target=fxlrp.Region(targets, box=region.box),
+                                      output=explained_output, check_finite=False)
             else:
                 logits = _run_model(explain, inputs, paths)
                 targets = _targets(target, logits)
@@ -187,13 +199,59 @@ def run_explain(args: argparse.Namespace) -> int:
             for index, name in enumerate(names[start:start + len(paths)]):
                 image.save_png(heatmaps[index], out / f"{name}.heatmap.png", scale)
                 image.save_png(overlays[index], out / f"{name}.overlay.png", scale)
+                if region is not None:
+                    picture = _as_picture(inputs[index:index + 1])[0]
+                    outlined = image.with_region(picture, _as_picture(relevance[index:index + 1])[0],
+                                                 _region_in_picture(where, picture.shape[-2:]), args.cmap)
+                    image.save_png(outlined, out / f"{name}.region.png", scale)
                 explained = int(targets[index])  # (not `target`: the next batch needs the option)
                 what = "logits summed over the pixels" if image_shaped else "output"
+                if region is not None:
+                    what = "logits summed over the box ({:g}, {:g}, {:g}, {:g})".format(*region.box)
                 lines.append(f"{paths[index]}: class {explained} ({what} {logits[index, explained]:.3g}), "
                              f"relevance sum {relevance[index].sum():.3g} -> {out / name}.heatmap.png")
             progress.update(len(paths))
     print("\n".join(lines))
     return 0
+
+
+def _region(args: argparse.Namespace) -> fxlrp.Region | None:
+    """``--region X0,Y0,X1,Y1`` as a region (its class given later), checked; None without it."""
+    if args.region is None:
+        return None
+    if args.compile:
+        raise InputError("--region explains image files without --compile; leave one of them out")
+    if len(args.region) != 4:
+        raise InputError(f"--region takes four numbers X0,Y0,X1,Y1 (a box in the output's pixels), got "
+                         f"{len(args.region)}: {','.join(f'{value:g}' for value in args.region)}")
+    try:
+        return fxlrp.Region(None, box=args.region)
+    except fxlrp.ExplanationInputError as error:
+        raise InputError(f"--region: {error}") from None
+
+
+def _region_scores(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[str],
+                   region: fxlrp.Region) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each class's logits summed over ``region`` ``[batch, classes]``, and the region's pixels of
+    the output ``[1, *spatial]``."""
+    with torch.no_grad():
+        output = explained_output(explain(inputs))
+    try:
+        where = region.where(output)
+    except fxlrp.ExplanationInputError as error:
+        raise InputError(f"--region: {error}") from None
+    scores = (output * where.unsqueeze(1).to(output.dtype)).sum(dim=tuple(range(2, output.dim())))
+    return scores, where
+
+
+def _region_in_picture(where: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """A region of the output ``[1, *spatial]`` as a mask of the picture ``[height, width]`` (video
+    frames side by side, as :func:`_as_picture` lays them), resized to it where the output is
+    smaller than the image (nearest neighbour)."""
+    mask = _as_picture(where[:, None].to(torch.float64))[0]
+    if tuple(mask.shape[-2:]) != tuple(size):
+        mask = torch.nn.functional.interpolate(mask[None], size=tuple(size), mode="nearest")[0]
+    return mask[0] > 0.5
 
 
 def _class_index(target: str | None) -> int | None:

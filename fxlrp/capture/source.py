@@ -75,10 +75,13 @@ def calling_line() -> str:
         The line of the user's or a library's code that called the running operation; '?' if
         none.
     """
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        if not is_library_file(frame.filename):
-            return _formatted(frame.filename, frame.lineno, frame.line)
-    return "?"
+    frame = sys._getframe(1)  # (a walk of the frames: traceback.extract_stack reads every frame's line)
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    filename = frame.f_code.co_filename
+    return _formatted(filename, frame.f_lineno, linecache.getline(filename, frame.f_lineno))
 
 
 def error_line(error: BaseException) -> str | None:

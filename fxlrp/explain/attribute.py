@@ -100,7 +100,8 @@ def attribute(
         sample's highest output, the predicted class), a class index (an int; negative ones count
         from the end, as in torch indexing: ``-1`` is the last class), a tensor of one index per
         sample, a pair ``(a, b)`` (logit ``a`` minus logit ``b``), a float tensor of the explained
-        output's shape (the output relevance itself), or a list of these. A float or bool is no
+        output's shape (the output relevance itself), a :class:`~fxlrp.Region` (a class over a box
+        or mask of an image-shaped output), or a list of these. A float or bool is no
         class index, and no target is rounded to one.
     output, repeat, check_finite
         As described above.

@@ -4,6 +4,7 @@ contrast of two, each sample's value, a pixel's class) and which output of a mod
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,8 @@ TARGETS = (
     "A target is None (each sample's highest output: the predicted class), a class index (an int; negative "
     "ones count from the end, as in torch indexing), a tensor of one class index per sample, a pair (a, b) of "
     "these (logit a minus logit b), a float tensor of the explained output's shape (the output relevance "
-    "itself), or a list of these (one explanation each)"
+    "itself), a Region (a class over a box or mask of an image-shaped output), or a list of these (one "
+    "explanation each)"
 )
 """What :func:`output_relevance` takes, for error messages."""
 
@@ -58,7 +60,7 @@ def refuse_unknown_target(target: Any, *, many: bool = True) -> None:
         for each in target:
             refuse_unknown_target(each, many=False)
         return
-    if target is None or _is_index(target):
+    if target is None or _is_index(target) or isinstance(target, Region):
         return
     if isinstance(target, tuple) and len(target) == 2:
         for each in target:
@@ -112,7 +114,8 @@ def output_relevance(output: Tensor, target: Any, samples: int | None = None) ->
     is an error, never rounded to an index. Classes are in the last dimension
     (``[batch, classes]``, ``[batch, positions, classes]``), except in an image-shaped output of four
     or more dimensions (``[batch, classes, height, width]``, a segmentation model's), where they are
-    in dimension 1 and a class is explained at every pixel (None: each pixel's top class).
+    in dimension 1 and a class is explained at every pixel (None: each pixel's top class), or over
+    a :class:`Region` of them.
     ``samples``: the batch size of the explained inputs, if they have one; a one-dimensional output
     of that length holds one value per sample (a regression, a score, a node's): None explains each
     sample's value, an index the value of that sample.
@@ -142,6 +145,8 @@ def output_relevance(output: Tensor, target: Any, samples: int | None = None) ->
         target = torch.as_tensor(target)
     if isinstance(target, Tensor) and target.shape == output.shape and target.is_floating_point():
         return target.to(device=output.device)
+    if isinstance(target, Region):
+        return target.relevance(output)
     if output.dim() == 0:
         return output.detach().clone()
     if target is None and output.dim() == 1 and samples is not None and output.shape[0] == samples:
@@ -151,6 +156,157 @@ def output_relevance(output: Tensor, target: Any, samples: int | None = None) ->
     if output.dim() > 3:
         return _dense_relevance(output, target)
     return _class_relevance(output, target)
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """A class explained over a region of an image-shaped output (a segmentation model's
+    ``[batch, classes, height, width]``): relevance starts as that class's logit at each pixel of
+    the region, 0 elsewhere, ``R_{c,h,w} = z_{c,h,w}`` for ``(h, w)`` in the region: the
+    relevance of the class's logits summed over the region. Give ``box=(x0, y0, x1, y1)`` in
+    the output's pixels (``x`` the column, ``y`` the row; torchvision's segmentation models give
+    their output at the image's size): the pixels whose centres lie in the box, for whole numbers
+    ``[y0:y1, x0:x1]``; or ``mask=``, a bool tensor of the output's ``[height, width]`` (one for
+    all samples) or ``[batch, height, width]``. Relevance is linear in where it starts, so a
+    region's explanation is the sum of its pixels' explanations.
+
+    Parameters
+    ----------
+    target
+        The class: an index, a tensor of one per sample, a pair ``(a, b)`` (logit ``a`` minus
+        logit ``b``), or None (each pixel's top class), as :func:`output_relevance` takes them.
+    box
+        ``(x0, y0, x1, y1)``, with ``x0 < x1`` and ``y0 < y1``.
+    mask
+        A bool tensor; give ``box`` or ``mask``, not both.
+
+    Raises
+    ------
+    ExplanationInputError
+        For neither or both of ``box`` and ``mask``, a box that is not four increasing numbers, a
+        mask that is not a bool tensor, a target that is no class.
+    """
+
+    target: Any = None
+    box: Sequence[float] | Tensor | None = None
+    mask: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if (self.box is None) == (self.mask is None):
+            raise ExplanationInputError("a Region takes box=(x0, y0, x1, y1) or mask= (a bool tensor [height, width] "
+                                        "or [batch, height, width]), one of them")
+        if isinstance(self.target, Region):
+            raise ExplanationInputError("a Region's target is a class (an index, one per sample, a pair or None), "
+                                        "not another Region")
+        refuse_unknown_target(self.target, many=False)
+        if self.mask is not None:
+            if not isinstance(self.mask, Tensor) or self.mask.dtype != torch.bool:
+                shown = f"a tensor of {self.mask.dtype}" if isinstance(self.mask, Tensor) else \
+                    f"a {type(self.mask).__name__}"
+                raise ExplanationInputError(f"a Region's mask is {shown}; give a bool tensor (e.g. labels == k, or "
+                                            "weights > 0.5)")
+            return
+        corners = torch.as_tensor(self.box, dtype=torch.float64).flatten() if _numbers(self.box) else None
+        if corners is None or corners.numel() != 4 or not bool(torch.isfinite(corners).all()):
+            raise ExplanationInputError(f"a Region's box is {self.box!r}; give four numbers (x0, y0, x1, y1) in the "
+                                        "output's pixels")
+        x0, y0, x1, y1 = corners.tolist()
+        if not (x0 < x1 and y0 < y1):
+            raise ExplanationInputError(f"a Region's box {tuple(corners.tolist())} is empty: it is (x0, y0, x1, y1) "
+                                        "with x0 < x1 and y0 < y1 (x the column, y the row)")
+
+    def where(self, output: Tensor) -> Tensor:
+        """The region's pixels of ``output``: a bool tensor ``[batch or 1, *spatial]``.
+
+        Parameters
+        ----------
+        output
+            The explained output ``[batch, classes, *spatial]``, at least two spatial dimensions.
+
+        Returns
+        -------
+        Tensor
+            True at the region's pixels (a box: in the last two dimensions, every frame of a video).
+
+        Raises
+        ------
+        ExplanationInputError
+            For an output with fewer dimensions, a mask of other dimensions, a region with no pixel
+            of the output.
+        """
+        shape = list(output.shape)
+        if output.dim() < 4:
+            raise ExplanationInputError(
+                f"a Region needs an image-shaped output [batch, classes, height, width] (a segmentation model's); the "
+                f"explained output has shape {shape}, with no height and width to take a region of: explain a class "
+                f"(target=index) or give output= that picks an image-shaped tensor")
+        spatial = list(output.shape[2:])
+        if self.mask is not None:
+            mask = self.mask.to(output.device)
+            if list(mask.shape) == spatial:
+                mask = mask[None]
+            elif list(mask.shape) != [shape[0], *spatial]:
+                raise ExplanationInputError(f"a Region's mask has shape {list(self.mask.shape)}; the explained output "
+                                            f"{shape} needs a mask of {spatial} or {[shape[0], *spatial]}")
+            if not bool(mask.any()):
+                raise ExplanationInputError("a Region's mask selects no pixel: there would be nothing to explain")
+            return mask
+        inside = box_pixels(self.box, spatial[-2], spatial[-1], output.device)
+        if not bool(inside.any()):
+            x0, y0, x1, y1 = torch.as_tensor(self.box, dtype=torch.float64).flatten().tolist()
+            raise ExplanationInputError(f"the box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) holds no pixel of the explained "
+                                        f"output's {spatial[-1]} columns and {spatial[-2]} rows (x0, y0, x1, y1: x "
+                                        "the column, y the row)")
+        return inside.expand(1, *spatial)
+
+    def relevance(self, output: Tensor) -> Tensor:
+        """The relevance to start from: :func:`output_relevance` of the class, 0 outside the region.
+
+        Parameters
+        ----------
+        output
+            The explained output ``[batch, classes, *spatial]``.
+
+        Returns
+        -------
+        Tensor
+            Of the output's shape.
+        """
+        where = self.where(output)
+        return output_relevance(output, self.target) * where.unsqueeze(1).to(output.dtype)
+
+
+def box_pixels(box: Sequence[float] | Tensor, height: int, width: int,
+               device: torch.device | str | None = None) -> Tensor:
+    """The pixels of a box ``(x0, y0, x1, y1)``: those whose centres lie in it, for whole numbers
+    ``[y0:y1, x0:x1]`` (as :class:`Region` takes a box, and a detector gives one).
+
+    Parameters
+    ----------
+    box
+        ``(x0, y0, x1, y1)`` in pixels, ``x`` the column, ``y`` the row.
+    height, width
+        The picture's size.
+    device
+        Where the mask is made.
+
+    Returns
+    -------
+    Tensor
+        A bool ``[height, width]`` mask.
+    """
+    x0, y0, x1, y1 = torch.as_tensor(box, dtype=torch.float64).flatten().tolist()
+    rows = torch.arange(height, dtype=torch.float64, device=device) + 0.5  # (pixel centres)
+    columns = torch.arange(width, dtype=torch.float64, device=device) + 0.5
+    return ((rows >= y0) & (rows <= y1))[:, None] & ((columns >= x0) & (columns <= x1))[None, :]
+
+
+def _numbers(box: Any) -> bool:
+    """Whether ``box`` is a tensor or a sequence of numbers (not a string)."""
+    if isinstance(box, Tensor):
+        return not box.is_complex() and box.dtype != torch.bool
+    return isinstance(box, (list, tuple)) and all(isinstance(each, (int, float)) and not isinstance(each, bool)
+                                                  or _numpy_kind(each, "iuf") for each in box)
 
 
 def _class_relevance(output: Tensor, target: Any, given: Tensor | None = None) -> Tensor:

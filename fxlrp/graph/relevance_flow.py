@@ -12,7 +12,7 @@ constant) carries relevance forward, but none ever returns to it, so its operati
 either and run as the model runs them.
 
 An operation without a rule that relevance comes back to from some of the model's outputs but not
-from all of them (RetinaNet's box decoding, ``torch.exp``, when a class score is explained) cannot
+from all of them (a ``torch.exp`` in one of two heads, when the other head's output is explained) cannot
 be judged when the graph is captured: which output is explained is known only when an
 explanation runs. It runs as the model runs it, behind :func:`unreached`, whose backward is the
 error naming it if relevance of an explanation does arrive.

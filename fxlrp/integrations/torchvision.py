@@ -21,10 +21,14 @@ from torch import Tensor, nn
 from fxlrp.capture.interception import module_calls_followed
 from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.eager.interpret import interpret, operations_observed
+from fxlrp.explain.targets import box_pixels
 from fxlrp.operations.helpers import affine, identity
 from fxlrp.operations.sums import proportional
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
+from fxlrp.relevance.form import require_relevance_form
+from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.relevance.stabilise import divide_dropping_zeros
 
 try:
     from torchvision.models import swin_transformer
@@ -243,9 +247,14 @@ class DetectionExplanation:
     score: float
     """Its score, as the model outputs it."""
     explained: float
-    """The value explained: the class logit, or the score."""
+    """The value explained: the class logit, the score, the mask's values summed over its pixels
+    (:func:`explain_mask`) or the keypoint's score (:func:`explain_keypoint`)."""
     position: tuple[int, ...] | None
-    """Where the logit is in the output of the classification head (None for the score)."""
+    """Where the logit is in the output of the classification head (None for the others)."""
+    region: Tensor | None = None
+    """Where the explained thing is in the image: a bool ``[height, width]`` mask of the detection's
+    box, the mask's pixels, or the keypoint's pixel and its neighbours (for
+    :func:`fxlrp.viz.image.with_region`)."""
 
 
 LOGIT_HEADS: dict[type, int | None] = {}
@@ -271,8 +280,8 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
     element of the classification head's output, ``R_j = z e_j``, found by where the relevance
     of the detection's score goes in that output. ``score="score"`` starts from the score the
     model outputs, ``R = s``, through the softmax's or sigmoid's rule. Boxes, their decoding, NMS
-    and top-k selections take no part in either (see :func:`region_average`); explaining a box
-    is the error naming ``torch.exp`` of its decoding, which has no rule.
+    and top-k selections take no part in either (see :func:`region_average`); a box coordinate is
+    explained from the ``boxes`` output (see :func:`box_decoding`).
 
     Parameters
     ----------
@@ -303,9 +312,7 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
     """
     if score not in ("logit", "score"):
         raise ValueError(f"score={score!r}: explain the class 'logit' or the 'score'")
-    as_list = not isinstance(images, Tensor)
-    leaves = [each.detach().clone().requires_grad_() for each in images] if as_list else \
-        [images.detach().clone().requires_grad_()]
+    as_list, leaves = _leaves(images)
     heads = LOGIT_HEADS if heads is None else heads
     outputs: list[Tensor] = []
 
@@ -341,9 +348,140 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
         seed = torch.zeros_like(logits)
         seed[position] = start.detach()
         relevance = torch.autograd.grad(logits, leaves, seed, allow_unused=True)
-    relevance = [torch.zeros_like(leaf) if each is None else each for each, leaf in zip(relevance, leaves, strict=True)]
-    return DetectionExplanation(relevance if as_list else relevance[0], index, label, value.item(), start.item(),
-                                position)
+    box = box_pixels(detections["boxes"][index].detach(), *_size(leaves, image, as_list), leaves[0].device)
+    return DetectionExplanation(_filled(relevance, leaves, as_list), index, label, value.item(), start.item(),
+                                position, box)
+
+
+def _leaves(images: Tensor | list[Tensor]) -> tuple[bool, list[Tensor]]:
+    """Whether the images are a list, and a copy of each that requires gradients."""
+    if isinstance(images, Tensor):
+        return False, [images.detach().clone().requires_grad_()]
+    return True, [each.detach().clone().requires_grad_() for each in images]
+
+
+def _size(leaves: list[Tensor], image: int, as_list: bool) -> tuple[int, int]:
+    """Image ``image``'s height and width (the images a list of them, or a batch)."""
+    height, width = leaves[image if as_list else 0].shape[-2:]
+    return int(height), int(width)
+
+
+def _filled(relevance: Sequence[Tensor | None], leaves: list[Tensor], as_list: bool) -> Tensor | list[Tensor]:
+    """The images' relevance, zeros for an image none reached, as the images were given."""
+    filled = [torch.zeros_like(leaf) if each is None else each for each, leaf in zip(relevance, leaves, strict=True)]
+    return filled if as_list else filled[0]
+
+
+def _detections(explain: nn.Module, images: Tensor | list[Tensor], index: int, image: int,
+                key: str, what: str) -> tuple[bool, list[Tensor], dict[str, Tensor], int]:
+    """One explanation run of a detector: the images' leaves, image ``image``'s detections (which
+    must hold ``key``), the detection's index checked."""
+    as_list, leaves = _leaves(images)
+    detections = explain(leaves if as_list else leaves[0])[image]
+    if key not in detections:
+        raise ValueError(f"{type(explain).__name__}'s detections hold no {key!r} ({', '.join(detections)}): "
+                         f"{what}")
+    return as_list, leaves, detections, detection_target(detections, index=index)
+
+
+def explain_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, *, image: int = 0,
+                 threshold: float = 0.5) -> DetectionExplanation:
+    """Explain the mask of one detection of Mask R-CNN: its values over its pixels.
+
+    Relevance starts as the mask's value at each pixel where it exceeds ``threshold`` (the pixels
+    the model says are the instance), 0 elsewhere, ``R_p = m_p [m_p > threshold]``: the mask summed
+    over the instance. It goes back through the pasting of the mask into the image (bilinear
+    interpolation and padding: the z-rule of a linear map), the sigmoid (identity rule), the mask
+    head and the RoIAlign of its box (held constant) to the image.
+
+    Parameters
+    ----------
+    explain : nn.Module
+        The explainer of a Mask R-CNN (:func:`fxlrp.convert`).
+    images : Tensor or list of Tensor
+        The images as the detector takes them.
+    index : int
+        The detection's index in image ``image``'s output (see :func:`detection_target`).
+    image : int, default 0
+        Which image's detection.
+    threshold : float, default 0.5
+        The mask's pixels are where it exceeds this (torchvision's convention for a binary mask).
+
+    Returns
+    -------
+    DetectionExplanation
+        The relevance of the images; ``explained`` the mask's values summed over its pixels,
+        ``region`` its pixels.
+
+    Raises
+    ------
+    ValueError
+        For a detector without masks, an index out of range, a mask with no pixel above
+        ``threshold``.
+    """
+    as_list, leaves, detections, index = _detections(explain, images, index, image, "masks",
+                                                     "explain_mask explains Mask R-CNN's masks")
+    masks = detections["masks"]
+    value = masks[index].detach()
+    inside = value > threshold
+    if not bool(inside.any()):
+        raise ValueError(f"the mask of detection {index} has no pixel above threshold={threshold} (its largest value "
+                         f"is {value.max().item():.3g}): give a lower threshold")
+    start = torch.zeros_like(masks)
+    start[index] = value * inside
+    relevance = torch.autograd.grad(masks, leaves, start, allow_unused=True)
+    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
+                                detections["scores"][index].item(), start.sum().item(), None, inside[0])
+
+
+def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: int, keypoint: int, *,
+                     image: int = 0) -> DetectionExplanation:
+    """Explain one keypoint of one detection of Keypoint R-CNN: its heatmap at the keypoint.
+
+    Relevance starts as the keypoint's score, ``R = s``: the value of the keypoint's heatmap
+    (the keypoint head's output, resized to the box by bicubic interpolation) at the keypoint,
+    which is where it is largest. The interpolation is linear in the heatmap (z-rule), the
+    keypoint's position is held constant (it is where the largest value is, an index), the head
+    and the RoIAlign of its box take their rules.
+
+    Parameters
+    ----------
+    explain : nn.Module
+        The explainer of a Keypoint R-CNN (:func:`fxlrp.convert`).
+    images : Tensor or list of Tensor
+        The images as the detector takes them.
+    index : int
+        The detection's index in image ``image``'s output (see :func:`detection_target`).
+    keypoint : int
+        Which keypoint (negative ones count from the end).
+    image : int, default 0
+        Which image's detection.
+
+    Returns
+    -------
+    DetectionExplanation
+        The relevance of the images; ``explained`` the keypoint's score, ``region`` its pixel and
+        the 8 around it.
+
+    Raises
+    ------
+    ValueError
+        For a detector without keypoints, an index or keypoint out of range.
+    """
+    as_list, leaves, detections, index = _detections(explain, images, index, image, "keypoints_scores",
+                                                     "explain_keypoint explains Keypoint R-CNN's keypoints")
+    scores = detections["keypoints_scores"]
+    count = scores.shape[1]
+    if not -count <= keypoint < count:
+        raise ValueError(f"keypoint {keypoint} is out of range: the detector has {count} keypoints")
+    keypoint %= count
+    start = torch.zeros_like(scores)
+    start[index, keypoint] = scores[index, keypoint].detach()
+    relevance = torch.autograd.grad(scores, leaves, start, allow_unused=True)
+    x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2])
+    around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *_size(leaves, image, as_list), leaves[0].device)
+    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
+                                detections["scores"][index].item(), start.sum().item(), None, around)
 
 
 def _logit_positions(explain: nn.Module, images: Any, image: int, index: int, label: int,
@@ -432,6 +570,102 @@ if roi_align is not None:
             default_rule=proportional,
             description="MultiScaleRoIAlign: RoIAlign on each box's level of the feature pyramid, run with relevance "
             "functions inside; the boxes get no relevance",
+        )
+    )
+
+
+class _DecodedBoxes(torch.autograd.Function):
+    """Forward: torchvision's ``BoxCoder.decode_single`` as the model runs it. Backward: the
+    relevance of each box coordinate shared among the terms it is the sum of (see
+    :func:`box_decoding`)."""
+
+    @staticmethod
+    def forward(ctx: Any, function: Callable[..., Tensor], coder: Any, codes: Tensor, boxes: Tensor) -> Tensor:
+        decoded = function(coder, codes, boxes)
+        ctx.save_for_backward(codes, boxes, decoded)
+        ctx.coder = coder
+        return decoded
+
+    @staticmethod
+    def backward(ctx: Any, relevance: Tensor) -> tuple[None, None, Tensor, None]:
+        codes, boxes, decoded = ctx.saved_tensors
+        coder = ctx.coder
+        boxes = boxes.to(codes.dtype)
+        sizes = torch.stack([boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]], dim=1)[:, None]  # [N, 1, 2]
+        deltas = codes.reshape(codes.shape[0], -1, 4) / torch.as_tensor(coder.weights, dtype=codes.dtype,
+                                                                        device=codes.device)
+        centre = deltas[..., :2] * sizes  # (the shift of the centre from the reference box's)
+        log_sizes = deltas[..., 2:]
+        half = 0.5 * sizes * torch.expm1(log_sizes.clamp(max=coder.bbox_xform_clip))  # (the change of half the size)
+        half = half * (log_sizes <= coder.bbox_xform_clip)  # (clipped: a constant, no relevance)
+        shares = divide_dropping_zeros(relevance, decoded).reshape(centre.shape[0], -1, 4)  # R / z per coordinate
+        low, high = shares[..., :2], shares[..., 2:]  # (x0, y0) = centre - half, (x1, y1) = centre + half
+        by_code = torch.cat([centre * (low + high), half * (high - low)], dim=-1)
+        return None, None, by_code.reshape(codes.shape), None
+
+
+def box_decoding(call: RelevanceCall, function: Callable[..., Any], coder: Any, codes: Tensor, boxes: Tensor) -> Tensor:
+    r"""torchvision's ``BoxCoder.decode_single``: boxes from predicted offsets of reference boxes
+    (anchors, proposals), with the reference boxes held constant.
+
+    Each coordinate is a sum, e.g. the left edge
+
+    .. math:: x_0 = \underbrace{c_x - \tfrac{w}{2}}_{\text{reference}}
+        + \underbrace{w\,d_x}_{\text{shift}} - \underbrace{\tfrac{w}{2}(e^{d_w} - 1)}_{\text{resize}}
+
+    (``c_x``, ``w`` the reference box's centre and width, ``d_x = t_x / w_x`` and ``d_w = t_w /
+    w_w`` the predicted codes over the coder's weights, ``d_w`` clipped above as the model clips
+    it), and its relevance is shared among the terms by the z-rule, ``R_term = term / x_0 R``:
+    the reference box's share is a constant's (a bias's), the shift's goes to ``t_x`` (linear),
+    the resize's to ``t_w``. That is the rule of the sums with ``e^{d}`` explained as
+    ``1 + (e^{d} - 1)``: the value it has at ``d = 0`` a constant, the change the part of
+    ``d``, ``R_d = (1 - e^{-d}) R_{e^d}``. The relevance reaching the network is the
+    coordinate's offset from the reference box's, ``x_0 - (c_x - w / 2)``: what moved the edge
+    from where the anchor or proposal had it. The centre ``(x_0 + x_1) / 2`` is linear in the
+    codes: the resize terms cancel, and LRP-0 of it is gradient x input on a piecewise-linear
+    network.
+
+    Parameters
+    ----------
+    call : RelevanceCall
+        The node's settings.
+    function : callable
+        ``BoxCoder.decode_single``.
+    coder : BoxCoder
+        The detector's coder (its weights and clip).
+    codes : Tensor
+        The predicted offsets ``[N, 4 K]``.
+    boxes : Tensor
+        The reference boxes ``[N, 4]``, held constant.
+
+    Returns
+    -------
+    Tensor
+        The decoded boxes ``[N, 4 K]``, as the model computes them.
+    """
+    if not torch.is_grad_enabled() or not carries_relevance(codes):
+        return function(coder, codes, boxes)
+    require_relevance_form("box decoding")
+    return _DecodedBoxes.apply(function, coder, codes, boxes.detach())
+
+
+try:
+    from torchvision.models.detection._utils import BoxCoder
+except ImportError:  # torchvision is optional
+    BoxCoder = None
+
+if BoxCoder is not None:
+    register(
+        Operation(
+            "box_decoding",
+            Kind.AFFINE,
+            functions=(BoxCoder.decode_single,),
+            relevance=box_decoding,
+            default_rule=proportional,
+            leaf=True,
+            index_arguments=(2,),
+            description="box decoding (BoxCoder.decode_single): each coordinate the sum of the reference box's "
+            "(a constant), the predicted shift's and the predicted resize's (e^d - 1) terms, z-rule",
         )
     )
 

@@ -326,6 +326,80 @@ def enlarge(rgb: np.ndarray, factor: int) -> np.ndarray:
     return np.repeat(np.repeat(rgb, factor, axis=-3), factor, axis=-2)
 
 
+REGION_COLOUR = (0, 200, 0)
+"""The outline of a region: green, which none of the diverging colour maps uses."""
+
+
+def outline(mask: ArrayLike) -> np.ndarray:
+    """The border pixels of a region: those of ``mask`` with a 4-neighbour outside it (or at the
+    picture's edge).
+
+    Parameters
+    ----------
+    mask : ndarray or Tensor
+        A bool ``[..., height, width]`` mask.
+
+    Returns
+    -------
+    ndarray
+        A bool mask of the same shape.
+    """
+    inside = as_numpy(mask) != 0
+    padded = np.pad(inside, [(0, 0)] * (inside.ndim - 2) + [(1, 1), (1, 1)], constant_values=False)
+    interior = (padded[..., :-2, 1:-1] & padded[..., 2:, 1:-1] & padded[..., 1:-1, :-2] & padded[..., 1:-1, 2:])
+    return inside & ~interior
+
+
+def with_region(
+    image: ArrayLike,
+    relevance: ArrayLike,
+    region: ArrayLike,
+    cmap: str | Colormap = "bwr",
+    reduction: str = "sum",
+    gap: int = 2,
+) -> np.ndarray:
+    """The image and the heatmap of its relevance side by side, the explained region outlined on
+    both (:data:`REGION_COLOUR`): where the relevance of a box, a mask or a region of an output
+    lies against where the explained thing is.
+
+    Parameters
+    ----------
+    image : ndarray or Tensor
+        ``[..., channels, height, width]`` (1 or 3 channels).
+    relevance : ndarray or Tensor
+        ``[..., channels, height, width]``, of the image's size.
+    region : ndarray or Tensor
+        A bool ``[..., height, width]`` (or ``[height, width]``) mask;
+        :func:`fxlrp.explain.targets.box_pixels` makes one of a box.
+    cmap : str or Colormap, default "bwr"
+        The colour map (:func:`colour_map`).
+    reduction : str, default "sum"
+        The channel reduction (:func:`reduce_channels`).
+    gap : int, default 2
+        White columns between the two.
+
+    Returns
+    -------
+    ndarray
+        ``[..., height, 2 * width + gap, 3]``.
+
+    Raises
+    ------
+    ValueError
+        If image, relevance and region differ in size.
+    """
+    pictures, colours = image_to_rgb(image), heatmap(relevance, cmap, reduction)
+    border = outline(region)
+    if pictures.shape != colours.shape or border.shape[-2:] != pictures.shape[-3:-1]:
+        raise ValueError(f"image {pictures.shape[:-1]}, relevance {colours.shape[:-1]} and region {border.shape} "
+                         "differ in size")
+    border = np.broadcast_to(border, pictures.shape[:-1])
+    pictures, colours = pictures.copy(), colours.copy()
+    pictures[border], colours[border] = REGION_COLOUR, REGION_COLOUR
+    spacer = np.full((*pictures.shape[:-2], gap, 3), 255, dtype=np.uint8)
+    return np.concatenate([pictures, spacer, colours], axis=-2)
+
+
 def save_png(rgb: np.ndarray, path: str | Path, scale: int = 1) -> Path:
     """Save one RGB ``uint8`` picture ``[height, width, 3]`` as PNG.
 

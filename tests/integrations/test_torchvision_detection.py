@@ -22,6 +22,7 @@ from fxlrp.rules import Epsilon
 
 torchvision = pytest.importorskip("torchvision")
 from torchvision.models import detection  # noqa: E402
+from torchvision.models.detection._utils import BoxCoder  # noqa: E402
 from torchvision.ops import MultiScaleRoIAlign, ps_roi_align, ps_roi_pool, roi_align, roi_pool  # noqa: E402
 
 from fxlrp.integrations.torchvision import (  # noqa: E402
@@ -198,22 +199,133 @@ def test_every_detector_converts_strictly_and_gives_its_own_outputs(name: str) -
                 assert torch.equal(mine[key], theirs[key]), key
     report = explain.report()
     assert {row.handling for row in report.all_rows} <= EXPLAINED
-    unreached = [row for row in report.all_rows if row.handling == "unreached"]
-    if name in DECODES_WITH_EXP:  # box decoding: no relevance when a score is explained
-        assert unreached and all(row.operation == "torch.exp" and "_utils.py" in row.source for row in unreached)
-    else:
-        assert not unreached
+    assert not [row for row in report.all_rows if row.handling == "unreached"]
+    decoding = {row.handling for row in report.all_rows if row.operation == "box_decoding"}
+    assert decoding == ({"rule"} if name in DECODES_WITH_EXP else set())  # (FCOS's decoding is linear)
 
 
-@pytest.mark.parametrize("name", ["retinanet_resnet50_fpn", "fasterrcnn_mobilenet_v3_large_fpn"])
-def test_explaining_a_box_is_the_error_naming_its_decoding(name: str) -> None:
-    explain = fxlrp.convert(build(name), strict=True)
-    x = images().requires_grad_()
-    detections = explain(x)[0]
-    with pytest.raises(fxlrp.UnsupportedOperationError) as error:
-        detections["boxes"][0, 2].backward()
-    message = str(error.value)
-    assert "torch.exp" in message and "_utils.py" in message and "pred_w = torch.exp(dw)" in message
+REGRESSION_HEADS = {"fasterrcnn_resnet50_fpn": lambda model: model.roi_heads.box_predictor,
+                    "retinanet_resnet50_fpn": lambda model: model.head.regression_head}
+"""The module whose output holds the predicted box offsets (the R-CNNs' predictor: its second)."""
+
+
+def _own_box_gradient(model: nn.Module, name: str, x: Tensor, index: int,
+                      seed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The model's own run: its boxes, its box offsets (the regression head's output), and the
+    gradients of ``seed . boxes[index]`` by the offsets and by the input."""
+    module = REGRESSION_HEADS[name](model)
+    outputs: list[Tensor] = []
+    handle = module.register_forward_hook(
+        lambda module, args, output: outputs.append(output[1] if isinstance(output, tuple) else output))
+    leaf = x.clone().requires_grad_()
+    try:
+        boxes = model(leaf)[0]["boxes"]
+    finally:
+        handle.remove()
+    [codes] = outputs
+    by_codes, by_input = torch.autograd.grad((boxes[index] * seed).sum(), [codes, leaf])
+    return boxes.detach(), codes.detach(), by_codes, by_input
+
+
+def _explained_box(explain: nn.Module, x: Tensor, index: int, seed: Tensor) -> tuple[Tensor, Tensor]:
+    """The boxes, and the relevance of ``x`` for R = seed * box at detection ``index``'s box."""
+    leaf = x.clone().requires_grad_()
+    boxes = explain(leaf)[0]["boxes"]
+    start = torch.zeros_like(boxes)
+    start[index] = boxes[index].detach() * seed
+    (relevance,) = torch.autograd.grad(boxes, leaf, start)
+    return boxes.detach(), relevance
+
+
+class Decoding(nn.Module):
+    """Box offsets of two classes from a linear layer, decoded against fixed reference boxes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.offsets = nn.Linear(5, 8).double()
+        self.coder = BoxCoder((10.0, 10.0, 5.0, 5.0), bbox_xform_clip=0.05)
+        self.register_buffer("reference", torch.tensor([[2.0, 3.0, 30.0, 20.0], [10.0, 1.0, 14.0, 40.0],
+                                                        [0.0, 0.0, 8.0, 8.0]], dtype=torch.float64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.coder.decode_single(self.offsets(x), self.reference)
+
+
+def test_box_decoding_shares_each_coordinate_among_shift_and_resize() -> None:
+    # The reference is independent of the rule's code: LRP-0 of the linear layer from offsets t
+    # with relevance R_t is x * W^T (R_t / t), R_t / t the decoding's own gradient for a shift and
+    # the gradient times (1 - e^{-d}) / d for a resize (e^d - 1 where the gradient has e^d); an
+    # offset clipped by the coder (d > 0.05 here) is a constant and gets none.
+    model = Decoding()
+    x = random(3, 5, seed=3)
+    relevance_out = random(3, 8, seed=4)
+    explain = fxlrp.convert(model, Epsilon(0.0), strict=True)  # (run eagerly: the coder is no tensor)
+    assert torch.equal(explain(x), model(x))
+    [actual] = explained_relevance(explain, [x], relevance_out)
+    codes = model.offsets(x).detach().requires_grad_()
+    decoded = model.coder.decode_single(codes, model.reference)
+    deltas = codes.detach().reshape(3, 2, 4) / torch.tensor(model.coder.weights, dtype=x.dtype)
+    factor = torch.ones_like(deltas)
+    factor[..., 2:] = -torch.expm1(-deltas[..., 2:]) / deltas[..., 2:]
+    assert (deltas[..., 2:] > 0.05).any() and (deltas[..., 2:] <= 0.05).any()  # (clipped and not)
+    (by_codes,) = torch.autograd.grad(decoded, codes, relevance_out / decoded.detach())
+    shares = (by_codes.reshape(3, 2, 4) * factor).reshape(3, 8)
+    leaf = x.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(model.offsets(leaf), leaf, shares)
+    assert relative_error(actual, expected * x) < TOLERANCE
+    assert {row.handling for row in explain.report().all_rows if row.operation == "box_decoding"} == {"rule"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(REGRESSION_HEADS))
+def test_lrp0_of_a_boxs_centre_is_gradient_times_input(name: str) -> None:
+    # R = x0 / 2 at x0 and x1 / 2 at x1 explains the centre (x0 + x1) / 2, linear in the offsets
+    # (the resize terms cancel): LRP-0 = gradient x input on a piecewise-linear network
+    model, x = build(name, torch.float64), images(torch.float64)
+    seed = torch.tensor([0.5, 0.0, 0.5, 0.0], dtype=x.dtype)
+    boxes, relevance = _explained_box(fxlrp.convert(model, Epsilon(0.0), strict=True), x, 1, seed)
+    own, _, _, gradient = _own_box_gradient(model, name, x, 1, seed)
+    assert torch.equal(own, boxes)
+    assert relative_error(relevance, gradient * x) < 1e-12 and relevance.abs().sum() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "coordinate"), [("fasterrcnn_resnet50_fpn", 0), ("retinanet_resnet50_fpn", 3)])
+def test_a_box_coordinate_is_explained_as_its_offset_from_the_reference_box(name: str, coordinate: int) -> None:
+    # LRP-0 of x0 (or y1), R = x0 there: the shift's share goes to t_x, the resize's
+    # (-w/2 (e^{d_w} - 1), d_w = t_w / w_w) to t_w. Reference: on a piecewise-linear network,
+    # LRP-0 from offsets t with relevance R_t is x * J_t^T (R_t / t); here R_t / t is the model's
+    # own gradient of x0 by t for the shift, and that gradient times (1 - e^{-d}) / d for the
+    # resize (the change e^d - 1 where the gradient has e^d).
+    model, x = build(name, torch.float64), images(torch.float64)
+    seed = torch.zeros(4, dtype=x.dtype)
+    seed[coordinate] = 1.0
+    boxes, relevance = _explained_box(fxlrp.convert(model, Epsilon(0.0), strict=True), x, 2, seed)
+    own, codes, by_codes, _ = _own_box_gradient(model, name, x, 2, seed)
+    assert torch.equal(own, boxes)
+    coder = model.roi_heads.box_coder if hasattr(model, "roi_heads") else model.box_coder
+    deltas = codes.reshape(-1, 4) / torch.tensor(coder.weights, dtype=x.dtype)
+    factor = torch.ones_like(deltas)
+    factor[:, 2:] = -torch.expm1(-deltas[:, 2:]) / deltas[:, 2:]
+    assert (by_codes != 0).sum() == 2  # (one shift and one resize offset make the coordinate)
+
+    leaf = x.clone().requires_grad_()
+    shares = (by_codes.reshape(-1, 4) * factor).reshape(codes.shape)
+    (expected,) = torch.autograd.grad(_regression_output(model, name, leaf), leaf, shares)
+    assert relative_error(relevance, expected * x) < 1e-12 and relevance.abs().sum() > 0
+
+
+def _regression_output(model: nn.Module, name: str, x: Tensor) -> Tensor:
+    """The regression head's output in the model's run on ``x``."""
+    outputs: list[Tensor] = []
+    handle = REGRESSION_HEADS[name](model).register_forward_hook(
+        lambda module, args, output: outputs.append(output[1] if isinstance(output, tuple) else output))
+    try:
+        model(x)
+    finally:
+        handle.remove()
+    return outputs[0]
 
 
 @pytest.mark.parametrize("name", ["fasterrcnn_resnet50_fpn", "retinanet_resnet50_fpn"])
@@ -310,3 +422,4 @@ def test_a_detection_of_the_second_image_of_a_list() -> None:
     for relevance, gradient, picture in zip(explained.relevance, gradients, pictures, strict=True):
         assert relative_error(relevance, gradient * picture) < 1e-12 or not gradient.any() and not relevance.any()
     assert not explained.relevance[0].any() and explained.relevance[1].abs().sum() > 0  # (only image 1's)
+    assert explained.region.shape == (100, 120) and explained.region.any()  # (its box, on image 1)

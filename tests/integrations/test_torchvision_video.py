@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.references import explained_relevance, onehot_relevance
+from support.references import explained_relevance, onehot_relevance, relative_error
 from torch import Tensor, nn
 
 import fxlrp
@@ -105,3 +105,28 @@ def test_raft_converts_strictly_and_explains_a_region_of_the_flow_over_both_fram
         assert torch.isfinite(leaf.grad).all() and (leaf.grad != 0).any()
     operations = {row.operation: row.handling for row in explain.report().all_rows}
     assert operations["instance_norm"] == "rule" and operations["grid_sample"] == "rule"  # (its encoder, lookups)
+
+
+@pytest.mark.slow
+def test_a_region_of_the_flow_is_the_sum_of_its_parts_over_both_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fxlrp.Region with the flow's component as the class: R = u at the region's pixels. Relevance
+    # is linear in where it starts, so the region's explanation is the sum of its halves' (each
+    # explained on its own), to float64 rounding. (torchvision makes RAFT's coordinate grid in
+    # float32 whatever the model's precision: in float64 here, so that the reference is exact.)
+    from torchvision.models.optical_flow import raft
+
+    in_float32 = raft.make_coords_grid
+    monkeypatch.setattr(raft, "make_coords_grid", lambda *args, **kwargs: in_float32(*args, **kwargs).double())
+    torch.manual_seed(0)
+    model = optical_flow.raft_small(weights=None).double().eval()
+    generator = torch.Generator().manual_seed(1)
+    first, second = (torch.rand(1, 3, 128, 128, dtype=torch.float64, generator=generator) for _ in range(2))
+    explain = fxlrp.convert(model, strict=True)
+    last = lambda flows: flows[-1]  # noqa: E731 - the final flow, after the last update
+    whole = fxlrp.Region(0, box=(20, 24, 30, 32))
+    halves = [fxlrp.Region(0, box=(20, 24, 25, 32)), fxlrp.Region(0, box=(25, 24, 30, 32))]
+    region = fxlrp.attribute(explain, (first, second, 1), target=whole, output=last)[:2]
+    parts = fxlrp.attribute(explain, (first, second, 1), target=halves, output=last)[:2]
+    for frame, summed in zip(region, parts, strict=True):
+        assert torch.isfinite(frame).all() and frame.abs().sum() > 0  # (both frames)
+        assert relative_error(frame, summed.sum(dim=0)) < 1e-12
