@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.concepts import at_peak, separated
 from support.references import relative_error
 from torch import Tensor, nn
 
@@ -27,24 +28,6 @@ def small_cnn() -> nn.Module:
         nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(6, 5, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(20, 4),
     ).double().eval()
-
-
-def separated(scores: Tensor, tolerance: float = 1e-9) -> Tensor:
-    """Where a row's sorted scores differ from both neighbours by more than rounding (relative to
-    the row's largest): there the order of samples is the same whatever kernels computed them."""
-    gap = tolerance * scores.abs().amax(-1, keepdim=True)
-    distinct = torch.ones_like(scores, dtype=torch.bool)
-    distinct[:, 1:] &= (scores[:, 1:] - scores[:, :-1]).abs() > gap
-    distinct[:, :-1] &= (scores[:, :-1] - scores[:, 1:]).abs() > gap
-    return distinct
-
-
-def at_peak(values: Tensor, samples: Tensor, positions: Tensor) -> Tensor:
-    """``values [samples, concepts, positions]`` at each concept's chosen sample and position, and
-    the largest value of that sample's concept: a peak found from other kernels' values may be
-    another position of (within rounding) the same value."""
-    concepts = torch.arange(samples.shape[0])[:, None].expand_as(samples)
-    return values[samples, concepts, positions], values[samples, concepts].amax(-1)
 
 
 def data_set(count: int = 20) -> tuple[Tensor, Tensor]:
