@@ -14,6 +14,8 @@ model :func:`fxlrp.convert` explains.
   :func:`receptive_boxes`, :func:`with_boxes` and :func:`reference_crops` (receptive regions),
   :func:`concept_atlas` (a picture); :func:`read_references` reads what ``fxlrp explain --data
   ... --concepts NODE`` writes.
+- :func:`top_concepts`: one prediction's most relevant concepts of a layer, their shares,
+  conditional heatmaps and reference samples; ``.picture(path)`` draws them.
 
 The core (``fxlrp.convert``, ``fxlrp.attribute``) never imports this package.
 """
@@ -31,6 +33,7 @@ from fxlrp.concepts.maximisation import (
     relevance_maximisation,
     with_boxes,
 )
+from fxlrp.concepts.prediction import TopConcepts, top_concepts
 from fxlrp.concepts.sites import OUTPUT
 
 __all__ = [
@@ -53,5 +56,7 @@ __all__ = [
     "concept_atlas",
     "read_references",
     "save_references",
+    "top_concepts",
+    "TopConcepts",
     "OUTPUT",
 ]

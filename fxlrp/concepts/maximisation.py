@@ -345,8 +345,19 @@ def receptive_boxes(
     if not len(concept_ids) == len(positions) == inputs.shape[0]:
         raise ValueError(f"one concept id and one position per input: got {len(concept_ids)} and {len(positions)} "
                          f"for {inputs.shape[0]} inputs")
-    activation = conditional_relevance(explain, inputs[:1], [{}], record=[layer], concepts=concept,
-                                       start=layer).activation[layer]
+    return _boxes(explain, inputs, layer, concept_ids, positions, concept, threshold,
+                  _output_of(explain, inputs[:1], layer, concept))
+
+
+def _output_of(explain: Explainer, inputs: Tensor, layer: str, concept: Concept) -> Tensor:
+    """The layer's output for ``inputs`` (its shape and dtype make the masks)."""
+    return conditional_relevance(explain, inputs, [{}], record=[layer], concepts=concept,
+                                 start=layer).activation[layer]
+
+
+def _boxes(explain: Explainer, inputs: Tensor, layer: str, concept_ids: list[int], positions: list[int],
+           concept: Concept, threshold: float, activation: Tensor) -> Tensor:
+    """:func:`receptive_boxes` given the layer's output for one input."""
     per_concept = grouped(concept, activation).shape[1:]
     masks = []
     for concept_id, position in zip(concept_ids, positions, strict=True):
@@ -456,6 +467,7 @@ def with_boxes(
         The same references, with boxes.
     """
     found = []
+    activation = None
     for top in (references.relevance, references.activation):
         boxes = torch.full((*top.samples.shape, 4), -1, dtype=torch.long)
         entries = (top.samples >= 0).nonzero().tolist()
@@ -466,8 +478,10 @@ def with_boxes(
                                   for index in (int(top.samples[c, j]) for c, j in chunk)])
             concept_ids = [c for c, _ in chunk]
             positions = [int(top.positions[c, j]) for c, j in chunk]
-            found_boxes = receptive_boxes(explain, inputs, references.layer, concept_ids, positions,
-                                          concept=references.concept, threshold=threshold)
+            if activation is None:
+                activation = _output_of(explain, inputs[:1], references.layer, references.concept)
+            found_boxes = _boxes(explain, inputs, references.layer, concept_ids, positions, references.concept,
+                                 threshold, activation)
             for (c, j), box in zip(chunk, found_boxes, strict=True):
                 boxes[c, j] = box
         found.append(TopSamples(top.samples, top.scores, top.positions, boxes))
@@ -487,6 +501,53 @@ def _ungrouped(concept: Concept, mask: Tensor, shape: Sequence[int]) -> Tensor:
         per_index = restored
     moved = per_index.reshape(moved_shape)
     return moved if dim == 1 else moved.movedim(0, dim - 1)
+
+
+def reference_images(
+    references: ReferenceSamples,
+    concept_id: int,
+    sample: Callable[[int], Tensor],
+    explain: Explainer | None = None,
+    *,
+    mode: str = "relevance",
+    count: int = 6,
+) -> list[Tensor]:
+    """A concept's ``count`` best reference samples, cut to their receptive regions: by the
+    references' boxes where they have them, else found with ``explain`` where it is given
+    (:func:`reference_crops`), else whole.
+
+    Parameters
+    ----------
+    references : ReferenceSamples
+        The layer's references.
+    concept_id : int
+        The concept.
+    sample : callable
+        ``sample(index)``: the input of a data set index, ``[channels, height, width]``.
+    explain : Explainer, optional
+        Finds the receptive regions where the references have no boxes.
+    mode : {"relevance", "activation"}, default "relevance"
+        Which references.
+    count : int, default 6
+        How many (fewer where fewer samples were seen).
+
+    Returns
+    -------
+    list of Tensor
+        The crops, best first.
+    """
+    if mode not in ("relevance", "activation"):
+        raise ValueError(f"mode must be 'relevance' or 'activation', got {mode!r}")
+    top = references.relevance if mode == "relevance" else references.activation
+    chosen = [(int(index), int(position)) for index, position in
+              zip(top.samples[concept_id, :count], top.positions[concept_id, :count], strict=True) if index >= 0]
+    images = [sample(index) for index, _ in chosen]
+    if top.boxes is not None:
+        return [cut(image, box) for image, box in zip(images, top.boxes[concept_id], strict=False)]
+    if explain is not None and images:
+        return reference_crops(explain, torch.stack(images), references.layer, concept_id,
+                               torch.tensor([position for _, position in chosen]), concept=references.concept)
+    return images
 
 
 def concept_atlas(
@@ -543,15 +604,7 @@ def concept_atlas(
     figure, axes = plt.subplots(len(concept_ids), columns, figsize=(1.3 * columns, 1.3 * len(concept_ids) + 0.3),
                                 squeeze=False, layout="constrained")
     for row, concept_id in enumerate(concept_ids):
-        chosen = [(int(index), int(position)) for index, position in
-                  zip(top.samples[concept_id, :columns], top.positions[concept_id, :columns], strict=True)
-                  if index >= 0]
-        images = [sample(index) for index, _ in chosen]
-        if top.boxes is not None:
-            images = [cut(image, box) for image, box in zip(images, top.boxes[concept_id], strict=False)]
-        elif explain is not None and images:
-            images = reference_crops(explain, torch.stack(images), references.layer, concept_id,
-                                     torch.tensor([position for _, position in chosen]), concept=references.concept)
+        images = reference_images(references, concept_id, sample, explain, mode=mode, count=columns)
         for column in range(columns):
             axis = axes[row][column]
             axis.set_xticks([])
