@@ -5,7 +5,6 @@ started again, and two processes under torchrun, against one uninterrupted run."
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -21,13 +20,10 @@ from support.references import relative_error
 from support.slow_data import Digits
 
 import fxlrp
-from fxlrp.app import cli
+from app.test_datasets import ENVIRONMENT, MODEL, ROOT, explainer, run, snapshot
 from fxlrp.concepts import ReferenceSamples, TopSamples, read_references, relevance_maximisation, with_boxes
 from fxlrp.toys.digits import DigitsCNN
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "fxlrp.toys.digits:DigitsCNN"
-ENVIRONMENT = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
 NODES = ["features.2", "features.0"]
 
 
@@ -39,23 +35,8 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def explainer(weights: Path, dtype: torch.dtype) -> torch.nn.Module:
-    model = DigitsCNN()
-    model.load_state_dict(torch.load(weights, weights_only=True))
-    return fxlrp.convert(model.eval().to(dtype), fxlrp.rules.Epsilon(1e-6))
-
-
 def command(out: Path, weights: Path, data: str = "support.slow_data:DIGITS", *options: str) -> list[str]:
     return ["explain", "--model", MODEL, "--weights", str(weights), "--data", data, "--out", str(out), *options]
-
-
-def run(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = cli.main(arguments)
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_references_of_the_command_are_those_of_relevance_maximisation(
@@ -148,11 +129,6 @@ def test_bad_concept_options_give_one_line_and_exit_code_2(tmp_path: Path, weigh
         assert len(lines) == 1 and lines[0].startswith("fxlrp: error: "), (arguments, stderr)
         assert message in lines[0], (message, lines[0])
     assert not (tmp_path / "out").exists()
-
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*"))
-            if path.is_file()}
 
 
 def test_killed_and_resumed_and_two_processes_write_the_references_of_one_run(tmp_path: Path, weights: Path) -> None:

@@ -1,10 +1,20 @@
-"""Comparing reference samples of concepts (fxlrp.concepts.relevance_maximisation, fxlrp explain
---concepts) found by other kernels: where scores are tied within rounding the order may differ."""
+"""The small CNN of the concept tests, and comparing reference samples of concepts
+(fxlrp.concepts.relevance_maximisation, fxlrp explain --concepts) found by other kernels: where
+scores are tied within rounding the order may differ."""
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+
+def small_cnn() -> nn.Module:
+    """Three convolutions, max and average pooling, a linear layer; float64, seed 1."""
+    torch.manual_seed(1)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 5, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(20, 4),
+    ).double().eval()
 
 
 def separated(scores: Tensor, tolerance: float = 1e-9) -> Tensor:

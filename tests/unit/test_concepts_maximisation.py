@@ -11,23 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.concepts import at_peak, separated
+from support.concepts import at_peak, separated, small_cnn
 from support.references import relative_error
-from torch import Tensor, nn
+from torch import Tensor
 
 import fxlrp
 from fxlrp.concepts import ChannelConcept, conditional_relevance
 from fxlrp.concepts.maximisation import concept_atlas, reference_crops, relevance_maximisation, scores_of
 
 LAYERS = ["2", "5"]
-
-
-def small_cnn() -> nn.Module:
-    torch.manual_seed(1)
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 5, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(20, 4),
-    ).double().eval()
 
 
 def data_set(count: int = 20) -> tuple[Tensor, Tensor]:

@@ -10,22 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from support.concepts import separated
+from support.concepts import separated, small_cnn
 from support.references import relative_error
-from torch import nn
 
 import fxlrp
 from fxlrp.concepts import conditional_relevance, reference_crops, relevance_maximisation, top_concepts, with_boxes
 
 LAYER = "5"
-
-
-def small_cnn() -> nn.Module:
-    torch.manual_seed(1)
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 5, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(20, 4),
-    ).double().eval()
 
 
 def test_top_concepts_are_the_largest_shares_with_their_conditional_heatmaps_and_references(tmp_path: Path) -> None:
