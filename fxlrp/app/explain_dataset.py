@@ -271,10 +271,10 @@ def _probe_concepts(explain: nn.Module, inputs: Tensor, nodes: list[str], top: i
     """The nodes of ``--concepts`` checked on one sample: each names one node that runs and
     carries relevance, with an output ``[batch, channels, ...]``."""
     try:
-        found = conditional_relevance(explain, inputs, [{}], record=nodes, output=explained_output,
+        found = conditional_relevance(explain, inputs, [{}], record=nodes, target=0, output=explained_output,
                                       check_finite=False)
     except ValueError as error:
-        raise InputError(f"--concepts: {error} (fxlrp report --model ... lists the nodes)") from None
+        raise InputError(f"--concepts: {error} (fxlrp report MODEL lists the nodes)") from None
     counts = {}
     for node in nodes:
         try:
@@ -669,6 +669,8 @@ def _write_atlas(references: ReferenceSamples, sample: Any, folder: Path) -> Non
         best = getattr(references, mode).scores[:, 0]
         shown = torch.argsort(best, descending=True, stable=True)[:ATLAS_CONCEPTS]
         shown = [int(concept) for concept in shown if torch.isfinite(best[concept])]
+        if not shown:  # no sample explained
+            continue
         figure = concept_atlas(references, sample, concept_ids=shown, mode=mode, count=ATLAS_SAMPLES)
         import matplotlib.pyplot as plt  # (concept_atlas chose the Agg backend)
         write_atomic(folder / f"{references.layer}.{mode}.png",
