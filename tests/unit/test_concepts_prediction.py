@@ -5,6 +5,7 @@ concepts' reference crops; the picture shows those numbers."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,19 @@ def test_top_concepts_explains_one_sample() -> None:
         top_concepts(explain, torch.randn(1, 3, 10, 10, dtype=torch.float64), LAYER,
                      references=relevance_maximisation(explain, [torch.randn(2, 3, 10, 10, dtype=torch.float64)],
                                                        [LAYER], k=1)[LAYER])
+
+
+def test_the_concepts_package_imports_pictures_only_inside_functions() -> None:
+    """``import fxlrp.concepts`` works without the pictures extra: matplotlib, pillow and
+    fxlrp.viz are imported where a picture is drawn, never at a module's top."""
+    folder = Path(fxlrp.__file__).parent / "concepts"
+    top_level = []
+    for path in sorted(folder.glob("*.py")):
+        for statement in ast.parse(path.read_text()).body:
+            if isinstance(statement, ast.Import):
+                top_level += [(path.name, alias.name) for alias in statement.names]
+            elif isinstance(statement, ast.ImportFrom):
+                top_level.append((path.name, statement.module or ""))
+    pictures = [(name, module) for name, module in top_level
+                if module.split(".")[0] in ("matplotlib", "PIL") or module.startswith("fxlrp.viz")]
+    assert not pictures and len(top_level) > 20, pictures
