@@ -154,3 +154,36 @@ def test_scores_of_heads_group_their_features() -> None:
     assert relative_error(scores, values.reshape(2, 5, 3, 4).sum(dim=(1, 3))) < 1e-14
     scores, _ = scores_of(ChannelConcept(), values.transpose(1, 2), "max", abs_norm=False)
     assert relative_error(scores, values.amax(dim=1)) < 1e-14
+
+
+def test_boxes_follow_their_samples_through_merges_and_files(tmp_path: Path) -> None:
+    """Boxes that name their sample (each box is ``[sample, sample + 1, 2 * sample, 2 * sample + 1]``)
+    still name it after merging shards in either order, and after writing and reading the file."""
+    from fxlrp.concepts import ReferenceSamples, TopSamples, read_references, save_references
+
+    generator = torch.Generator().manual_seed(5)
+
+    def shard(samples: Tensor) -> ReferenceSamples:
+        scores = torch.rand(3, len(samples), dtype=torch.float64, generator=generator).round(decimals=1)  # ties
+        boxes = torch.stack([samples, samples + 1, 2 * samples, 2 * samples + 1], dim=-1).expand(3, -1, -1)
+        top = TopSamples(samples.expand(3, -1).clone(), scores, torch.zeros(3, len(samples), dtype=torch.long), boxes)
+        return ReferenceSamples("layer", ChannelConcept(), top, top, len(samples))
+
+    first, second = shard(torch.arange(0, 6)), shard(torch.arange(6, 10))
+    merged = [first.merged(second), second.merged(first)]
+    for references in merged:
+        top = references.relevance
+        assert torch.equal(top.boxes[..., 0], top.samples) and torch.equal(top.boxes[..., 2], 2 * top.samples)
+        ordered = torch.cat([first.relevance.scores, second.relevance.scores], dim=1)
+        k = top.samples.shape[1]  # the first's (6, then 4)
+        assert torch.equal(top.scores, torch.sort(ordered, dim=1, descending=True).values[:, :k])
+    # ties go to the earlier sample in either order
+    assert torch.equal(merged[0].relevance.samples[:, :4], merged[1].relevance.samples)
+    top = merged[0].relevance
+    tied = top.scores[:, 1:] == top.scores[:, :-1]
+    assert tied.any() and (top.samples[:, 1:][tied] > top.samples[:, :-1][tied]).all()
+    save_references(merged[0], tmp_path / "layer.npz")
+    back = read_references(tmp_path / "layer.npz")
+    for name in ("samples", "scores", "positions", "boxes"):
+        assert torch.equal(getattr(back.activation, name), getattr(merged[0].activation, name))
+    assert back.layer == "layer" and repr(back.concept) == "ChannelConcept(dim=1)" and back.seen == 10
