@@ -444,8 +444,10 @@ def with_boxes(
 ) -> ReferenceSamples:
     """The references with the receptive region of every reference sample (:attr:`TopSamples.boxes`).
 
-    The entries are taken by relevance, then by activation, concept by concept, and explained
-    ``batch_size`` at a time (:func:`receptive_boxes`): the same references give the same boxes.
+    The neurons (sample, concept, peak position) are taken by relevance, then by activation,
+    concept by concept, each once (a sample that is a reference by relevance and by activation
+    with the same peak is explained once), and explained ``batch_size`` at a time
+    (:func:`receptive_boxes`): the same references give the same boxes.
 
     Parameters
     ----------
@@ -466,24 +468,28 @@ def with_boxes(
     ReferenceSamples
         The same references, with boxes.
     """
-    found = []
+    tops = (references.relevance, references.activation)
+    neurons = list(dict.fromkeys((int(top.samples[c, j]), c, int(top.positions[c, j]))
+                                 for top in tops for c, j in (top.samples >= 0).nonzero().tolist()))
+    regions: dict[tuple[int, int, int], Tensor] = {}
     activation = None
-    for top in (references.relevance, references.activation):
+    for first in range(0, len(neurons), batch_size):
+        chunk = neurons[first:first + batch_size]
+        read: dict[int, Tensor] = {}
+        for index, _, _ in chunk:
+            if index not in read:
+                read[index] = sample(index)
+        inputs = torch.stack([read[index] for index, _, _ in chunk])
+        if activation is None:
+            activation = _output_of(explain, inputs[:1], references.layer, references.concept)
+        found_boxes = _boxes(explain, inputs, references.layer, [c for _, c, _ in chunk], [p for _, _, p in chunk],
+                             references.concept, threshold, activation)
+        regions.update(zip(chunk, found_boxes, strict=True))
+    found = []
+    for top in tops:
         boxes = torch.full((*top.samples.shape, 4), -1, dtype=torch.long)
-        entries = (top.samples >= 0).nonzero().tolist()
-        for first in range(0, len(entries), batch_size):
-            chunk = entries[first:first + batch_size]
-            read: dict[int, Tensor] = {}
-            inputs = torch.stack([read.setdefault(index, sample(index))
-                                  for index in (int(top.samples[c, j]) for c, j in chunk)])
-            concept_ids = [c for c, _ in chunk]
-            positions = [int(top.positions[c, j]) for c, j in chunk]
-            if activation is None:
-                activation = _output_of(explain, inputs[:1], references.layer, references.concept)
-            found_boxes = _boxes(explain, inputs, references.layer, concept_ids, positions, references.concept,
-                                 threshold, activation)
-            for (c, j), box in zip(chunk, found_boxes, strict=True):
-                boxes[c, j] = box
+        for c, j in (top.samples >= 0).nonzero().tolist():
+            boxes[c, j] = regions[(int(top.samples[c, j]), c, int(top.positions[c, j]))]
         found.append(TopSamples(top.samples, top.scores, top.positions, boxes))
     return ReferenceSamples(references.layer, references.concept, found[0], found[1], references.seen)
 
