@@ -26,9 +26,9 @@ scores of the top samples compared.
 **The command line** (``--command``): ``fxlrp explain --data`` on ``--samples`` generated images
 (a ``.npy`` file), batches of ``--batch``, explaining each image's predicted class, without and with
 ``--concepts features.40 --concepts-top K`` (``--top``), in this process, interleaved: the cost of
-keeping the references during the pass, and of finding the receptive regions of the
-``2 * 512 * K`` references (by relevance and by activation) when the run ends, in neurons per
-second.
+keeping the references during the pass, and of finding the receptive regions of the references
+(up to ``2 * 512 * K`` neurons, by relevance and by activation, each once) when the run ends, in
+neurons per second.
 
 Run: ``python -m benchmarks.concepts [--size 64] [--concepts 32] [--batch 8] [--repeats 3]
 [--threads 2] [--maximisation | --command] [--samples 64]``; prints a table.
@@ -188,6 +188,7 @@ def command(size: int, samples: int, batch: int, repeats: int, top: int) -> None
 
     explain_dataset._finish_references = timed_finish  # type: ignore[assignment]
     times: dict[str, list[float]] = {"without --concepts": [], "with --concepts": []}
+    neurons = 0
     with tempfile.TemporaryDirectory() as directory:
         data = Path(directory) / "images.npy"
         np.save(data, torch.randn(samples, 3, size, size, generator=torch.Generator().manual_seed(2)).numpy())
@@ -203,6 +204,13 @@ def command(size: int, samples: int, batch: int, repeats: int, top: int) -> None
                 start = time.perf_counter()
                 assert cli.main(arguments) == 0
                 times[name].append(time.perf_counter() - start)
+                if name == "with --concepts":  # the neurons whose regions were found (each once)
+                    from fxlrp.concepts import read_references
+
+                    references = read_references(out)[LAYER]
+                    neurons = len({(int(top.samples[c, j]), c, int(top.positions[c, j]))
+                                   for top in (references.relevance, references.activation)
+                                   for c, j in (top.samples >= 0).nonzero().tolist()})
     explain_dataset._finish_references = finish  # type: ignore[assignment]
     without = statistics.median(times["without --concepts"])
     print(f"fxlrp explain --data: {samples} images 3x{size}x{size}, VGG-16 (BatchNorm), batches of {batch}, "
@@ -210,7 +218,7 @@ def command(size: int, samples: int, batch: int, repeats: int, top: int) -> None
     print(f"{'configuration':<44} {'seconds':>8} {'ratio':>7}")
     for name, spent in times.items():
         print(f"{name:<44} {statistics.median(spent):>8.2f} {statistics.median(spent) / without:>6.2f}x")
-    regions, neurons = statistics.median(finishing), 2 * 512 * min(top, samples)
+    regions = statistics.median(finishing)
     print(f"{'  of which merging and receptive regions':<44} {regions:>8.2f} {regions / without:>6.2f}x "
           f"({neurons} neurons, {neurons / regions:.1f} per second; the pass: {samples / without:.1f} images "
           "per second)")
