@@ -23,8 +23,15 @@ per-class statistics and writes its results to files) against
 :func:`fxlrp.concepts.relevance_maximisation`, batches of ``--batch``; images per second, and the
 scores of the top samples compared.
 
+**The command line** (``--command``): ``fxlrp explain --data`` on ``--samples`` generated images
+(a ``.npy`` file), batches of ``--batch``, explaining each image's predicted class, without and with
+``--concepts features.40 --concepts-top K`` (``--top``), in this process, interleaved: the cost of
+keeping the references during the pass, and of finding the receptive regions of the references
+(up to ``2 * 512 * K`` neurons, by relevance and by activation, each once) when the run ends, in
+neurons per second.
+
 Run: ``python -m benchmarks.concepts [--size 64] [--concepts 32] [--batch 8] [--repeats 3]
-[--threads 2] [--maximisation --samples 64]``; prints a table.
+[--threads 2] [--maximisation | --command] [--samples 64]``; prints a table.
 """
 
 from __future__ import annotations
@@ -155,6 +162,68 @@ def maximisation(model: nn.Module, size: int, samples: int, batch: int, repeats:
     print(f"top relevance scores of {LAYER}: max rel. difference {difference:.1e}")
 
 
+def command_model() -> nn.Module:
+    """The benchmark's VGG-16 for ``fxlrp explain --model benchmarks.concepts:command_model``."""
+    return model_and_image(8)[0]
+
+
+def command(size: int, samples: int, batch: int, repeats: int, top: int) -> None:
+    """Seconds of ``fxlrp explain --data`` without and with ``--concepts``, and of the regions."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from fxlrp.app import cli, explain_dataset
+
+    finishing: list[float] = []
+    finish = explain_dataset._finish_references
+
+    def timed_finish(*args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return finish(*args)
+        finally:
+            finishing.append(time.perf_counter() - start)
+
+    explain_dataset._finish_references = timed_finish  # type: ignore[assignment]
+    times: dict[str, list[float]] = {"without --concepts": [], "with --concepts": []}
+    neurons = 0
+    with tempfile.TemporaryDirectory() as directory:
+        data = Path(directory) / "images.npy"
+        np.save(data, torch.randn(samples, 3, size, size, generator=torch.Generator().manual_seed(2)).numpy())
+        for round_ in range(repeats):
+            names = list(times) if round_ % 2 == 0 else list(times)[::-1]
+            for name in names:
+                out = Path(directory) / f"out-{round_}-{name.split()[0]}"
+                arguments = ["explain", "--model", "benchmarks.concepts:command_model", "--data", str(data),
+                             "--out", str(out), "--batch-size", str(batch), "--shard-size", "32",
+                             "--composite", "epsilon_plus_flat"]
+                if name == "with --concepts":
+                    arguments += ["--concepts", LAYER, "--concepts-top", str(top)]
+                start = time.perf_counter()
+                assert cli.main(arguments) == 0
+                times[name].append(time.perf_counter() - start)
+                if name == "with --concepts":  # the neurons whose regions were found (each once)
+                    from fxlrp.concepts import read_references
+
+                    references = read_references(out)[LAYER]
+                    neurons = len({(int(top.samples[c, j]), c, int(top.positions[c, j]))
+                                   for top in (references.relevance, references.activation)
+                                   for c, j in (top.samples >= 0).nonzero().tolist()})
+    explain_dataset._finish_references = finish  # type: ignore[assignment]
+    without = statistics.median(times["without --concepts"])
+    print(f"fxlrp explain --data: {samples} images 3x{size}x{size}, VGG-16 (BatchNorm), batches of {batch}, "
+          f"median of {repeats}")
+    print(f"{'configuration':<44} {'seconds':>8} {'ratio':>7}")
+    for name, spent in times.items():
+        print(f"{name:<44} {statistics.median(spent):>8.2f} {statistics.median(spent) / without:>6.2f}x")
+    regions = statistics.median(finishing)
+    print(f"{'  of which merging and receptive regions':<44} {regions:>8.2f} {regions / without:>6.2f}x "
+          f"({neurons} neurons, {neurons / regions:.1f} per second; the pass: {samples / without:.1f} images "
+          "per second)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=64, help="image height and width")
@@ -163,9 +232,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--maximisation", action="store_true", help="relevance maximisation instead")
+    parser.add_argument("--command", action="store_true", help="fxlrp explain --data with and without --concepts")
+    parser.add_argument("--top", type=int, default=8, help="--concepts-top of --command")
     parser.add_argument("--samples", type=int, default=64, help="images of the relevance maximisation")
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
+    if options.command:
+        command(options.size, options.samples, options.batch, options.repeats, options.top)
+        return
     model, image = model_and_image(options.size)
     if options.maximisation:
         maximisation(model, options.size, options.samples, options.batch, options.repeats)

@@ -18,6 +18,13 @@ shape is the evidence. A figure shows images with their top concepts' heatmaps, 
 attribution graph decomposes the top concept of one prediction into channels of the convolution
 below.
 
+Relevance maximisation (:func:`fxlrp.concepts.relevance_maximisation`) over further generated
+images finds each channel's reference samples; for the top concept of each shape, the share of
+its reference samples in which it peaks on the shape (against chance, the shape's share of the
+image) is measured, and a picture of one prediction's top
+concepts (:func:`fxlrp.concepts.top_concepts`) shows each with its share, conditional heatmap and
+reference crops.
+
     python examples/concepts_shapes.py [--fast] [--out out/concepts_shapes]
 """
 
@@ -31,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.concepts import attribution_graph, conditional_relevance
+from fxlrp.concepts import attribution_graph, conditional_relevance, relevance_maximisation, top_concepts, with_boxes
 from fxlrp.viz import image
 
 SIZE, SHAPE = 20, 5
@@ -122,8 +129,8 @@ def positive_share(relevance: Tensor, masks: Tensor) -> Tensor:
 def main(argv: list[str] | None = None) -> dict[str, object]:
     """Returns the test accuracy, the mean shape share of the top concepts' heatmaps and of the
     unconditional heatmaps, chance, the top concept (channel) of each shape and how often an image
-    of that shape has it as its top concept, and the shares of predictions a texture swap or a
-    shape swap changes."""
+    of that shape has it as its top concept, how often these concepts peak on the shape in their
+    reference samples, and the shares of predictions a texture swap or a shape swap changes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="fewer training steps and test images (for CI)")
     parser.add_argument("--out", type=Path, default=Path("out/concepts_shapes"))
@@ -191,6 +198,22 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     image.figure_grid(images[:shown], [found.heatmap[0][:shown]] + [stacked[:, k] for k in range(3)],
                       ["input", "all concepts", "concept 1", "concept 2", "concept 3"], args.out / "concepts.png",
                       sample_labels=[f"{SHAPES[int(labels[i])]}: channels {top[i].tolist()}" for i in range(shown)])
+    reference_images, reference_labels, reference_masks, _ = make_images(100 if args.fast else 400,
+                                                                          torch.Generator().manual_seed(7))
+    batches = [(reference_images[start:start + 50], reference_labels[start:start + 50])
+               for start in range(0, len(reference_images), 50)]
+    references = relevance_maximisation(explain, batches, [LAST], k=8)[LAST]
+    on_shape = shape_regions(reference_masks)
+    peaks = []  # where each top concept peaks in its reference samples: on the shape?
+    for concept in sorted({kind for kind in modal if kind >= 0}):
+        samples, positions = references.relevance.samples[concept], references.relevance.positions[concept]
+        peaks += [bool(on_shape[sample, position // SIZE, position % SIZE])
+                  for sample, position in zip(samples.tolist(), positions.tolist(), strict=True)]
+    result["reference_peaks_on_shape"] = sum(peaks) / len(peaks)
+    references = with_boxes(explain, references, lambda index: reference_images[index])
+    top = top_concepts(explain, images[:1], LAST, k=3, target=int(labels[0]), references=references,
+                       sample=lambda index: reference_images[index], count=4)
+    top.picture(args.out / "top_concepts.png").clf()
     graph = attribution_graph(explain, images[:1], [LAST, "features.2"], width=3, target=int(labels[0]))
     graph.picture(args.out / "graph.png").clf()
     result["graph"] = str(graph)

@@ -50,3 +50,11 @@ def add_dataset_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="float32", choices=DTYPES,
                        help="float32 (default); bfloat16 or float16 run the model under autocast; float64 "
                             "converts model and inputs")
+    group.add_argument("--concepts", metavar="NODE[,NODE]",
+                       help="also find the reference samples of every concept (channel) of these nodes (module "
+                            "paths such as features.2, or rows of fxlrp report): per concept the --concepts-top "
+                            "samples of largest relevance and of largest activation, with the receptive region of "
+                            "the concept in each; written to DIR/concepts/NODE.npz (fxlrp.concepts.read_references), "
+                            "with --png also an atlas picture per node")
+    group.add_argument("--concepts-top", type=int, default=8, metavar="K",
+                       help="reference samples kept per concept with --concepts (default 8)")

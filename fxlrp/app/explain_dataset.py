@@ -5,6 +5,13 @@ cross a shard; each process (``torchrun``, :mod:`fxlrp.app.distributed`) compute
 shards still missing and writes them atomically (:mod:`fxlrp.app.explanations_store`); the first
 process writes the index when all are done. A run killed at any moment and started again with
 the same command computes only the missing shards and ends with the files of an uninterrupted run.
+
+With ``--concepts NODE[,NODE]`` each batch's explanation also records the relevance and the output
+of those nodes (one forward and one backward pass still), and each shard keeps the top
+``--concepts-top`` samples of every concept (channel) beside its relevance
+(``shards/concepts-*.npz``); the first process merges them when all shards are done, finds the
+receptive region of each reference sample and writes ``concepts/NODE.npz``
+(:mod:`fxlrp.concepts.files`) before the index.
 """
 
 from __future__ import annotations
@@ -39,7 +46,9 @@ from fxlrp.app.cli_inputs import (
 )
 from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
 from fxlrp.app.distributed import Processes, processes_from_environment
-from fxlrp.app.explanations_store import PNG, ExplanationWriter, ShardRows, write_atomic
+from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, ShardRows, write_atomic
+from fxlrp.concepts import ChannelConcept, ReferenceSamples, concept_atlas, conditional_relevance, with_boxes
+from fxlrp.concepts.files import references_arrays, references_of_arrays, save_references
 from fxlrp.explain.attribute import attribute
 
 AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,6 +79,9 @@ def explains_data_set(args: argparse.Namespace) -> bool:
     if len(images) == 1 and Path(images[0]).is_dir():
         args.data, args.images = images[0], []
         return True
+    if images and getattr(args, "concepts", None) is not None:
+        raise InputError("--concepts applies to data sets (--data): it finds the reference samples of each concept "
+                         "over a data set")
     defaults = {"workers": 0, "shard_size": 256, "on_error": "stop", "png": False, "device": "cpu", "dtype": "float32"}
     given = [name for name, value in defaults.items() if getattr(args, name, value) != value]
     if given and images:
@@ -185,6 +197,8 @@ class _Shard:
     relevance: np.ndarray
     rows: ShardRows = field(default_factory=ShardRows)
     inputs: dict[int, Tensor] = field(default_factory=dict)
+    references: dict[str, ReferenceSamples] = field(default_factory=dict)
+    """With ``--concepts``: the reference samples of each node among the shard's samples so far."""
 
     @property
     def full(self) -> bool:
@@ -212,6 +226,63 @@ class _Run:
     """The model's output is ``[batch, classes, height, width]`` (a segmentation model's): a class
     is explained over the image, and the predicted class is the one whose logits summed over the
     pixels are largest."""
+    concepts: _Concepts | None = None
+    """``--concepts``."""
+
+
+CONCEPTS = "concepts"
+"""The folder of the merged reference samples, ``DIR/concepts/NODE.npz``."""
+ATLAS_CONCEPTS = 16
+"""Concepts shown in a node's atlas picture (``--png``): those whose best reference scores highest."""
+ATLAS_SAMPLES = 6
+"""Reference samples shown per concept in the atlas."""
+
+
+@dataclass
+class _Concepts:
+    """``--concepts``: the nodes, how many concepts each has, and the reference samples kept per concept."""
+
+    nodes: list[str]
+    counts: dict[str, int]
+    top: int
+
+    def empty(self, dtype: torch.dtype) -> dict[str, ReferenceSamples]:
+        return {node: ReferenceSamples.empty(node, ChannelConcept(), self.counts[node], self.top, dtype)
+                for node in self.nodes}
+
+
+def _concept_nodes(args: argparse.Namespace) -> list[str] | None:
+    """The nodes of ``--concepts`` (None without it); the option's values checked."""
+    if getattr(args, "concepts", None) is None:
+        return None
+    nodes = [node.strip() for node in args.concepts.split(",")]
+    if not all(nodes):
+        raise InputError(f"--concepts {args.concepts!r}: give node names separated by commas, e.g. "
+                         "--concepts features.2,features.5")
+    if args.concepts_top < 1:
+        raise InputError(f"--concepts-top must be at least 1, got {args.concepts_top}")
+    if getattr(args, "compile", False):
+        raise InputError("--concepts records the relevance of nodes inside the model, which a compiled explanation "
+                         "does not expose: leave out --compile")
+    return list(dict.fromkeys(nodes))
+
+
+def _probe_concepts(explain: nn.Module, inputs: Tensor, nodes: list[str], top: int) -> _Concepts:
+    """The nodes of ``--concepts`` checked on one sample: each names one node that runs and
+    carries relevance, with an output ``[batch, channels, ...]``."""
+    try:
+        found = conditional_relevance(explain, inputs, [{}], record=nodes, target=0, output=explained_output,
+                                      check_finite=False)
+    except ValueError as error:
+        raise InputError(f"--concepts: {error} (fxlrp report MODEL lists the nodes)") from None
+    counts = {}
+    for node in nodes:
+        try:
+            counts[node] = ChannelConcept().count(found.activation[node].shape)
+        except ValueError as error:
+            raise InputError(f"--concepts {node!r}: its output has shape {list(found.activation[node].shape)}, "
+                             f"and its concepts are channels, dimension 1 ({error})") from None
+    return _Concepts(nodes, counts, top)
 
 
 def _problem(run: _Run, item: Item) -> str | None:
@@ -237,10 +308,12 @@ def _scores(run: _Run, output: Tensor) -> Tensor:
     return class_scores(output.double() if run.dtype == "float64" else output.float())
 
 
-def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str | None]]:
+def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str | None],
+                                                         dict[str, tuple[Tensor, Tensor]]]:
     """Relevance, predictions, targets and explained scores of a batch, in one forward and one
-    backward pass (two forward passes for a segmentation model's predicted class), and per sample
-    why its explanation cannot be used (output or relevance NaN or Inf), or None."""
+    backward pass (two forward passes for a segmentation model's predicted class), per sample
+    why its explanation cannot be used (output or relevance NaN or Inf), or None, and with
+    ``--concepts`` the relevance and output of each node."""
     inputs = prepare_inputs(torch.stack([item.values for item in items]), run.device, run.dtype)  # type: ignore[misc]
     outputs: list[Tensor] = []
 
@@ -257,10 +330,17 @@ def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor
         if targets is None and run.image_shaped:  # the class over the image, not each pixel's own
             with torch.no_grad():
                 targets = _scores(run, explained_output(run.explain(inputs))).argmax(dim=1)
+        nodes: dict[str, tuple[Tensor, Tensor]] = {}
         if run.compiled is not None:
             given = None if targets is None else torch.as_tensor(targets, device=run.device).expand(len(items))
             relevance, output = run.compiled(inputs, given, return_output=True)
             outputs.append(output)
+        elif run.concepts is not None:  # the same explanation, the nodes' relevance recorded on the way
+            found = conditional_relevance(run.explain, inputs, [{}], record=run.concepts.nodes, target=targets,
+                                          output=kept, check_finite=False)
+            relevance = found.heatmap[0]
+            nodes = {node: (found.relevance[node][0].detach(), found.activation[node].detach())
+                     for node in run.concepts.nodes}
         else:
             relevance = attribute(run.explain, inputs, target=targets, output=kept, check_finite=False)
     logits = _scores(run, outputs[0])
@@ -270,7 +350,11 @@ def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor
     targets = torch.as_tensor(targets, device=logits.device).expand(len(items))
     scores = logits.gather(1, targets[:, None]).squeeze(1)
     problems = unexplainable(logits, relevance, run.dtype)
-    return relevance.detach(), predictions.cpu(), targets.cpu(), scores.cpu(), problems
+    for node, (node_relevance, _) in nodes.items():
+        finite = torch.isfinite(node_relevance).flatten(1).all(dim=1).tolist()
+        problems = [problem if problem is not None or ok else f"its relevance at --concepts node {node!r} came out "
+                    "NaN or Inf" for problem, ok in zip(problems, finite, strict=True)]
+    return relevance.detach(), predictions.cpu(), targets.cpu(), scores.cpu(), problems, nodes
 
 
 def _refuse(run: _Run, shard: _Shard, item: Item, problem: str) -> None:
@@ -299,7 +383,7 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
             _refuse(run, shard, item, problem)
     results: dict[int, tuple[Tensor, int, int, float]] = {}
     while good:
-        relevance, predictions, targets, scores, problems = _explain_batch(run, good)
+        relevance, predictions, targets, scores, problems, nodes = _explain_batch(run, good)
         if any(problem is not None for problem in problems):
             for item, problem in zip(good, problems, strict=True):
                 if problem is not None:
@@ -312,6 +396,12 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
             results[item.index] = (stored[row], int(predictions[row]), int(targets[row]), float(scores[row]))
             if run.png:
                 shard.inputs[item.index] = item.values  # type: ignore[assignment]
+        samples = torch.tensor([item.index for item in good])
+        for node, (node_relevance, activation) in nodes.items():
+            scored = (node_relevance, activation) if run.dtype == "float64" else \
+                (node_relevance.float(), activation.float())
+            shard.references[node] = shard.references[node].merged(
+                ReferenceSamples.of_batch(node, ChannelConcept(), *scored, samples))
         break
     for item in batch:
         rows = shard.rows
@@ -401,7 +491,7 @@ def _first_explainable(source: Source, on_error: str) -> Item:
 def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: Source,
               device: torch.device) -> dict[str, Any]:
     """What the relevance depends on; a restart with other settings is refused."""
-    return {
+    settings = {
         "model": args.model, "weights_sha256": _file_hash(args.weights), "composite": args.composite,
         "target": args.target,
         "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
@@ -411,6 +501,10 @@ def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: So
         "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
         "png": args.cmap if args.png else None,
     }
+    nodes = _concept_nodes(args)
+    if nodes is not None:  # (runs without --concepts keep the settings they always had)
+        settings["concepts"] = {"nodes": nodes, "top": args.concepts_top}
+    return settings
 
 
 def _explain_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
@@ -425,6 +519,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
             image.colour_map(args.cmap)
         except ValueError as error:
             raise InputError(str(error)) from None
+    nodes = _concept_nodes(args)
     source = open_data(args.data, preprocessing)
     first = _first_explainable(source, args.on_error)
     assert first.values is not None
@@ -439,6 +534,11 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
         raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a segmentation model "
                          "without it")
     classes = logits.shape[1]
+    concepts = None
+    if nodes is not None:
+        with autocast(device, args.dtype):
+            concepts = _probe_concepts(explain, prepare_inputs(first.values[None], device, args.dtype), nodes,
+                                       args.concepts_top)
     if isinstance(args.target, int):
         _targets(args.target, logits)
     elif args.target == "label" and source.classes is None and first.label == NO_LABEL:
@@ -456,7 +556,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
     processes.barrier()
 
     run = _Run(explain, source, sample_shape, classes, args.target, device, args.dtype, args.on_error, args.png,
-               args.cmap, image_shaped=image_shaped,
+               args.cmap, image_shaped=image_shaped, concepts=concepts,
                compiled=fxlrp.compile(explain, output=explained_output) if getattr(args, "compile", False) else None)
     mine = processes.share(missing)
     spans = [writer.ranges[shard] for shard in mine]
@@ -472,10 +572,14 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
             if shard is None:
                 number, span = next(shards)
                 shard = _Shard(number, span, np.zeros((len(span), *sample_shape), dtype=stored))
+                if concepts is not None:
+                    shard.references = concepts.empty(_score_dtype(args.dtype))
             _fill(run, shard, batch)
             if shard.full:
                 if args.png:
                     _write_pngs(run, writer.directory, shard)
+                if concepts is not None:  # before the shard's rows, which mark it complete
+                    _write_shard_references(writer, shard)
                 writer.write_shard(shard.number, shard.relevance, shard.rows)
                 shard = None
             progress.update(len(batch))
@@ -488,7 +592,8 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
               f"in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f} samples/s)", file=sys.stderr)
     processes.barrier()
     if processes.is_main:
-        index = writer.write_index(sample_shape, source.classes)
+        written = {} if concepts is None else _finish_references(run, writer, args, sample_shape)
+        index = writer.write_index(sample_shape, source.classes, written or None)
         skipped = len(index["skipped"])
         resumed = len(writer.ranges) - len(missing)
         note = f"; {resumed} of {len(writer.ranges)} shards were already complete" if resumed else ""
@@ -496,4 +601,78 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
         print(f"explained {len(source) - skipped} of {len(source)} samples{skips} into {writer.directory}: "
               f"{len(writer.ranges)} shard(s) of relevance [{len(source)}, {', '.join(map(str, sample_shape))}] "
               f"{np.dtype(stored).name}{note}; read them with fxlrp.read_explanations")
+        if concepts is not None:
+            listed = ", ".join(f"{node} ({concepts.counts[node]} concepts)" for node in concepts.nodes)
+            print(f"reference samples of {listed}, {concepts.top} per concept, in {writer.directory / CONCEPTS}; "
+                  f"read them with fxlrp.concepts.read_references")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# --concepts: reference samples
+
+
+def _score_dtype(dtype: str) -> torch.dtype:
+    return torch.float64 if dtype == "float64" else torch.float32
+
+
+def _shard_references_path(writer: ExplanationWriter, shard: int) -> Path:
+    return writer.directory / SHARDS / f"concepts-{shard:06d}.npz"
+
+
+def _write_shard_references(writer: ExplanationWriter, shard: _Shard) -> None:
+    """A shard's reference samples of every node, in one ``.npz`` (arrays named ``NODE/ARRAY``)."""
+    arrays = {f"{node}/{name}": value for node, references in shard.references.items()
+              for name, value in references_arrays(references).items()}
+    write_atomic(_shard_references_path(writer, shard.number), lambda file: np.savez(file, **arrays))
+
+
+def _finish_references(run: _Run, writer: ExplanationWriter, args: argparse.Namespace,
+                       sample_shape: tuple[int, ...]) -> dict[str, str]:
+    """Merge every shard's references (in shard order: the same whoever computed them), find the
+    receptive region of each reference sample of image-shaped data, write ``concepts/NODE.npz``
+    (and with ``--png`` an atlas per node); returns each node's file relative to the directory."""
+    assert run.concepts is not None
+    merged = run.concepts.empty(_score_dtype(args.dtype))
+    for shard in range(len(writer.ranges)):
+        with np.load(_shard_references_path(writer, shard), allow_pickle=False) as arrays:
+            for node in run.concepts.nodes:
+                prefix = f"{node}/"
+                part = references_of_arrays({name[len(prefix):]: arrays[name] for name in arrays.files
+                                             if name.startswith(prefix)})
+                merged[node] = merged[node].merged(part)
+    folder = writer.directory / CONCEPTS
+    folder.mkdir(exist_ok=True)
+
+    def sample(index: int) -> Tensor:
+        values = run.source[index].values
+        assert values is not None  # a reference sample was explained, so it was read
+        return prepare_inputs(values, run.device, run.dtype)
+
+    written = {}
+    for node, references in merged.items():
+        if len(sample_shape) in (2, 3):
+            with autocast(run.device, run.dtype):
+                references = with_boxes(run.explain, references, sample, batch_size=args.batch_size)
+        path = folder / f"{node}.npz"
+        write_atomic(path, lambda file, references=references: save_references(references, file))
+        written[node] = str(path.relative_to(writer.directory))
+        if args.png and len(sample_shape) == 3 and sample_shape[0] in (1, 3):
+            _write_atlas(references, lambda index: run.source[index].values, folder)  # type: ignore[arg-type,return-value]
+    return written
+
+
+def _write_atlas(references: ReferenceSamples, sample: Any, folder: Path) -> None:
+    """``NODE.relevance.png`` and ``NODE.activation.png``: the reference crops of the node's
+    concepts whose best reference scores highest."""
+    for mode in ("relevance", "activation"):
+        best = getattr(references, mode).scores[:, 0]
+        shown = torch.argsort(best, descending=True, stable=True)[:ATLAS_CONCEPTS]
+        shown = [int(concept) for concept in shown if torch.isfinite(best[concept])]
+        if not shown:  # no sample explained
+            continue
+        figure = concept_atlas(references, sample, concept_ids=shown, mode=mode, count=ATLAS_SAMPLES)
+        import matplotlib.pyplot as plt  # (concept_atlas chose the Agg backend)
+        write_atomic(folder / f"{references.layer}.{mode}.png",
+                     lambda file, figure=figure: figure.savefig(file, format="png", bbox_inches="tight", dpi=150))
+        plt.close(figure)

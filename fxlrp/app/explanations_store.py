@@ -7,6 +7,8 @@ The format is described in ``docs/datasets.md``. In short, a directory holds::
     shards/relevance-000000.json  that shard's rows: names, labels, predictions, targets, scores, sums
     index.json                    written last: every shard, its range and shape, and all rows
     png/NAME.heatmap.png          with --png
+    shards/concepts-000000.npz    with --concepts: the reference samples of the nodes among the shard's samples
+    concepts/NODE.npz             with --concepts: those of all samples (fxlrp.concepts.read_references)
 
 Shard ``k`` always holds the samples ``[k * shard_size, (k + 1) * shard_size)``, whichever
 process computed it, so one process and many write identical files. Every file is written
@@ -168,8 +170,10 @@ class ExplanationWriter:
     def missing_shards(self) -> list[int]:
         return [shard for shard in range(len(self.ranges)) if not self.complete(shard)]
 
-    def write_index(self, sample_shape: Sequence[int], classes: Sequence[str] | None) -> dict[str, Any]:
-        """Gather every shard's rows into ``index.json`` (when all shards are complete)."""
+    def write_index(self, sample_shape: Sequence[int], classes: Sequence[str] | None,
+                    concepts: dict[str, str] | None = None) -> dict[str, Any]:
+        """Gather every shard's rows into ``index.json`` (when all shards are complete); with
+        ``--concepts``, ``concepts``: each node's file of reference samples."""
         missing = self.missing_shards()
         if missing:
             raise RuntimeError(f"cannot write the index: shards {missing[:5]} are not complete")
@@ -185,6 +189,8 @@ class ExplanationWriter:
         for column in ShardRows.COLUMNS:
             index[column] = [value for shard in shards for value in shard[column]]
         index["skipped"] = [entry for shard in shards for entry in shard["skipped"]]
+        if concepts is not None:
+            index["concepts"] = concepts
         write_json(self.directory / INDEX, index)
         return index
 

@@ -11,21 +11,29 @@ model :func:`fxlrp.convert` explains.
   of the layers below, for one prediction.
 - :func:`relevance_maximisation`: the reference samples of each concept over a data set, by
   relevance and by activation (zennit-crp's ``FeatureVisualization``), shards merged exactly;
-  :func:`reference_crops` (receptive regions) and :func:`concept_atlas` (a picture).
+  :func:`receptive_boxes`, :func:`with_boxes` and :func:`reference_crops` (receptive regions),
+  :func:`concept_atlas` (a picture); :func:`read_references` reads what ``fxlrp explain --data
+  ... --concepts NODE`` writes.
+- :func:`top_concepts`: one prediction's most relevant concepts of a layer, their shares,
+  conditional heatmaps and reference samples; ``.picture(path)`` draws them.
 
 The core (``fxlrp.convert``, ``fxlrp.attribute``) never imports this package.
 """
 
 from fxlrp.concepts.concept import ChannelConcept, Concept, HeadConcept, NeuronConcept, concept_relevance
 from fxlrp.concepts.conditional import ConditionalRelevance, conditional_relevance
+from fxlrp.concepts.files import read_references, save_references
 from fxlrp.concepts.graph import ConceptEdge, ConceptGraph, attribution_graph
 from fxlrp.concepts.maximisation import (
     ReferenceSamples,
     TopSamples,
     concept_atlas,
+    receptive_boxes,
     reference_crops,
     relevance_maximisation,
+    with_boxes,
 )
+from fxlrp.concepts.prediction import TopConcepts, top_concepts
 from fxlrp.concepts.sites import OUTPUT
 
 __all__ = [
@@ -43,6 +51,12 @@ __all__ = [
     "ReferenceSamples",
     "TopSamples",
     "reference_crops",
+    "receptive_boxes",
+    "with_boxes",
     "concept_atlas",
+    "read_references",
+    "save_references",
+    "top_concepts",
+    "TopConcepts",
     "OUTPUT",
 ]

@@ -141,7 +141,8 @@ def conditional_relevance(
         Conditions, e.g. ``[{"features.40": [12], "y": [1]}, {"features.40": [3, 5]}]``. A site is a
         row of ``explain.report()`` or a module's qualified name; its value the concept indices
         (an int or a list of ints; or a tensor, the mask itself, broadcast over the node's output
-        per sample). ``"y"``: the classes explained (an int or a list: their relevances summed).
+        per sample, or of the output's whole shape: one mask per sample). ``"y"``: the classes
+        explained (an int or a list: their relevances summed).
     record : sequence of str, optional
         Sites whose relevance (and activation) to return.
     concepts : Concept or dict of str to Concept, optional
@@ -523,13 +524,16 @@ class _Run:
     def _one_mask(self, name: str, concept: Concept, value: Any, shape: Sequence[int], like: Tensor) -> Tensor:
         if isinstance(value, Tensor):
             mask = value.to(dtype=like.dtype, device=like.device)
+            if tuple(mask.shape) == tuple(shape):  # one mask per sample
+                return mask
             try:
                 fits = torch.broadcast_shapes(mask.shape, tuple(shape[1:])) == tuple(shape[1:])
             except RuntimeError:
                 fits = False
             if not fits:
                 raise ValueError(f"the mask tensor for {self.sites[name].describe()} has shape {list(mask.shape)}, "
-                                 f"which does not broadcast to its output per sample, {list(shape[1:])}")
+                                 f"which does not broadcast to its output per sample, {list(shape[1:])}, nor is "
+                                 f"one mask per sample, {list(shape)}")
             return mask
         try:
             return concept.mask(shape, value, dtype=like.dtype, device=like.device)

@@ -46,6 +46,11 @@ class TopSamples:
     positions: Tensor
     """Where the concept peaks in each sample: a flat index into the concept's positions (for a
     channel of ``[channels, height, width]``, ``row * width + column``)."""
+    boxes: Tensor | None = None
+    """``[concepts, k, 4]``: the receptive region of the concept's peak in each sample,
+    ``(row_start, row_stop, column_start, column_stop)``, the sample cut as
+    ``sample[..., row_start:row_stop, column_start:column_stop]`` (-1 where no sample); None where
+    not found (:func:`with_boxes` finds them)."""
 
     @staticmethod
     def empty(concepts: int, k: int, dtype: torch.dtype) -> TopSamples:
@@ -55,7 +60,7 @@ class TopSamples:
                           torch.full((concepts, k), -1, dtype=torch.long))
 
     def merged(self, other: TopSamples) -> TopSamples:
-        """The top ``k`` of both (ties: the smaller sample index first)."""
+        """The top ``k`` of both (ties: the smaller sample index first); with boxes where both have them."""
         k = self.samples.shape[1]
         samples = torch.cat([self.samples, other.samples], dim=1)
         scores = torch.cat([self.scores, other.scores.to(self.scores.dtype)], dim=1)
@@ -64,8 +69,12 @@ class TopSamples:
         by_index = torch.argsort(torch.where(unseen, torch.iinfo(torch.long).max, samples), dim=1, stable=True)
         scores, samples, positions = (torch.gather(t, 1, by_index) for t in (scores, samples, positions))
         by_score = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]
+        boxes = None
+        if self.boxes is not None and other.boxes is not None:
+            order = torch.gather(by_index, 1, by_score)
+            boxes = torch.gather(torch.cat([self.boxes, other.boxes], dim=1), 1, order[..., None].expand(-1, -1, 4))
         return TopSamples(torch.gather(samples, 1, by_score), torch.gather(scores, 1, by_score),
-                          torch.gather(positions, 1, by_score))
+                          torch.gather(positions, 1, by_score), boxes)
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,62 @@ class ReferenceSamples:
     activation: TopSamples
     seen: int
     """How many samples were analysed."""
+
+    @staticmethod
+    def empty(layer: str, concept: Concept, concepts: int, k: int, dtype: torch.dtype) -> ReferenceSamples:
+        """No samples yet.
+
+        Parameters
+        ----------
+        layer : str
+            The layer's name.
+        concept : Concept
+            Its concepts.
+        concepts : int
+            How many concepts it has.
+        k : int
+            Reference samples kept per concept.
+        dtype : torch.dtype
+            The dtype of the scores.
+
+        Returns
+        -------
+        ReferenceSamples
+            Every entry unseen (index -1, score -inf).
+        """
+        empty = TopSamples.empty(concepts, k, dtype)
+        return ReferenceSamples(layer, concept, empty, empty, 0)
+
+    @staticmethod
+    def of_batch(layer: str, concept: Concept, relevance: Tensor, activation: Tensor, samples: Tensor,
+                 max_target: str = "sum", abs_norm: bool = True) -> ReferenceSamples:
+        """Every sample of a batch as a reference of every concept (to be merged into the top ``k``).
+
+        Parameters
+        ----------
+        layer : str
+            The layer's name.
+        concept : Concept
+            Its concepts.
+        relevance, activation : Tensor
+            The layer's relevance and output for the batch, ``[batch, ...]``.
+        samples : Tensor
+            ``[batch]``: the data set index of each sample.
+        max_target : {"sum", "max"}, default "sum"
+            How a concept's values are scored (:func:`scores_of`).
+        abs_norm : bool, default True
+            Normalise each sample's scores by their absolute sum.
+
+        Returns
+        -------
+        ReferenceSamples
+            ``k`` = the batch's size.
+        """
+        parts = []
+        for values in (relevance, activation):
+            scores, peaks = scores_of(concept, values.detach(), max_target, abs_norm)
+            parts.append(TopSamples(samples.cpu().expand(scores.shape[1], -1).clone(), scores.T.cpu(), peaks.T.cpu()))
+        return ReferenceSamples(layer, concept, parts[0], parts[1], int(samples.numel()))
 
     def merged(self, other: ReferenceSamples) -> ReferenceSamples:
         """This shard's references joined with another's (of other samples of the same data set).
@@ -221,19 +286,113 @@ def relevance_maximisation(
         samples = torch.arange(index, index + size)
         for layer in layers:
             concept = result.concepts.get(layer) or ChannelConcept()
-            parts = []
-            for values in (result.relevance[layer][0], result.activation[layer]):
-                scores, peaks = scores_of(concept, values.detach(), max_target, abs_norm)
-                count = scores.shape[1]
-                parts.append(TopSamples(samples.expand(count, size).clone(), scores.T.cpu(), peaks.T.cpu()))
+            batch_references = ReferenceSamples.of_batch(layer, concept, result.relevance[layer][0],
+                                                         result.activation[layer], samples, max_target, abs_norm)
             if layer not in found:
-                empty = TopSamples.empty(parts[0].scores.shape[0], k, parts[0].scores.dtype)
-                found[layer] = ReferenceSamples(layer, concept, empty, empty, 0)
-            found[layer] = found[layer].merged(ReferenceSamples(layer, concept, parts[0], parts[1], size))
+                found[layer] = ReferenceSamples.empty(layer, concept, batch_references.relevance.scores.shape[0], k,
+                                                      batch_references.relevance.scores.dtype)
+            found[layer] = found[layer].merged(batch_references)
         index += size
     if not found:
         raise ValueError("the data gave no batches")
     return found
+
+
+def receptive_boxes(
+    explain: Explainer,
+    inputs: Tensor,
+    layer: str,
+    concept_ids: Tensor | Sequence[int],
+    positions: Tensor | Sequence[int],
+    *,
+    concept: Concept | None = None,
+    threshold: float = 0.1,
+) -> Tensor:
+    r"""The receptive region of one neuron of ``layer`` in each input: the rows and columns where
+    the heatmap of that neuron alone, started at its activation (``start=layer``, masked to the
+    neuron, zennit-crp's ``mask_rf``), is not zero and reaches ``threshold`` of its largest absolute
+    value (summed over the input's channels). One explanation of the batch, each sample masked to
+    its own neuron.
+
+    Parameters
+    ----------
+    explain : Explainer
+        The explainer.
+    inputs : Tensor
+        ``[n, channels, height, width]`` images (or ``[n, height, width]``), one per neuron.
+    layer : str
+        The layer.
+    concept_ids : Tensor or sequence of int
+        ``[n]``: the concept of each neuron.
+    positions : Tensor or sequence of int
+        ``[n]``: its position among the concept's positions (:attr:`TopSamples.positions`).
+    concept : Concept, optional
+        The layer's concepts (``ChannelConcept()`` by default).
+    threshold : float, default 0.1
+        The share of the largest absolute heatmap value that bounds the region.
+
+    Returns
+    -------
+    Tensor
+        ``[n, 4]`` (long): ``(row_start, row_stop, column_start, column_stop)`` per input; the
+        whole input where the heatmap is zero.
+    """
+    concept = concept or ChannelConcept()
+    if inputs.dim() not in (3, 4):
+        raise ValueError(f"receptive regions are rows and columns of images [n, channels, height, width] or "
+                         f"[n, height, width]; got inputs of shape {list(inputs.shape)}")
+    concept_ids, positions = torch.as_tensor(concept_ids).tolist(), torch.as_tensor(positions).tolist()
+    if not len(concept_ids) == len(positions) == inputs.shape[0]:
+        raise ValueError(f"one concept id and one position per input: got {len(concept_ids)} and {len(positions)} "
+                         f"for {inputs.shape[0]} inputs")
+    return _boxes(explain, inputs, layer, concept_ids, positions, concept, threshold,
+                  _output_of(explain, inputs[:1], layer, concept))
+
+
+def _output_of(explain: Explainer, inputs: Tensor, layer: str, concept: Concept) -> Tensor:
+    """The layer's output for ``inputs`` (its shape and dtype make the masks)."""
+    return conditional_relevance(explain, inputs, [{}], record=[layer], concepts=concept,
+                                 start=layer).activation[layer]
+
+
+def _boxes(explain: Explainer, inputs: Tensor, layer: str, concept_ids: list[int], positions: list[int],
+           concept: Concept, threshold: float, activation: Tensor) -> Tensor:
+    """:func:`receptive_boxes` given the layer's output for one input."""
+    per_concept = grouped(concept, activation).shape[1:]
+    masks = []
+    for concept_id, position in zip(concept_ids, positions, strict=True):
+        mask = torch.zeros(per_concept, dtype=activation.dtype, device=activation.device)
+        mask[concept_id, position] = 1.0
+        masks.append(_ungrouped(concept, mask, activation.shape))
+    heatmaps = conditional_relevance(explain, inputs, [{layer: torch.stack(masks)}], start=layer).heatmap[0]
+    boxes = []
+    for heatmap in heatmaps:
+        strength = heatmap.abs().sum(dim=0) if heatmap.dim() == 3 else heatmap.abs()
+        rows, columns = ((strength >= threshold * strength.max()) & (strength > 0)).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            boxes.append([0, strength.shape[0], 0, strength.shape[1]])
+        else:
+            boxes.append([int(rows.min()), int(rows.max()) + 1, int(columns.min()), int(columns.max()) + 1])
+    return torch.tensor(boxes, dtype=torch.long)
+
+
+def cut(sample: Tensor, box: Tensor | Sequence[int]) -> Tensor:
+    """``sample[..., row_start:row_stop, column_start:column_stop]`` for a box of :func:`receptive_boxes`.
+
+    Parameters
+    ----------
+    sample : Tensor
+        ``[channels, height, width]`` or ``[height, width]``.
+    box : Tensor or sequence of int
+        ``(row_start, row_stop, column_start, column_stop)``.
+
+    Returns
+    -------
+    Tensor
+        The crop.
+    """
+    row_start, row_stop, column_start, column_stop = (int(value) for value in box)
+    return sample[..., row_start:row_stop, column_start:column_stop]
 
 
 def reference_crops(
@@ -246,17 +405,14 @@ def reference_crops(
     concept: Concept | None = None,
     threshold: float = 0.1,
 ) -> list[Tensor]:
-    r"""The receptive region of a concept's peak in each input: the input cut to the rows and
-    columns where the heatmap of that one neuron, started at its activation (``start=layer``,
-    masked to the neuron, zennit-crp's ``mask_rf``), is not zero and reaches ``threshold`` of its
-    largest absolute value (summed over the input's channels).
+    r"""The inputs cut to the receptive region of a concept's peak in each (:func:`receptive_boxes`).
 
     Parameters
     ----------
     explain : Explainer
         The explainer.
     inputs : Tensor
-        ``[n, channels, height, width]`` images (each explained alone).
+        ``[n, channels, height, width]`` images.
     layer : str
         The layer.
     concept_id : int
@@ -273,22 +429,69 @@ def reference_crops(
     list of Tensor
         One crop per input, ``[channels, rows, columns]``.
     """
-    concept = concept or ChannelConcept()
-    crops = []
-    for image, position in zip(inputs, positions.tolist(), strict=True):
-        one = image.unsqueeze(0)
-        activation = conditional_relevance(explain, one, [{}], record=[layer], concepts=concept).activation[layer]
-        mask = torch.zeros(grouped(concept, activation).shape[1:], dtype=activation.dtype, device=activation.device)
-        mask[concept_id, position] = 1.0
-        mask = _ungrouped(concept, mask, activation.shape)
-        heatmap = conditional_relevance(explain, one, [{layer: mask}], start=layer).heatmap[0, 0]
-        strength = heatmap.abs().sum(dim=0) if heatmap.dim() == 3 else heatmap.abs()
-        rows, columns = ((strength >= threshold * strength.max()) & (strength > 0)).nonzero(as_tuple=True)
-        if strength.max() <= 0 or rows.numel() == 0:
-            crops.append(image)
-            continue
-        crops.append(image[..., int(rows.min()):int(rows.max()) + 1, int(columns.min()):int(columns.max()) + 1])
-    return crops
+    boxes = receptive_boxes(explain, inputs, layer, [concept_id] * inputs.shape[0], positions, concept=concept,
+                            threshold=threshold)
+    return [cut(image, box) for image, box in zip(inputs, boxes, strict=True)]
+
+
+def with_boxes(
+    explain: Explainer,
+    references: ReferenceSamples,
+    sample: Callable[[int], Tensor],
+    *,
+    threshold: float = 0.1,
+    batch_size: int = 16,
+) -> ReferenceSamples:
+    """The references with the receptive region of every reference sample (:attr:`TopSamples.boxes`).
+
+    The neurons (sample, concept, peak position) are taken by relevance, then by activation,
+    concept by concept, each once (a sample that is a reference by relevance and by activation
+    with the same peak is explained once), and explained ``batch_size`` at a time
+    (:func:`receptive_boxes`): the same references give the same boxes.
+
+    Parameters
+    ----------
+    explain : Explainer
+        The explainer.
+    references : ReferenceSamples
+        A layer's references (:func:`relevance_maximisation`).
+    sample : callable
+        ``sample(index)``: the input of a data set index as the model takes it, ``[channels,
+        height, width]`` or ``[height, width]``.
+    threshold : float, default 0.1
+        The share of the largest absolute heatmap value that bounds a region.
+    batch_size : int, default 16
+        Neurons explained at once.
+
+    Returns
+    -------
+    ReferenceSamples
+        The same references, with boxes.
+    """
+    tops = (references.relevance, references.activation)
+    neurons = list(dict.fromkeys((int(top.samples[c, j]), c, int(top.positions[c, j]))
+                                 for top in tops for c, j in (top.samples >= 0).nonzero().tolist()))
+    regions: dict[tuple[int, int, int], Tensor] = {}
+    activation = None
+    for first in range(0, len(neurons), batch_size):
+        chunk = neurons[first:first + batch_size]
+        read: dict[int, Tensor] = {}
+        for index, _, _ in chunk:
+            if index not in read:
+                read[index] = sample(index)
+        inputs = torch.stack([read[index] for index, _, _ in chunk])
+        if activation is None:
+            activation = _output_of(explain, inputs[:1], references.layer, references.concept)
+        found_boxes = _boxes(explain, inputs, references.layer, [c for _, c, _ in chunk], [p for _, _, p in chunk],
+                             references.concept, threshold, activation)
+        regions.update(zip(chunk, found_boxes, strict=True))
+    found = []
+    for top in tops:
+        boxes = torch.full((*top.samples.shape, 4), -1, dtype=torch.long)
+        for c, j in (top.samples >= 0).nonzero().tolist():
+            boxes[c, j] = regions[(int(top.samples[c, j]), c, int(top.positions[c, j]))]
+        found.append(TopSamples(top.samples, top.scores, top.positions, boxes))
+    return ReferenceSamples(references.layer, references.concept, found[0], found[1], references.seen)
 
 
 def _ungrouped(concept: Concept, mask: Tensor, shape: Sequence[int]) -> Tensor:
@@ -306,6 +509,53 @@ def _ungrouped(concept: Concept, mask: Tensor, shape: Sequence[int]) -> Tensor:
     return moved if dim == 1 else moved.movedim(0, dim - 1)
 
 
+def reference_images(
+    references: ReferenceSamples,
+    concept_id: int,
+    sample: Callable[[int], Tensor],
+    explain: Explainer | None = None,
+    *,
+    mode: str = "relevance",
+    count: int = 6,
+) -> list[Tensor]:
+    """A concept's ``count`` best reference samples, cut to their receptive regions: by the
+    references' boxes where they have them, else found with ``explain`` where it is given
+    (:func:`reference_crops`), else whole.
+
+    Parameters
+    ----------
+    references : ReferenceSamples
+        The layer's references.
+    concept_id : int
+        The concept.
+    sample : callable
+        ``sample(index)``: the input of a data set index, ``[channels, height, width]``.
+    explain : Explainer, optional
+        Finds the receptive regions where the references have no boxes.
+    mode : {"relevance", "activation"}, default "relevance"
+        Which references.
+    count : int, default 6
+        How many (fewer where fewer samples were seen).
+
+    Returns
+    -------
+    list of Tensor
+        The crops, best first.
+    """
+    if mode not in ("relevance", "activation"):
+        raise ValueError(f"mode must be 'relevance' or 'activation', got {mode!r}")
+    top = references.relevance if mode == "relevance" else references.activation
+    chosen = [(int(index), int(position)) for index, position in
+              zip(top.samples[concept_id, :count], top.positions[concept_id, :count], strict=True) if index >= 0]
+    images = [sample(index) for index, _ in chosen]
+    if top.boxes is not None:
+        return [cut(image, box) for image, box in zip(images, top.boxes[concept_id], strict=False)]
+    if explain is not None and images:
+        return reference_crops(explain, torch.stack(images), references.layer, concept_id,
+                               torch.tensor([position for _, position in chosen]), concept=references.concept)
+    return images
+
+
 def concept_atlas(
     references: ReferenceSamples,
     sample: Callable[[int], Tensor],
@@ -316,8 +566,10 @@ def concept_atlas(
     count: int = 6,
     path: str | Path | None = None,
 ) -> Any:
-    """A picture of reference samples: one row per concept, its ``count`` best samples (cut to
-    their receptive regions where ``explain`` is given, :func:`reference_crops`).
+    """A picture of reference samples: one row per concept, its ``count`` best samples, cut to
+    their receptive regions: by the references' boxes where they have them (:func:`with_boxes`,
+    :func:`read_references`), else found with ``explain`` where it is given
+    (:func:`reference_crops`), else shown whole.
 
     Needs matplotlib.
 
@@ -329,7 +581,8 @@ def concept_atlas(
         ``sample(index)``: the input of a data set index, ``[channels, height, width]`` (as the model
         takes it; shown rescaled to its own range).
     explain : Explainer, optional
-        Cut each sample to the receptive region of the concept's peak.
+        Find the receptive region of the concept's peak in each sample (where the references have
+        no boxes).
     concept_ids : sequence of int, optional
         The concepts shown (by default the first eight).
     mode : {"relevance", "activation"}, default "relevance"
@@ -354,16 +607,10 @@ def concept_atlas(
     top = references.relevance if mode == "relevance" else references.activation
     concept_ids = list(range(min(8, top.samples.shape[0]))) if concept_ids is None else list(concept_ids)
     columns = min(count, top.samples.shape[1])
-    figure, axes = plt.subplots(len(concept_ids), columns, figsize=(1.3 * columns, 1.3 * len(concept_ids)),
-                                squeeze=False)
+    figure, axes = plt.subplots(len(concept_ids), columns, figsize=(1.3 * columns, 1.3 * len(concept_ids) + 0.3),
+                                squeeze=False, layout="constrained")
     for row, concept_id in enumerate(concept_ids):
-        chosen = [(int(index), int(position)) for index, position in
-                  zip(top.samples[concept_id, :columns], top.positions[concept_id, :columns], strict=True)
-                  if index >= 0]
-        images = [sample(index) for index, _ in chosen]
-        if explain is not None and images:
-            images = reference_crops(explain, torch.stack(images), references.layer, concept_id,
-                                     torch.tensor([position for _, position in chosen]), concept=references.concept)
+        images = reference_images(references, concept_id, sample, explain, mode=mode, count=columns)
         for column in range(columns):
             axis = axes[row][column]
             axis.set_xticks([])

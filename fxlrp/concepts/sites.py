@@ -18,6 +18,7 @@ user's model is changed; the hooks on the explainer's node modules live for one 
 
 from __future__ import annotations
 
+import difflib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -201,9 +202,12 @@ def _unknown(explainer: Explainer, key: str, nodes: list[str]) -> str:
     if module is not None:
         return (f"module {key!r} computes no node of the explained graph (it takes no part in the explained forward, "
                 "or it is inlined into another node): name a row of explain.report()")
-    shown = ", ".join(nodes[:12])
-    return (f"no node or module named {key!r} in the explained model; a condition names a row of explain.report() "
-            f"(e.g. {shown}, ...) or a module's qualified name (model.named_modules())")
+    names = list(dict.fromkeys([*nodes, *(name for name, _ in model.named_modules() if name)]
+                               if model is not None else nodes))
+    close = difflib.get_close_matches(key, names, n=5, cutoff=0.6)
+    shown = f"close names: {', '.join(close)}" if close else f"e.g. {', '.join(nodes[:12])}, ..."
+    return (f"no node or module named {key!r} in the explained model ({shown}); a condition names a row of "
+            "explain.report() or a module's qualified name (model.named_modules())")
 
 
 def tensor_of(site: Site, output: Any) -> Tensor:

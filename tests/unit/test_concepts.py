@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torchvision
+from support.concepts import small_cnn
 from support.references import relative_error, stabilised
 from torch import Tensor, nn
 
@@ -112,14 +113,6 @@ def test_parallel_paths_follow_the_hand_written_reference(exclude_parallel: bool
     assert relative_error(found.relevance["inner"][0], at_inner) < 1e-12
     assert relative_error(found.relevance["stem"][0], at_h) < 1e-12
     assert relative_error(found.heatmap[0], at_input) < 1e-12
-
-
-def small_cnn() -> nn.Module:
-    torch.manual_seed(1)
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 5, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(20, 4),
-    ).double().eval()
 
 
 def masked_gradient_times_input(model: nn.Module, layer: nn.Module, x: Tensor, mask: Tensor, target: int,

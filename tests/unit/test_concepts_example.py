@@ -1,6 +1,6 @@
 """examples/concepts_shapes.py in fast mode: the concepts conditional relevance finds for a
-prediction lie on the shape that decides it, by construction of the data; the measurement is
-checked to mean something (random heatmaps score chance)."""
+prediction lie on the shape that decides it, by construction of the data, and peak on it in their
+reference samples; the measurement is checked to mean something (random heatmaps score chance)."""
 
 from __future__ import annotations
 
@@ -37,5 +37,8 @@ def test_top_concepts_lie_on_the_deciding_shape(tmp_path: Path) -> None:
     assert abs(random_share - found["chance"]) < 0.05  # random heatmaps score chance: the share can fail
     assert found["shape_share_top_concepts"] >= 0.8 and found["shape_share_top_concepts"] >= 5 * found["chance"]
     assert found["top_concept_consistency"] >= 0.8
+    # the top concepts peak on the shape in their reference samples, far above chance
+    assert found["reference_peaks_on_shape"] >= 0.8 and found["reference_peaks_on_shape"] >= 5 * found["chance"]
     assert (tmp_path / "concepts.png").stat().st_size > 0 and (tmp_path / "graph.png").stat().st_size > 0
+    assert (tmp_path / "top_concepts.png").stat().st_size > 0
     assert "attribution graph of concept" in found["graph"]

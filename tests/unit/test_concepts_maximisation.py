@@ -11,40 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.concepts import at_peak, separated, small_cnn
 from support.references import relative_error
-from torch import Tensor, nn
+from torch import Tensor
 
 import fxlrp
 from fxlrp.concepts import ChannelConcept, conditional_relevance
 from fxlrp.concepts.maximisation import concept_atlas, reference_crops, relevance_maximisation, scores_of
 
 LAYERS = ["2", "5"]
-
-
-def small_cnn() -> nn.Module:
-    torch.manual_seed(1)
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 5, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(20, 4),
-    ).double().eval()
-
-
-def separated(scores: Tensor, tolerance: float = 1e-9) -> Tensor:
-    """Where a row's sorted scores differ from both neighbours by more than rounding (relative to
-    the row's largest): there the order of samples is the same whatever kernels computed them."""
-    gap = tolerance * scores.abs().amax(-1, keepdim=True)
-    distinct = torch.ones_like(scores, dtype=torch.bool)
-    distinct[:, 1:] &= (scores[:, 1:] - scores[:, :-1]).abs() > gap
-    distinct[:, :-1] &= (scores[:, :-1] - scores[:, 1:]).abs() > gap
-    return distinct
-
-
-def at_peak(values: Tensor, samples: Tensor, positions: Tensor) -> Tensor:
-    """``values [samples, concepts, positions]`` at each concept's chosen sample and position, and
-    the largest value of that sample's concept: a peak found from other kernels' values may be
-    another position of (within rounding) the same value."""
-    concepts = torch.arange(samples.shape[0])[:, None].expand_as(samples)
-    return values[samples, concepts, positions], values[samples, concepts].amax(-1)
 
 
 def data_set(count: int = 20) -> tuple[Tensor, Tensor]:
@@ -179,3 +154,36 @@ def test_scores_of_heads_group_their_features() -> None:
     assert relative_error(scores, values.reshape(2, 5, 3, 4).sum(dim=(1, 3))) < 1e-14
     scores, _ = scores_of(ChannelConcept(), values.transpose(1, 2), "max", abs_norm=False)
     assert relative_error(scores, values.amax(dim=1)) < 1e-14
+
+
+def test_boxes_follow_their_samples_through_merges_and_files(tmp_path: Path) -> None:
+    """Boxes that name their sample (each box is ``[sample, sample + 1, 2 * sample, 2 * sample + 1]``)
+    still name it after merging shards in either order, and after writing and reading the file."""
+    from fxlrp.concepts import ReferenceSamples, TopSamples, read_references, save_references
+
+    generator = torch.Generator().manual_seed(5)
+
+    def shard(samples: Tensor) -> ReferenceSamples:
+        scores = torch.rand(3, len(samples), dtype=torch.float64, generator=generator).round(decimals=1)  # ties
+        boxes = torch.stack([samples, samples + 1, 2 * samples, 2 * samples + 1], dim=-1).expand(3, -1, -1)
+        top = TopSamples(samples.expand(3, -1).clone(), scores, torch.zeros(3, len(samples), dtype=torch.long), boxes)
+        return ReferenceSamples("layer", ChannelConcept(), top, top, len(samples))
+
+    first, second = shard(torch.arange(0, 6)), shard(torch.arange(6, 10))
+    merged = [first.merged(second), second.merged(first)]
+    for references in merged:
+        top = references.relevance
+        assert torch.equal(top.boxes[..., 0], top.samples) and torch.equal(top.boxes[..., 2], 2 * top.samples)
+        ordered = torch.cat([first.relevance.scores, second.relevance.scores], dim=1)
+        k = top.samples.shape[1]  # the first's (6, then 4)
+        assert torch.equal(top.scores, torch.sort(ordered, dim=1, descending=True).values[:, :k])
+    # ties go to the earlier sample in either order
+    assert torch.equal(merged[0].relevance.samples[:, :4], merged[1].relevance.samples)
+    top = merged[0].relevance
+    tied = top.scores[:, 1:] == top.scores[:, :-1]
+    assert tied.any() and (top.samples[:, 1:][tied] > top.samples[:, :-1][tied]).all()
+    save_references(merged[0], tmp_path / "layer.npz")
+    back = read_references(tmp_path / "layer.npz")
+    for name in ("samples", "scores", "positions", "boxes"):
+        assert torch.equal(getattr(back.activation, name), getattr(merged[0].activation, name))
+    assert back.layer == "layer" and repr(back.concept) == "ChannelConcept(dim=1)" and back.seen == 10

@@ -34,6 +34,7 @@ LAZY = {
     ("fxlrp.app.commands", "fxlrp.viz.image"): "matplotlib and pillow, only for pictures",
     ("fxlrp.app.commands", "fxlrp.app.demo"): "the demo draws with matplotlib",
     ("fxlrp.app.explain_dataset", "fxlrp.viz.image"): "matplotlib and pillow, only for --png",
+    ("fxlrp.concepts.prediction", "fxlrp.viz.image"): "matplotlib and pillow, only for TopConcepts.picture",
 }
 """Imports of fxlrp's modules made inside functions: (importer, imported) -> why."""
 
