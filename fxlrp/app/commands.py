@@ -134,6 +134,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
     if args.region is not None and (_explains_text(args) or explains_data_set(args)):
         raise InputError("--region explains image files given on the command line, not --text or --data")
+    if getattr(args, "concepts", None) is not None and _explains_text(args):
+        raise InputError("--concepts finds the reference samples of concepts in a data set of images (--data), "
+                         "not in --text")
     if _explains_text(args):
         if args.compile:
             raise InputError("--compile explains images and data sets, not --text")

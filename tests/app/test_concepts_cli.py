@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from support.command_line import ENVIRONMENT, MODEL, ROOT, explainer, run, snapshot
 from support.concepts import at_peak, separated
 from support.references import relative_error
 from support.slow_data import Digits
 
 import fxlrp
-from app.test_datasets import ENVIRONMENT, MODEL, ROOT, explainer, run, snapshot
 from fxlrp.concepts import ReferenceSamples, TopSamples, read_references, relevance_maximisation, with_boxes
 from fxlrp.toys.digits import DigitsCNN
 
@@ -121,6 +121,8 @@ def test_bad_concept_options_give_one_line_and_exit_code_2(tmp_path: Path, weigh
          "made with other settings (concepts: {'nodes': ['features.0'], 'top': 8} there"),
         (["explain", "--model", MODEL, str(image), "--out", str(tmp_path / "out"), "--concepts", "features.2"],
          "--concepts applies to data sets (--data)"),
+        (["explain", "--model", MODEL, "--text", "a sentence", "--out", str(tmp_path / "out"), "--concepts",
+          "features.2"], "--concepts finds the reference samples of concepts in a data set of images (--data)"),
     ]
     for arguments, message in cases:
         code, stdout, stderr = run(arguments, capsys)

@@ -18,14 +18,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from support.command_line import ENVIRONMENT, MODEL, ROOT, explainer, run, snapshot
 
 import fxlrp
-from fxlrp.app import cli
 from fxlrp.toys.digits import DigitsCNN
-
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "fxlrp.toys.digits:DigitsCNN"
-ENVIRONMENT = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +45,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"folder": folder, "weights": folder / "weights.pt", "images": images}
 
 
-def explainer(weights: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    model = DigitsCNN()
-    model.load_state_dict(torch.load(weights, weights_only=True))
-    return fxlrp.convert(model.eval().to(dtype), fxlrp.rules.Epsilon(1e-6))
-
-
 def relative_error(actual: np.ndarray, expected: torch.Tensor) -> float:
     """Largest difference over the largest magnitude."""
     return float(np.abs(actual - expected.numpy()).max() / np.abs(expected.numpy()).max())
@@ -75,15 +65,6 @@ def within_rounding(computed: np.ndarray, inputs: torch.Tensor, target: torch.Te
                             for index in range(len(inputs))])
     rounding = max(relative_error(relevance.double().numpy(), exact) for relevance in (at_once, one_by_one))
     assert relative_error(computed.astype(np.float64), exact) <= 2 * rounding
-
-
-def run(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = cli.main(arguments)
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def explain_command(data: Path | str, out: Path, weights: Path, *options: str) -> list[str]:
@@ -198,11 +179,6 @@ def test_bad_data_set_inputs_give_one_line_and_exit_code_2(files: dict[str, Path
         assert message in lines[0], (message, lines[0])
         assert stdout == ""
     assert not out.exists()
-
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*"))
-            if path.is_file()}
 
 
 def test_a_run_killed_mid_way_resumes_and_ends_identical(tmp_path: Path, files: dict[str, Path]) -> None:
