@@ -274,7 +274,6 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
         return not carrying(atom)
 
     equations = _activation_runs(program.equations)
-    nonnegative: set[int] = set()
     result: list[Group] = []
     index = 0
     while index < len(equations):
@@ -306,8 +305,6 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
             continue
         name = eqn.primitive.name
         if name in NATIVE:
-            if _keeps_nonnegative(eqn, nonnegative):
-                nonnegative.add(id(eqn.outputs[0]))
             result.append(Group("native", run))
             continue
         output = eqn.outputs[0]
@@ -363,23 +360,50 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
             result.append(Group("pass", [eqn], name, carried, output))
             continue
         result.append(Group("unsupported", [eqn], name, carried, output))
-    for group in result:
-        group.nonnegative = tuple(id(var) in nonnegative for var in group.carrying)
+    _mark_nonnegative(result)
     return result
+
+
+NONNEGATIVE_SUMS = frozenset({"add", "sum", "avg_pool", "mean"})
+"""Operations of sums whose output is never negative where none of their operands is."""
+
+
+def _mark_nonnegative(found: list[Group]) -> None:
+    """Set each group's ``nonnegative``: which relevance-carrying inputs are known never to be negative.
+
+    A value is never negative if it is a constant that is not, ReLU's ``max(x, 0)``, a move or
+    maximum of such values, or a sum, average or rescaling by a constant of values none of which
+    is negative (an average pooling after a ReLU). The rules then leave out the terms of negative
+    inputs, which are 0 (z+ after a pooling needs no convolution with the negative weights).
+    """
+    nonnegative: set[int] = set()
+
+    def known(atom: Atom) -> bool:
+        if isinstance(atom, Constant):
+            return bool(np.all(np.asarray(atom.value) >= 0))
+        return id(atom) in nonnegative
+
+    for group in found:
+        group.nonnegative = tuple(id(var) in nonnegative for var in group.carrying)
+        if group.kind in ("native", "constant"):
+            for eqn in group.equations:
+                if _keeps_nonnegative(eqn, known):
+                    nonnegative.add(id(eqn.outputs[0]))
+        elif (group.kind == "affine" and group.operation in NONNEGATIVE_SUMS) or (
+                group.kind == "pass" and group.operation in ("mul", "div") and len(group.equations) == 1):
+            inside = {id(var) for eqn in group.equations for var in eqn.outputs}
+            if all(known(atom) for eqn in group.equations for atom in eqn.inputs
+                   if not (isinstance(atom, Var) and id(atom) in inside)):
+                nonnegative.add(id(group.output))
 
 
 MOVES = frozenset({"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice",
                    "reduce_max", "reduce_window_max", "gather", "rev", "convert_element_type", "copy", "copy_p"})
 
 
-def _keeps_nonnegative(eqn: Equation, nonnegative: set[int]) -> bool:
-    """Whether a native equation's output is never negative: ReLU's ``max(x, 0)``, or a move or
-    maximum of values that are never negative."""
-    def known(atom: Atom) -> bool:
-        if isinstance(atom, Constant):
-            return bool(np.all(np.asarray(atom.value) >= 0))
-        return id(atom) in nonnegative
-
+def _keeps_nonnegative(eqn: Equation, known: Any) -> bool:
+    """Whether an equation's output is never negative: ReLU's ``max(x, 0)``, or a move or
+    maximum of values that are never negative (``known(atom)``)."""
     if eqn.primitive.name == "max":
         return any(known(atom) for atom in eqn.inputs)
     if eqn.primitive.name in MOVES:
