@@ -247,10 +247,6 @@ def _explained(group: Group, rule: Rule, env: dict[int, Any]) -> Callable[..., A
         return output, (xs, constant_values, output)
 
     def explained_backward(saved: Any, relevance: Any) -> tuple[Any, Any]:
-        # The rule's own computations (z+ and the other modified layers) wait for the relevance:
-        # run early, next to the forward pass, they would compete with it for the cores and hold
-        # their outputs in memory until the backward pass reaches them.
-        saved, relevance = jax.lax.optimization_barrier((saved, relevance))
         xs, constant_values, output = saved
         local = {id(atom): value for atom, value in zip(constant_atoms, constant_values, strict=True)}
         if group.operation == "softmax":
