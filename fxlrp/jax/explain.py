@@ -122,11 +122,29 @@ def convert(fn: Callable[..., Any], composite: Composite | Rule | None = None, *
     return Explanation(fn, composite, closed, program, plan, in_tree, out_tree)
 
 
+_NO_RULE_IN_PYTORCH = ("no LRP rule, as on the PyTorch side (fxlrp.convert refuses it too); inside jax.nn's "
+                       "activations and softmax it is explained with them")
+WHY_NO_RULE = {
+    "while": "a while loop (jax.lax.while_loop, or fori_loop with bounds that are arrays): its number of steps is "
+             "known only when it runs, and JAX cannot differentiate it backwards; give fori_loop Python int bounds "
+             "or write the loop with jax.lax.scan (both are explained step by step)",
+    "pow": "a power whose exponent depends on the input (x ** y, 2 ** x) has no LRP rule, as on the PyTorch side; "
+           "compute the exponent from constants (x ** 2, x ** 0.5 take the identity rule)",
+    **{name: _NO_RULE_IN_PYTORCH for name in ("exp", "exp2", "expm1", "log", "log1p")},
+    **{name: "a square root outside Flax's LayerNorm and RMSNorm (a normalisation written by hand) has no rule; "
+             "fxlrp holds the root of those modules constant: hold yours constant with jax.lax.stop_gradient"
+       for name in ("sqrt", "rsqrt")},
+}
+"""Why a primitive has no rule, and what to do, for the primitives models use most."""
+
+
 def _plan(found: list[Group], composite: Composite, program: Program) -> list[tuple[Group, Rule | None]]:
     """The rule of each group; the first layer is found as on the PyTorch side."""
     missing = [group for group in found if group.kind == "unsupported"]
     if missing:
-        lines = "\n".join(f"  {group.operation} at {source_line(group.equations[0].source_info)}" for group in missing)
+        lines = "\n".join(f"  {group.operation} at {source_line(group.equations[0].source_info)}"
+                          + (f": {WHY_NO_RULE[group.operation]}" if group.operation in WHY_NO_RULE else "")
+                          for group in missing)
         raise UnsupportedOperationError(
             "fxlrp.jax: these primitives receive relevance but have no rule:\n" + lines + "\n"
             "Treat their inputs as constants (jax.lax.stop_gradient) if they should receive no relevance, or "

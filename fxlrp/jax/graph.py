@@ -39,9 +39,13 @@ NATIVE = frozenset({
 """Primitives whose own vector-Jacobian product routes relevance (moves, copies, selections,
 ReLU's ``max`` and max pooling: the winner takes all)."""
 SUMS = {"add": "add", "add_any": "add", "sub": "sub", "reduce_sum": "sum", "reduce_window_sum": "avg_pool",
-        "scatter-add": "sum", "scatter_add": "sum"}
+        "scatter-add": "sum", "scatter_add": "sum", "cumsum": "cumsum"}
 """Sum primitives and the canonical operation whose rule they get (``reduce_window_sum`` alone is
 a sum pooling, explained as average pooling is)."""
+POWERS = frozenset({"integer_pow", "square", "pow"})
+"""Powers ``x ** p`` (``p`` constant): the identity rule of the registered operation ``pow``, as
+``torch.pow`` on the PyTorch side (squared ReLU, StarReLU); an exponent that carries relevance
+has no rule."""
 SCALINGS = frozenset({"mul", "div", "neg"})
 """Rescalings by a constant: relevance passes (``R_x = R_z``), as on the PyTorch side."""
 
@@ -140,7 +144,8 @@ def _activation_of(primitive: Any, params: dict[str, Any]) -> str | None:
     return None
 
 
-def _inline(jaxpr: Any, consts: Any, arguments: list[Atom], equations: list[Equation]) -> list[Atom]:
+def _inline(jaxpr: Any, consts: Any, arguments: list[Atom], equations: list[Equation],
+            caller: Any = None) -> list[Atom]:
     env: dict[Any, Atom] = {}
     for var, value in zip(jaxpr.constvars, consts, strict=True):
         env[var] = Constant(value)
@@ -155,15 +160,18 @@ def _inline(jaxpr: Any, consts: Any, arguments: list[Atom], equations: list[Equa
         name = eqn.primitive.name
         inner = eqn.params.get("jaxpr") if name in ("jit", "pjit") else eqn.params.get("call_jaxpr") \
             if name in ("custom_jvp_call", "custom_vjp_call") else None
+        source_info = eqn.source_info
+        if caller is not None and source_line(source_info) == "unknown":
+            source_info = caller  # a jitted function of JAX's (jnp.cumsum): the line that called it
         if inner is not None and _activation_of(eqn.primitive, eqn.params) is None:
-            results = _inline(inner.jaxpr, inner.consts, inputs, equations)
+            results = _inline(inner.jaxpr, inner.consts, inputs, equations, source_info)
             for var, value in zip(eqn.outvars, results, strict=True):
                 env[var] = value
             continue
         outputs = [Var(var.aval) for var in eqn.outvars]
         for var, value in zip(eqn.outvars, outputs, strict=True):
             env[var] = value
-        equations.append(Equation(eqn.primitive, dict(eqn.params), inputs, outputs, eqn.source_info,
+        equations.append(Equation(eqn.primitive, dict(eqn.params), inputs, outputs, source_info,
                                   _activation_of(eqn.primitive, eqn.params), bool(eqn.effects)))
     return [read(atom) for atom in jaxpr.outvars]
 
@@ -286,6 +294,9 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
         if not carried or (len(run) == 1 and eqn.primitive.name == "stop_gradient"):
             result.append(Group("constant", run))  # stop_gradient: a constant of the explanation
             continue
+        if not any(is_floating(var.aval) for var in outputs):
+            result.append(Group("native", run))  # comparisons, argmax: their integer results carry no relevance
+            continue
         for var in outputs:
             if is_floating(var.aval):
                 carries.add(id(var))
@@ -356,6 +367,9 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
         if name in ("tanh", "logistic"):
             result.append(Group("pass", [eqn], name, carried, output))
             continue
+        if name in POWERS and all(constant(atom) for atom in eqn.inputs[1:]):
+            result.append(Group("pass", [eqn], "pow", carried, output))
+            continue
         if name in ("div", "neg") and (name == "neg" or constant(eqn.inputs[1])):
             result.append(Group("pass", [eqn], name, carried, output))
             continue
@@ -364,7 +378,7 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
     return result
 
 
-NONNEGATIVE_SUMS = frozenset({"add", "sum", "avg_pool", "mean"})
+NONNEGATIVE_SUMS = frozenset({"add", "sum", "avg_pool", "mean", "cumsum"})
 """Operations of sums whose output is never negative where none of their operands is."""
 
 

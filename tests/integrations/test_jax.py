@@ -560,3 +560,127 @@ def test_node_relevance_parity_with_a_torch_scatter_network(name: str) -> None:
     assert relative_error(explain(*arguments), scores.detach().numpy()) < 1e-14
     relevance = fxjax.attribute(explain, arguments, target=3)[0]
     assert relative_error(relevance, leaf.grad.numpy()) < 1e-10
+
+
+# ---- cumulative sums, powers, comparisons, loops ----------------------------------------------
+
+class TorchElementwise(nn.Module):
+    """dense -> ReLU -> ``kind`` (a cumulative sum or a power) -> dense -> ReLU -> dense."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.a, self.b, self.c = nn.Linear(4, 6), nn.Linear(6, 5), nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.a(x))
+        h = {"cumsum": lambda: torch.cumsum(h, dim=1), "reverse cumsum": lambda: torch.flip(h, [1]).cumsum(1),
+             "square": lambda: h ** 2, "cube": lambda: torch.pow(self.a(x), 3),
+             "torch.square": lambda: torch.square(h), "root": lambda: h ** 1.5}[self.kind]()
+        return self.c(F.relu(self.b(h)))
+
+
+def jax_elementwise(model: TorchElementwise) -> Callable[[Any], Any]:
+    """The torch model as a JAX function of the same weights."""
+    layers = {name: (jnp.asarray(layer.weight.detach().numpy().T), jnp.asarray(layer.bias.detach().numpy()))
+              for name, layer in model.named_children()}
+
+    def dense(name: str, x: Any) -> Any:
+        return x @ layers[name][0] + layers[name][1]
+
+    def network(x: Any) -> Any:
+        h = jax.nn.relu(dense("a", x))
+        h = {"cumsum": lambda: jnp.cumsum(h, axis=1), "reverse cumsum": lambda: jnp.cumsum(h[:, ::-1], axis=1),
+             "square": lambda: h ** 2, "cube": lambda: jnp.power(dense("a", x), 3),
+             "torch.square": lambda: jnp.square(h), "root": lambda: h ** 1.5}[model.kind]()
+        return dense("c", jax.nn.relu(dense("b", h)))
+
+    return network
+
+
+@pytest.mark.parametrize("kind", ["cumsum", "reverse cumsum"])
+def test_lrp0_is_gradient_times_input_through_a_cumulative_sum(kind: str) -> None:
+    torch.manual_seed(4)
+    network = jax_elementwise(TorchElementwise(kind).double())
+    x = jax.random.normal(jax.random.PRNGKey(7), (5, 4), jnp.float64)
+    targets = [0, 1, 2, 0, 1]
+    explain = fxjax.convert(network, Epsilon(0.0), x)
+    assert "cumsum" in explain.report() and "tmp" not in explain.report().split("cumsum")[1].split("\n")[0]
+    assert relative_error(fxjax.attribute(explain, x, target=targets), gradient_times_input(network, x, targets)) \
+        < 1e-12
+
+
+@pytest.mark.parametrize("composite", ["Epsilon", "EpsilonPlusFlat", "AlphaBeta(2,1)"])
+@pytest.mark.parametrize("kind", ["cumsum", "reverse cumsum", "square", "cube", "torch.square", "root"])
+def test_cumulative_sums_and_powers_parity_with_the_pytorch_path(kind: str, composite: str) -> None:
+    torch.manual_seed(5)
+    model = TorchElementwise(kind).double().eval()
+    inputs = torch.randn(4, 4, dtype=torch.float64)
+    network = jax_elementwise(model)
+    x = jnp.asarray(inputs.numpy())
+    explain = fxjax.convert(network, PARITY[composite](), x)
+    assert relative_error(explain(x), model(inputs).detach().numpy()) < 1e-13
+    if kind not in ("cumsum", "reverse cumsum"):
+        assert "pow        Pass()" in explain.report()
+    expected = fxlrp.attribute(fxlrp.convert(model, PARITY[composite]()), inputs, target=torch.tensor([0, 1, 2, 1]))
+    relevance = fxjax.attribute(explain, x, target=[0, 1, 2, 1])
+    assert relative_error(relevance, expected.numpy()) < 1e-10
+    # the rules differ: the comparison can fail
+    lrp0 = fxjax.attribute(fxjax.convert(network, Epsilon(0.0), x), x, target=[0, 1, 2, 1])
+    assert relative_error(lrp0, expected.numpy()) > 1e-6
+
+
+def test_comparisons_carry_no_relevance() -> None:
+    w = jax.random.normal(jax.random.PRNGKey(8), (4, 3), jnp.float64)
+
+    def leaky(x: Any) -> Any:
+        h = x @ w
+        return jnp.where(h > 0, h, 0.1 * h) @ w.T  # a comparison, a selection
+
+    x = jax.random.normal(jax.random.PRNGKey(9), (6, 4), jnp.float64)
+    explain = fxjax.convert(leaky, Epsilon(0.0), x)
+    targets = [0, 1, 2, 3, 0, 1]
+    assert relative_error(fxjax.attribute(explain, x, target=targets), gradient_times_input(leaky, x, targets)) \
+        < 1e-12
+
+
+def test_a_while_loop_is_refused_with_what_to_do_and_fori_loop_with_int_bounds_is_explained() -> None:
+    w = jax.random.normal(jax.random.PRNGKey(10), (3, 3), jnp.float64)
+
+    def steps(x: Any, count: Any) -> Any:
+        return jax.lax.fori_loop(0, count, lambda i, h: jax.nn.relu(h @ w) + h, x)  # the line the error names
+
+    line = steps.__code__.co_firstlineno + 1
+    x = jax.random.normal(jax.random.PRNGKey(11), (2, 3), jnp.float64)
+    with pytest.raises(UnsupportedOperationError) as error:
+        fxjax.convert(steps, Epsilon(0.0), x, jnp.asarray(3))
+    message = str(error.value)
+    assert f"while at {__file__}:{line}" in message and "fori_loop" in message and "jax.lax.scan" in message
+
+    def three_steps(x: Any) -> Any:
+        return steps(x, 3)
+
+    explain = fxjax.convert(three_steps, Epsilon(0.0), x)
+    assert relative_error(fxjax.attribute(explain, x, target=[1, 2]), gradient_times_input(three_steps, x, [1, 2])) \
+        < 1e-12
+
+
+@pytest.mark.parametrize("function", ["exp", "log", "power"])
+def test_exp_log_and_powers_of_the_input_are_refused_as_in_pytorch(function: str) -> None:
+    def model(x: Any) -> Any:
+        return {"exp": jnp.exp, "log": jnp.log, "power": lambda x: 2.0 ** x}[function](x) @ jnp.ones((3, 2))
+
+    with pytest.raises(UnsupportedOperationError, match="as on the PyTorch side"):
+        fxjax.convert(model, None, jnp.ones((4, 3)))
+    with pytest.raises(fxlrp.errors.UnsupportedOperationError):  # the PyTorch side refuses them too
+        torch_function = {"exp": torch.exp, "log": torch.log, "power": lambda x: 2.0 ** x}[function]
+        fxlrp.attribute(fxlrp.convert(TorchFunction(torch_function), Epsilon(0.0)), torch.ones(4, 3), target=0)
+
+
+class TorchFunction(nn.Module):
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.function, self.dense = function, nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(self.function(x))
