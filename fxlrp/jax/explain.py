@@ -224,6 +224,8 @@ def _layer(group: Group, env: dict[int, Any]) -> formulas.Layer:
     if group.weight_position is not None:
         weight = value_of(first.inputs[group.weight_position], env)
     bias = None if group.bias is None else value_of(group.bias, env)
+    if group.epilogue:
+        weight, bias = _folded(group, weight, bias, env)
 
     def apply(xs: Sequence[Any], w: Any, b: Any) -> Any:
         values = dict(constants)
@@ -241,6 +243,37 @@ def _layer(group: Group, env: dict[int, Any]) -> formulas.Layer:
         return out
 
     return formulas.Layer(apply, weight, bias, nonnegative=group.nonnegative)
+
+
+def _folded(group: Group, weight: Any, bias: Any, env: dict[int, Any]) -> tuple[Any, Any]:
+    """The weight and bias of a layer with the BatchNorm after it folded in, as on the PyTorch side.
+
+    The BatchNorm's steps map the layer's output ``z`` to ``a z + d`` per output feature, so the
+    folded layer has the weight ``a w`` (scaled along its output features) and the bias ``a b + d``.
+    """
+    output_axis, weight_axis = group.feature_axes
+    shape = group.equations[0].outputs[0].aval.shape
+    per_feature = [1] * len(shape)
+    per_feature[output_axis] = shape[output_axis]
+    factor: Any = 1.0
+    shift: Any = 0.0
+    for name, atom, constant_first in group.epilogue:
+        value = value_of(atom, env)
+        if name == "add":
+            shift = shift + value
+        elif name == "sub":
+            factor, shift = (-factor, value - shift) if constant_first else (factor, shift - value)
+        elif name == "mul":
+            factor, shift = factor * value, shift * value
+        else:
+            factor, shift = factor / value, shift / value
+    dtype = jnp.result_type(weight)
+    factor = jnp.broadcast_to(jnp.asarray(factor, dtype), per_feature)
+    shift = jnp.broadcast_to(jnp.asarray(shift, dtype), per_feature)
+    along_weight = [1] * np.ndim(weight)
+    along_weight[weight_axis] = shape[output_axis]
+    folded_bias = shift if bias is None else factor * bias + shift
+    return weight * factor.reshape(along_weight), folded_bias
 
 
 def _explained(group: Group, rule: Rule, env: dict[int, Any]) -> Callable[..., Any]:

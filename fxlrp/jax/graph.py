@@ -225,6 +225,12 @@ class Group:
     program: the rules' terms of negative inputs are then left out."""
     scale: tuple[str, Atom] | None = None
     """``("mul" | "div", constant)`` applied after a sum (a mean, average pooling)."""
+    feature_axes: tuple[int, int] | None = None
+    """The output's feature axis and the weight's axis of output features (a dense layer or a
+    convolution whose weight is its second operand), along which a BatchNorm is folded."""
+    epilogue: list[tuple[str, Atom, bool]] = field(default_factory=list)
+    """A folded BatchNorm: ``(primitive, constant, constant first)`` for each of its ``sub``,
+    ``mul``, ``div`` and ``add`` of a constant per output feature, in order."""
 
 
 def source_line(source_info: Any) -> str:
@@ -342,6 +348,16 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
                     other = [atom for atom in following.inputs if atom is not output][0]
                     group.bias, group.bias_first = other, following.inputs[0] is other
                     index = fuse(group)
+                group.feature_axes = _feature_axes(eqn, group.weight_position)
+                while group.feature_axes is not None:  # a BatchNorm in evaluation mode: folded into the layer
+                    last = group.output
+                    consumer = _consumer(equations, index, last, carrying) if uses[id(last)] == 1 else None
+                    following = None if consumer is None else equations[consumer][0]
+                    step = _batch_norm_step(following, last, constant, group.feature_axes[0])
+                    if step is None:
+                        break
+                    group.epilogue.append(step)
+                    index = fuse(group)
             else:
                 group.operation = "matmul"
             result.append(group)
@@ -425,6 +441,55 @@ def _keeps_nonnegative(eqn: Equation, known: Any) -> bool:
     if eqn.primitive.name == "concatenate":
         return all(known(atom) for atom in eqn.inputs)
     return False
+
+
+BATCH_NORM_FRAMES = (("flax/linen/normalization.py", "BatchNorm.__call__"),
+                     ("flax/nnx/nn/normalization.py", "BatchNorm.__call__"))
+"""Where Flax's BatchNorm modules run (file, function)."""
+
+
+def _feature_axes(eqn: Equation, weight_position: int | None) -> tuple[int, int] | None:
+    """The output's feature axis and the weight's output-feature axis of a dense layer or a
+    convolution whose weight is its second operand, or None (a weight first, batched products)."""
+    if weight_position != 1:
+        return None
+    output_rank = len(eqn.outputs[0].aval.shape)
+    if eqn.primitive.name == "conv_general_dilated":
+        if eqn.params.get("batch_group_count", 1) != 1:
+            return None
+        numbers = eqn.params["dimension_numbers"]
+        return numbers.out_spec[1], numbers.rhs_spec[0]
+    (_, contracting), (_, batch) = eqn.params["dimension_numbers"]
+    free = [axis for axis in range(len(_shape(eqn.inputs[1]))) if axis not in contracting]
+    if batch or len(free) != 1:
+        return None
+    return output_rank - 1, free[0]
+
+
+def _shape(atom: Atom) -> tuple[int, ...]:
+    return tuple(np.shape(atom.value)) if isinstance(atom, Constant) else tuple(atom.aval.shape)
+
+
+def _batch_norm_step(eqn: Equation | None, last: Var, constant: Any,
+                     feature_axis: int) -> tuple[str, Atom, bool] | None:
+    """``(primitive, constant, constant first)`` if ``eqn`` is a step of a Flax BatchNorm in
+    evaluation mode on ``last``: a subtraction, product, quotient or sum with a constant that is
+    one value per feature (the running mean, the scale over the running deviation, the bias)."""
+    if eqn is None or eqn.primitive.name not in ("add", "sub", "mul", "div") or len(eqn.inputs) != 2:
+        return None
+    frames = getattr(getattr(eqn.source_info, "traceback", None), "frames", None) or []
+    if not any(frame.file_name.replace("\\", "/").endswith(path) and frame.function_name == function
+               for frame in frames for path, function in BATCH_NORM_FRAMES):
+        return None
+    first = eqn.inputs[0] is last
+    other = eqn.inputs[1] if first else eqn.inputs[0]
+    if other is last or not constant(other) or (eqn.primitive.name == "div" and not first):
+        return None
+    shape, rank = _shape(other), len(last.aval.shape)
+    if len(shape) > rank or any(size != 1 and axis != feature_axis
+                                for axis, size in zip(range(rank - len(shape), rank), shape, strict=True)):
+        return None
+    return eqn.primitive.name, other, not first
 
 
 def _consumer(equations: list[list[Equation]], start: int, output: Var, carrying: Any) -> int | None:
