@@ -1,18 +1,20 @@
 """fxlrp.jax: exactness against independent references.
 
 - LRP-0 equals gradient x input (``jax.grad`` in float64) on a Flax CNN (convolution, ReLU, average
-  and max pooling, dense layers, a residual add), an MLP and GCN/GIN-style graph networks written
-  with ``jax.ops.segment_sum`` (jraph is not installed here; it builds its networks from the same
-  segment sums), to 1e-12;
+  and max pooling, dense layers, a residual add), an MLP, GCN/GIN-style graph networks written
+  with ``jax.ops.segment_sum``, jraph's ``GraphConvolution`` and ``GraphNetwork``, a scan, a
+  ``fori_loop``, cumulative sums and comparisons, to 1e-12;
 - parity with fxlrp's PyTorch path on the same weights (a torch CNN copied into its Flax twin:
   NCHW -> NHWC, OIHW -> HWIO kernels, (out, in) -> (in, out) dense kernels) for LRP-0, Epsilon,
   EpsilonPlus, EpsilonPlusFlat, EpsilonAlpha2Beta1Flat, EpsilonGammaBox, AlphaBeta(2, 1), WSquare,
-  and zero_params, in float64 to 1e-10; smooth activations
-  (GELU, SiLU) under the identity rule on both sides;
+  and zero_params, in float64 to 1e-10, with and without BatchNorm (folded on both sides); smooth
+  activations (GELU, SiLU) and powers under the identity rule, cumulative sums under the sums'
+  rule, on both sides;
 - the tables of seed notebook 004 (``JaxMatMul``, ``JaxAdd``, ``JaxIndexSelect``, ``JaxDense``
   with alpha 1 and 2), on the seed's inputs, in float32 as the seed ran;
 - ``jax.jit`` of the explanation gives the un-jitted numbers; a primitive without a rule is an
-  error naming it and the user's source line; ``import fxlrp`` imports no JAX.
+  error naming it and the user's source line (while loops, exp, log: with what to do);
+  ``import fxlrp`` imports no JAX.
 """
 
 from __future__ import annotations
@@ -862,3 +864,66 @@ def test_lrp0_is_gradient_times_input_on_a_jraph_graph_network() -> None:
 
     for field, expected in gradient_times_inputs(graph).items():
         assert relative_error(getattr(relevance, field), expected) < 1e-12
+
+
+# ---- what the compiled explanation computes ---------------------------------------------------
+
+class TorchPooledCNN(nn.Module):
+    """conv -> ReLU -> average pooling -> minus ``shift`` (if any) -> conv -> ReLU -> mean -> dense."""
+
+    def __init__(self, shift: float) -> None:
+        super().__init__()
+        self.shift = shift
+        self.conv1, self.conv2, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.avg_pool2d(F.relu(self.conv1(x)), 2)
+        h = h - self.shift if self.shift else h
+        return self.fc(F.relu(self.conv2(h)).mean((2, 3)))
+
+
+def jax_pooled_cnn(model: TorchPooledCNN) -> Callable[[Any], Any]:
+    """The torch model as a JAX function of NHWC images, with the same weights."""
+    kernels = [jnp.asarray(conv.weight.detach().permute(2, 3, 1, 0).numpy()) for conv in (model.conv1, model.conv2)]
+    biases = [jnp.asarray(layer.bias.detach().numpy()) for layer in (model.conv1, model.conv2, model.fc)]
+    dense = jnp.asarray(model.fc.weight.detach().numpy().T)
+
+    def conv(x: Any, kernel: Any, bias: Any) -> Any:
+        return jax.lax.conv_general_dilated(x, kernel, (1, 1), ((1, 1), (1, 1)),
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
+
+    def network(x: Any) -> Any:
+        h = fnn.avg_pool(jax.nn.relu(conv(x, kernels[0], biases[0])), (2, 2), (2, 2))
+        h = h - model.shift if model.shift else h
+        return jax.nn.relu(conv(h, kernels[1], biases[1])).mean(axis=(1, 2)) @ dense + biases[2]
+
+    return network
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.5])
+def test_z_plus_after_pooling_of_relu_outputs_needs_no_negative_weights(shift: float) -> None:
+    torch.manual_seed(7)
+    model = TorchPooledCNN(shift).double().eval()
+    images = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    network, x = jax_pooled_cnn(model), jnp.asarray(images.permute(0, 2, 3, 1).numpy())
+    explain = fxjax.convert(network, composites.EpsilonPlus(), x)
+    relevance = jax.jit(lambda x: fxjax.attribute(explain, x, target=[0, 2]))
+    expected = fxlrp.attribute(fxlrp.convert(model, composites.EpsilonPlus()), images, target=torch.tensor([0, 2]))
+    assert relative_error(relevance(x), expected.permute(0, 2, 3, 1).numpy()) < 1e-10
+    # z+ of the first convolution (inputs of both signs): the positive and the negative part, a
+    # convolution forward and backward each; of the second: the positive part only, unless the
+    # shift makes its inputs negative; and the model's two convolutions
+    convolutions = relevance.lower(x).as_text().count("stablehlo.convolution")
+    assert convolutions == 2 + 4 + (2 if shift == 0.0 else 4)
+
+
+def test_flat_weights_and_denominator_are_constants_of_the_compiled_explanation() -> None:
+    torch.manual_seed(8)
+    network = jax_pooled_cnn(TorchPooledCNN(0.0).double())
+    x = jax.random.normal(jax.random.PRNGKey(15), (2, 8, 8, 3), jnp.float64)
+    explain = fxjax.convert(network, composites.EpsilonPlusFlat(), x)  # Flat on the first convolution
+    relevance = jax.jit(lambda x: fxjax.attribute(explain, x, target=[1, 2]))
+    # the model's two, z+ of the second forward and backward, Flat's backward (its denominator,
+    # the convolution of ones, is computed while tracing)
+    assert relevance.lower(x).as_text().count("stablehlo.convolution") == 2 + 2 + 1
+    assert relative_error(relevance(x), fxjax.attribute(explain, x, target=[1, 2])) < 1e-13
