@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -409,8 +410,8 @@ def _mark_nonnegative(found: list[Group]) -> None:
     nonnegative: set[int] = set()
 
     def known(atom: Atom) -> bool:
-        if isinstance(atom, Constant):
-            return bool(np.all(np.asarray(atom.value) >= 0))
+        if isinstance(atom, Constant):  # a value traced by an enclosing jit is not known
+            return not isinstance(atom.value, jax.core.Tracer) and bool(np.all(np.asarray(atom.value) >= 0))
         return id(atom) in nonnegative
 
     for group in found:

@@ -189,6 +189,18 @@ def test_jit_gives_the_unjitted_explanation(twins: Any) -> None:
     assert relative_error(fxjax.attribute(jax.jit(explain), images, target=TARGETS), eager) < 1e-13
 
 
+def test_converted_inside_jit_with_the_weights_as_arguments(twins: Any) -> None:
+    model, apply, _, images = twins
+    variables = flax_twin(model)
+
+    def relevance(variables: Any, x: Any) -> Any:  # the weights are values traced by jit here
+        explain = fxjax.convert(functools.partial(FlaxCNN().apply, variables), composites.EpsilonPlusFlat(), x)
+        return fxjax.attribute(explain, x, target=TARGETS)
+
+    eager = fxjax.attribute(fxjax.convert(apply, composites.EpsilonPlusFlat(), images), images, target=TARGETS)
+    assert relative_error(jax.jit(relevance)(variables, images), eager) < 1e-13
+
+
 def test_predicted_class_by_default(twins: Any) -> None:
     _, apply, _, images = twins
     explain = fxjax.convert(apply, Epsilon(0.0), images)
