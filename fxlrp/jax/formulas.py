@@ -68,22 +68,6 @@ def _params(layer: Layer, transform: Callable[[Array], Array], zero: frozenset[s
     return one("weight", layer.weight), one("bias", layer.bias)
 
 
-def waiting_for(relevance: Array, values: Sequence[Array]) -> list[Array]:
-    """``values`` (exactly) made to depend on ``relevance``, so that a rule's computations with
-    modified parameters run when the relevance reaches the layer.
-
-    Otherwise XLA may run them early, next to the forward pass, as they read only the layer's input
-    and parameters: on a CPU the two then compete for the cores (docs/jax.md, "Cost"), and their
-    outputs are held until the backward pass. The dependency is a 0 computed from one value of the
-    relevance (``nan_to_num(r) * 0``, which XLA does not fold) added to the inputs: the parameters
-    stay constants of the compiled program, which XLA's convolutions prepare once.
-    """
-    if np.size(relevance) == 0:
-        return list(values)
-    zero = jnp.nan_to_num(relevance.reshape(-1)[0]) * 0
-    return [value + zero.astype(jnp.result_type(value)) for value in values]
-
-
 def _epsilon(rule: Rule) -> float:
     value = getattr(rule, "epsilon", getattr(rule, "stabilizer", 0.0))
     if callable(value):
@@ -199,7 +183,6 @@ def two_halves_rule(rule: AlphaBeta | Gamma, layer: Layer, xs: Sequence[Array], 
         signs = (1.0, -1.0)
     # Inputs behind a ReLU have no negative part: its terms are 0 and are not computed.
     skip_negative = bool(layer.nonnegative) and all(layer.nonnegative)
-    xs = waiting_for(relevance, xs)
     positive_inputs = list(xs) if skip_negative else [_positive(x) for x in xs]
     negative_inputs = [_negative(x) for x in xs]
     shares = [jnp.zeros_like(x) for x in xs]
@@ -233,9 +216,8 @@ def z_box_rule(rule: ZBox, layer: Layer, xs: Sequence[Array], output: Array, rel
     epsilon = _epsilon(rule)
     own = _params(layer, lambda value: value, zero) if zero else (layer.weight, layer.bias)
     positive, negative = _params(layer, _positive, zero), _params(layer, _negative, zero)
-    lows = waiting_for(relevance, [jnp.broadcast_to(jnp.asarray(np.asarray(rule.low), x.dtype), x.shape) for x in xs])
-    highs = waiting_for(relevance, [jnp.broadcast_to(jnp.asarray(np.asarray(rule.high), x.dtype), x.shape)
-                                    for x in xs])
+    lows = [jnp.broadcast_to(jnp.asarray(np.asarray(rule.low), x.dtype), x.shape) for x in xs]
+    highs = [jnp.broadcast_to(jnp.asarray(np.asarray(rule.high), x.dtype), x.shape) for x in xs]
     own_output = layer(xs, *own) if zero else output
     denominator = own_output - layer(lows, *positive) - layer(highs, *negative)
     quotient = scaled(relevance, denominator, epsilon)
@@ -265,7 +247,7 @@ def input_independent_rule(rule: Flat | WSquare, layer: Layer, xs: Sequence[Arra
                 jnp.full(np.shape(layer.weight), 0.0 if "weight" in zero else 1.0, jnp.result_type(layer.weight))
             on_ones = None if weight is None else layer(ones, weight, bias)
     else:
-        ones = waiting_for(relevance, [jnp.ones_like(x) for x in xs])
+        ones = [jnp.ones_like(x) for x in xs]
         weight, bias = _params(layer, jnp.square, zero)
         on_ones = None if weight is None else layer(ones, weight, bias)
     if weight is None:

@@ -918,23 +918,6 @@ def test_z_plus_after_pooling_of_relu_outputs_needs_no_negative_weights(shift: f
     assert convolutions == 2 + 4 + (2 if shift == 0.0 else 4)
 
 
-def test_values_waiting_for_the_relevance_are_unchanged() -> None:
-    from fxlrp.jax.formulas import waiting_for
-
-    values = [jnp.asarray([-1.5, 0.0, 2.0, jnp.inf]), jnp.asarray([[3.0]])]
-    for first in (1.0, jnp.inf, -jnp.inf, jnp.nan):  # even where the relevance is not finite
-        relevance = jnp.asarray([first, 2.0])
-        for waited, value in zip(waiting_for(relevance, values), values, strict=True):
-            assert np.array_equal(np.asarray(waited), np.asarray(value))
-    # the result is computed from the relevance (the equations it is read from, back to the inputs)
-    jaxpr = jax.make_jaxpr(lambda r, x: waiting_for(r, [x]))(jnp.ones(2), jnp.ones(3)).jaxpr
-    needed = set(jaxpr.outvars)
-    for eqn in reversed(jaxpr.eqns):
-        if needed & set(eqn.outvars):
-            needed.update(var for var in eqn.invars if not isinstance(var, jax.extend.core.Literal))
-    assert jaxpr.invars[0] in needed
-
-
 def test_flat_weights_and_denominator_are_constants_of_the_compiled_explanation() -> None:
     torch.manual_seed(8)
     network = jax_pooled_cnn(TorchPooledCNN(0.0).double())
