@@ -6,8 +6,9 @@ of ``--batch`` images of 32x32x3 in float32, explained at each image's predicted
 
 - ``gxi``: ``x * jax.grad(lambda x: (f(x) * onehot).sum())(x)`` under ``jax.jit``;
 - ``lrp``: ``fxlrp.jax.attribute(fxlrp.jax.convert(f, composite, x), x)`` under ``jax.jit``, for
-  LRP-0 (``Epsilon(0)``), ``Epsilon(1e-6)`` and ``EpsilonPlusFlat`` (z+ on convolutions: a forward
-  and a backward convolution with the positive weights per layer, on top of the model's own).
+  LRP-0 (``Epsilon(0)``), ``Epsilon(1e-6)`` and ``EpsilonPlusFlat`` (z+ on convolutions: one
+  more convolution per layer, ``z+ = conv(x, w+)``; its backward convolution, with ``w+``, takes
+  the place of the gradient's).
 
 And a pre-norm Flax transformer (``--layers`` blocks of single-head attention and a GELU MLP with
 LayerNorm, width 128, ``--batch`` sequences of 128 tokens' embeddings), explained by ``AttnLRP``
