@@ -829,10 +829,13 @@ def test_lrp0_is_gradient_times_input_on_a_jraph_gcn() -> None:
     graph = jraph_graphs(jraph)
     explain = fxjax.convert(gcn, Epsilon(0.0), graph)
     targets = [0, 1, 2, 3, 0, 1, 2]
-    # jitted: one compilation instead of one per operation run eagerly (seconds)
-    (relevance,) = jax.jit(lambda graph: fxjax.attribute(explain, (graph,), target=targets))(graph)
-    expected = jax.jit(lambda nodes: gradient_times_input(lambda nodes: gcn(graph._replace(nodes=nodes)), nodes,
-                                                          targets))(graph.nodes)
+
+    @jax.jit  # one compilation instead of one per operation run eagerly (seconds)
+    def relevance_and_gradient_times_input(graph: Any) -> Any:
+        (relevance,) = fxjax.attribute(explain, (graph,), target=targets)
+        return relevance, gradient_times_input(lambda nodes: gcn(graph._replace(nodes=nodes)), graph.nodes, targets)
+
+    relevance, expected = relevance_and_gradient_times_input(graph)
     assert relative_error(relevance.nodes, expected) < 1e-12
     # a GCN reads no edge or global features: they get no relevance
     assert np.all(np.asarray(relevance.edges) == 0) and np.all(np.asarray(relevance.globals) == 0)
@@ -853,17 +856,18 @@ def test_lrp0_is_gradient_times_input_on_a_jraph_graph_network() -> None:
 
     graph = jraph_graphs(jraph)
     explain = fxjax.convert(classify, Epsilon(0.0), graph)
-    # jitted: one compilation instead of one per operation run eagerly (seconds)
-    assert relative_error(jax.jit(explain)(graph), jax.jit(classify)(graph)) < 1e-13
-    (relevance,) = jax.jit(lambda graph: fxjax.attribute(explain, (graph,), target=[2, 0]))(graph)
 
-    @jax.jit
-    def gradient_times_inputs(graph: Any) -> Any:
+    @jax.jit  # one compilation instead of one per operation run eagerly (seconds)
+    def outputs_relevance_and_gradient_times_inputs(graph: Any) -> Any:
+        (relevance,) = fxjax.attribute(explain, (graph,), target=[2, 0])
         gradient = jax.grad(lambda graph: classify(graph)[jnp.arange(2), jnp.asarray([2, 0])].sum(),
                             allow_int=True)(graph)
-        return {field: getattr(gradient, field) * getattr(graph, field) for field in ("nodes", "edges", "globals")}
+        products = {field: getattr(gradient, field) * getattr(graph, field) for field in ("nodes", "edges", "globals")}
+        return explain(graph), classify(graph), relevance, products
 
-    for field, expected in gradient_times_inputs(graph).items():
+    explained, original, relevance, products = outputs_relevance_and_gradient_times_inputs(graph)
+    assert relative_error(explained, original) < 1e-13
+    for field, expected in products.items():
         assert relative_error(getattr(relevance, field), expected) < 1e-12
 
 
@@ -920,11 +924,13 @@ def test_z_plus_after_pooling_of_relu_outputs_needs_no_negative_weights(shift: f
 
 def test_flat_weights_and_denominator_are_constants_of_the_compiled_explanation() -> None:
     torch.manual_seed(8)
-    network = jax_pooled_cnn(TorchPooledCNN(0.0).double())
-    x = jax.random.normal(jax.random.PRNGKey(15), (2, 8, 8, 3), jnp.float64)
+    model = TorchPooledCNN(0.0).double().eval()
+    images = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    network, x = jax_pooled_cnn(model), jnp.asarray(images.permute(0, 2, 3, 1).numpy())
     explain = fxjax.convert(network, composites.EpsilonPlusFlat(), x)  # Flat on the first convolution
     relevance = jax.jit(lambda x: fxjax.attribute(explain, x, target=[1, 2]))
     # the model's two, z+ of the second forward and backward, Flat's backward (its denominator,
     # the convolution of ones, is computed while tracing)
     assert relevance.lower(x).as_text().count("stablehlo.convolution") == 2 + 2 + 1
-    assert relative_error(relevance(x), fxjax.attribute(explain, x, target=[1, 2])) < 1e-13
+    expected = fxlrp.attribute(fxlrp.convert(model, composites.EpsilonPlusFlat()), images, target=torch.tensor([1, 2]))
+    assert relative_error(relevance(x), expected.permute(0, 2, 3, 1).numpy()) < 1e-10
