@@ -245,13 +245,13 @@ def source_line(source_info: Any) -> str:
     Returns
     -------
     str
-        The innermost frame outside JAX, Flax and fxlrp, or ``"unknown"``.
+        The innermost frame outside JAX, Flax, jraph and fxlrp, or ``"unknown"``.
     """
     traceback = getattr(source_info, "traceback", None)
     frames = [] if traceback is None else traceback.frames
     for frame in frames:
         path = frame.file_name.replace("\\", "/")
-        if any(part in path for part in ("/jax/", "/jaxlib/", "/flax/", "/fxlrp/jax/")):
+        if any(part in path for part in ("/jax/", "/jaxlib/", "/flax/", "/jraph/", "/fxlrp/jax/")):
             continue
         return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
     return "unknown"

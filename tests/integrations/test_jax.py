@@ -9,7 +9,7 @@
   EpsilonPlus, EpsilonPlusFlat, EpsilonAlpha2Beta1Flat, EpsilonGammaBox, AlphaBeta(2, 1), WSquare,
   and zero_params, in float64 to 1e-10, with and without BatchNorm (folded on both sides); smooth
   activations (GELU, SiLU) and powers under the identity rule, cumulative sums under the sums'
-  rule, on both sides;
+  rule, on both sides; a jraph GCN and PyG's GCNConv under LRP-0, Epsilon and AlphaBeta(2, 1);
 - the tables of seed notebook 004 (``JaxMatMul``, ``JaxAdd``, ``JaxIndexSelect``, ``JaxDense``
   with alpha 1 and 2), on the seed's inputs, in float32 as the seed ran;
 - ``jax.jit`` of the explanation gives the un-jitted numbers; a primitive without a rule is an
@@ -934,3 +934,54 @@ def test_flat_weights_and_denominator_are_constants_of_the_compiled_explanation(
     assert relevance.lower(x).as_text().count("stablehlo.convolution") == 2 + 2 + 1
     expected = fxlrp.attribute(fxlrp.convert(model, composites.EpsilonPlusFlat()), images, target=torch.tensor([1, 2]))
     assert relative_error(relevance(x), expected.permute(0, 2, 3, 1).numpy()) < 1e-10
+
+
+class TorchGCN(nn.Module):
+    """Two PyG ``GCNConv`` layers with a ReLU between them: one score per node and class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        geometric = pytest.importorskip("torch_geometric.nn")
+        self.first, self.second = geometric.GCNConv(3, 8), geometric.GCNConv(8, 4)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.second(F.relu(self.first(x, edge_index)), edge_index)
+
+
+@pytest.mark.parametrize("name", ["LRP-0", "Epsilon", "AlphaBeta(2,1)"])
+def test_jraph_gcn_parity_with_pyg_gcnconv_on_the_pytorch_path(name: str) -> None:
+    jraph = pytest.importorskip("jraph")
+    torch.manual_seed(9)
+    model = TorchGCN().double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.7)
+    graph = jraph_graphs(jraph)._replace(edges=None, globals=None)
+    (w1, b1), (w2, b2) = ((jnp.asarray(conv.lin.weight.detach().numpy().T), jnp.asarray(conv.bias.detach().numpy()))
+                          for conv in (model.first, model.second))
+    # GCNConv normalises by the degrees with self-loops, as jraph's GraphConvolution with self
+    # edges does on a graph whose edges go both ways; its bias comes after the aggregation
+    first, second = (jraph.GraphConvolution(lambda h, w=w: h @ w, add_self_edges=True) for w in (w1, w2))
+
+    def gcn(graph: Any) -> Any:
+        h = jax.nn.relu(first(graph).nodes + b1)
+        return second(graph._replace(nodes=h)).nodes + b2
+
+    x, edge_index = torch.from_numpy(np.asarray(graph.nodes)), torch.from_numpy(np.stack(
+        [np.asarray(graph.senders), np.asarray(graph.receivers)]))
+    targets = [0, 1, 2, 3, 0, 1, 2]
+    explain_torch = fxlrp.convert(model, PARITY[name]())
+    leaf = x.clone().requires_grad_()
+    scores = explain_torch(leaf, edge_index)
+    start = torch.zeros_like(scores)
+    start[torch.arange(7), torch.tensor(targets)] = scores[torch.arange(7), torch.tensor(targets)].detach()
+    scores.backward(start)
+    explain = fxjax.convert(gcn, PARITY[name](), graph)
+
+    @jax.jit  # one compilation instead of one per operation run eagerly (seconds)
+    def outputs_and_relevance(graph: Any) -> Any:
+        return explain(graph), fxjax.attribute(explain, (graph,), target=targets)[0].nodes
+
+    outputs, relevance = outputs_and_relevance(graph)
+    assert relative_error(outputs, scores.detach().numpy()) < 1e-13
+    assert relative_error(relevance, leaf.grad.numpy()) < 1e-10
