@@ -125,9 +125,10 @@ def convert(fn: Callable[..., Any], composite: Composite | Rule | None = None, *
 _NO_RULE_IN_PYTORCH = ("no LRP rule, as on the PyTorch side (fxlrp.convert refuses it too); inside jax.nn's "
                        "activations and softmax it is explained with them")
 WHY_NO_RULE = {
-    "while": "a while loop (jax.lax.while_loop, or fori_loop with bounds that are arrays): its number of steps is "
-             "known only when it runs, and JAX cannot differentiate it backwards; give fori_loop Python int bounds "
-             "or write the loop with jax.lax.scan (both are explained step by step)",
+    "while": "a while loop (jax.lax.while_loop, or fori_loop with bounds that are arrays) whose number of steps "
+             "depends on the inputs (or exceeds 1000): it is known only when the loop runs, and JAX cannot "
+             "differentiate such a loop backwards; give fori_loop Python int bounds or write the loop with "
+             "jax.lax.scan (both are explained step by step)",
     "pow": "a power whose exponent depends on the input (x ** y, 2 ** x) has no LRP rule, as on the PyTorch side; "
            "compute the exponent from constants (x ** 2, x ** 0.5 take the identity rule)",
     **{name: _NO_RULE_IN_PYTORCH for name in ("exp", "exp2", "expm1", "log", "log1p")},

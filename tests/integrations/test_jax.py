@@ -3,7 +3,7 @@
 - LRP-0 equals gradient x input (``jax.grad`` in float64) on a Flax CNN (convolution, ReLU, average
   and max pooling, dense layers, a residual add), an MLP, GCN/GIN-style graph networks written
   with ``jax.ops.segment_sum``, jraph's ``GraphConvolution`` and ``GraphNetwork``, a scan, a
-  ``fori_loop``, cumulative sums and comparisons, to 1e-12;
+  ``fori_loop``, a counted ``while_loop``, cumulative sums and comparisons, to 1e-12;
 - parity with fxlrp's PyTorch path on the same weights (a torch CNN copied into its Flax twin:
   NCHW -> NHWC, OIHW -> HWIO kernels, (out, in) -> (in, out) dense kernels) for LRP-0, Epsilon,
   EpsilonPlus, EpsilonPlusFlat, EpsilonAlpha2Beta1Flat, EpsilonGammaBox, AlphaBeta(2, 1), WSquare,
@@ -679,6 +679,34 @@ def test_a_while_loop_is_refused_with_what_to_do_and_fori_loop_with_int_bounds_i
     explain = fxjax.convert(three_steps, Epsilon(0.0), x)
     assert relative_error(fxjax.attribute(explain, x, target=[1, 2]), gradient_times_input(three_steps, x, [1, 2])) \
         < 1e-12
+
+
+def test_a_while_loop_with_a_constant_number_of_steps_is_unrolled() -> None:
+    w = jax.random.normal(jax.random.PRNGKey(16), (3, 3), jnp.float64)
+
+    def step(h: Any) -> Any:
+        return jax.nn.relu(h @ w) + h
+
+    def counted(x: Any) -> Any:  # a counter from 0 while below 4: four steps, whatever x is
+        return jax.lax.while_loop(lambda carry: carry[0] < 4, lambda carry: (carry[0] + 1, step(carry[1])), (0, x))[1]
+
+    def written_out(x: Any) -> Any:  # the reference: JAX cannot differentiate the while loop backwards
+        for _ in range(4):
+            x = step(x)
+        return x
+
+    x = jax.random.normal(jax.random.PRNGKey(17), (2, 3), jnp.float64)
+    explain = fxjax.convert(counted, Epsilon(0.0), x)
+    assert explain.report().count("linear") == 4
+    relevance = jax.jit(lambda x: fxjax.attribute(explain, x, target=[0, 2]))(x)
+    expected = jax.jit(lambda x: gradient_times_input(written_out, x, [0, 2]))(x)
+    assert relative_error(relevance, expected) < 1e-12
+
+    def until_large(x: Any) -> Any:  # the number of steps depends on x
+        return jax.lax.while_loop(lambda h: jnp.abs(h).sum() < 100.0, step, x)
+
+    with pytest.raises(UnsupportedOperationError, match="while at "):
+        fxjax.convert(until_large, Epsilon(0.0), x)
 
 
 @pytest.mark.parametrize("function", ["exp", "log", "power"])
