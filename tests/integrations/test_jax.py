@@ -995,7 +995,7 @@ def test_jraph_gcn_parity_with_pyg_gcnconv_on_the_pytorch_path(name: str) -> Non
         h = jax.nn.relu(first(graph).nodes + b1)
         return second(graph._replace(nodes=h)).nodes + b2
 
-    x, edge_index = torch.from_numpy(np.asarray(graph.nodes)), torch.from_numpy(np.stack(
+    x, edge_index = torch.tensor(np.asarray(graph.nodes)), torch.from_numpy(np.stack(
         [np.asarray(graph.senders), np.asarray(graph.receivers)]))
     targets = [0, 1, 2, 3, 0, 1, 2]
     explain_torch = fxlrp.convert(model, PARITY[name]())
