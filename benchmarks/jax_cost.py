@@ -6,8 +6,9 @@ of ``--batch`` images of 32x32x3 in float32, explained at each image's predicted
 
 - ``gxi``: ``x * jax.grad(lambda x: (f(x) * onehot).sum())(x)`` under ``jax.jit``;
 - ``lrp``: ``fxlrp.jax.attribute(fxlrp.jax.convert(f, composite, x), x)`` under ``jax.jit``, for
-  LRP-0 (``Epsilon(0)``), ``Epsilon(1e-6)`` and ``EpsilonPlusFlat`` (z+ on convolutions: a forward
-  and a backward convolution with the positive weights per layer, on top of the model's own).
+  LRP-0 (``Epsilon(0)``), ``Epsilon(1e-6)`` and ``EpsilonPlusFlat`` (z+ on convolutions: one
+  more convolution per layer, ``z+ = conv(x, w+)``; its backward convolution, with ``w+``, takes
+  the place of the gradient's).
 
 And a pre-norm Flax transformer (``--layers`` blocks of single-head attention and a GELU MLP with
 LayerNorm, width 128, ``--batch`` sequences of 128 tokens' embeddings), explained by ``AttnLRP``
@@ -16,7 +17,9 @@ and ``AttnLRP(0)`` against gradient x input at the embeddings.
 Reported: the time to trace and convert, the time of the first (compiling) call of each, the
 median of ``--repeats`` calls (each waited for with ``block_until_ready``, the two alternating
 so that both see the same machine state), and the median of the paired ratios lrp / gxi of calls
-that ran one after the other.
+that ran one after the other; and, from the compiled programs, the number of convolutions and
+matrix products and XLA's count of floating-point operations, against gradient x input's (the
+floor of a rule that must compute more than a gradient: z+ needs ``z+ = f(x; w+)`` per layer).
 
 Run: ``.venv/bin/python benchmarks/jax_cost.py [--blocks 4] [--layers 4] [--batch 32] [--repeats 30]``.
 """
@@ -73,6 +76,15 @@ class Transformer(nn.Module):
         return nn.Dense(10)(x.mean(axis=1))
 
 
+def compiled_work(function: Callable[[Any], Any], inputs: Any) -> tuple[int, int, float]:
+    """Convolutions, matrix products and floating-point operations of ``function`` as XLA compiled it."""
+    compiled = function.lower(inputs).compile()
+    text = compiled.as_text()
+    costs = compiled.cost_analysis()
+    costs = costs[0] if isinstance(costs, list) else costs
+    return text.count(" convolution("), text.count(" dot("), float(costs.get("flops", float("nan")))
+
+
 def timed(call: Callable[[], Any]) -> float:
     start = time.perf_counter()
     jax.block_until_ready(call())
@@ -85,6 +97,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--models", default="cnn,transformer", help="which of cnn, transformer to run")
     options = parser.parse_args()
 
     cnn = ResNetStyle(blocks=options.blocks)
@@ -92,11 +105,13 @@ def main() -> None:
     transformer = Transformer(layers=options.layers)
     tokens = jax.random.normal(jax.random.PRNGKey(2), (options.batch, 128, 128), jnp.float32)
     print(f"device: {jax.devices()[0]}; float32")
-    compare(f"ResNet-style CNN, {options.blocks} blocks, batch {options.batch} x 32 x 32 x 3", cnn, images,
-            (("LRP-0", Epsilon(0.0)), ("Epsilon", Epsilon(1e-6)), ("EpsilonPlusFlat", composites.EpsilonPlusFlat())),
-            options.repeats)
-    compare(f"transformer, {options.layers} layers, batch {options.batch} x 128 tokens x 128", transformer, tokens,
-            (("AttnLRP", composites.AttnLRP()), ("AttnLRP(0)", composites.AttnLRP(0.0))), options.repeats)
+    if "cnn" in options.models:
+        compare(f"ResNet-style CNN, {options.blocks} blocks, batch {options.batch} x 32 x 32 x 3", cnn, images,
+                (("LRP-0", Epsilon(0.0)), ("Epsilon", Epsilon(1e-6)),
+                 ("EpsilonPlusFlat", composites.EpsilonPlusFlat())), options.repeats)
+    if "transformer" in options.models:
+        compare(f"transformer, {options.layers} layers, batch {options.batch} x 128 tokens x 128", transformer,
+                tokens, (("AttnLRP", composites.AttnLRP()), ("AttnLRP(0)", composites.AttnLRP(0.0))), options.repeats)
 
 
 def compare(title: str, model: nn.Module, inputs: Any, rules: Any, repeats: int) -> None:
@@ -112,6 +127,9 @@ def compare(title: str, model: nn.Module, inputs: Any, rules: Any, repeats: int)
 
     print(title)
     print(f"  gxi              first call (compiles) {timed(lambda: gxi(inputs)):8.3f} s")
+    reference = compiled_work(gxi, inputs)
+    print(f"  gxi              compiled: {reference[0]} convolutions, {reference[1]} matrix products, "
+          f"{reference[2]:.3g} flops")
     for name, composite in rules:
         start = time.perf_counter()
         explain = fxjax.convert(apply, composite, inputs)
@@ -119,6 +137,9 @@ def compare(title: str, model: nn.Module, inputs: Any, rules: Any, repeats: int)
         lrp = jax.jit(lambda x, explain=explain: fxjax.attribute(explain, x))
         print(f"  {name:16s} convert (trace) {convert_time:8.3f} s, first call (compiles) "
               f"{timed(lambda: lrp(inputs)):8.3f} s")
+        work = compiled_work(lrp, inputs)
+        print(f"  {name:16s} compiled: {work[0]} convolutions, {work[1]} matrix products, {work[2]:.3g} flops "
+              f"({work[2] / reference[2]:.2f}x gxi's)")
         gxi_times, lrp_times, ratios = [], [], []
         for repeat in range(repeats):
             pair = [timed(lambda: gxi(inputs)), timed(lambda: lrp(inputs))]

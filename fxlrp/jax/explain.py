@@ -122,11 +122,30 @@ def convert(fn: Callable[..., Any], composite: Composite | Rule | None = None, *
     return Explanation(fn, composite, closed, program, plan, in_tree, out_tree)
 
 
+_NO_RULE_IN_PYTORCH = ("no LRP rule, as on the PyTorch side (fxlrp.convert refuses it too); inside jax.nn's "
+                       "activations and softmax it is explained with them")
+WHY_NO_RULE = {
+    "while": "a while loop (jax.lax.while_loop, or fori_loop with bounds that are arrays) whose number of steps "
+             "depends on the inputs (or exceeds 1000): it is known only when the loop runs, and JAX cannot "
+             "differentiate such a loop backwards; give fori_loop Python int bounds or write the loop with "
+             "jax.lax.scan (both are explained step by step)",
+    "pow": "a power whose exponent depends on the input (x ** y, 2 ** x) has no LRP rule, as on the PyTorch side; "
+           "compute the exponent from constants (x ** 2, x ** 0.5 take the identity rule)",
+    **{name: _NO_RULE_IN_PYTORCH for name in ("exp", "exp2", "expm1", "log", "log1p")},
+    **{name: "a square root outside Flax's LayerNorm and RMSNorm (a normalisation written by hand) has no rule; "
+             "fxlrp holds the root of those modules constant: hold yours constant with jax.lax.stop_gradient"
+       for name in ("sqrt", "rsqrt")},
+}
+"""Why a primitive has no rule, and what to do, for the primitives models use most."""
+
+
 def _plan(found: list[Group], composite: Composite, program: Program) -> list[tuple[Group, Rule | None]]:
     """The rule of each group; the first layer is found as on the PyTorch side."""
     missing = [group for group in found if group.kind == "unsupported"]
     if missing:
-        lines = "\n".join(f"  {group.operation} at {source_line(group.equations[0].source_info)}" for group in missing)
+        lines = "\n".join(f"  {group.operation} at {source_line(group.equations[0].source_info)}"
+                          + (f": {WHY_NO_RULE[group.operation]}" if group.operation in WHY_NO_RULE else "")
+                          for group in missing)
         raise UnsupportedOperationError(
             "fxlrp.jax: these primitives receive relevance but have no rule:\n" + lines + "\n"
             "Treat their inputs as constants (jax.lax.stop_gradient) if they should receive no relevance, or "
@@ -206,6 +225,8 @@ def _layer(group: Group, env: dict[int, Any]) -> formulas.Layer:
     if group.weight_position is not None:
         weight = value_of(first.inputs[group.weight_position], env)
     bias = None if group.bias is None else value_of(group.bias, env)
+    if group.epilogue:
+        weight, bias = _folded(group, weight, bias, env)
 
     def apply(xs: Sequence[Any], w: Any, b: Any) -> Any:
         values = dict(constants)
@@ -223,6 +244,37 @@ def _layer(group: Group, env: dict[int, Any]) -> formulas.Layer:
         return out
 
     return formulas.Layer(apply, weight, bias, nonnegative=group.nonnegative)
+
+
+def _folded(group: Group, weight: Any, bias: Any, env: dict[int, Any]) -> tuple[Any, Any]:
+    """The weight and bias of a layer with the BatchNorm after it folded in, as on the PyTorch side.
+
+    The BatchNorm's steps map the layer's output ``z`` to ``a z + d`` per output feature, so the
+    folded layer has the weight ``a w`` (scaled along its output features) and the bias ``a b + d``.
+    """
+    output_axis, weight_axis = group.feature_axes
+    shape = group.equations[0].outputs[0].aval.shape
+    per_feature = [1] * len(shape)
+    per_feature[output_axis] = shape[output_axis]
+    factor: Any = 1.0
+    shift: Any = 0.0
+    for name, atom, constant_first in group.epilogue:
+        value = value_of(atom, env)
+        if name == "add":
+            shift = shift + value
+        elif name == "sub":
+            factor, shift = (-factor, value - shift) if constant_first else (factor, shift - value)
+        elif name == "mul":
+            factor, shift = factor * value, shift * value
+        else:
+            factor, shift = factor / value, shift / value
+    dtype = jnp.result_type(weight)
+    factor = jnp.broadcast_to(jnp.asarray(factor, dtype), per_feature)
+    shift = jnp.broadcast_to(jnp.asarray(shift, dtype), per_feature)
+    along_weight = [1] * np.ndim(weight)
+    along_weight[weight_axis] = shape[output_axis]
+    folded_bias = shift if bias is None else factor * bias + shift
+    return weight * factor.reshape(along_weight), folded_bias
 
 
 def _explained(group: Group, rule: Rule, env: dict[int, Any]) -> Callable[..., Any]:

@@ -237,13 +237,21 @@ def input_independent_rule(rule: Flat | WSquare, layer: Layer, xs: Sequence[Arra
     """
     zero = _zero_params(rule)
     if isinstance(rule, Flat):
-        weight, bias = _params(layer, jnp.ones_like, zero | {"bias"})
+        # Flat's weights and denominator depend on shapes only: computed once while tracing, they
+        # are constants of the compiled explanation (unless the layer holds values known only when
+        # it runs).
+        with jax.ensure_compile_time_eval():
+            ones = [jnp.ones(np.shape(x), jnp.result_type(x)) for x in xs]
+            bias = None
+            weight = None if layer.weight is None else \
+                jnp.full(np.shape(layer.weight), 0.0 if "weight" in zero else 1.0, jnp.result_type(layer.weight))
+            on_ones = None if weight is None else layer(ones, weight, bias)
     else:
+        ones = [jnp.ones_like(x) for x in xs]
         weight, bias = _params(layer, jnp.square, zero)
+        on_ones = None if weight is None else layer(ones, weight, bias)
     if weight is None:
         raise ValueError(f"fxlrp.jax: {rule!r} needs a layer with weights; this operation has none")
-    ones = [jnp.ones_like(x) for x in xs]
-    on_ones = layer(ones, weight, bias)
     return pulled_back(layer, ones, weight, bias, scaled(relevance, on_ones, _epsilon(rule)))
 
 

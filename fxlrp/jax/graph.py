@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,9 +40,13 @@ NATIVE = frozenset({
 """Primitives whose own vector-Jacobian product routes relevance (moves, copies, selections,
 ReLU's ``max`` and max pooling: the winner takes all)."""
 SUMS = {"add": "add", "add_any": "add", "sub": "sub", "reduce_sum": "sum", "reduce_window_sum": "avg_pool",
-        "scatter-add": "sum", "scatter_add": "sum"}
+        "scatter-add": "sum", "scatter_add": "sum", "cumsum": "cumsum"}
 """Sum primitives and the canonical operation whose rule they get (``reduce_window_sum`` alone is
 a sum pooling, explained as average pooling is)."""
+POWERS = frozenset({"integer_pow", "square", "pow"})
+"""Powers ``x ** p`` (``p`` constant): the identity rule of the registered operation ``pow``, as
+``torch.pow`` on the PyTorch side (squared ReLU, StarReLU); an exponent that carries relevance
+has no rule."""
 SCALINGS = frozenset({"mul", "div", "neg"})
 """Rescalings by a constant: relevance passes (``R_x = R_z``), as on the PyTorch side."""
 
@@ -140,7 +145,8 @@ def _activation_of(primitive: Any, params: dict[str, Any]) -> str | None:
     return None
 
 
-def _inline(jaxpr: Any, consts: Any, arguments: list[Atom], equations: list[Equation]) -> list[Atom]:
+def _inline(jaxpr: Any, consts: Any, arguments: list[Atom], equations: list[Equation],
+            caller: Any = None) -> list[Atom]:
     env: dict[Any, Atom] = {}
     for var, value in zip(jaxpr.constvars, consts, strict=True):
         env[var] = Constant(value)
@@ -155,15 +161,18 @@ def _inline(jaxpr: Any, consts: Any, arguments: list[Atom], equations: list[Equa
         name = eqn.primitive.name
         inner = eqn.params.get("jaxpr") if name in ("jit", "pjit") else eqn.params.get("call_jaxpr") \
             if name in ("custom_jvp_call", "custom_vjp_call") else None
+        source_info = eqn.source_info
+        if caller is not None and source_line(source_info) == "unknown":
+            source_info = caller  # a jitted function of JAX's (jnp.cumsum): the line that called it
         if inner is not None and _activation_of(eqn.primitive, eqn.params) is None:
-            results = _inline(inner.jaxpr, inner.consts, inputs, equations)
+            results = _inline(inner.jaxpr, inner.consts, inputs, equations, source_info)
             for var, value in zip(eqn.outvars, results, strict=True):
                 env[var] = value
             continue
         outputs = [Var(var.aval) for var in eqn.outvars]
         for var, value in zip(eqn.outvars, outputs, strict=True):
             env[var] = value
-        equations.append(Equation(eqn.primitive, dict(eqn.params), inputs, outputs, eqn.source_info,
+        equations.append(Equation(eqn.primitive, dict(eqn.params), inputs, outputs, source_info,
                                   _activation_of(eqn.primitive, eqn.params), bool(eqn.effects)))
     return [read(atom) for atom in jaxpr.outvars]
 
@@ -217,6 +226,12 @@ class Group:
     program: the rules' terms of negative inputs are then left out."""
     scale: tuple[str, Atom] | None = None
     """``("mul" | "div", constant)`` applied after a sum (a mean, average pooling)."""
+    feature_axes: tuple[int, int] | None = None
+    """The output's feature axis and the weight's axis of output features (a dense layer or a
+    convolution whose weight is its second operand), along which a BatchNorm is folded."""
+    epilogue: list[tuple[str, Atom, bool]] = field(default_factory=list)
+    """A folded BatchNorm: ``(primitive, constant, constant first)`` for each of its ``sub``,
+    ``mul``, ``div`` and ``add`` of a constant per output feature, in order."""
 
 
 def source_line(source_info: Any) -> str:
@@ -230,13 +245,13 @@ def source_line(source_info: Any) -> str:
     Returns
     -------
     str
-        The innermost frame outside JAX, Flax and fxlrp, or ``"unknown"``.
+        The innermost frame outside JAX, Flax, jraph and fxlrp, or ``"unknown"``.
     """
     traceback = getattr(source_info, "traceback", None)
     frames = [] if traceback is None else traceback.frames
     for frame in frames:
         path = frame.file_name.replace("\\", "/")
-        if any(part in path for part in ("/jax/", "/jaxlib/", "/flax/", "/fxlrp/jax/")):
+        if any(part in path for part in ("/jax/", "/jaxlib/", "/flax/", "/jraph/", "/fxlrp/jax/")):
             continue
         return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
     return "unknown"
@@ -274,7 +289,6 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
         return not carrying(atom)
 
     equations = _activation_runs(program.equations)
-    nonnegative: set[int] = set()
     result: list[Group] = []
     index = 0
     while index < len(equations):
@@ -286,6 +300,9 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
         carried = [atom for atom in inputs if carrying(atom)]
         if not carried or (len(run) == 1 and eqn.primitive.name == "stop_gradient"):
             result.append(Group("constant", run))  # stop_gradient: a constant of the explanation
+            continue
+        if not any(is_floating(var.aval) for var in outputs):
+            result.append(Group("native", run))  # comparisons, argmax: their integer results carry no relevance
             continue
         for var in outputs:
             if is_floating(var.aval):
@@ -306,8 +323,6 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
             continue
         name = eqn.primitive.name
         if name in NATIVE:
-            if _keeps_nonnegative(eqn, nonnegative):
-                nonnegative.add(id(eqn.outputs[0]))
             result.append(Group("native", run))
             continue
         output = eqn.outputs[0]
@@ -334,6 +349,16 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
                     other = [atom for atom in following.inputs if atom is not output][0]
                     group.bias, group.bias_first = other, following.inputs[0] is other
                     index = fuse(group)
+                group.feature_axes = _feature_axes(eqn, group.weight_position)
+                while group.feature_axes is not None:  # a BatchNorm in evaluation mode: folded into the layer
+                    last = group.output
+                    consumer = _consumer(equations, index, last, carrying) if uses[id(last)] == 1 else None
+                    following = None if consumer is None else equations[consumer][0]
+                    step = _batch_norm_step(following, last, constant, group.feature_axes[0])
+                    if step is None:
+                        break
+                    group.epilogue.append(step)
+                    index = fuse(group)
             else:
                 group.operation = "matmul"
             result.append(group)
@@ -359,27 +384,57 @@ def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:
         if name in ("tanh", "logistic"):
             result.append(Group("pass", [eqn], name, carried, output))
             continue
+        if name in POWERS and all(constant(atom) for atom in eqn.inputs[1:]):
+            result.append(Group("pass", [eqn], "pow", carried, output))
+            continue
         if name in ("div", "neg") and (name == "neg" or constant(eqn.inputs[1])):
             result.append(Group("pass", [eqn], name, carried, output))
             continue
         result.append(Group("unsupported", [eqn], name, carried, output))
-    for group in result:
-        group.nonnegative = tuple(id(var) in nonnegative for var in group.carrying)
+    _mark_nonnegative(result)
     return result
+
+
+NONNEGATIVE_SUMS = frozenset({"add", "sum", "avg_pool", "mean", "cumsum"})
+"""Operations of sums whose output is never negative where none of their operands is."""
+
+
+def _mark_nonnegative(found: list[Group]) -> None:
+    """Set each group's ``nonnegative``: which relevance-carrying inputs are known never to be negative.
+
+    A value is never negative if it is a constant that is not, ReLU's ``max(x, 0)``, a move or
+    maximum of such values, or a sum, average or rescaling by a constant of values none of which
+    is negative (an average pooling after a ReLU). The rules then leave out the terms of negative
+    inputs, which are 0 (z+ after a pooling needs no convolution with the negative weights).
+    """
+    nonnegative: set[int] = set()
+
+    def known(atom: Atom) -> bool:
+        if isinstance(atom, Constant):  # a value traced by an enclosing jit is not known
+            return not isinstance(atom.value, jax.core.Tracer) and bool(np.all(np.asarray(atom.value) >= 0))
+        return id(atom) in nonnegative
+
+    for group in found:
+        group.nonnegative = tuple(id(var) in nonnegative for var in group.carrying)
+        if group.kind in ("native", "constant"):
+            for eqn in group.equations:
+                if _keeps_nonnegative(eqn, known):
+                    nonnegative.add(id(eqn.outputs[0]))
+        elif (group.kind == "affine" and group.operation in NONNEGATIVE_SUMS) or (
+                group.kind == "pass" and group.operation in ("mul", "div") and len(group.equations) == 1):
+            inside = {id(var) for eqn in group.equations for var in eqn.outputs}
+            if all(known(atom) for eqn in group.equations for atom in eqn.inputs
+                   if not (isinstance(atom, Var) and id(atom) in inside)):
+                nonnegative.add(id(group.output))
 
 
 MOVES = frozenset({"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice",
                    "reduce_max", "reduce_window_max", "gather", "rev", "convert_element_type", "copy", "copy_p"})
 
 
-def _keeps_nonnegative(eqn: Equation, nonnegative: set[int]) -> bool:
-    """Whether a native equation's output is never negative: ReLU's ``max(x, 0)``, or a move or
-    maximum of values that are never negative."""
-    def known(atom: Atom) -> bool:
-        if isinstance(atom, Constant):
-            return bool(np.all(np.asarray(atom.value) >= 0))
-        return id(atom) in nonnegative
-
+def _keeps_nonnegative(eqn: Equation, known: Any) -> bool:
+    """Whether an equation's output is never negative: ReLU's ``max(x, 0)``, or a move or
+    maximum of values that are never negative (``known(atom)``)."""
     if eqn.primitive.name == "max":
         return any(known(atom) for atom in eqn.inputs)
     if eqn.primitive.name in MOVES:
@@ -387,6 +442,55 @@ def _keeps_nonnegative(eqn: Equation, nonnegative: set[int]) -> bool:
     if eqn.primitive.name == "concatenate":
         return all(known(atom) for atom in eqn.inputs)
     return False
+
+
+BATCH_NORM_FRAMES = (("flax/linen/normalization.py", "BatchNorm.__call__"),
+                     ("flax/nnx/nn/normalization.py", "BatchNorm.__call__"))
+"""Where Flax's BatchNorm modules run (file, function)."""
+
+
+def _feature_axes(eqn: Equation, weight_position: int | None) -> tuple[int, int] | None:
+    """The output's feature axis and the weight's output-feature axis of a dense layer or a
+    convolution whose weight is its second operand, or None (a weight first, batched products)."""
+    if weight_position != 1:
+        return None
+    output_rank = len(eqn.outputs[0].aval.shape)
+    if eqn.primitive.name == "conv_general_dilated":
+        if eqn.params.get("batch_group_count", 1) != 1:
+            return None
+        numbers = eqn.params["dimension_numbers"]
+        return numbers.out_spec[1], numbers.rhs_spec[0]
+    (_, contracting), (_, batch) = eqn.params["dimension_numbers"]
+    free = [axis for axis in range(len(_shape(eqn.inputs[1]))) if axis not in contracting]
+    if batch or len(free) != 1:
+        return None
+    return output_rank - 1, free[0]
+
+
+def _shape(atom: Atom) -> tuple[int, ...]:
+    return tuple(np.shape(atom.value)) if isinstance(atom, Constant) else tuple(atom.aval.shape)
+
+
+def _batch_norm_step(eqn: Equation | None, last: Var, constant: Any,
+                     feature_axis: int) -> tuple[str, Atom, bool] | None:
+    """``(primitive, constant, constant first)`` if ``eqn`` is a step of a Flax BatchNorm in
+    evaluation mode on ``last``: a subtraction, product, quotient or sum with a constant that is
+    one value per feature (the running mean, the scale over the running deviation, the bias)."""
+    if eqn is None or eqn.primitive.name not in ("add", "sub", "mul", "div") or len(eqn.inputs) != 2:
+        return None
+    frames = getattr(getattr(eqn.source_info, "traceback", None), "frames", None) or []
+    if not any(frame.file_name.replace("\\", "/").endswith(path) and frame.function_name == function
+               for frame in frames for path, function in BATCH_NORM_FRAMES):
+        return None
+    first = eqn.inputs[0] is last
+    other = eqn.inputs[1] if first else eqn.inputs[0]
+    if other is last or not constant(other) or (eqn.primitive.name == "div" and not first):
+        return None
+    shape, rank = _shape(other), len(last.aval.shape)
+    if len(shape) > rank or any(size != 1 and axis != feature_axis
+                                for axis, size in zip(range(rank - len(shape), rank), shape, strict=True)):
+        return None
+    return eqn.primitive.name, other, not first
 
 
 def _consumer(equations: list[list[Equation]], start: int, output: Var, carrying: Any) -> int | None:

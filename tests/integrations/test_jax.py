@@ -1,18 +1,20 @@
 """fxlrp.jax: exactness against independent references.
 
 - LRP-0 equals gradient x input (``jax.grad`` in float64) on a Flax CNN (convolution, ReLU, average
-  and max pooling, dense layers, a residual add), an MLP and GCN/GIN-style graph networks written
-  with ``jax.ops.segment_sum`` (jraph is not installed here; it builds its networks from the same
-  segment sums), to 1e-12;
+  and max pooling, dense layers, a residual add), an MLP, GCN/GIN-style graph networks written
+  with ``jax.ops.segment_sum``, jraph's ``GraphConvolution`` and ``GraphNetwork``, a scan, a
+  ``fori_loop``, a counted ``while_loop``, cumulative sums and comparisons, to 1e-12;
 - parity with fxlrp's PyTorch path on the same weights (a torch CNN copied into its Flax twin:
   NCHW -> NHWC, OIHW -> HWIO kernels, (out, in) -> (in, out) dense kernels) for LRP-0, Epsilon,
   EpsilonPlus, EpsilonPlusFlat, EpsilonAlpha2Beta1Flat, EpsilonGammaBox, AlphaBeta(2, 1), WSquare,
-  and zero_params, in float64 to 1e-10; smooth activations
-  (GELU, SiLU) under the identity rule on both sides;
+  and zero_params, in float64 to 1e-10, with and without BatchNorm (folded on both sides); smooth
+  activations (GELU, SiLU) and powers under the identity rule, cumulative sums under the sums'
+  rule, on both sides; a jraph GCN and PyG's GCNConv under LRP-0, Epsilon and AlphaBeta(2, 1);
 - the tables of seed notebook 004 (``JaxMatMul``, ``JaxAdd``, ``JaxIndexSelect``, ``JaxDense``
   with alpha 1 and 2), on the seed's inputs, in float32 as the seed ran;
 - ``jax.jit`` of the explanation gives the un-jitted numbers; a primitive without a rule is an
-  error naming it and the user's source line; ``import fxlrp`` imports no JAX.
+  error naming it and the user's source line (while loops, exp, log: with what to do);
+  ``import fxlrp`` imports no JAX.
 """
 
 from __future__ import annotations
@@ -146,8 +148,10 @@ def test_lrp0_is_gradient_times_input_on_a_flax_cnn(twins: Any) -> None:
 
 
 @pytest.mark.parametrize("name", list(PARITY))
-def test_parity_with_the_pytorch_path(twins: Any, name: str) -> None:
-    model, apply, images, images_nhwc = twins
+@pytest.mark.parametrize("models", ["twins", "batch_norm_twins"])
+def test_parity_with_the_pytorch_path(models: str, name: str, request: pytest.FixtureRequest) -> None:
+    """The Flax twin gives the PyTorch path's relevance; with BatchNorm, folded on both sides."""
+    model, apply, images, images_nhwc = request.getfixturevalue(models)
     torch_relevance = fxlrp.attribute(fxlrp.convert(model, PARITY[name]()), images, target=torch.tensor(TARGETS))
     explain = fxjax.convert(apply, PARITY[name](), images_nhwc)
     relevance = fxjax.attribute(explain, images_nhwc, target=TARGETS)
@@ -183,6 +187,18 @@ def test_jit_gives_the_unjitted_explanation(twins: Any) -> None:
     jitted = jax.jit(lambda x: fxjax.attribute(explain, x, target=TARGETS))(images)
     assert relative_error(jitted, eager) < 1e-13
     assert relative_error(fxjax.attribute(jax.jit(explain), images, target=TARGETS), eager) < 1e-13
+
+
+def test_converted_inside_jit_with_the_weights_as_arguments(twins: Any) -> None:
+    model, apply, _, images = twins
+    variables = flax_twin(model)
+
+    def relevance(variables: Any, x: Any) -> Any:  # the weights are values traced by jit here
+        explain = fxjax.convert(functools.partial(FlaxCNN().apply, variables), composites.EpsilonPlusFlat(), x)
+        return fxjax.attribute(explain, x, target=TARGETS)
+
+    eager = fxjax.attribute(fxjax.convert(apply, composites.EpsilonPlusFlat(), images), images, target=TARGETS)
+    assert relative_error(jax.jit(relevance)(variables, images), eager) < 1e-13
 
 
 def test_predicted_class_by_default(twins: Any) -> None:
@@ -559,4 +575,441 @@ def test_node_relevance_parity_with_a_torch_scatter_network(name: str) -> None:
     explain = fxjax.convert(network, PARITY[name](), *arguments)
     assert relative_error(explain(*arguments), scores.detach().numpy()) < 1e-14
     relevance = fxjax.attribute(explain, arguments, target=3)[0]
+    assert relative_error(relevance, leaf.grad.numpy()) < 1e-10
+
+
+# ---- cumulative sums, powers, comparisons, loops ----------------------------------------------
+
+class TorchElementwise(nn.Module):
+    """dense -> ReLU -> ``kind`` (a cumulative sum or a power) -> dense -> ReLU -> dense."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.a, self.b, self.c = nn.Linear(4, 6), nn.Linear(6, 5), nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.a(x))
+        h = {"cumsum": lambda: torch.cumsum(h, dim=1), "reverse cumsum": lambda: torch.flip(h, [1]).cumsum(1),
+             "square": lambda: h ** 2, "cube": lambda: torch.pow(self.a(x), 3),
+             "torch.square": lambda: torch.square(h), "root": lambda: h ** 1.5}[self.kind]()
+        return self.c(F.relu(self.b(h)))
+
+
+def jax_elementwise(model: TorchElementwise) -> Callable[[Any], Any]:
+    """The torch model as a JAX function of the same weights."""
+    layers = {name: (jnp.asarray(layer.weight.detach().numpy().T), jnp.asarray(layer.bias.detach().numpy()))
+              for name, layer in model.named_children()}
+
+    def dense(name: str, x: Any) -> Any:
+        return x @ layers[name][0] + layers[name][1]
+
+    def network(x: Any) -> Any:
+        h = jax.nn.relu(dense("a", x))
+        h = {"cumsum": lambda: jnp.cumsum(h, axis=1), "reverse cumsum": lambda: jnp.cumsum(h[:, ::-1], axis=1),
+             "square": lambda: h ** 2, "cube": lambda: jnp.power(dense("a", x), 3),
+             "torch.square": lambda: jnp.square(h), "root": lambda: h ** 1.5}[model.kind]()
+        return dense("c", jax.nn.relu(dense("b", h)))
+
+    return network
+
+
+@pytest.mark.parametrize("kind", ["cumsum", "reverse cumsum"])
+def test_lrp0_is_gradient_times_input_through_a_cumulative_sum(kind: str) -> None:
+    torch.manual_seed(4)
+    network = jax_elementwise(TorchElementwise(kind).double())
+    x = jax.random.normal(jax.random.PRNGKey(7), (5, 4), jnp.float64)
+    targets = [0, 1, 2, 0, 1]
+    explain = fxjax.convert(network, Epsilon(0.0), x)
+    assert "cumsum" in explain.report() and "tmp" not in explain.report().split("cumsum")[1].split("\n")[0]
+    assert relative_error(fxjax.attribute(explain, x, target=targets), gradient_times_input(network, x, targets)) \
+        < 1e-12
+
+
+@pytest.mark.parametrize("composite", ["Epsilon", "EpsilonPlusFlat", "AlphaBeta(2,1)"])
+@pytest.mark.parametrize("kind", ["cumsum", "reverse cumsum", "square", "cube", "torch.square", "root"])
+def test_cumulative_sums_and_powers_parity_with_the_pytorch_path(kind: str, composite: str) -> None:
+    torch.manual_seed(5)
+    model = TorchElementwise(kind).double().eval()
+    inputs = torch.randn(4, 4, dtype=torch.float64)
+    network = jax_elementwise(model)
+    x = jnp.asarray(inputs.numpy())
+    explain = fxjax.convert(network, PARITY[composite](), x)
+    assert relative_error(explain(x), model(inputs).detach().numpy()) < 1e-13
+    if kind not in ("cumsum", "reverse cumsum"):
+        assert "pow        Pass()" in explain.report()
+    expected = fxlrp.attribute(fxlrp.convert(model, PARITY[composite]()), inputs, target=torch.tensor([0, 1, 2, 1]))
+    relevance = fxjax.attribute(explain, x, target=[0, 1, 2, 1])
+    assert relative_error(relevance, expected.numpy()) < 1e-10
+    # the rules differ: the comparison can fail
+    lrp0 = fxjax.attribute(fxjax.convert(network, Epsilon(0.0), x), x, target=[0, 1, 2, 1])
+    assert relative_error(lrp0, expected.numpy()) > 1e-6
+
+
+def test_comparisons_carry_no_relevance() -> None:
+    w = jax.random.normal(jax.random.PRNGKey(8), (4, 3), jnp.float64)
+
+    def leaky(x: Any) -> Any:
+        h = x @ w
+        return jnp.where(h > 0, h, 0.1 * h) @ w.T  # a comparison, a selection
+
+    x = jax.random.normal(jax.random.PRNGKey(9), (6, 4), jnp.float64)
+    explain = fxjax.convert(leaky, Epsilon(0.0), x)
+    targets = [0, 1, 2, 3, 0, 1]
+    assert relative_error(fxjax.attribute(explain, x, target=targets), gradient_times_input(leaky, x, targets)) \
+        < 1e-12
+
+
+def test_a_while_loop_is_refused_with_what_to_do_and_fori_loop_with_int_bounds_is_explained() -> None:
+    w = jax.random.normal(jax.random.PRNGKey(10), (3, 3), jnp.float64)
+
+    def steps(x: Any, count: Any) -> Any:
+        return jax.lax.fori_loop(0, count, lambda i, h: jax.nn.relu(h @ w) + h, x)  # the line the error names
+
+    line = steps.__code__.co_firstlineno + 1
+    x = jax.random.normal(jax.random.PRNGKey(11), (2, 3), jnp.float64)
+    with pytest.raises(UnsupportedOperationError) as error:
+        fxjax.convert(steps, Epsilon(0.0), x, jnp.asarray(3))
+    message = str(error.value)
+    assert f"while at {__file__}:{line}" in message and "fori_loop" in message and "jax.lax.scan" in message
+
+    def three_steps(x: Any) -> Any:
+        return steps(x, 3)
+
+    explain = fxjax.convert(three_steps, Epsilon(0.0), x)
+    assert relative_error(fxjax.attribute(explain, x, target=[1, 2]), gradient_times_input(three_steps, x, [1, 2])) \
+        < 1e-12
+
+
+def test_a_while_loop_with_a_constant_number_of_steps_is_unrolled() -> None:
+    w = jax.random.normal(jax.random.PRNGKey(16), (3, 3), jnp.float64)
+
+    def step(h: Any) -> Any:
+        return jax.nn.relu(h @ w) + h
+
+    def counted(x: Any) -> Any:  # a counter from 0 while below 4: four steps, whatever x is
+        return jax.lax.while_loop(lambda carry: carry[0] < 4, lambda carry: (carry[0] + 1, step(carry[1])), (0, x))[1]
+
+    def written_out(x: Any) -> Any:  # the reference: JAX cannot differentiate the while loop backwards
+        for _ in range(4):
+            x = step(x)
+        return x
+
+    x = jax.random.normal(jax.random.PRNGKey(17), (2, 3), jnp.float64)
+    explain = fxjax.convert(counted, Epsilon(0.0), x)
+    assert explain.report().count("linear") == 4
+    relevance = jax.jit(lambda x: fxjax.attribute(explain, x, target=[0, 2]))(x)
+    expected = jax.jit(lambda x: gradient_times_input(written_out, x, [0, 2]))(x)
+    assert relative_error(relevance, expected) < 1e-12
+
+    def until_large(x: Any) -> Any:  # the number of steps depends on x
+        return jax.lax.while_loop(lambda h: jnp.abs(h).sum() < 100.0, step, x)
+
+    with pytest.raises(UnsupportedOperationError, match="while at "):
+        fxjax.convert(until_large, Epsilon(0.0), x)
+
+
+@pytest.mark.parametrize("function", ["exp", "log", "power"])
+def test_exp_log_and_powers_of_the_input_are_refused_as_in_pytorch(function: str) -> None:
+    def model(x: Any) -> Any:
+        return {"exp": jnp.exp, "log": jnp.log, "power": lambda x: 2.0 ** x}[function](x) @ jnp.ones((3, 2))
+
+    with pytest.raises(UnsupportedOperationError, match="as on the PyTorch side"):
+        fxjax.convert(model, None, jnp.ones((4, 3)))
+    with pytest.raises(fxlrp.errors.UnsupportedOperationError):  # the PyTorch side refuses them too
+        torch_function = {"exp": torch.exp, "log": torch.log, "power": lambda x: 2.0 ** x}[function]
+        fxlrp.attribute(fxlrp.convert(TorchFunction(torch_function), Epsilon(0.0)), torch.ones(4, 3), target=0)
+
+
+class TorchFunction(nn.Module):
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.function, self.dense = function, nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(self.function(x))
+
+
+# ---- BatchNorm in evaluation mode, folded into the layer before it ----------------------------
+
+class TorchBatchNormCNN(nn.Module):
+    """conv -> BN -> relu -> conv (no bias) -> BN -> relu + residual -> pools -> dense -> BN -> relu -> dense."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.fc1, self.bn3, self.fc2 = nn.Linear(16, 10), nn.BatchNorm1d(10), nn.Linear(10, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = F.relu(self.bn2(self.conv2(h))) + h
+        h = F.max_pool2d(F.avg_pool2d(h, 2), 2)
+        return self.fc2(F.relu(self.bn3(self.fc1(h.flatten(1)))))
+
+
+class FlaxBatchNormCNN(fnn.Module):
+    @fnn.compact
+    def __call__(self, x: Any) -> Any:
+        kwargs = {"param_dtype": jnp.float64, "dtype": jnp.float64}
+        conv = {**kwargs, "padding": ((1, 1), (1, 1))}
+        norm = {**kwargs, "use_running_average": True, "epsilon": 1e-5}
+        h = fnn.relu(fnn.BatchNorm(name="bn1", **norm)(fnn.Conv(4, (3, 3), name="conv1", **conv)(x)))
+        second = fnn.Conv(4, (3, 3), use_bias=False, name="conv2", **conv)(h)
+        h = fnn.relu(fnn.BatchNorm(name="bn2", **norm)(second)) + h
+        h = fnn.max_pool(fnn.avg_pool(h, (2, 2), (2, 2)), (2, 2), (2, 2))
+        h = h.transpose(0, 3, 1, 2).reshape(h.shape[0], -1)
+        h = fnn.relu(fnn.BatchNorm(name="bn3", **norm)(fnn.Dense(10, name="fc1", **kwargs)(h)))
+        return fnn.Dense(5, name="fc2", **kwargs)(h)
+
+
+def flax_batch_norm_twin(model: TorchBatchNormCNN) -> dict[str, Any]:
+    """The torch model's weights and running statistics as the Flax twin's variables."""
+    def array(tensor: torch.Tensor) -> Any:
+        return jnp.asarray(tensor.detach().numpy())
+    params: dict[str, Any] = {"conv1": {"kernel": array(model.conv1.weight.permute(2, 3, 1, 0)),
+                                        "bias": array(model.conv1.bias)},
+                              "conv2": {"kernel": array(model.conv2.weight.permute(2, 3, 1, 0))}}
+    params.update({name: {"kernel": array(getattr(model, name).weight.T), "bias": array(getattr(model, name).bias)}
+                   for name in ("fc1", "fc2")})
+    params.update({name: {"scale": array(getattr(model, name).weight), "bias": array(getattr(model, name).bias)}
+                   for name in ("bn1", "bn2", "bn3")})
+    stats = {name: {"mean": array(getattr(model, name).running_mean), "var": array(getattr(model, name).running_var)}
+             for name in ("bn1", "bn2", "bn3")}
+    return {"params": params, "batch_stats": stats}
+
+
+@pytest.fixture(scope="module")
+def batch_norm_twins() -> tuple[TorchBatchNormCNN, Callable[..., Any], torch.Tensor, Any]:
+    torch.manual_seed(6)
+    model = TorchBatchNormCNN().double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(2.0)
+        for norm in (model.bn1, model.bn2, model.bn3):  # statistics and affine parameters of both signs
+            norm.running_mean.normal_(0.0, 0.5)
+            norm.running_var.uniform_(0.5, 2.0)
+            norm.weight.normal_(0.0, 1.0)
+            norm.bias.normal_(0.0, 0.5)
+    images = torch.randn(3, 3, 8, 8, dtype=torch.float64)
+    apply = functools.partial(FlaxBatchNormCNN().apply, flax_batch_norm_twin(model))
+    return model, apply, images, jnp.asarray(images.permute(0, 2, 3, 1).numpy())
+
+
+def test_batch_norm_is_folded_into_the_layer_before_it(batch_norm_twins: Any) -> None:
+    model, apply, images, images_nhwc = batch_norm_twins
+    explain = fxjax.convert(apply, Epsilon(0.0), images_nhwc)
+    assert relative_error(explain(images_nhwc), model(images).detach().numpy()) < 1e-13
+    operations = [line.split()[0] for line in explain.report().splitlines()]
+    assert operations.count("conv") == 2 and operations.count("linear") == 2 and "sub" not in operations
+    relevance = fxjax.attribute(explain, images_nhwc, target=TARGETS)
+    assert relative_error(relevance, gradient_times_input(apply, images_nhwc, TARGETS)) < 1e-12
+
+
+def test_an_nnx_batch_norm_is_folded() -> None:
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: Any) -> None:
+            self.a, self.b = nnx.Linear(6, 8, rngs=rngs), nnx.Linear(8, 3, rngs=rngs)
+            self.norm = nnx.BatchNorm(8, use_running_average=True, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.b(nnx.relu(self.norm(self.a(x))))
+
+    report = fxjax.convert(Net(nnx.Rngs(0)), Epsilon(0.0), jnp.ones((4, 6))).report()
+    assert [line.split()[0] for line in report.splitlines()] == ["linear", "linear"]
+
+
+# ---- jraph networks ----------------------------------------------------------------------------
+
+def jraph_dense(key: Any, inputs: int, outputs: int, relu: bool = True) -> Callable[[Any], Any]:
+    """A dense layer with a bias, and a ReLU unless ``relu`` is False, as a function of arrays."""
+    w = jax.random.normal(key, (inputs, outputs), jnp.float64) / np.sqrt(inputs)
+    b = 0.1 * jax.random.normal(jax.random.fold_in(key, 1), (outputs,), jnp.float64)
+    return (lambda x: jax.nn.relu(x @ w + b)) if relu else (lambda x: x @ w + b)
+
+
+def jraph_graphs(jraph: Any, features: int = 3) -> Any:
+    """Two graphs (3 and 4 nodes, edges both ways) with node, edge and global features."""
+    senders = jnp.asarray([0, 1, 1, 2, 3, 4, 4, 5, 5, 6, 3, 6])
+    receivers = jnp.asarray([1, 0, 2, 1, 4, 3, 5, 4, 6, 5, 6, 3])
+    keys = jax.random.split(jax.random.PRNGKey(12), 3)
+    return jraph.GraphsTuple(nodes=jax.random.normal(keys[0], (7, features), jnp.float64),
+                             edges=jax.random.normal(keys[1], (12, 2), jnp.float64),
+                             senders=senders, receivers=receivers,
+                             globals=jax.random.normal(keys[2], (2, 2), jnp.float64),
+                             n_node=jnp.asarray([3, 4]), n_edge=jnp.asarray([4, 8]))
+
+
+def test_lrp0_is_gradient_times_input_on_a_jraph_gcn() -> None:
+    jraph = pytest.importorskip("jraph")
+    keys = jax.random.split(jax.random.PRNGKey(13), 3)
+    layers = [jraph.GraphConvolution(jraph_dense(keys[0], 3, 8), add_self_edges=True),
+              jraph.GraphConvolution(jraph_dense(keys[1], 8, 8), add_self_edges=True)]
+    head = jraph_dense(keys[2], 8, 4, relu=False)
+
+    def gcn(graph: Any) -> Any:
+        for layer in layers:
+            graph = layer(graph)
+        return head(graph.nodes)  # one score per node and class
+
+    graph = jraph_graphs(jraph)
+    explain = fxjax.convert(gcn, Epsilon(0.0), graph)
+    targets = [0, 1, 2, 3, 0, 1, 2]
+
+    @jax.jit  # one compilation instead of one per operation run eagerly (seconds)
+    def relevance_and_gradient_times_input(graph: Any) -> Any:
+        (relevance,) = fxjax.attribute(explain, (graph,), target=targets)
+        return relevance, gradient_times_input(lambda nodes: gcn(graph._replace(nodes=nodes)), graph.nodes, targets)
+
+    relevance, expected = relevance_and_gradient_times_input(graph)
+    assert relative_error(relevance.nodes, expected) < 1e-12
+    # a GCN reads no edge or global features: they get no relevance
+    assert np.all(np.asarray(relevance.edges) == 0) and np.all(np.asarray(relevance.globals) == 0)
+
+
+def test_lrp0_is_gradient_times_input_on_a_jraph_graph_network() -> None:
+    jraph = pytest.importorskip("jraph")
+    keys = jax.random.split(jax.random.PRNGKey(14), 4)
+    edge_mlp, node_mlp = jraph_dense(keys[0], 2 + 3 + 3 + 2, 6), jraph_dense(keys[1], 3 + 6 + 6 + 2, 5)
+    global_mlp, head = jraph_dense(keys[2], 5 + 6 + 2, 6), jraph_dense(keys[3], 6, 3, relu=False)
+    network = jraph.GraphNetwork(
+        update_edge_fn=lambda e, s, r, g: edge_mlp(jnp.concatenate([e, s, r, g], axis=-1)),
+        update_node_fn=lambda n, sent, received, g: node_mlp(jnp.concatenate([n, sent, received, g], axis=-1)),
+        update_global_fn=lambda n, e, g: global_mlp(jnp.concatenate([n, e, g], axis=-1)))
+
+    def classify(graph: Any) -> Any:
+        return head(network(graph).globals)  # one score per graph and class
+
+    graph = jraph_graphs(jraph)
+    explain = fxjax.convert(classify, Epsilon(0.0), graph)
+
+    @jax.jit  # one compilation instead of one per operation run eagerly (seconds)
+    def outputs_relevance_and_gradient_times_inputs(graph: Any) -> Any:
+        (relevance,) = fxjax.attribute(explain, (graph,), target=[2, 0])
+        gradient = jax.grad(lambda graph: classify(graph)[jnp.arange(2), jnp.asarray([2, 0])].sum(),
+                            allow_int=True)(graph)
+        products = {field: getattr(gradient, field) * getattr(graph, field) for field in ("nodes", "edges", "globals")}
+        return explain(graph), classify(graph), relevance, products
+
+    explained, original, relevance, products = outputs_relevance_and_gradient_times_inputs(graph)
+    assert relative_error(explained, original) < 1e-13
+    for field, expected in products.items():
+        assert relative_error(getattr(relevance, field), expected) < 1e-12
+
+
+# ---- what the compiled explanation computes ---------------------------------------------------
+
+class TorchPooledCNN(nn.Module):
+    """conv -> ReLU -> average pooling -> minus ``shift`` (if any) -> conv -> ReLU -> mean -> dense."""
+
+    def __init__(self, shift: float) -> None:
+        super().__init__()
+        self.shift = shift
+        self.conv1, self.conv2, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.avg_pool2d(F.relu(self.conv1(x)), 2)
+        h = h - self.shift if self.shift else h
+        return self.fc(F.relu(self.conv2(h)).mean((2, 3)))
+
+
+def jax_pooled_cnn(model: TorchPooledCNN) -> Callable[[Any], Any]:
+    """The torch model as a JAX function of NHWC images, with the same weights."""
+    kernels = [jnp.asarray(conv.weight.detach().permute(2, 3, 1, 0).numpy()) for conv in (model.conv1, model.conv2)]
+    biases = [jnp.asarray(layer.bias.detach().numpy()) for layer in (model.conv1, model.conv2, model.fc)]
+    dense = jnp.asarray(model.fc.weight.detach().numpy().T)
+
+    def conv(x: Any, kernel: Any, bias: Any) -> Any:
+        return jax.lax.conv_general_dilated(x, kernel, (1, 1), ((1, 1), (1, 1)),
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
+
+    def network(x: Any) -> Any:
+        h = fnn.avg_pool(jax.nn.relu(conv(x, kernels[0], biases[0])), (2, 2), (2, 2))
+        h = h - model.shift if model.shift else h
+        return jax.nn.relu(conv(h, kernels[1], biases[1])).mean(axis=(1, 2)) @ dense + biases[2]
+
+    return network
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.5])
+def test_z_plus_after_pooling_of_relu_outputs_needs_no_negative_weights(shift: float) -> None:
+    torch.manual_seed(7)
+    model = TorchPooledCNN(shift).double().eval()
+    images = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    network, x = jax_pooled_cnn(model), jnp.asarray(images.permute(0, 2, 3, 1).numpy())
+    explain = fxjax.convert(network, composites.EpsilonPlus(), x)
+    relevance = jax.jit(lambda x: fxjax.attribute(explain, x, target=[0, 2]))
+    expected = fxlrp.attribute(fxlrp.convert(model, composites.EpsilonPlus()), images, target=torch.tensor([0, 2]))
+    assert relative_error(relevance(x), expected.permute(0, 2, 3, 1).numpy()) < 1e-10
+    # z+ of the first convolution (inputs of both signs): the positive and the negative part, a
+    # convolution forward and backward each; of the second: the positive part only, unless the
+    # shift makes its inputs negative; and the model's two convolutions
+    convolutions = relevance.lower(x).as_text().count("stablehlo.convolution")
+    assert convolutions == 2 + 4 + (2 if shift == 0.0 else 4)
+
+
+def test_flat_weights_and_denominator_are_constants_of_the_compiled_explanation() -> None:
+    torch.manual_seed(8)
+    model = TorchPooledCNN(0.0).double().eval()
+    images = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    network, x = jax_pooled_cnn(model), jnp.asarray(images.permute(0, 2, 3, 1).numpy())
+    explain = fxjax.convert(network, composites.EpsilonPlusFlat(), x)  # Flat on the first convolution
+    relevance = jax.jit(lambda x: fxjax.attribute(explain, x, target=[1, 2]))
+    # the model's two, z+ of the second forward and backward, Flat's backward (its denominator,
+    # the convolution of ones, is computed while tracing)
+    assert relevance.lower(x).as_text().count("stablehlo.convolution") == 2 + 2 + 1
+    expected = fxlrp.attribute(fxlrp.convert(model, composites.EpsilonPlusFlat()), images, target=torch.tensor([1, 2]))
+    assert relative_error(relevance(x), expected.permute(0, 2, 3, 1).numpy()) < 1e-10
+
+
+class TorchGCN(nn.Module):
+    """Two PyG ``GCNConv`` layers with a ReLU between them: one score per node and class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        geometric = pytest.importorskip("torch_geometric.nn")
+        self.first, self.second = geometric.GCNConv(3, 8), geometric.GCNConv(8, 4)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.second(F.relu(self.first(x, edge_index)), edge_index)
+
+
+@pytest.mark.parametrize("name", ["LRP-0", "Epsilon", "AlphaBeta(2,1)"])
+def test_jraph_gcn_parity_with_pyg_gcnconv_on_the_pytorch_path(name: str) -> None:
+    jraph = pytest.importorskip("jraph")
+    torch.manual_seed(9)
+    model = TorchGCN().double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.7)
+    graph = jraph_graphs(jraph)._replace(edges=None, globals=None)
+    (w1, b1), (w2, b2) = ((jnp.asarray(conv.lin.weight.detach().numpy().T), jnp.asarray(conv.bias.detach().numpy()))
+                          for conv in (model.first, model.second))
+    # GCNConv normalises by the degrees with self-loops, as jraph's GraphConvolution with self
+    # edges does on a graph whose edges go both ways; its bias comes after the aggregation
+    first, second = (jraph.GraphConvolution(lambda h, w=w: h @ w, add_self_edges=True) for w in (w1, w2))
+
+    def gcn(graph: Any) -> Any:
+        h = jax.nn.relu(first(graph).nodes + b1)
+        return second(graph._replace(nodes=h)).nodes + b2
+
+    x, edge_index = torch.tensor(np.asarray(graph.nodes)), torch.from_numpy(np.stack(
+        [np.asarray(graph.senders), np.asarray(graph.receivers)]))
+    targets = [0, 1, 2, 3, 0, 1, 2]
+    explain_torch = fxlrp.convert(model, PARITY[name]())
+    leaf = x.clone().requires_grad_()
+    scores = explain_torch(leaf, edge_index)
+    start = torch.zeros_like(scores)
+    start[torch.arange(7), torch.tensor(targets)] = scores[torch.arange(7), torch.tensor(targets)].detach()
+    scores.backward(start)
+    explain = fxjax.convert(gcn, PARITY[name](), graph)
+
+    @jax.jit  # one compilation instead of one per operation run eagerly (seconds)
+    def outputs_and_relevance(graph: Any) -> Any:
+        return explain(graph), fxjax.attribute(explain, (graph,), target=targets)[0].nodes
+
+    outputs, relevance = outputs_and_relevance(graph)
+    assert relative_error(outputs, scores.detach().numpy()) < 1e-13
     assert relative_error(relevance, leaf.grad.numpy()) < 1e-10
