@@ -117,11 +117,12 @@ FLOW_SIZE = 128
 FLOW_UPDATES = 2
 DETECTION_SETTINGS = {
     "r_cnn": dict(box_score_thresh=0.0, box_detections_per_img=6, rpn_pre_nms_top_n_test=100,
-                  rpn_post_nms_top_n_test=40, min_size=96, max_size=128),
+                  rpn_post_nms_top_n_test=40),
     "one_stage": dict(score_thresh=0.0, detections_per_img=6, topk_candidates=40),
 }
-"""Few detections, always some (random weights score low: threshold 0); the R-CNNs, RetinaNet and
-FCOS resize the images to 96-128 pixels (SSD and SSDlite to their fixed 300 and 320)."""
+"""Few detections, always some (random weights score low: threshold 0). The detectors resize the
+images to 96-128 pixels, except SSD, SSDlite and the 320 Faster R-CNN, whose size (300 or 320
+pixels) is what sets them apart."""
 
 CONSERVING = Composite(fxlrp.rules.Epsilon(0.0), operation_rules=cp_lrp(0.0))
 """LRP-0 on layers and products (CP-LRP), the z-rule on sums and norms, identity rules on gates
@@ -180,7 +181,7 @@ def case(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Case:
         elif family == "detection":
             kind = "one_stage" if name.startswith(("retinanet", "ssd", "fcos")) else "r_cnn"
             extra = dict(DETECTION_SETTINGS[kind])
-            if name.startswith(("retinanet", "fcos")):
+            if not name.startswith("ssd") and not name.endswith("_320_fpn"):
                 extra.update(min_size=96, max_size=128)
             if name.startswith("keypoint"):
                 extra["num_keypoints"] = 5
