@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,12 +132,10 @@ def machine() -> str:
     import torch
     import torchvision
 
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.exists() else []
+    cpu = names[0] if names else platform.processor() or "unknown CPU"
     return (f"{cpu}, {os.cpu_count()} cores, 1 torch thread per model; torch {torch.__version__}, torchvision "
             f"{torchvision.__version__}; Python {platform.python_version()}")
 
