@@ -102,6 +102,34 @@ def _note(record: dict[str, Any]) -> str:
     return note.replace("|", "\\|")
 
 
+WHY = {
+    "quantization": "int8 modules (`torch.ao.nn.quantized`) have no rules: explain the float model (`quantize=False`, "
+                    "or the model before `torch.ao.quantization.convert`)",
+    "maskrcnn_resnet50_fpn_v2": "with these random weights every score is exactly 1.0 in float32 (the softmax "
+                                "saturates), and `explain_detection` finds the class logit from the gradient of the "
+                                "score, which is 0 there",
+}
+"""Why a model does not pass, shown while it does not (by model name, else by family)."""
+
+
+def failures(results: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per model that does not pass (the quantized ones as one line)."""
+    lines, quantized = [], []
+    for name, record in sorted(results.items(), key=lambda item: (FAMILY_ORDER.index(item[1]["family"]), item[0])):
+        if passed(record):
+            continue
+        if record["family"] == "quantization" and not record.get("converts"):
+            quantized.append(name)
+            continue
+        why = WHY.get(name, "")
+        lines.append(f"- **{name}** ({record['family']}): {_note(record) or record.get('outputs', '')}"
+                     + (f": {why}" if why else ""))
+    if quantized:
+        lines.append(f"- the {len(quantized)} quantized models are refused (`fxlrp.UnsupportedOperationError` listing "
+                     f"their operations): {WHY['quantization']}.")
+    return lines or ["Every model passes."]
+
+
 def summary(results: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| family | models | convert strictly | outputs equal | reference holds (checked) | all checks pass |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -175,6 +203,10 @@ def document(results: dict[str, dict[str, Any]]) -> str:
         "## Summary",
         "",
         *summary(results),
+        "",
+        "## Not passing",
+        "",
+        *failures(results),
         "",
         "## Models",
         "",

@@ -25,6 +25,7 @@ from torchvision.models import VisionTransformer
 from torchvision.models.convnext import CNBlockConfig, ConvNeXt
 
 import fxlrp
+from fxlrp.explain.targets import output_relevance
 
 GRADIENT_TOLERANCE = 1e-9
 
@@ -48,7 +49,7 @@ def check_explains(model: nn.Module, x: Tensor) -> fxlrp.Explainer:
     # float32 sums differently: the outputs stay within twice the model's own float32 rounding,
     # measured against the model in float64 (0.8x to 1.4x over the zoo).
     assert relative_error(output.detach().double(), exact) <= 2 * relative_error(expected.double(), exact)
-    output.backward(fxlrp.explain.targets.output_relevance(output, None))
+    output.backward(output_relevance(output, None))
     assert torch.isfinite(leaf.grad).all()
     assert (leaf.grad != 0).any()
     return explain
