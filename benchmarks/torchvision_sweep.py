@@ -13,7 +13,7 @@ input it takes, and checked by ``support.zoo.check`` (tests/support/zoo.py), whi
 - outputs equal: the explainer's outputs while relevance flows, bit for bit where they are the
   model's; else within twice the model's own float32 rounding, measured against the model in
   float64 (the rules compute BatchNorm as its affine map);
-- relevance of the explained output (class 0; class 1 at every pixel of a segmentation; a
+- relevance of the explained output (the top class; class 1 at every pixel of a segmentation; a
   detector's detection 0's class logit; the horizontal flow of a region) finite and not all zero;
 - reference, float64: LRP-0 = gradient x input on piecewise-linear models, else conservation:
   with biases, BatchNorm means, tokens and position embeddings zeroed, LRP-0 with CP-LRP's
@@ -186,7 +186,7 @@ def document(results: dict[str, dict[str, Any]]) -> str:
         "measured against the model in float64; a detector's detections compared in the order of their scores "
         "(ties in the order of label and box).",
         "- *reference checked* (float64, relative error; it holds below 1e-9): `LRP-0 = gradient x input` on "
-        "piecewise-linear paths (of the explained output: class 0, class 1 at every pixel of a segmentation, "
+        "piecewise-linear paths (of the explained output: the top class, class 1 at every pixel of a segmentation, "
         "the class logit of a detector's first detection); `conservation (bias-free)` on the others: with "
         "biases, BatchNorm means, class tokens, position embeddings and a detector's image mean zeroed, LRP-0 "
         "with CP-LRP's products gives input relevance summing to the explained output. RAFT makes its "

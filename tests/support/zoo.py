@@ -220,14 +220,17 @@ def picked(family: str, output: Any) -> Tensor:
 
 
 def start_relevance(family: str, picked: Tensor) -> Tensor:
-    """``R_out``: class 0 of a classifier or video model, class 1 at every pixel of a
-    segmentation, the horizontal flow of a region of RAFT's last flow (the rest 0)."""
+    """``R_out``: the top class of a classifier or video model (the logit, ``R = z``), class 1 at
+    every pixel of a segmentation, the horizontal flow of a region of RAFT's last flow (the rest 0)."""
     start = torch.zeros_like(picked)
     if family == "optical_flow":
         region = slice(FLOW_SIZE // 4, FLOW_SIZE // 2)
         start[:, 0, region, region] = picked[:, 0, region, region].detach()
+    elif family == "segmentation":
+        start[:, 1] = picked[:, 1].detach()
     else:
-        start[:, 1 if family == "segmentation" else 0] = picked[:, 1 if family == "segmentation" else 0].detach()
+        top = picked.detach().argmax(-1, keepdim=True)
+        start.scatter_(-1, top, picked.detach().gather(-1, top))
     return start
 
 
@@ -279,8 +282,7 @@ def lrp0_against_gradient_times_input(name: str) -> float:
     reference = gradient_times_input(lambda *values: double.run(double.model, values), double.inputs,
                                      lambda output: picked(double.family, output),
                                      lambda output: start_relevance(double.family, output))
-    scale = max(each.abs().max().item() for each in reference)
-    return max((mine - theirs).abs().max().item() for mine, theirs in zip(relevance, reference, strict=True)) / scale
+    return max(relative_error(mine, theirs) for mine, theirs in zip(relevance, reference, strict=True))
 
 
 def conservation_error(name: str) -> tuple[float, float]:
