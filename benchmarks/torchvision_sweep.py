@@ -179,7 +179,9 @@ def document(results: dict[str, dict[str, Any]]) -> str:
         "composite): random weights, the smallest input each model takes, float32, one process each. Written by "
         "`benchmarks/torchvision_sweep.py`, whose docstring defines the checks; the checks are "
         "`check` in `tests/support/zoo.py`, which the slow test `tests/models/test_torchvision_families.py` runs "
-        "on a subset (every piecewise-linear path and every kind of reference, within the slow lane's minutes).",
+        "on 16 models beyond classification (each family, each kind of reference, each detector head; about a "
+        "minute of checks), as `tests/models/test_torchvision_zoo.py` checks the classifiers; the whole sweep is "
+        "this script's.",
         "",
         "- *outputs equal*: the explainer's outputs while relevance flows against the model's: bit for bit, or "
         "within twice the model's own float32 rounding (the rules compute BatchNorm as its affine map), both "
@@ -189,14 +191,17 @@ def document(results: dict[str, dict[str, Any]]) -> str:
         "piecewise-linear paths (of the explained output: the top class, class 1 at every pixel of a segmentation, "
         "the class logit of a detector's first detection); `conservation (bias-free)` on the others: with "
         "biases, BatchNorm means, class tokens, position embeddings and a detector's image mean zeroed, LRP-0 "
-        "with CP-LRP's products gives input relevance summing to the explained output. RAFT makes its "
-        "coordinate grid in float32 and runs only in float32: its conservation is measured, not bounded.",
+        "with CP-LRP's products gives input relevance summing to the explained output. RAFT (run in float64 with "
+        "its grid of pixel coordinates made in float64 too) has no exact reference: the relative error of its "
+        "bias-free sum is shown, and it is not small (relevance is not conserved through RAFT's rules; where it "
+        "goes is open).",
         "- *seconds*: the whole check of the model (building it, conversion, the float32 runs and the float64 "
         "reference).",
         "",
         f"Machine: {machine()}; load average (1 min) at the models' starts "
         f"{min(loads, default=0):.1f}-{max(loads, default=0):.1f}, shared with other work. Date: "
-        f"{datetime.date.today().isoformat()}; {minutes:.0f} min of checks in all; fxlrp at commit(s) "
+        f"{datetime.date.today().isoformat()}; {minutes:.0f} min of checks in all (each model's process also "
+        f"starts torch and torchvision); fxlrp at commit(s) "
         f"{', '.join(commits)} plus the working tree of that time. Rerun: `python benchmarks/torchvision_sweep.py` "
         "(it skips the models cached in out/torchvision_sweep/results.json; `--redo` runs them again).",
         "",
