@@ -296,6 +296,16 @@ def conservation_error(name: str) -> tuple[float, float]:
     return abs(found - total) / abs(total) if total else float("inf"), total
 
 
+FEW_OUTPUTS = ("detection", "optical_flow")
+FEW_OUTPUTS_TOLERANCE = 1e-4
+"""A detector's outputs are a few numbers (here often one score, far out on its softmax's tail), a
+flow's come through many updates: the ratio of two rounding errors of so few values is no stable
+statistic (fasterrcnn_resnet50_fpn: 1.1x with one thread, 13x with two, the explainer's error
+5e-5). Their outputs count as equal within 2x the model's own error or within this relative error
+against float64, the bound benchmarks/timm_sweep.py sets for BatchNorm computed as its affine map;
+a wrong output (another box, a score of another class) is off by far more."""
+
+
 def in_order(output: Any) -> Any:
     """A detector's detections of each image in the order of their scores, then labels and boxes:
     detections of equal scores (random weights make many) come in an order that depends on the
@@ -328,15 +338,16 @@ def outputs_compared(case: Case, explained: Any, expected: Any) -> dict[str, Any
     with torch.no_grad():
         exact = case.run(copy.deepcopy(case.model).double(), tuple(value.double() for value in case.inputs))
     exact = [each for each in tree_flatten(in_order(exact))[0] if isinstance(each, Tensor)]
-    worst = 0.0
+    worst = largest = 0.0
     for (a, b), c in zip(pairs, exact, strict=True):
         if b.is_floating_point() and not torch.equal(a, b):
             if c.shape != b.shape:
                 return {"outputs": "differ: the float64 model's outputs have other shapes", "outputs_equal": False}
-            own = relative_error(b.double(), c)
-            worst = max(worst, relative_error(a.double(), c) / own if own else float("inf"))
-    return {"outputs": f"within rounding ({worst:.2f}x the model's own)", "outputs_equal": worst <= 2,
-            "output_rounding_ratio": worst}
+            own, error = relative_error(b.double(), c), relative_error(a.double(), c)
+            worst, largest = max(worst, error / own if own else float("inf")), max(largest, error)
+    few = case.family in FEW_OUTPUTS and largest <= FEW_OUTPUTS_TOLERANCE
+    return {"outputs": f"within rounding ({worst:.2f}x the model's own" + (f"; {largest:.0e})" if few else ")"),
+            "outputs_equal": worst <= 2 or few, "output_rounding_ratio": worst, "output_error": largest}
 
 
 def check(name: str) -> dict[str, Any]:
