@@ -3,7 +3,8 @@
 The images are made here (no download): two shapes of different kinds on grey noise, all of the
 same brightness and of similar sizes, so the class of a detection is decided by the shape alone,
 and the boxes are known by construction. A Faster R-CNN with a backbone of three convolutions
-trains on them in one to three minutes on a CPU. fxlrp then explains the class logit of the
+trains on them on a CPU (two shared cores: ``--fast``, 250 steps and 16 test images, 1.7 min;
+the full run, 600 steps and 64 test images, 14 min). fxlrp then explains the class logit of the
 detection of each test image's first shape (``detection_target`` picks it by the shape's class
 and true box, ``explain_detection`` explains it) with its default rules and with EpsilonPlus,
 and prints how much of the positive relevance lies inside the detected box and on the shape,
@@ -11,6 +12,11 @@ against gradient x input and a map of random numbers (whose share is about the b
 fraction). It saves a picture: images with the detected box, beside the heatmaps.
 
     python examples/detection_shapes.py [--fast] [--out out/detection_shapes]
+
+Measured (the full run): all 64 test shapes detected; the detected box covers 8.7% of the image,
+the shape 6.8%; of the positive relevance, fxlrp's default rules put 68% in the box and 59% on
+the shape (the same as gradient x input, which they equal on this network up to epsilon),
+EpsilonPlus 66% and 49%, a random map 8.8% and 6.9%.
 """
 
 from __future__ import annotations
