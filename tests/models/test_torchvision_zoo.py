@@ -19,14 +19,13 @@ import copy
 import pytest
 import torch
 from support.references import explained_relevance, gradient_times_input, onehot_relevance, relative_error
-from support.zoo import INPUT_SIZE, NAMES, PIECEWISE_LINEAR, build, image, liven
+from support.zoo import CONSERVING, INPUT_SIZE, NAMES, PIECEWISE_LINEAR, bias_free, build, image, liven
 from torch import Tensor, nn
 from torchvision.models import VisionTransformer
 from torchvision.models.convnext import CNBlockConfig, ConvNeXt
 
 import fxlrp
-from fxlrp.rules.attention import cp_lrp
-from fxlrp.rules.composites import Composite
+from fxlrp.explain.targets import output_relevance
 
 GRADIENT_TOLERANCE = 1e-9
 
@@ -50,7 +49,7 @@ def check_explains(model: nn.Module, x: Tensor) -> fxlrp.Explainer:
     # float32 sums differently: the outputs stay within twice the model's own float32 rounding,
     # measured against the model in float64 (0.8x to 1.4x over the zoo).
     assert relative_error(output.detach().double(), exact) <= 2 * relative_error(expected.double(), exact)
-    output.backward(fxlrp.explain.targets.output_relevance(output, None))
+    output.backward(output_relevance(output, None))
     assert torch.isfinite(leaf.grad).all()
     assert (leaf.grad != 0).any()
     return explain
@@ -71,21 +70,6 @@ def test_zoo_model(name: str) -> None:
     check_explains(model, image(name))
     if name in PIECEWISE_LINEAR:
         check_lrp0_is_gradient_times_input(model.double(), image(name, torch.float64))
-
-
-CONSERVING = Composite(fxlrp.rules.Epsilon(0.0), operation_rules=cp_lrp(0.0))
-"""LRP-0 on layers and products (CP-LRP), default z-rule on sums and norms, identity rules."""
-
-ZEROED_PARAMETERS = ("bias", "class_token", "pos_embedding")
-
-
-def bias_free(model: nn.Module) -> nn.Module:
-    """Biases, BatchNorm running means, class token and position embedding set to zero."""
-    with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if name.rsplit(".", 1)[-1].endswith(ZEROED_PARAMETERS) or name.endswith("running_mean"):
-                tensor.zero_()
-    return model
 
 
 def conserved(model: nn.Module, x: Tensor) -> tuple[float, float]:
