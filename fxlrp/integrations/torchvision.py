@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from fxlrp.capture.interception import module_calls_followed
 from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
@@ -484,11 +485,42 @@ def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: i
                                 detections["scores"][index].item(), start.sum().item(), None, around)
 
 
+class _PassingGradient(torch.autograd.Function):
+    """Forward: a squashing function's value. Backward: the gradient unchanged, so that it reaches
+    the logit a score comes from also where the score has saturated (a softmax or sigmoid of 1.0
+    in float32 has derivative 0)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, logits: Tensor) -> Tensor:
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, gradient: Tensor) -> tuple[None, Tensor]:
+        return None, gradient
+
+
+class _SquashingPassesGradients(TorchFunctionMode):
+    """Softmax and sigmoid (functions and methods) whose backward passes the gradient unchanged:
+    where a detection's score comes from is a matter of which elements it is selected from, not of
+    how steep the squashing is there."""
+
+    SQUASHING = frozenset({torch.softmax, torch.sigmoid, torch.nn.functional.softmax, torch.nn.functional.sigmoid,
+                           Tensor.softmax, Tensor.sigmoid})
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        value = func(*args, **(kwargs or {}))
+        if func in self.SQUASHING and isinstance(args[0], Tensor) and args[0].requires_grad:
+            return _PassingGradient.apply(value.detach(), args[0])
+        return value
+
+
 def _logit_positions(explain: nn.Module, images: Any, image: int, index: int, label: int,
                      heads: dict[type, int | None]) -> list[tuple[int, tuple[int, ...]]]:
     """Where the logit of a detection's class is: (which output of a classification head, the
     element), found from the model's own gradient of the detection's score (as the model runs
-    it, in evaluation mode; the model is put back as it was)."""
+    it, in evaluation mode; the model is put back as it was), with softmax and sigmoid passing
+    the gradient unchanged (a saturated score's derivative is 0)."""
     model = getattr(getattr(explain, "conversion", None), "model", None)
     if model is None:
         raise ValueError("the explainer holds no model (a copy): explain score='score' instead")
@@ -505,7 +537,7 @@ def _logit_positions(explain: nn.Module, images: Any, image: int, index: int, la
         state = ModuleState(model)
         in_evaluation_mode(state.modules)
         try:
-            with torch.enable_grad(), module_calls_followed(after=after):
+            with torch.enable_grad(), module_calls_followed(after=after), _SquashingPassesGradients():
                 detections = model(detached)[image]
         finally:
             state.restore()

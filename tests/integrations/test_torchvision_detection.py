@@ -423,3 +423,27 @@ def test_a_detection_of_the_second_image_of_a_list() -> None:
         assert relative_error(relevance, gradient * picture) < 1e-12 or not gradient.any() and not relevance.any()
     assert not explained.relevance[0].any() and explained.relevance[1].abs().sum() > 0  # (only image 1's)
     assert explained.region.shape == (100, 120) and explained.region.any()  # (its box, on image 1)
+
+
+def test_a_detection_whose_score_has_saturated_is_explained_by_its_logit() -> None:
+    # A confident detector's softmax gives 1.0 in float32: the score's derivative is 0 there, so
+    # neither the score's relevance nor its gradient shows which logit it came from.
+    model = build("fasterrcnn_mobilenet_v3_large_320_fpn")
+    with torch.no_grad():  # (random features are small: a bias makes class 2 certain)
+        model.roi_heads.box_predictor.cls_score.bias[2] += 40.0
+    x = images()
+    detections = model(x)[0]
+    assert detections["scores"][0] == 1.0  # saturated
+    logits: list[Tensor] = []
+    handle = model.roi_heads.box_predictor.register_forward_hook(lambda module, args, output: logits.append(output[0]))
+    try:
+        explained = explain_detection(fxlrp.convert(model), x, 0)
+    finally:
+        handle.remove()
+    row, label = explained.position
+    assert label == explained.label == int(detections["labels"][0])
+    # the logit's row is one the detection can come from: its softmax gives the class the score
+    probabilities = torch.softmax(logits[-1][row].detach().double(), -1)
+    assert probabilities.argmax() == label and probabilities[label].float() == 1.0
+    assert explained.explained == logits[-1][row, label].item()
+    assert torch.isfinite(explained.relevance).all() and explained.relevance.abs().sum() > 0
