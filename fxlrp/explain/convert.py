@@ -13,6 +13,7 @@ from torch import fx, nn
 import fxlrp.eager  # noqa: F401  (registers the parts run eagerly)
 import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.capture import capture as capture_model
+from fxlrp.errors import UnsupportedOperationError
 from fxlrp.explain.explainer import Conversion, Explainer
 from fxlrp.explain.input_checks import recorded_rank_checks
 from fxlrp.explain.model_snapshot import ModelSnapshot
@@ -46,6 +47,21 @@ def _unwrapped(model: nn.Module) -> nn.Module:
             model = model.module
         else:
             return model
+
+
+def _refuse_quantized(model: nn.Module) -> None:
+    """A model of int8 modules (after ``torch.ao.quantization.convert``) is refused in one line: its
+    layers have no gradients and no weights in floating point, which every rule is made of."""
+    quantized = [(name, module) for name, module in model.named_modules()
+                 if type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized",
+                                                        "torch.ao.nn.intrinsic.quantized"))]
+    if quantized:
+        name, module = next(((name, module) for name, module in quantized
+                             if type(module).__name__ not in ("Quantize", "DeQuantize")), quantized[0])
+        raise UnsupportedOperationError(
+            f"the model is quantized ({len(quantized)} int8 modules, e.g. {name or 'the model'}: "
+            f"{type(module).__name__}): LRP's rules need the float model's weights and gradients; explain the "
+            "float model (torchvision: quantize=False; your own: the model before torch.ao.quantization.convert)")
 
 
 def _called_modules(graph: fx.Graph) -> set[str]:
@@ -119,6 +135,7 @@ def convert(
         raise TypeError(f"composite is the class {composite.__name__}; give an instance of it: "
                         f"{composite.__name__}(...)")
     model = _unwrapped(model)
+    _refuse_quantized(model)
     composite = as_composite(composite)
     if concrete_args is not None and not isinstance(concrete_args, Mapping):
         raise TypeError(f"concrete_args must be a dict {{input name: value}}, got {type(concrete_args).__name__}")

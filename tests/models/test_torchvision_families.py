@@ -59,11 +59,15 @@ def test_raft_converts_strictly_and_gives_its_flows() -> None:
 
 
 @pytest.mark.slow  # (quantising the model and tracing it: ~8 s)
-def test_a_quantized_model_is_refused_naming_its_int8_operations() -> None:
+def test_a_quantized_model_is_refused_in_one_line_naming_the_float_model() -> None:
     quantized = case("quantized_mobilenet_v2")
     with pytest.raises(fxlrp.UnsupportedOperationError) as error:
         fxlrp.convert(quantized.model)
     message = str(error.value)
-    assert "torch.ao.nn.quantized" in message and "quant" in message
+    int8 = [name for name, module in quantized.model.named_modules()
+            if type(module).__module__.startswith("torch.ao.nn.") and ".quantized" in type(module).__module__]
+    assert len(message.splitlines()) == 1
+    assert f"the model is quantized ({len(int8)} int8 modules, e.g. features.0.0: ConvReLU2d)" in message
+    assert "quantize=False" in message
     with torch.no_grad():  # (the model itself runs: the refusal is fxlrp's, for want of int8 rules)
         assert quantized.run(quantized.model).shape == (1, 1000)
