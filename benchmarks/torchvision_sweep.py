@@ -126,8 +126,8 @@ def failures(results: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"- **{name}** ({record['family']}): {_note(record) or record.get('outputs', '')}"
                      + (f": {why}" if why else ""))
     if quantized:
-        lines.append(f"- the {len(quantized)} quantized models are refused (`fxlrp.UnsupportedOperationError` listing "
-                     f"their operations): {WHY['quantization']}.")
+        lines.append(f"- the {len(quantized)} quantized models are refused (`fxlrp.UnsupportedOperationError` in one "
+                     f"line): {WHY['quantization']}.")
     return lines or ["Every model passes."]
 
 
