@@ -133,6 +133,8 @@ def test_bad_concept_options_give_one_line_and_exit_code_2(tmp_path: Path, weigh
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # (three runs of the command in processes of their own, ~10 s; the data-set command's own
+# resumption and torchrun tests stay in the fast lane)
 def test_killed_and_resumed_and_two_processes_write_the_references_of_one_run(tmp_path: Path, weights: Path) -> None:
     """A run killed after its first shard and started again, and two processes under torchrun
     (gloo, CPU), end with the files of one uninterrupted process, byte for byte: the shards' and
