@@ -74,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                                           "largest); for hf: text models also a label name, or for a language "
                                           "model one token of its vocabulary (default: the predicted next token)")
     explain.add_argument("--region", type=_floats, metavar="X0,Y0,X1,Y1",
-                         help="a segmentation model: explain the class over this box of its output only (pixels "
-                              "whose centres lie in it; x the column, y the row, in the output's pixels, which for "
-                              "torchvision's models are the preprocessed image's); the default class is the one "
+                         help="a segmentation model: explain the class over this box of the image only (x the "
+                              "column, y the row, in the image file's pixels, scaled with the image to the model's "
+                              "output: the output's pixels whose centres lie in it); the default class is the one "
                               "whose logits summed over the box are largest. Also writes NAME.region.png: the image "
                               "and the heatmap side by side, the box outlined")
     explain.add_argument("--text", action="append", help="text to explain with an hf: model (repeat for several)")

@@ -185,9 +185,10 @@ def run_explain(args: argparse.Namespace) -> int:
                 relevance, logits = compiled(inputs, given, return_output=True)
                 targets = _targets(target, logits)
             elif region is not None:  # the class's logits summed over the region
-                logits, where = _region_scores(explain, inputs, paths, region)
+                logits, scaled = _region_scores(explain, inputs, paths, region)
+                where = scaled.mask
                 targets = _targets(target, logits)
-                relevance = attribute(explain, inputs, target=fxlrp.Region(targets, box=region.box),
+                relevance = attribute(explain, inputs, target=fxlrp.Region(targets, mask=scaled.mask),
                                       output=explained_output, check_finite=False)
             else:
                 logits = _run_model(explain, inputs, paths)
@@ -204,8 +205,9 @@ def run_explain(args: argparse.Namespace) -> int:
                 image.save_png(overlays[index], out / f"{name}.overlay.png", scale)
                 if region is not None:
                     picture = _as_picture(inputs[index:index + 1])[0]
-                    outlined = image.with_region(picture, _as_picture(relevance[index:index + 1])[0],
-                                                 _region_in_picture(where, picture.shape[-2:]), args.cmap)
+                    outline = _region_in_picture(where[index:index + 1], picture.shape[-2:])
+                    outlined = image.with_region(picture, _as_picture(relevance[index:index + 1])[0], outline,
+                                                 args.cmap)
                     image.save_png(outlined, out / f"{name}.region.png", scale)
                 explained = int(targets[index])  # (not `target`: the next batch needs the option)
                 what = "logits summed over the pixels" if image_shaped else "output"
@@ -225,7 +227,7 @@ def _region(args: argparse.Namespace) -> fxlrp.Region | None:
     if args.compile:
         raise InputError("--region explains image files without --compile; leave one of them out")
     if len(args.region) != 4:
-        raise InputError(f"--region takes four numbers X0,Y0,X1,Y1 (a box in the output's pixels), got "
+        raise InputError(f"--region takes four numbers X0,Y0,X1,Y1 (a box in the image file's pixels), got "
                          f"{len(args.region)}: {','.join(f'{value:g}' for value in args.region)}")
     try:
         return fxlrp.Region(None, box=args.region)
@@ -234,17 +236,41 @@ def _region(args: argparse.Namespace) -> fxlrp.Region | None:
 
 
 def _region_scores(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[str],
-                   region: fxlrp.Region) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each class's logits summed over ``region`` ``[batch, classes]``, and the region's pixels of
-    the output ``[1, *spatial]``."""
+                   region: fxlrp.Region) -> tuple[torch.Tensor, fxlrp.Region]:
+    """Each class's logits summed over ``region`` ``[batch, classes]``, and the region in the
+    output's pixels (a mask ``[batch, *spatial]``): ``--region`` is a box in each image file's
+    pixels, scaled as the model's preprocessing and the model scale the image to the output (a
+    tensor file's box is in the output's pixels)."""
     with torch.no_grad():
         output = explained_output(explain(inputs))
     try:
-        where = region.where(output)
+        region.where(output)  # (an output without height and width: the error names it)
+        spatial = output.shape[2:]
+        masks = []
+        for path in paths:
+            box = torch.as_tensor(region.box, dtype=torch.float64)
+            size = _image_file_size(path)
+            if size is not None:
+                box = box * torch.tensor([spatial[-1] / size[1], spatial[-2] / size[0]] * 2, dtype=torch.float64)
+            masks.append(fxlrp.Region(None, box=box).where(output[:1])[0])
+        scaled = fxlrp.Region(None, mask=torch.stack(masks))
     except fxlrp.ExplanationInputError as error:
         raise InputError(f"--region: {error}") from None
+    where = scaled.where(output)
     scores = (output * where.unsqueeze(1).to(output.dtype)).sum(dim=tuple(range(2, output.dim())))
-    return scores, where
+    return scores, scaled
+
+
+def _image_file_size(path: str) -> tuple[int, int] | None:
+    """An image file's ``(height, width)`` (read from its header); None for a tensor file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as picture:
+            width, height = picture.size
+    except (UnidentifiedImageError, OSError):
+        return None
+    return height, width
 
 
 def _region_in_picture(where: torch.Tensor, size: Sequence[int]) -> torch.Tensor:

@@ -211,6 +211,32 @@ def test_the_command_line_explains_a_class_over_a_region(factory: str, factories
         assert (border == image.REGION_COLOUR).all(axis=1).sum() == 10  # (12 pixels, 2 inside)
 
 
+def test_the_command_lines_region_is_in_the_image_files_pixels(factories: str, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # The files are 10 x 12; --size 20 resizes them to 20 x 20, and the output is at that size: the
+    # box (2, 1, 6, 4) of the file is (2 * 20/12, 1 * 2, 6 * 20/12, 4 * 2) of the output.
+    from PIL import Image
+
+    paths = save_pictures(tmp_path / "images")
+    out = tmp_path / "out"
+    code, stdout, stderr = run(["explain", "--model", f"{factories}:plain", *paths, "--size", "20", "--target", "2",
+                                "--region", "2,1,6,4", "--out", str(out)], capsys)
+    assert code == 0, stderr
+    model = Segmenter(as_dict=False)
+    inputs = torch.stack([torch.from_numpy(np.array(Image.open(path).convert("RGB").resize(
+        (20, 20), Image.Resampling.BILINEAR), dtype=np.float32) / 255).permute(2, 0, 1) for path in paths])
+    mask = box_pixels((2 * 20 / 12, 2.0, 6 * 20 / 12, 8.0), 20, 20)
+    expected = fxlrp.attribute(fxlrp.convert(model, fxlrp.rules.Epsilon(1e-6)), inputs,
+                               target=fxlrp.Region(2, mask=mask))
+    for index in range(len(paths)):
+        assert f"relevance sum {expected[index].sum():.3g}" in stdout
+        written = image.read_png(out / f"{index}.heatmap.png")
+        assert np.abs(written.astype(int) - image.enlarge(image.heatmap(expected)[index], 6).astype(int)).max() <= 1
+        beside = image.read_png(out / f"{index}.region.png")[::6, ::6]  # (saved 6 times larger)
+        outline = (beside[:, :20] == image.REGION_COLOUR).all(axis=-1)
+        assert (outline == np.asarray(image.outline(mask))).all() and outline.any()
+
+
 def test_the_command_lines_region_is_refused_in_one_line(factories: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     paths = save_pictures(tmp_path / "images", 1)
