@@ -131,7 +131,8 @@ def test_roi_pool_routes_relevance_to_the_largest_value_of_each_bin(capture: str
     assert torch.equal(explain(features), Pooled()(features))
     [actual] = explained_relevance(explain, [features], relevance_out)
     [expected] = routed_reference(lambda value: roi_pool(value, BOXES, (2, 3), 0.5), [features], relevance_out)
-    assert torch.equal(actual, expected)
+    # (a feature the largest of several bins gets their relevance summed, in another order than J^T R's)
+    assert relative_error(actual, expected) < TOLERANCE
     assert relevance_out.abs().sum() > 0 and actual.abs().sum() > 0
 
 
