@@ -626,7 +626,7 @@ def test_lrp0_is_gradient_times_input_through_a_cumulative_sum(kind: str) -> Non
     source, first = inspect.getsourcelines(jax_elementwise)
     line = next(number for number, text in enumerate(source, first) if '"cumsum": lambda: jnp.cumsum' in text)
     [cumsum] = [row for row in explain.report().splitlines() if row.startswith("cumsum")]
-    assert cumsum.endswith(f" {__file__}:{line} (<lambda>)"), cumsum
+    assert cumsum.endswith(f" {__file__}:{line} (jax_elementwise.<locals>.network.<locals>.<lambda>)"), cumsum
     assert relative_error(fxjax.attribute(explain, x, target=targets), gradient_times_input(network, x, targets)) \
         < 1e-12
 
