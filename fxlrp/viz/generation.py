@@ -93,6 +93,14 @@ class _Drawing:
         return np.divide(self.relevance, scales, out=np.zeros_like(self.relevance), where=scales > 0)
 
     @property
+    def not_context(self) -> np.ndarray:
+        """``[rows, columns]``: True where a token of the sequence is no context of the row (at or
+        after the row's last explained position, with no relevance)."""
+        positions = np.array([-1 if column.source else column.position for column in self.columns])
+        lasts = np.array([_last(positions) for positions in self.row_positions], dtype=np.float64)
+        return (positions[None, :] >= lasts[:, None]) & (self.relevance == 0)
+
+    @property
     def first_generated(self) -> int:
         """The index of the first column that is a generated token (``len(columns)`` if none is shown)."""
         return next((index for index, column in enumerate(self.columns)
@@ -323,9 +331,10 @@ def html(
          "foreground": foregrounds[index]}
         for index in range(rows)]}
     # the first row of each generated token is chosen by hovering the token; other rows by name
+    shown = {column.position for column in drawing.columns if not column.source}
     token_rows: dict[int, int] = {}
     for index, positions in enumerate(drawing.row_positions):
-        if len(positions) == 1:
+        if len(positions) == 1 and positions[0] in shown:
             token_rows.setdefault(positions[0], index)
     named = [index for index in range(rows) if index not in token_rows.values()]
 
@@ -366,21 +375,23 @@ def html(
     parts = [f"<div class=\"fxlrp-generation\" data-sample=\"{sample}\" style=\"margin: 0.8em 0\">"]
     if title is not None:
         parts.append(f"<div class=\"fxlrp-title\" style=\"font-weight: bold\">{_html.escape(title)}</div>")
-    parts.append(f"<div class=\"fxlrp-row-info\" style=\"font-family: monospace; margin: 0.3em 0\">"
-                 f"{_html.escape(data['rows'][initial]['info'])}</div>")
-    if drawing.sequence_start > 0:
-        parts.append(f"<div style=\"{caption}\">encoder input</div>" + line(range(drawing.sequence_start)))
-        parts.append(f"<div style=\"{caption}\">decoder</div>")
-    parts.append(line(range(drawing.sequence_start, len(drawing.columns))))
+    # the row's name and the scale stay in view while the text scrolls under them
+    header = [f"<div class=\"fxlrp-row-info\" style=\"font-family: monospace\">"
+              f"{_html.escape(data['rows'][initial]['info'])}</div>",
+              f"<div class=\"fxlrp-legend\" style=\"font-size: smaller; color: #555555\">"
+              f"{_swatches(['-max|R|', '', '0', '', '+max|R|'])} relevance for the row (red: for, blue: against); "
+              f"hover or click an underlined (generated) token; │ marks where the generated text starts</div>"]
     if named:
         chips = " ".join(f"<span class=\"fxlrp-row-name\" data-row=\"{index}\" tabindex=\"0\" style=\"cursor: "
                          f"pointer; border: 1px solid #999999; border-radius: 0.3em; padding: 0 0.3em\">"
                          f"{_html.escape(explanation.labels[index])}</span>" for index in named)
-        parts.append(f"<div class=\"fxlrp-rows\" style=\"margin-top: 0.4em\">more rows: {chips}</div>")
-    parts.append(f"<div class=\"fxlrp-legend\" style=\"font-size: smaller; color: #555555; margin-top: 0.4em\">"
-                 f"relevance for the selected row {_swatches(['-max|R|', '', '0', '', '+max|R|'])} "
-                 f"(red: for, blue: against). Hover or click an underlined (generated) token; │ marks where "
-                 f"the generated text starts.</div>")
+        header.append(f"<div class=\"fxlrp-rows\" style=\"font-size: smaller\">more rows: {chips}</div>")
+    parts.append("<div class=\"fxlrp-header\" style=\"position: sticky; top: 0; background-color: #ffffff; "
+                 "padding: 0.3em 0; border-bottom: 1px solid #dddddd; z-index: 1\">" + "".join(header) + "</div>")
+    if drawing.sequence_start > 0:
+        parts.append(f"<div style=\"{caption}\">encoder input</div>" + line(range(drawing.sequence_start)))
+        parts.append(f"<div style=\"{caption}\">decoder</div>")
+    parts.append(line(range(drawing.sequence_start, len(drawing.columns))))
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     parts.append(f"<script type=\"application/json\" class=\"fxlrp-generation-data\">{payload}</script>")
     parts.append(f"<script>\n{_SCRIPT}\n</script>")
@@ -473,6 +484,10 @@ def save_html(
 # matrix picture
 
 
+NOT_CONTEXT = (204, 204, 204)
+"""The colour of the matrix cells of tokens that are no context of a row: the explained token and
+those after it (their relevance is zero by construction); grey is on no red-blue scale."""
+
 _LABEL_POINTS = 7.0  # font size of the token labels
 _LABEL_CHARACTERS = 14
 
@@ -535,6 +550,7 @@ def matrix_figure(
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     pixels = colours(drawing.normalised.ravel()).reshape(rows, count, 3)
+    pixels[drawing.not_context] = NOT_CONTEXT
     axes.imshow(pixels, interpolation="nearest", aspect="auto")
     slot = _LABEL_POINTS * 1.35 / 72  # inches per label
     column_step = max(1, int(np.ceil(count / max(1, int((width - 3.0) / slot)))))
@@ -551,7 +567,7 @@ def matrix_figure(
     if drawing.sequence_start < drawing.first_generated < count:
         axes.axvline(drawing.first_generated - 0.5, color="#444444", linewidth=1.0, linestyle="--")
     context = "encoder input | decoder tokens" if drawing.sequence_start else "prompt ¦ generated tokens"
-    axes.set_xlabel(f"context: {context}", fontsize=8)
+    axes.set_xlabel(f"context: {context} (grey: the explained token and those after it)", fontsize=8)
     axes.set_ylabel("explained row (generated token)", fontsize=8)
     if title is None:
         title = "relevance of each earlier token for each generated token"
