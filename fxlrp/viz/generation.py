@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from fxlrp.explain.generation import GenerationExplanation
+from fxlrp.viz import text
 from fxlrp.viz.text import _ansi, _hex, _pieces, _shown, _swatches, colours, text_colour, use_colour
-from fxlrp.viz.text import html_page as _text_page
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -443,11 +443,16 @@ def html_page(
     str
         The document.
     """
+    return text.html_page(*_fragments(explanation, tokens, source_tokens, convention), title=title)
+
+
+def _fragments(explanation: GenerationExplanation, tokens: Tokens, source_tokens: Tokens | None,
+               convention: str | None) -> list[str]:
+    """:func:`html` of every sequence, titled by its number when there are several."""
     batch = len(explanation)
-    fragments = [html(explanation, tokens, sample=sample, source_tokens=source_tokens, convention=convention,
-                      title=f"sequence {sample}" if batch > 1 else None)
-                 for sample in range(batch)]
-    return _text_page(*fragments, title=title)
+    return [html(explanation, tokens, sample=sample, source_tokens=source_tokens, convention=convention,
+                 title=f"sequence {sample}" if batch > 1 else None)
+            for sample in range(batch)]
 
 
 def save_html(
@@ -473,11 +478,7 @@ def save_html(
     Path
         The path.
     """
-    page = html_page(explanation, tokens, source_tokens=source_tokens, convention=convention, title=title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
+    return text.save_html(path, *_fragments(explanation, tokens, source_tokens, convention), title=title)
 
 
 # ---------------------------------------------------------------------------------------------
