@@ -96,9 +96,9 @@ class _Drawing:
     def not_context(self) -> np.ndarray:
         """``[rows, columns]``: True where a token of the sequence is no context of the row (at or
         after the row's last explained position, with no relevance)."""
-        positions = np.array([-1 if column.source else column.position for column in self.columns])
+        columns = np.array([-1 if column.source else column.position for column in self.columns])
         lasts = np.array([_last(positions) for positions in self.row_positions], dtype=np.float64)
-        return (positions[None, :] >= lasts[:, None]) & (self.relevance == 0)
+        return (columns[None, :] >= lasts[:, None]) & (self.relevance == 0)
 
     @property
     def first_generated(self) -> int:
@@ -118,7 +118,7 @@ def _drawing(explanation: GenerationExplanation, tokens: Tokens, sample: int, so
         raise TypeError(f"expected a GenerationExplanation (what fxlrp's generation explanation returns), "
                         f"got {type(explanation).__name__}")
     batch, length = explanation.sequences.shape
-    if not isinstance(sample, int) or not 0 <= sample < batch:
+    if not isinstance(sample, int | np.integer) or not 0 <= sample < batch:
         raise ValueError(f"sample {sample!r} is out of range: the explanation holds {batch} sequence(s)")
     relevance = _finite(explanation.relevance[sample], "relevance")
     rows = relevance.shape[0]
@@ -140,14 +140,14 @@ def _drawing(explanation: GenerationExplanation, tokens: Tokens, sample: int, so
     elif source_tokens is not None:
         raise ValueError("source_tokens= is for encoder-decoder models; this explanation has no source_relevance")
     scores = [float(score) for score in explanation.scores[sample].tolist()]
+    if not len(explanation.labels) == len(explanation.positions) == len(scores) == rows:
+        raise ValueError(f"the explanation has {rows} rows of relevance but {len(explanation.labels)} labels, "
+                         f"{len(explanation.positions)} positions and {len(scores)} scores")
     texts = {column.position: column.text for column in columns if not column.source}
     names = []
     for label, positions in zip(explanation.labels, explanation.positions, strict=True):
         token = texts.get(positions[0]) if len(positions) == 1 else None
         names.append(label if token is None or repr(token) in label else f"{label}: {token!r}")
-    if not len(names) == len(scores) == rows:
-        raise ValueError(f"the explanation has {rows} rows of relevance but {len(names)} labels and "
-                         f"{len(scores)} scores")
     return _Drawing(sample, columns, values, explanation.start, explanation.positions, scores, names)
 
 
@@ -167,8 +167,8 @@ def _kept(mask: torch.Tensor | None, sample: int, length: int) -> np.ndarray:
 
 def _tokens_of_sample(tokens: Tokens, sample: int, batch: int, length: int, unpadded: int, name: str,
                       how: str) -> list[str]:
-    """The tokens of one sequence, padding included: ``tokens`` is a list per sequence or the list
-    of the one asked for (with or without its padding)."""
+    """The tokens of one sequence, with or without its padding (:func:`_columns` keeps those of
+    tokens): ``tokens`` is a list per sequence or the list of the one asked for."""
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
         raise TypeError(f"{name} is a list of token strings per sequence ({how}); got {type(tokens).__name__}")
     if tokens and not isinstance(tokens[0], str):
@@ -179,7 +179,7 @@ def _tokens_of_sample(tokens: Tokens, sample: int, batch: int, length: int, unpa
     tokens = [str(token) for token in tokens]
     if len(tokens) == length:
         return tokens
-    if len(tokens) == unpadded != length:  # the padding left out: put placeholders where it was
+    if len(tokens) == unpadded:  # the padding left out
         return tokens
     raise ValueError(f"{name} has {len(tokens)} tokens but sequence {sample} has {length} "
                      f"({unpadded} without padding); pass {how}")
@@ -273,11 +273,12 @@ def html(
 
     The sequence is shown as text, one box per token (padding left out), a bar ``│`` where the
     generated text starts; generated tokens are underlined. Hovering a generated token (or a row's
-    name below the text, for rows that are no single token: spans, a second target of a step)
+    name in the header, for rows that are no single token: spans, a second target of a step)
     colours every token by its relevance for that row, ``R / max|R|`` of the row on the scale of
     :func:`fxlrp.viz.text.html`; clicking keeps the row. The explained token is outlined, the
-    tokens after it faded; a line above the text names the row (its label, token and explained
-    score). For encoder-decoder models the encoder's input is a block of its own above.
+    tokens after it faded; the header above the text (it stays in view while the page scrolls)
+    names the row (its label, token and explained score) and shows the scale. For encoder-decoder
+    models the encoder's input is a block of its own above the decoder's tokens.
 
     The page works without a server or network: the script is inline, and each row's relevance
     (exact float64, JSON), scale and colours are stored in a ``<script type="application/json"
@@ -330,11 +331,12 @@ def html(
          "background": "".join(_hex(colour)[1:] for colour in backgrounds[index].tolist()),
          "foreground": foregrounds[index]}
         for index in range(rows)]}
-    # the first row of each generated token is chosen by hovering the token; other rows by name
-    shown = {column.position for column in drawing.columns if not column.source}
+    # the first row of each shown generated token is chosen by hovering the token; other rows by name
+    generated = {column.position for column in drawing.columns
+                 if not column.source and column.position >= drawing.start}
     token_rows: dict[int, int] = {}
     for index, positions in enumerate(drawing.row_positions):
-        if len(positions) == 1 and positions[0] in shown:
+        if len(positions) == 1 and positions[0] in generated:
             token_rows.setdefault(positions[0], index)
     named = [index for index in range(rows) if index not in token_rows.values()]
 
@@ -508,9 +510,11 @@ def matrix_figure(
     Rows are the explained rows (generated tokens, spans, ...), columns the tokens of the sequence
     (for encoder-decoder models the encoder's input first, a solid line after it), padding left
     out; a dashed line marks where the generated text starts. Each cell has the colour of
-    :func:`fxlrp.viz.text.colours` of ``R / max|R|`` of its row. Labels are the tokens (whitespace
-    shown as marks); when there are more columns (rows) than fit, every ``k``-th is labelled,
-    with its position.
+    :func:`fxlrp.viz.text.colours` of ``R / max|R|`` of its row; cells of tokens that are no
+    context of the row (the explained token and those after it) are grey (:data:`NOT_CONTEXT`).
+    Labels are the tokens (whitespace shown as marks); when there are more columns (rows) than
+    fit, every ``k``-th is labelled, with its position. With more columns than the picture has
+    pixels across, neighbouring cells are blended rather than some left out.
 
     Parameters
     ----------
@@ -552,7 +556,9 @@ def matrix_figure(
     axes = figure.add_subplot()
     pixels = colours(drawing.normalised.ravel()).reshape(rows, count, 3)
     pixels[drawing.not_context] = NOT_CONTEXT
-    axes.imshow(pixels, interpolation="nearest", aspect="auto")
+    # one cell, one colour while cells are at least a pixel wide; narrower ones are averaged
+    sharp = count <= (width - 3.0) * dpi and rows <= (height - 2.4) * dpi
+    axes.imshow(pixels, interpolation="nearest" if sharp else "antialiased", aspect="auto")
     slot = _LABEL_POINTS * 1.35 / 72  # inches per label
     column_step = max(1, int(np.ceil(count / max(1, int((width - 3.0) / slot)))))
     row_step = max(1, int(np.ceil(rows / max(1, int((height - 2.4) / slot)))))
@@ -619,8 +625,8 @@ def save_png(
     return path
 
 
-def _short(text: str, limit: int = _LABEL_CHARACTERS) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _short(label: str, limit: int = _LABEL_CHARACTERS) -> str:
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 def _label(column: _Column, numbered: bool) -> str:

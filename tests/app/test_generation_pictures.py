@@ -345,6 +345,7 @@ def css_rgb(colour: str) -> str:
     return colour
 
 
+@pytest.mark.slow  # 3-6 s: playwright starts its driver and the browser
 def test_hovering_and_clicking_generated_tokens_in_chromium(tmp_path: Path) -> None:
     executable = chromium()
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
