@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all test-portable test-fresh-clone test-lxt lint bench setup clean
+.PHONY: demo test test-all test-portable test-fresh-clone test-lxt lint bench setup chromium clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Chromium from the system's packages, for the test that runs the generation page's script in a
+# browser (tests/app/test_generation_pictures.py, driven by playwright, which the test extra
+# installs; no browser is downloaded). Without it that test is skipped.
+chromium:
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq chromium; }
 
 demo: $(STAMP)
 	$(BIN)/fxlrp demo --out out/demo
