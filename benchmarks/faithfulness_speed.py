@@ -35,7 +35,6 @@ from torch import nn
 from fxlrp.evaluate import image_curves
 from fxlrp.toys.digits import DigitsCNN, load_digits_split
 
-
 ROWS = 4096
 """fxlrp's perturbed images per model call."""
 
@@ -74,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
 
     warnings.filterwarnings("ignore")
     device = torch.device(args.device)
-    print(f"fxlrp.evaluate vs Quantus {quantus.__version__}, batch of 64, {platform.processor() or platform.machine()}, "
+    machine = platform.processor() or platform.machine()
+    print(f"fxlrp.evaluate vs Quantus {quantus.__version__}, batch of 64, {machine}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}")
     print(f"{'workload':<26} {'metric':<22} {'Quantus s':>10} {'fxlrp s':>9} {'speed-up':>9}")
     for name, (model, images, per_step, patch) in workloads(device).items():
