@@ -15,6 +15,7 @@ two-layer BERT from a config, a two-layer PyG GCN.
 from __future__ import annotations
 
 import copy
+import os
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,9 @@ import fxlrp
 import fxlrp.errors
 from fxlrp.rules import Epsilon
 
-FXLRP = str(Path(fxlrp.__file__).parent)
+FXLRP = str(Path(fxlrp.__file__).parent) + os.sep
+"""The package's folder, ending in a separator: a file in a folder beside it whose name starts the same
+(fxlrp_old/, fxlrp-data/) is not fxlrp's."""
 LRP0 = Epsilon(0.0)
 
 
