@@ -153,9 +153,7 @@ class Report:
         ran = f" and {inside} operation(s) run eagerly (by module)" if inside else ""
         lines.append(f"{self.model_name}: {len(self.rows)} nodes{ran} ({counts}); coverage {self.coverage:.2%}")
         lines.append(self.capture)
-        # (a report pickled by an fxlrp without recorded runs has no ``replays``)
-        lines += [f"recorded runs of {name or 'the whole model'}: {said}"
-                  for name, said in getattr(self, "replays", {}).items()]
+        lines += [f"recorded runs of {name or 'the whole model'}: {said}" for name, said in self.replays.items()]
         return "\n".join(lines)
 
 

@@ -3,5 +3,5 @@
 :mod:`~fxlrp.viz.image`: heatmaps and overlays of images; :mod:`~fxlrp.viz.text`: tokens coloured by
 relevance, in a terminal or HTML; :mod:`~fxlrp.viz.graph_image`: relevance on graphs and relevant
 walks. ``import fxlrp`` imports none of them (images need matplotlib and pillow, graphs networkx:
-the ``pictures`` extra); ``fxlrp.image``, ``fxlrp.text`` and ``fxlrp.graph_image`` name them too.
+the ``pictures`` extra).
 """
