@@ -48,7 +48,7 @@ from fxlrp.capture.interception import (
 from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.capture.source import calling_line, function_name
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.graph.canonicalise import view_of_written, without_inplace_flag, written_through_view
+from fxlrp.graph.canonicalise import without_inplace_flag
 from fxlrp.graph.relevance_flow import unreached, unreached_message
 from fxlrp.graph.report import handling_of
 from fxlrp.registry import REGISTRY, Kind, Operation
@@ -60,6 +60,7 @@ from fxlrp.registry.spellings import (
     tensor_method_name,
     tensor_property_name,
 )
+from fxlrp.registry.writes import view_of_written, written_through_view
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
