@@ -17,7 +17,9 @@ tensors to the relevance function the registry holds for it. So:
 
 Here: the relevance function of such a part (the registry's ``eager`` operation); the relevance mode
 (:mod:`~fxlrp.eager.interpret`); a run recorded as a graph (:mod:`~fxlrp.eager.record`) and replayed
-for later inputs of its signature (:mod:`~fxlrp.eager.replay`).
+for later inputs of its signature (:mod:`~fxlrp.eager.replay`). The operations get the interpreter
+through their call (:meth:`~fxlrp.relevance.call.RelevanceCall.decompose`): this package supplies it
+as it is imported.
 """
 
 from __future__ import annotations
@@ -25,10 +27,17 @@ from __future__ import annotations
 from typing import Any
 
 from fxlrp.capture import EXTRA_KEYWORDS
-from fxlrp.eager.interpret import LayerRunner, current_observer, layer_runner, run_interpreted
+from fxlrp.eager.interpret import (
+    Interpretation,
+    LayerRunner,
+    current_observer,
+    interpret,
+    layer_runner,
+    run_interpreted,
+)
 from fxlrp.eager.replay import Recordings
 from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.call import RelevanceCall
+from fxlrp.relevance.call import Interpreter, RelevanceCall, supply_interpreter
 
 
 def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: Any) -> Any:
@@ -75,3 +84,5 @@ EAGER = register(
         "rule the registry and the composite give it, decided as it runs",
     )
 )
+
+supply_interpreter(Interpreter(run=interpret, rules_inside=Interpretation))

@@ -111,6 +111,17 @@ def test_imports_point_down() -> None:
     assert not upward, upward
 
 
+def test_the_operations_need_only_the_registry_and_relevance() -> None:
+    """The operation library stands below the engine (issue 56): what an operation needs from the
+    interpreter comes through its call (``RelevanceCall.decompose``). Besides ``relevance/`` and
+    ``registry/`` it names only the rules it gives as defaults and fxlrp's errors."""
+    allowed = ("fxlrp.relevance", "fxlrp.registry", "fxlrp.rules", "fxlrp.errors", "fxlrp.operations")
+    beyond = [(importer, imported) for importer, path in MODULES.items() if importer.startswith("fxlrp.operations")
+              for imported, _ in imported_modules(path)
+              if not any(imported == base or imported.startswith(base + ".") for base in allowed)]
+    assert not beyond, beyond
+
+
 def test_imports_inside_functions_are_the_listed_ones() -> None:
     """Imports inside functions, and the package's attributes imported on first use by name
     (``fxlrp.LAZY``, which no import statement shows)."""
