@@ -6,8 +6,8 @@ anything into it. Importing this module registers the core's operations (:mod:`f
 and the relevance function of parts run eagerly (:mod:`fxlrp.eager`, which also supplies the
 operations its interpreter: :meth:`~fxlrp.relevance.call.RelevanceCall.decompose`).
 :func:`load_integrations` imports the integration of each library in use
-(:data:`~fxlrp.registry.integrations.INTEGRATIONS`: plug-ins named by module, since the core never
-imports them). What starts a conversion imports this module (:mod:`~fxlrp.explain.convert`,
+(:data:`~fxlrp.registry.integrations.INTEGRATIONS`, read at each call: plug-ins named by module,
+since the core never imports them). What starts a conversion imports this module (:mod:`~fxlrp.explain.convert`,
 :mod:`fxlrp.jax.explain`), and a saved explainer names it (:func:`operation_named`).
 """
 
@@ -20,8 +20,7 @@ import warnings
 
 import fxlrp.eager  # noqa: F401  (registers the parts run eagerly, supplies the interpreter)
 import fxlrp.operations  # noqa: F401  (registers the operations)
-from fxlrp.registry import REGISTRY, Operation, registered_operation
-from fxlrp.registry.integrations import INTEGRATIONS
+from fxlrp.registry import REGISTRY, Operation, integrations, registered_operation
 
 _attempted: set[str] = set()
 
@@ -33,7 +32,7 @@ def load_integrations() -> None:
     An integration that fails to load (a library version it does not support) is one warning;
     models that do not use that library are not affected.
     """
-    for library, integration in INTEGRATIONS.items():
+    for library, integration in integrations.INTEGRATIONS.items():
         if library not in sys.modules or integration in _attempted:
             continue
         _attempted.add(integration)
@@ -71,7 +70,7 @@ def operation_named(name: str) -> Operation:
     ValueError
         If nothing loaded registers ``name``.
     """
-    for library, integration in INTEGRATIONS.items():
+    for library, integration in integrations.INTEGRATIONS.items():
         if name in REGISTRY.operations:
             break
         if importlib.util.find_spec(library) is not None:
