@@ -206,7 +206,7 @@ def _attribute(
         refuse_non_finite_inputs(explain, inputs)
     leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
     # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
-    # eagerly) leaves the Python object holding the written values (fxlrp.eager.interpret.replace_values);
+    # eagerly) leaves the Python object holding the written values (fxlrp.eager.in_place.replace_values);
     # relevance belongs to the input as given, which the edge still names.
     explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):

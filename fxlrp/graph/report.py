@@ -173,7 +173,7 @@ def rows_run(node: str, operations: Mapping[tuple[str, str, str, str], Any]) -> 
         The node's name in the report.
     operations : Mapping
         ``(module, operation, handling, rule) -> run`` with the run's ``source`` and ``calls``
-        (:attr:`fxlrp.eager.interpret.LayerRunner.operations_run`).
+        (:attr:`fxlrp.eager.runner.LayerRunner.operations_run`).
 
     Returns
     -------

@@ -492,7 +492,7 @@ def test_the_observer_sees_each_call_of_a_part_run_eagerly_as_the_module_code_ma
     # plain TorchFunctionMode, an input that requires grad standing for relevance.
     from torch.overrides import TorchFunctionMode
 
-    from fxlrp.eager.interpret import current_observer, operations_observed
+    from fxlrp.eager.rule_choice import current_observer, operations_observed
 
     class Counting(TorchFunctionMode):
         def __init__(self) -> None:
