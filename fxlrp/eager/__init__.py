@@ -18,10 +18,11 @@ tensors to the relevance function the registry holds for it. So:
 Here: the relevance function of such a part (the registry's ``eager`` operation); the part's
 runner (:mod:`~fxlrp.eager.runner`); the relevance mode (:mod:`~fxlrp.eager.interpret`), the rules
 it chooses (:mod:`~fxlrp.eager.rule_choice`), its in-place writes (:mod:`~fxlrp.eager.in_place`)
-and the views it tracks for them (:mod:`~fxlrp.eager.views`); a run recorded as a graph (:mod:`~fxlrp.eager.record`) and replayed
-for later inputs of its signature (:mod:`~fxlrp.eager.replay`). The operations get the interpreter
-through their call (:meth:`~fxlrp.relevance.call.RelevanceCall.decompose`): this package supplies it
-as it is imported.
+and the views it tracks for them (:mod:`~fxlrp.eager.views`); a run recorded as a graph
+(:mod:`~fxlrp.eager.record`) and replayed for later inputs of its signature
+(:mod:`~fxlrp.eager.replay`). The operations get the interpreter through their call
+(:meth:`~fxlrp.relevance.call.RelevanceCall.decompose`): this package supplies it as it is
+imported.
 """
 
 from __future__ import annotations
