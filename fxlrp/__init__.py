@@ -17,6 +17,7 @@ LAZY = {
     "Explainer": ("fxlrp.explain.explainer", "Explainer"),
     "rules": ("fxlrp.rules", None),
     "composites": ("fxlrp.rules.composites", None),
+    "evaluate": ("fxlrp.evaluate", None),
     "read_explanations": ("fxlrp.app.explanations_store", "read_explanations"),
 }
 """The package's attributes, imported on first use (name -> module, attribute; None: the module):
@@ -31,6 +32,7 @@ __all__ = [
     "Explainer",
     "rules",
     "composites",
+    "evaluate",
     "CaptureError",
     "ExplanationInputError",
     "FxlrpError",

@@ -1,4 +1,5 @@
-"""The ``fxlrp`` command: ``explain`` images or text, ``report`` a model's node/rule table, run the ``demo``.
+"""The ``fxlrp`` command: ``explain`` images or text, ``evaluate`` composites' faithfulness,
+``report`` a model's node/rule table, run the ``demo``.
 
 This module parses the command line without torch (``fxlrp --help`` needs none of it); the
 commands are :mod:`fxlrp.app.commands`, imported to run one.
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     Returns
     -------
     argparse.ArgumentParser
-        Its commands ``explain``, ``report`` and ``demo``; errors print one line and exit with 2.
+        Its commands ``explain``, ``evaluate``, ``report`` and ``demo``; errors print one line and exit with 2.
     """
     parser = _Parser(prog="fxlrp", description="Layer-wise Relevance Propagation for PyTorch models via torch.fx.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -99,6 +100,39 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("images", nargs="*", metavar="IMAGE",
                          help="image files, or .pt/.npy tensors [C, H, W] (video clips [C, T, H, W])")
     add_dataset_options(explain)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="rank composites by how faithful their explanations are on a data set",
+        description="Explain every sample of --data with each composite (and a random map), perturb its pixels "
+                    "most relevant first and least relevant first, and print the composites ranked by ABPC = "
+                    "AUC(LeRF) - AUC(MoRF) with 95%% bootstrap intervals (docs/faithfulness.md). Resumable "
+                    "shards in --out, like fxlrp explain --data; also with torchrun --nproc-per-node N -m fxlrp.")
+    evaluate.add_argument("--model", required=True,
+                          help="an image classifier: torchvision:NAME, timm:NAME or package.module:FACTORY (random "
+                               "weights without --weights)")
+    evaluate.add_argument("--weights", metavar="FILE",
+                          help="state dict saved with torch.save(model.state_dict(), FILE)")
+    evaluate.add_argument("--composite", metavar="A,B,C",
+                          help=f"composites to compare, separated by commas: {', '.join(COMPOSITE_NAMES)} "
+                               f"(default: epsilon,epsilon_plus,epsilon_plus_flat,epsilon_gamma_box)")
+    evaluate.add_argument("--target", help="class followed: an index, or 'label' (each sample's label); default: "
+                                           "the predicted class")
+    evaluate.add_argument("--patch", type=int, default=1, help="perturb PATCH x PATCH squares (default 1: pixels)")
+    evaluate.add_argument("--steps", type=int, default=20,
+                          help="points of each curve after the start: step j perturbs j/STEPS of the pixels "
+                               "(default 20)")
+    evaluate.add_argument("--baseline", default="zeros", choices=("zeros", "mean", "blur", "noise"),
+                          help="what a perturbed pixel becomes, in the model's input space (default zeros)")
+    evaluate.add_argument("--score", default="logit", choices=("logit", "probability"),
+                          help="the class's logit (default) or softmax probability")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the random map and the noise baseline")
+    evaluate.add_argument("--size", type=int, help="resize images to SIZE x SIZE (default: the model's own)")
+    evaluate.add_argument("--mean", type=_floats, help="per-channel mean for normalisation")
+    evaluate.add_argument("--std", type=_floats, help="per-channel std")
+    evaluate.add_argument("--batch-size", type=int, default=8, help="samples per batch (default 8)")
+    evaluate.add_argument("--out", metavar="DIR", required=True,
+                          help="directory for the shards of scores, index.json and evaluation.json")
+    add_dataset_options(evaluate, explain=False)
 
     report = commands.add_parser("report", help="the node/rule table of a model",
                                  description="Print every node of the model with its operation and rule.")

@@ -24,17 +24,21 @@ class InputError(FxlrpError):
     """A command-line input (model, weights, composite, image) that cannot be used."""
 
 
-def add_dataset_options(parser: argparse.ArgumentParser) -> None:
-    """The options of ``fxlrp explain`` for data sets, devices and precision.
+def add_dataset_options(parser: argparse.ArgumentParser, explain: bool = True) -> None:
+    """The options of ``fxlrp explain`` (and ``fxlrp evaluate``) for data sets, devices and precision.
 
     Parameters
     ----------
     parser
-        The ``explain`` command's parser; the options go into a group of their own.
+        The command's parser; the options go into a group of their own.
+    explain
+        Also the options only ``explain`` has (``--png``, ``--concepts``); ``evaluate`` takes the
+        others: the data, shards, workers, errors, device and precision.
     """
-    group = parser.add_argument_group("data sets", "explain a whole data set into resumable .npy shards "
+    what = "explain a whole data set into" if explain else "evaluate over a whole data set, its scores in"
+    group = parser.add_argument_group("data sets", f"{what} resumable .npy shards "
                                       "(see docs/datasets.md); also with torchrun --nproc-per-node N -m fxlrp")
-    group.add_argument("--data", metavar="SOURCE",
+    group.add_argument("--data", metavar="SOURCE", required=not explain,
                        help="a folder of images (searched recursively; class sub-folders give labels), a .pt/.npy "
                             "tensor file with samples along the first dimension, or package.module:FACTORY "
                             "returning a torch.utils.data.Dataset; --out then receives shards and index.json")
@@ -45,11 +49,13 @@ def add_dataset_options(parser: argparse.ArgumentParser) -> None:
                             "explanation, another size, no label): stop with an error naming it (default), or "
                             "skip it (named on stderr and listed in index.json with its reason, its relevance "
                             "NaN) and explain the rest")
-    group.add_argument("--png", action="store_true", help="also write heatmap (and overlay) PNGs to DIR/png")
     group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or mps")
     group.add_argument("--dtype", default="float32", choices=DTYPES,
                        help="float32 (default); bfloat16 or float16 run the model under autocast; float64 "
                             "converts model and inputs")
+    if not explain:
+        return
+    group.add_argument("--png", action="store_true", help="also write heatmap (and overlay) PNGs to DIR/png")
     group.add_argument("--concepts", metavar="NODE[,NODE]",
                        help="also find the reference samples of every concept (channel) of these nodes (module "
                             "paths such as features.2, or rows of fxlrp report): per concept the --concepts-top "

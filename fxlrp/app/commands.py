@@ -421,4 +421,22 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"explain": run_explain, "report": run_report, "demo": run_demo}
+def run_evaluate(args: argparse.Namespace) -> int:
+    """``fxlrp evaluate``: composites ranked by ABPC over a data set (:mod:`fxlrp.app.evaluate_dataset`).
+
+    Parameters
+    ----------
+    args
+        The parsed command line.
+
+    Returns
+    -------
+    int
+        The exit code, 0; bad input raises :class:`InputError`.
+    """
+    from fxlrp.app.evaluate_dataset import run_evaluate as evaluate
+
+    return evaluate(args)
+
+
+COMMANDS = {"explain": run_explain, "evaluate": run_evaluate, "report": run_report, "demo": run_demo}

@@ -13,6 +13,7 @@ gives the relevance of the inputs.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -366,7 +367,26 @@ def start_relevance(output: Any, target: Any) -> Any:
     -------
     array
         Of the output's shape.
+
+    Raises
+    ------
+    ExplanationInputError
+        For a float target of another shape than the output's, or a class index out of range
+        (where the index is known: not while traced).
     """
+    relevance, out_of_range = _start_relevance(output, target)
+    if out_of_range is not None and not isinstance(out_of_range, jax.core.Tracer) and bool(out_of_range):
+        raise _out_of_range(target, jnp.shape(output)[-1])
+    return relevance
+
+
+def _out_of_range(target: Any, classes: int) -> ExplanationInputError:
+    return ExplanationInputError(f"fxlrp.jax: target {target} is out of range for {classes} classes")
+
+
+def _start_relevance(output: Any, target: Any) -> tuple[Any, Any]:
+    """:func:`start_relevance`'s relevance, and whether a class index is out of range (a boolean
+    array, traced under ``jax.jit``; None where there is no class index to check)."""
     output = jnp.asarray(output)
     if isinstance(target, (list, tuple)):
         target = np.asarray(target)
@@ -377,22 +397,51 @@ def start_relevance(output: Any, target: Any) -> Any:
                 f"fxlrp.jax: a float target is the output relevance itself and needs the output's shape "
                 f"{output.shape}, not {target.shape}; pass class indices as integers"
             )
-        return target
+        return target, None
     if output.ndim <= 1:
         if target is None:
-            return output
-        return jnp.zeros_like(output).at[target].set(output[target])
+            return output, None
+        return jnp.zeros_like(output).at[target].set(output[target]), None
     classes = output.shape[-1]
     index = jnp.argmax(output, axis=-1) if target is None else jnp.broadcast_to(jnp.asarray(target), output.shape[:-1])
-    if not isinstance(index, jax.core.Tracer) and (np.any(np.asarray(index) >= classes)
-                                                   or np.any(np.asarray(index) < -classes)):
-        raise ExplanationInputError(f"fxlrp.jax: target {target} is out of range for {classes} classes")
     mask = jax.nn.one_hot(index % classes, classes, dtype=output.dtype)
-    return output * mask
+    return output * mask, jnp.any((index >= classes) | (index < -classes))
+
+
+def _pulled_back(explain: Callable[..., Any], arguments: tuple[Any, ...], target: Any) -> tuple[Any, Any]:
+    """The relevance of ``arguments`` (a tuple, one per argument) and whether the target's class
+    index is out of range (see :func:`_start_relevance`)."""
+    output, pull_back = jax.vjp(explain, *arguments)
+    start, out_of_range = _start_relevance(output, target)
+    return pull_back(start), out_of_range
+
+
+_COMPILED: weakref.WeakKeyDictionary[Any, dict[bool, Callable[..., Any]]] = weakref.WeakKeyDictionary()
+"""Per explanation, :func:`_pulled_back` under ``jax.jit`` (for a target of None, and for any other)."""
+
+
+def _compiled(explain: Callable[..., Any], predicted: bool) -> Callable[..., Any] | None:
+    """:func:`_pulled_back` of ``explain`` compiled by ``jax.jit``, made once per explanation
+    (None where ``explain`` cannot be held by a weak reference: it is then run as it is)."""
+    try:
+        by_target = _COMPILED.setdefault(explain, {})
+    except TypeError:
+        return None
+    if predicted not in by_target:
+        if predicted:
+            by_target[predicted] = jax.jit(lambda arguments: _pulled_back(explain, arguments, None))
+        else:
+            by_target[predicted] = jax.jit(lambda arguments, target: _pulled_back(explain, arguments, target))
+    return by_target[predicted]
 
 
 def attribute(explain: Callable[..., Any], inputs: Any, target: Any = None) -> Any:
     """The relevance of every input for ``target``.
+
+    Called with arrays, the explanation runs compiled by ``jax.jit`` (once per explanation and
+    shapes): run operation by operation, JAX would compile each operation of the first call
+    separately, which takes many times longer. Called inside ``jax.jit``, ``jax.vmap`` or another
+    transformation (traced inputs), it is traced as a part of the caller's function.
 
     Parameters
     ----------
@@ -409,10 +458,23 @@ def attribute(explain: Callable[..., Any], inputs: Any, target: Any = None) -> A
     array or tuple
         The relevance of ``inputs``, of their shapes (a tuple for several inputs; integer inputs
         get JAX's ``float0`` zeros).
+
+    Raises
+    ------
+    ExplanationInputError
+        As :func:`start_relevance`.
     """
     arguments = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    output, pull_back = jax.vjp(explain, *arguments)
-    relevance = pull_back(start_relevance(output, target))
+    if isinstance(target, (list, tuple)):
+        target = np.asarray(target)
+    traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves((arguments, target)))
+    compiled = None if traced else _compiled(explain, target is None)
+    if compiled is None:
+        relevance, out_of_range = _pulled_back(explain, arguments, target)
+    else:
+        relevance, out_of_range = compiled(arguments) if target is None else compiled(arguments, target)
+    if out_of_range is not None and not isinstance(out_of_range, jax.core.Tracer) and bool(out_of_range):
+        raise _out_of_range(target, jax.eval_shape(explain, *arguments).shape[-1])
     return relevance if isinstance(inputs, (tuple, list)) else relevance[0]
 
 

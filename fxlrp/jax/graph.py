@@ -11,8 +11,11 @@ a constant that makes them a mean or an average pooling.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import jax
@@ -250,11 +253,23 @@ def source_line(source_info: Any) -> str:
     traceback = getattr(source_info, "traceback", None)
     frames = [] if traceback is None else traceback.frames
     for frame in frames:
-        path = frame.file_name.replace("\\", "/")
-        if any(part in path for part in ("/jax/", "/jaxlib/", "/flax/", "/jraph/", "/fxlrp/jax/")):
+        if os.path.abspath(frame.file_name).startswith(_library_folders()):
             continue
         return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
     return "unknown"
+
+
+@cache
+def _library_folders() -> tuple[str, ...]:
+    """The folders of JAX, jaxlib, Flax, jraph (those installed) and fxlrp's JAX package, each with a
+    trailing separator: frames in their files are never the user's. (Folders, not names in the
+    path: a user's project under a folder named ``jax`` is still the user's.)"""
+    folders = [os.path.dirname(os.path.abspath(__file__))]
+    for library in ("jax", "jaxlib", "flax", "jraph"):
+        spec = importlib.util.find_spec(library)
+        if spec is not None and spec.submodule_search_locations:
+            folders.extend(os.path.abspath(location) for location in spec.submodule_search_locations)
+    return tuple(folder.rstrip(os.sep) + os.sep for folder in folders)
 
 
 def groups(program: Program, carrying_inputs: list[bool]) -> list[Group]:

@@ -405,14 +405,19 @@ def html(
 
 
 def _legend(scale: float, total: float) -> str:
-    swatches = " ".join(
-        f"<span style=\"background-color: {_hex(colour)}; color: {_hex(text_colour(colour))}; padding: 0 0.3em\">"
-        f"{label}</span>"
-        for colour, label in zip(colours([-1.0, -0.5, 0.0, 0.5, 1.0]).tolist(),
-                                 [f"{-scale:.3g}", "", "0", "", f"{scale:+.3g}"], strict=True)
-    )
+    swatches = _swatches([f"{-scale:.3g}", "", "0", "", f"{scale:+.3g}"])
     return (f"<div class=\"fxlrp-legend\" style=\"font-size: smaller; color: #555\">relevance {swatches} "
             f"(red: for, blue: against; sum {total:.4g})</div>")
+
+
+def _swatches(labels: Sequence[str]) -> str:
+    """Five boxes of the colour scale at ``-1, -1/2, 0, 1/2, 1``, with the labels written in them
+    (HTML, not escaped)."""
+    return " ".join(
+        f"<span style=\"background-color: {_hex(colour)}; color: {_hex(text_colour(colour))}; padding: 0 0.3em\">"
+        f"{label}</span>"
+        for colour, label in zip(colours([-1.0, -0.5, 0.0, 0.5, 1.0]).tolist(), labels, strict=True)
+    )
 
 
 def html_page(*fragments: str, title: str = "fxlrp explanation") -> str:
@@ -539,9 +544,14 @@ def terminal(
         shown, after = _shown(piece)
         space = piece.space if piece.text else ""
         if colour:
-            foreground = text_colour(background)
-            parts.append(f"{space}\x1b[48;2;{background[0]};{background[1]};{background[2]}m"
-                         f"\x1b[38;2;{foreground[0]};{foreground[1]};{foreground[2]}m{shown}\x1b[0m{after}")
+            parts.append(f"{space}{_ansi(shown, background)}{after}")
         else:
             parts.append(f"{space}{shown}({value:+.2f}){after}")
     return "".join(parts)
+
+
+def _ansi(shown: str, background: Sequence[int]) -> str:
+    """``shown`` on a 24-bit ANSI background, in black or white (:func:`text_colour`), then reset."""
+    foreground = text_colour(background)
+    return (f"\x1b[48;2;{background[0]};{background[1]};{background[2]}m"
+            f"\x1b[38;2;{foreground[0]};{foreground[1]};{foreground[2]}m{shown}\x1b[0m")

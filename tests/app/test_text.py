@@ -219,7 +219,9 @@ def test_tokens_of_single_sequences_and_batches() -> None:
 
 
 def test_import_needs_neither_matplotlib_nor_transformers() -> None:
-    code = ("import sys, fxlrp.viz.text; print(sorted(name for name in ('matplotlib', 'transformers', 'PIL') "
+    # the generation page and terminal view (fxlrp.viz.generation) need them no more than text does
+    code = ("import sys, fxlrp.viz.text, fxlrp.viz.generation; "
+            "print(sorted(name for name in ('matplotlib', 'transformers', 'PIL') "
             "if name in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert loaded.strip() == "[]"

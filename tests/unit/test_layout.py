@@ -22,7 +22,7 @@ from fxlrp.registry.integrations import INTEGRATIONS
 PACKAGE = Path(__file__).resolve().parents[2] / "fxlrp"
 
 FLOORS = ["errors", "relevance", "registry", "rules", "capture", "graph", "eager", "operations", "explain",
-          "", "integrations", "jax", "viz", "concepts", "toys", "app", "__main__"]
+          "", "integrations", "jax", "evaluate", "viz", "concepts", "toys", "app", "__main__"]
 """From the bottom up, by the name under ``fxlrp`` (``""``: the package itself, whose
 ``fxlrp.convert``, ``fxlrp.attribute``, ... the integrations and the command use)."""
 
@@ -35,9 +35,12 @@ LAZY = {
     ("fxlrp", "fxlrp.explain.targets"): "fxlrp.Region, likewise",
     ("fxlrp", "fxlrp.rules"): "fxlrp.rules, likewise",
     ("fxlrp", "fxlrp.rules.composites"): "fxlrp.composites, likewise",
+    ("fxlrp", "fxlrp.evaluate"): "fxlrp.evaluate, likewise",
     ("fxlrp.app.cli", "fxlrp.app.commands"): "torch, only to run a command: fxlrp --help needs none of it",
     ("fxlrp.app.commands", "fxlrp.viz.image"): "matplotlib and pillow, only for pictures",
     ("fxlrp.app.commands", "fxlrp.app.demo"): "the demo draws with matplotlib",
+    ("fxlrp.app.commands", "fxlrp.app.evaluate_dataset"): "torch and the evaluation, only to run fxlrp evaluate",
+    ("fxlrp.viz.generation", "fxlrp.viz.image"): "matplotlib, only for the matrix picture",
     ("fxlrp.app.explain_dataset", "fxlrp.viz.image"): "matplotlib and pillow, only for --png",
     ("fxlrp.concepts.prediction", "fxlrp.viz.image"): "matplotlib and pillow, only for TopConcepts.picture",
     **{("fxlrp.explain.loader", integration): "a plug-in, loaded when a model uses its library"

@@ -1,0 +1,274 @@
+"""``fxlrp evaluate --data SOURCE --model MODEL --composite A,B,C --out DIR``: which composite
+explains this model faithfully on this data, ranked by ABPC with confidence intervals.
+
+Each sample is explained with every composite (and a random map, the floor every explanation
+should clear) and perturbed along MoRF and LeRF curves (:func:`fxlrp.evaluate.image_curves`);
+each shard keeps, per sample and method, the area under the MoRF curve, under the LeRF curve and
+their difference ABPC. The data-set machinery is ``fxlrp explain --data``'s
+(:mod:`fxlrp.app.explain_dataset`): the same sources, batches within shards, atomic shard files, a
+restart that computes only the missing shards, and torchrun processes sharing the shards. When
+all are done the first process writes ``index.json`` and ``evaluation.json`` and prints the table:
+mean ABPC per method with its 95% percentile bootstrap interval over the samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+import fxlrp
+from fxlrp.app.cli_inputs import (
+    InputError,
+    _preprocessing,
+    composite_by_name,
+    explained_output,
+    load_model,
+    probe_model,
+)
+from fxlrp.app.datasets import NO_LABEL, Item, as_list, open_data
+from fxlrp.app.distributed import Processes, processes_from_environment
+from fxlrp.app.explain_dataset import (
+    ShardBatches,
+    _file_hash,
+    _first_explainable,
+    autocast,
+    device_of,
+    prepare_inputs,
+    prepare_model,
+    progress_bar,
+    target_of,
+)
+from fxlrp.app.explanations_store import SHARDS, ExplanationWriter, ShardRows, shard_name, write_json
+from fxlrp.evaluate import EvaluationInputError, image_curves, ranked, table
+from fxlrp.explain.attribute import attribute
+
+RANDOM = "random"
+"""The row of a random map (Gaussian, seeded per sample): ABPC about 0."""
+SUMMARIES = ("auc_morf", "auc_lerf", "abpc")
+"""What a shard keeps per sample and method, in this order along its last dimension."""
+DEFAULT_COMPOSITES = "epsilon,epsilon_plus,epsilon_plus_flat,epsilon_gamma_box"
+
+
+def _methods(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise InputError(f"--composite {text!r}: give composite names separated by commas, e.g. "
+                         f"--composite epsilon,epsilon_plus_flat")
+    return list(dict.fromkeys(names))
+
+
+def _settings(args: argparse.Namespace, methods: list[str], preprocessing: Any, source: Any,
+              device: torch.device) -> dict[str, Any]:
+    """What the scores depend on; a restart with other settings is refused."""
+    return {
+        "command": "evaluate", "model": args.model, "weights_sha256": _file_hash(args.weights), "methods": methods,
+        "target": args.target,
+        "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
+                          "mean": list(preprocessing.mean), "std": list(preprocessing.std),
+                          "transform": preprocessing.description},
+        "data": source.description, "samples": len(source), "names_sha256": source.fingerprint(),
+        "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
+        "curves": {"patch": args.patch, "steps": args.steps, "baseline": args.baseline, "score": args.score,
+                   "seed": args.seed},
+    }
+
+
+def _random_maps(indices: list[int], shape: tuple[int, ...], seed: int) -> Tensor:
+    """A Gaussian map per sample, seeded by the sample's index: the same whichever batch or process."""
+    return torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(seed * 1_000_003 + index),
+                                    dtype=torch.float64) for index in indices])
+
+
+def _evaluate_batch(args: argparse.Namespace, model: torch.nn.Module, explainers: dict[str, torch.nn.Module],
+                    items: list[Item], device: torch.device) -> tuple[np.ndarray, Tensor, Tensor, list[str | None]]:
+    """Per sample and method the AUCs and ABPC ``[batch, methods, 3]``, the predictions and targets,
+    and why a sample's scores cannot be used (relevance NaN or Inf under a composite) or None."""
+    inputs = prepare_inputs(torch.stack([item.values for item in items]), device, args.dtype)  # type: ignore[misc]
+    with torch.no_grad(), autocast(device, args.dtype):
+        logits = explained_output(model(inputs)).float()
+    predictions = logits.argmax(dim=1)
+    if args.target == "label":
+        targets = torch.tensor([item.label for item in items], device=device)
+    elif args.target is None:
+        targets = predictions
+    else:
+        targets = torch.full((len(items),), args.target, device=device)
+    found = np.zeros((len(items), len(explainers) + 1, len(SUMMARIES)))
+    problems: list[str | None] = [None] * len(items)
+    maps = {name: None for name in explainers} | {RANDOM: None}
+    for name, explain in explainers.items():
+        with autocast(device, args.dtype):
+            relevance = attribute(explain, inputs, target=targets, output=explained_output, check_finite=False)
+        finite = torch.isfinite(relevance).flatten(1).all(dim=1).tolist()
+        for row, ok in enumerate(finite):
+            if not ok and problems[row] is None:
+                problems[row] = f"its relevance under {name} came out NaN or Inf"
+        maps[name] = torch.nan_to_num(relevance.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+    maps[RANDOM] = _random_maps([item.index for item in items], tuple(inputs.shape[1:]), args.seed)
+    for column, relevance in enumerate(maps.values()):
+        with autocast(device, args.dtype):
+            curves = image_curves(model, inputs, relevance, targets, patch=args.patch, steps=args.steps,
+                                  baseline=args.baseline, seed=args.seed, score=args.score,
+                                  batch_size=args.batch_size * (args.steps + 1), progress=False)
+        found[:, column] = torch.stack([curves.auc("morf"), curves.auc("lerf"), curves.abpc()], dim=1).cpu().numpy()
+    return found, predictions.cpu(), targets.cpu(), problems
+
+
+def _fill(args: argparse.Namespace, model: torch.nn.Module, explainers: dict[str, torch.nn.Module],
+          sample_shape: tuple[int, ...], source: Any, device: torch.device, scores: np.ndarray, span: range,
+          rows: ShardRows, batch: list[Item]) -> None:
+    """A batch's scores into its shard's array and rows; samples that cannot be read or explained
+    stop the run or are skipped (``--on-error``), their scores NaN."""
+    def refuse(item: Item, problem: str) -> None:
+        name = source.names[item.index]
+        if args.on_error == "stop":
+            raise InputError(f"sample {item.index} ({name!r}) cannot be evaluated: {problem}; fix or remove it, "
+                             f"or pass --on-error skip")
+        print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
+        rows.skipped.append({"index": item.index, "name": name, "reason": problem})
+
+    good = []
+    for item in batch:
+        problem = item.error
+        if problem is None and tuple(item.values.shape) != sample_shape:  # type: ignore[union-attr]
+            problem = f"has shape {tuple(item.values.shape)}, the first sample {sample_shape}"  # type: ignore[union-attr]
+        if problem is None and args.target == "label" and item.label == NO_LABEL:
+            problem = "has no label (it lies directly in the folder, not in a class sub-folder)"
+        if problem is None:
+            good.append(item)
+        else:
+            refuse(item, problem)
+    results: dict[int, tuple[np.ndarray, int, int]] = {}
+    if good:
+        found, predictions, targets, problems = _evaluate_batch(args, model, explainers, good, device)
+        for row, item in enumerate(good):
+            if problems[row] is not None:
+                refuse(item, problems[row])  # type: ignore[arg-type]
+            else:
+                results[item.index] = (found[row], int(predictions[row]), int(targets[row]))
+    for item in batch:
+        rows.names.append(source.names[item.index])
+        rows.labels.append(item.label)
+        values, prediction, target = results.get(item.index, (np.nan, NO_LABEL, NO_LABEL))
+        scores[item.index - span.start] = values
+        rows.predictions.append(prediction)
+        rows.targets.append(target)
+        rows.scores.append(None)
+        rows.relevance_sums.append(None)
+
+
+def read_scores(directory: Path, methods: list[str]) -> dict[str, np.ndarray]:
+    """Every shard's ``[samples, methods, 3]`` scores, per method and summary, skipped samples left out."""
+    index = json.loads((directory / "index.json").read_text())
+    scores = np.concatenate([np.load(directory / shard["file"], allow_pickle=False) for shard in index["shards"]])
+    kept = np.isfinite(scores).all(axis=(1, 2))
+    return {name: scores[kept, column] for column, name in enumerate(methods)}
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """``fxlrp evaluate``: the ranked table of composites; returns the exit code (bad input raises
+    :class:`InputError`)."""
+    for option, value, low in (("--batch-size", args.batch_size, 1), ("--shard-size", args.shard_size, 1),
+                               ("--workers", args.workers, 0), ("--patch", args.patch, 1), ("--steps", args.steps, 1)):
+        if value < low:
+            raise InputError(f"{option} must be at least {low}, got {value}")
+    args.target = target_of(args.target)
+    device = device_of(args.device)
+    processes = processes_from_environment(device.type)
+    try:
+        if processes.joined and device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", processes.local_rank)
+        return _evaluate_data_set(args, device, processes)
+    finally:
+        processes.close()
+
+
+def _evaluate_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
+    torch.manual_seed(0)  # a model without --weights gets the same random weights in every process
+    names = _methods(args.composite or DEFAULT_COMPOSITES)
+    if RANDOM in names:
+        raise InputError(f"--composite {RANDOM!r}: the random map is always evaluated; name composites only")
+    model = load_model(args.model, args.weights)
+    preprocessing = _preprocessing(args, model)
+    composites = {name: composite_by_name(name, preprocessing) for name in names}
+    source = open_data(args.data, preprocessing)
+    first = _first_explainable(source, args.on_error)
+    assert first.values is not None
+    sample_shape = tuple(first.values.shape)
+    if len(sample_shape) != 3:
+        raise InputError(f"fxlrp evaluate perturbs images [channels, height, width]; these samples are "
+                         f"{list(sample_shape)}")
+    model = prepare_model(model, device, args.dtype).eval()
+    explainers = {name: fxlrp.convert(model, composite) for name, composite in composites.items()}
+    with autocast(device, args.dtype):
+        logits, image_shaped = probe_model(model, prepare_inputs(first.values[None], device, args.dtype),
+                                           [source.names[first.index]])
+    if image_shaped:
+        raise InputError("fxlrp evaluate follows a class score along perturbation curves: it takes classifiers "
+                         "([batch, classes] outputs), not segmentation models")
+    if isinstance(args.target, int) and not 0 <= args.target < logits.shape[1]:
+        raise InputError(f"--target {args.target} is out of range: the model has {logits.shape[1]} classes")
+    methods = [*names, RANDOM]
+    writer = ExplanationWriter(Path(args.out), _settings(args, methods, preprocessing, source, device), len(source),
+                               args.shard_size)
+    conflict = writer.conflict()
+    if conflict is not None:
+        raise InputError(conflict)
+    missing = writer.missing_shards()
+    processes.barrier()
+    if processes.is_main:
+        writer.prepare()
+    processes.barrier()
+    mine = processes.share(missing)
+    spans = [writer.ranges[shard] for shard in mine]
+    loader = DataLoader(source, batch_sampler=ShardBatches(spans, args.batch_size), num_workers=args.workers,
+                        collate_fn=as_list)
+    progress = progress_bar(sum(len(span) for span in spans), processes.is_main)
+    shards = iter(zip(mine, spans, strict=True))
+    current: tuple[int, range, np.ndarray, ShardRows] | None = None
+    try:
+        for batch in loader:
+            if current is None:
+                number, span = next(shards)
+                current = (number, span, np.zeros((len(span), len(methods), len(SUMMARIES))), ShardRows())
+            number, span, scores, rows = current
+            try:
+                _fill(args, model, explainers, sample_shape, source, device, scores, span, rows, batch)
+            except EvaluationInputError as error:
+                raise InputError(str(error)) from None
+            if len(rows.names) == len(span):
+                writer.write_shard(number, scores, rows)
+                current = None
+            progress.update(len(batch))
+    finally:
+        progress.close()
+    processes.barrier()
+    if processes.is_main:
+        index = writer.write_index([len(methods), len(SUMMARIES)], source.classes)
+        by_method = read_scores(writer.directory, methods)
+        rows_ranked = ranked({name: values[:, 2] for name, values in by_method.items()})
+        summary = {"methods": methods, "summaries": list(SUMMARIES), "interval": "95% percentile bootstrap",
+                   "ranked": [{"method": name, "abpc": interval.mean, "low": interval.low, "high": interval.high,
+                               "samples": interval.samples,
+                               "auc_morf": float(by_method[name][:, 0].mean()),
+                               "auc_lerf": float(by_method[name][:, 1].mean())} for name, interval in rows_ranked]}
+        write_json(writer.directory / "evaluation.json", summary)
+        resumed = len(writer.ranges) - len(missing)
+        note = f"; {resumed} of {len(writer.ranges)} shards were already complete" if resumed else ""
+        skipped = f", {len(index['skipped'])} skipped (listed in index.json)" if index["skipped"] else ""
+        print(f"ABPC = AUC(LeRF) - AUC(MoRF) of the {args.score} of the explained class, {args.baseline} baseline, "
+              f"{args.steps} steps of {'pixels' if args.patch == 1 else f'{args.patch}x{args.patch} patches'}; "
+              f"mean over {len(source) - len(index['skipped'])} samples{skipped} with its 95% bootstrap interval "
+              f"(larger is more faithful){note}")
+        print(table(rows_ranked))
+        print(f"-> {writer.directory / 'evaluation.json'}; per-sample scores in {writer.directory / SHARDS}/"
+              f"{shard_name(0)}.npy ... [samples, methods, ({', '.join(SUMMARIES)})]")
+    return 0
