@@ -44,7 +44,7 @@ sys.path.insert(0, ROOT)
 
 import fxlrp  # noqa: E402
 from fxlrp.capture.source import is_library_file  # noqa: E402
-from fxlrp.eager.interpret import operations_observed  # noqa: E402
+from fxlrp.eager.rule_choice import operations_observed  # noqa: E402
 
 OUT = os.path.join(ROOT, "out", "registry_misses")
 

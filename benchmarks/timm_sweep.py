@@ -25,7 +25,7 @@ BatchNorm folding rounds), one ``fxlrp.attribute(explain, x)`` (target None: the
 timed; relevance must be finite), and coverage as DynamicLRP reports it: covered nodes / all
 nodes. Graph nodes are the rows of ``explain.report()`` (covered: handling not ``gradient``); an
 eager part is counted by the torch operations it runs on relevance-carrying tensors (arguments
-and result), seen through ``fxlrp.eager.interpret.operations_observed`` (covered: the registry has
+and result), seen through ``fxlrp.eager.rule_choice.operations_observed`` (covered: the registry has
 the operation). A model that fails strictly is converted again with ``strict=False`` to count its
 coverage and check its outputs and relevance without the missing rules.
 """
@@ -191,7 +191,7 @@ class OperationCounter:
 
     @contextmanager
     def counting(self) -> Iterator[OperationCounter]:
-        from fxlrp.eager.interpret import operations_observed
+        from fxlrp.eager.rule_choice import operations_observed
 
         with operations_observed(self):
             yield self

@@ -2,14 +2,14 @@
 
 The graph is generated locally (a Barabasi-Albert graph of 300 nodes with 80 house motifs
 attached; node labels: base, and the three roles in a house), a GCN is trained on it, and the
-motif nodes of the test split are explained with fxlrp (``fxlrp.pyg.LRPExplainer``) and with
+motif nodes of the test split are explained with fxlrp (``fxlrp.integrations.pyg.LRPExplainer``) and with
 ``GNNExplainer``. For each explained node, the edges of its receptive field (its 3-hop
 neighbourhood) are scored: ROC-AUC of the edge mask against the ground-truth motif edges, over all
 explained nodes together, and time per node.
 
 Run: ``python examples/ba_shapes.py`` (about a minute and a half on 2 CPU cores) or with
 ``--fast`` (fewer epochs and nodes, under a minute). ``--walks PNG`` also draws the most relevant
-walks of message passing (GNN-LRP, :func:`fxlrp.pyg.relevant_walks`) into one motif node, on its
+walks of message passing (GNN-LRP, :func:`fxlrp.integrations.pyg.relevant_walks`) into one motif node, on its
 neighbourhood: walks need a model whose steps follow one another, so a plain 3-layer GCN
 (no concatenation of layer outputs) is trained for them (a few seconds).
 """
@@ -31,7 +31,7 @@ from torch_geometric.explain import Explainer, GNNExplainer
 from torch_geometric.nn import GCNConv
 from torch_geometric.utils import k_hop_subgraph, subgraph
 
-from fxlrp.pyg import LRPExplainer, relevant_walks
+from fxlrp.integrations.pyg import LRPExplainer, relevant_walks
 
 LAYERS = 3
 
@@ -120,7 +120,7 @@ class PlainGCN(nn.Module):
 def draw_top_walks(data, path: str, epochs: int, seed: int) -> None:
     """Train a plain 3-layer GCN, explain a house node's prediction by its 8 walks of largest
     relevance magnitude (either sign), and draw them on the node's neighbourhood."""
-    from fxlrp.graph_image import save_walks
+    from fxlrp.viz.graph_image import save_walks
 
     torch.manual_seed(seed)
     model = PlainGCN(data.num_features, 20, int(data.y.max()) + 1)

@@ -33,8 +33,8 @@ from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHe
 from torchvision.ops import MultiScaleRoIAlign, box_iou
 
 import fxlrp
-from fxlrp import image
 from fxlrp.integrations.torchvision import detection_target, explain_detection
+from fxlrp.viz import image
 
 SIZE = 64
 """Images are SIZE x SIZE pixels."""

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 import fxlrp
-from fxlrp import image
 from fxlrp.toys.digits import DigitsCNN, accuracy, load_digits_split, positive_relevance_on_ink, train_classifier
+from fxlrp.viz import image
 
 SHOWN = 8
 """How many test digits get a picture (the first ones of the test split)."""

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 import fxlrp
-from fxlrp.graph_image import save_graph_relevance
 from fxlrp.toys.infection import (
     NODE_STATES,
     InfectionNetwork,
@@ -28,6 +27,7 @@ from fxlrp.toys.infection import (
     newly_infected,
     train_infection_network,
 )
+from fxlrp.viz.graph_image import save_graph_relevance
 
 
 def main(argv: list[str] | None = None) -> float:

@@ -17,7 +17,7 @@ and for each the share of the positive relevance that lies on the cue is average
 (a random explanation gets 1/length, "chance"). Replacing the cue by a filler changes the
 prediction, replacing a filler by another one barely moves the explained logit: the cue is the
 model's evidence, so a faithful explanation puts its positive relevance there. A few sentences are
-written to an HTML page with :mod:`fxlrp.text`.
+written to an HTML page with :mod:`fxlrp.viz.text`.
 
     python examples/planted_cue.py [--fast] [--out out/planted_cue]
 """
@@ -37,7 +37,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from torch import Tensor
 
 import fxlrp
-from fxlrp import text
+from fxlrp.viz import text
 
 CUES = {"bad": 0, "good": 1}
 LABELS = ("negative", "positive", "neutral")

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 import torchvision
 
 import fxlrp
-from fxlrp import image
 from fxlrp.app import cli
 from fxlrp.toys.digits import load_digits_split
+from fxlrp.viz import image
 
 SIZE = 32
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1)

@@ -5,9 +5,7 @@ propagates relevance: ``explain(x).backward(R)`` leaves the relevance of ``x`` i
 """
 
 import importlib
-import sys
 
-from fxlrp import _moved
 from fxlrp.errors import CaptureError, ExplanationInputError, FxlrpError, UnsupportedOperationError
 
 LAZY = {
@@ -43,8 +41,6 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_moved.install(sys.modules[__name__])
-
 
 def __getattr__(name: str) -> object:
     """The package's attributes, imported on first use.
@@ -53,9 +49,7 @@ def __getattr__(name: str) -> object:
     ----------
     name : str
         One of :data:`LAZY` (``convert``, ``attribute``, ... and ``read_explanations``, the
-        explanations written by ``fxlrp explain --data``); or a module's old path
-        (``fxlrp.explainer``), which names the module at its place in the package layout
-        (:mod:`fxlrp._moved`).
+        explanations written by ``fxlrp explain --data``).
 
     Returns
     -------
@@ -73,9 +67,6 @@ def __getattr__(name: str) -> object:
         value = module if attribute is None else getattr(module, attribute)
         globals()[name] = value
         return value
-    module = _moved.moved_module(sys.modules[__name__], name)
-    if module is not None:
-        return module
     raise AttributeError(f"module 'fxlrp' has no attribute {name!r}")
 
 

@@ -31,7 +31,6 @@ from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_
 from fxlrp.capture.source import error_line, innermost_user_frame
 from fxlrp.errors import CaptureError
 from fxlrp.registry import REGISTRY
-from fxlrp.registry.integrations import load_integrations
 
 GRADIENTS_OFF = "fxlrp_gradients_off"
 """``node.meta`` key of a call the model's code made with gradients turned off (``with
@@ -334,7 +333,6 @@ def capture(
     """
     if path not in CAPTURE_PATHS:
         raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURE_PATHS))}, not {path!r}")
-    load_integrations()
     _refuse_torchscript(model)
     if path == "eager":
         return Capture(whole_model_graph(model), eager_modules={"": "capture='eager' was asked for"})

@@ -390,7 +390,7 @@ class _Run:
         if self.calls[name] > 1:
             return None
         # Past any torch function mode: code run eagerly notes the views it sees taken and takes
-        # them again after an in-place write into their base (fxlrp.eager.interpret.replace_values);
+        # them again after an in-place write into their base (fxlrp.eager.in_place.replace_values);
         # this view must keep the output as computed, and the node that computed it.
         with torch._C.DisableTorchFunction():
             if tensor.requires_grad:

@@ -28,7 +28,8 @@ from typing import Any
 from torch import Tensor, fx, nn
 
 from fxlrp.capture.interception import module_calls_followed
-from fxlrp.eager.interpret import LayerRunner, operations_observed
+from fxlrp.eager.rule_choice import operations_observed
+from fxlrp.eager.runner import LayerRunner
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.input_checks import model_of
 from fxlrp.graph.nodes import original_node_name

@@ -11,13 +11,18 @@ tensors to the relevance function the registry holds for it. So:
 - the same registry and the same rules as the graph (no second set of operations);
 - branches are taken per input, as the model takes them;
 - the composite's name, type and first-layer rules follow the module calls inside
-  (:class:`~fxlrp.eager.interpret.ModuleContext`);
+  (:class:`~fxlrp.eager.rule_choice.ModuleContext`);
 - ``strict=True`` names every operation without a rule with its source line, when the explainer
   first runs (a part run eagerly is only seen when it runs).
 
-Here: the relevance function of such a part (the registry's ``eager`` operation); the relevance mode
-(:mod:`~fxlrp.eager.interpret`); a run recorded as a graph (:mod:`~fxlrp.eager.record`) and replayed
-for later inputs of its signature (:mod:`~fxlrp.eager.replay`).
+Here: the relevance function of such a part (the registry's ``eager`` operation); the part's
+runner (:mod:`~fxlrp.eager.runner`); the relevance mode (:mod:`~fxlrp.eager.interpret`), the rules
+it chooses (:mod:`~fxlrp.eager.rule_choice`), its in-place writes (:mod:`~fxlrp.eager.in_place`)
+and the views it tracks for them (:mod:`~fxlrp.eager.views`); a run recorded as a graph
+(:mod:`~fxlrp.eager.record`) and replayed for later inputs of its signature
+(:mod:`~fxlrp.eager.replay`). The operations get the interpreter through their call
+(:meth:`~fxlrp.relevance.call.RelevanceCall.decompose`): this package supplies it as it is
+imported.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 from fxlrp.capture import EXTRA_KEYWORDS
-from fxlrp.eager.interpret import LayerRunner, current_observer, layer_runner, run_interpreted
+from fxlrp.eager.interpret import interpret, run_interpreted
 from fxlrp.eager.replay import Recordings
+from fxlrp.eager.rule_choice import Interpretation, current_observer
+from fxlrp.eager.runner import LayerRunner, layer_runner
 from fxlrp.registry import Kind, Operation, register
-from fxlrp.relevance.call import RelevanceCall
+from fxlrp.relevance.call import Interpreter, RelevanceCall, supply_interpreter
 
 
 def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: Any) -> Any:
@@ -75,3 +82,5 @@ EAGER = register(
         "rule the registry and the composite give it, decided as it runs",
     )
 )
+
+supply_interpreter(Interpreter(run=interpret, rules_inside=Interpretation))

@@ -520,7 +520,7 @@ def record(module: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, 
     leaf_functions : tuple of callable
         Library functions whose calls are single nodes.
     run : callable
-        Runs the module (a :class:`~fxlrp.eager.interpret.LayerRunner`).
+        Runs the module (a :class:`~fxlrp.eager.runner.LayerRunner`).
     args : tuple
         Positional arguments.
     kwargs : dict

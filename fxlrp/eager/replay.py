@@ -27,8 +27,9 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 
 from fxlrp.capture import RelevanceTracer, call_beyond_forward, first_line
-from fxlrp.eager.interpret import LayerRunner, intercepted_functions
+from fxlrp.eager.interpret import intercepted_functions
 from fxlrp.eager.record import CONSTANT_TYPES, Recording, RecordingFailed, record
+from fxlrp.eager.runner import LayerRunner
 from fxlrp.graph.canonicalise import canonicalise
 from fxlrp.graph.rewrite import RewriteOptions, Rewriter
 from fxlrp.registry import REGISTRY

@@ -4,6 +4,7 @@ for a target, by one forward and one backward pass of an explainer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -206,42 +207,74 @@ def _attribute(
         refuse_non_finite_inputs(explain, inputs)
     leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
     # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
-    # eagerly) leaves the Python object holding the written values (fxlrp.eager.interpret.replace_values);
+    # eagerly) leaves the Python object holding the written values (fxlrp.eager.in_place.replace_values);
     # relevance belongs to the input as given, which the edge still names.
     explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute_nodes needs the explainer returned by fxlrp.convert")
     values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
-    gradient = nodes is None and getattr(explain, "gradient_form", False)
+    request = _Request(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite,
+                       gradient=nodes is None and getattr(explain, "gradient_form", False))
     try:
-        found, looked_up, recorded, intermediate = _backward(
-            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, gradient)
+        found = _backward(request)
     except GradientFormUnavailable:
         # The composite allows the gradient form but the model meets a rule or operation without
         # one (an operation's own default rule, PReLU): this explainer keeps to the relevance form.
         explain.keep_to_relevance_form()
-        found, looked_up, recorded, intermediate = _backward(
-            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, False)
-    results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
-               for grads in found]
+        found = _backward(dataclasses.replace(request, gradient=False))
+    results = [_assembled(iter(grads), found, leaves, single, nodes is None) for grads in found.relevance]
     if check_finite:
         refuse_non_finite_relevance(results)
     return _merged(results, torch.stack) if many else results[0]
 
 
-def _backward(
-    explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
-    values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
-    many: bool, check_finite: bool, gradient: bool,
-) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
-    """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
-    inputs, the intermediate nodes and the embedding lookups, per target. ``gradient``: in the
-    gradient form (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """One explanation :func:`attribute` asks of the explainer's passes."""
+
+    explain: nn.Module
+    inputs: Tensor | Sequence[Any]
+    """The inputs as given."""
+    leaves: list[Any]
+    """The inputs the explainer runs on: explained ones as leaves of autograd."""
+    explained_leaves: list[Any]
+    """The gradient edges of the explained leaves, taken before the forward."""
+    values: list[Tensor]
+    """The explained leaves' values, taken before the forward."""
+    target: Any
+    output: Callable[[Any], Tensor] | None
+    nodes: Sequence[str] | None
+    """The intermediate nodes whose relevance is asked for (:func:`attribute_nodes`), or None."""
+    many: bool
+    """Whether ``target`` is a list of targets, each with a backward pass."""
+    check_finite: bool
+    gradient: bool
+    """Whether the passes run in the gradient form (:mod:`fxlrp.relevance.form`), converted back
+    to relevance at the end."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Found:
+    """What the passes found: per target, the relevance reaching the explained inputs, the
+    intermediate nodes and the embedding lookups, in that order."""
+
+    relevance: list[tuple[Tensor | None, ...]]
+    looked_up: list[list[RelevanceSource]]
+    """Per input, the embedding lookups of its token ids."""
+    recorded: dict[str, Any]
+    """The intermediate nodes' values, by name."""
+    intermediate: list[Tensor | None]
+    """Per recorded node, the tensor that carries its relevance (None: none reaches it)."""
+
+
+def _backward(request: _Request) -> _Found:
+    """:func:`attribute`'s forward and backward passes; a failed forward is explained in the
+    user's terms."""
     try:
-        return _passes(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite,
-                       gradient)
+        return _passes(request)
     except _ForwardFailed as failed:
         error, ids_looked_up = failed.error, failed.ids_looked_up
+    explain, inputs = request.explain, request.inputs
     if isinstance(error, (RuntimeError, TypeError)):
         replaced = no_floating_input_error(inputs, error, ids_looked_up)
         if replaced is not error:
@@ -261,12 +294,10 @@ class _ForwardFailed(Exception):  # noqa: N818 - a signal within this module, ne
         self.error, self.ids_looked_up = error, ids_looked_up
 
 
-def _passes(
-    explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
-    values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
-    many: bool, check_finite: bool, gradient: bool,
-) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
+def _passes(request: _Request) -> _Found:
     """:func:`_backward`'s passes; a failure of the forward raised as :class:`_ForwardFailed`."""
+    explain, inputs, leaves, nodes, many = request.explain, request.inputs, request.leaves, request.nodes, request.many
+    target, output, gradient = request.target, request.output, request.gradient
     with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
           reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
@@ -289,7 +320,7 @@ def _passes(
             )
         intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
         looked_up = [_looked_up(leaf, lookups.sources) for leaf in leaves]
-        wanted = explained_leaves + [value for value in intermediate if value is not None]
+        wanted = request.explained_leaves + [value for value in intermediate if value is not None]
         wanted += [source.edge for found in looked_up for source in found]
         if not wanted and lookups.of_copied_ids():
             raise ValueError(
@@ -313,7 +344,7 @@ def _passes(
                 "a sqrt is an activation of your model, register it with the identity rule (docs/extending.md)"
                 + "".join(f"\n  - relevance stops at {stop}" for stop in stops)
             )
-        if check_finite:
+        if request.check_finite:
             refuse_non_finite_output(explained)
         samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
         starts = [output_relevance(explained, one, samples) for one in (target if many else [target])]
@@ -322,22 +353,16 @@ def _passes(
         found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
                  for start in starts]
     if gradient:  # R = x g at the inputs and the lookups' outputs
-        values = values + [source.embedding for found_here in looked_up for source in found_here]
+        values = request.values + [source.embedding for found_here in looked_up for source in found_here]
         found = [tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
                  for grads in found]
-    return found, looked_up, recorded, intermediate
+    return _Found(found, looked_up, recorded, intermediate)
 
 
-def _assembled(
-    relevance: Iterator[Tensor | None],
-    leaves: list[Any],
-    looked_up: list[list[RelevanceSource]],
-    recorded: dict[str, Any],
-    intermediate: list[Tensor | None],
-    single: bool,
-    inputs_only: bool,
-) -> Any:
+def _assembled(relevance: Iterator[Tensor | None], found: _Found, leaves: list[Any], single: bool,
+               inputs_only: bool) -> Any:
     """:func:`attribute`'s result from the gradients of one backward pass."""
+    looked_up, recorded, intermediate = found.looked_up, found.recorded, found.intermediate
     input_relevance = tuple(
         _zero_if_none(next(relevance), leaf) if _is_explained_leaf(leaf) else None for leaf in leaves
     )

@@ -10,12 +10,11 @@ from typing import Any
 
 from torch import fx, nn
 
-import fxlrp.eager  # noqa: F401  (registers the parts run eagerly)
-import fxlrp.operations  # noqa: F401  (registers the operations)
 from fxlrp.capture import capture as capture_model
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.explain.explainer import Conversion, Explainer
 from fxlrp.explain.input_checks import recorded_rank_checks
+from fxlrp.explain.loader import load_integrations
 from fxlrp.explain.model_snapshot import ModelSnapshot
 from fxlrp.graph.canonicalise import canonicalise
 from fxlrp.graph.fold_batchnorm import fold_batch_norms
@@ -139,6 +138,7 @@ def convert(
     composite = as_composite(composite)
     if concrete_args is not None and not isinstance(concrete_args, Mapping):
         raise TypeError(f"concrete_args must be a dict {{input name: value}}, got {type(concrete_args).__name__}")
+    load_integrations()
     captured = capture_model(model, _is_explained_module, all_scatter_functions(), concrete_args, capture)
     graph = captured.graph
     original = dict(model.named_modules())

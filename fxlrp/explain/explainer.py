@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -51,16 +50,6 @@ class Conversion:
     rank_checks: tuple[RankCheck, ...] = ()
 
 
-# What explainers saved before Conversion held their settings as attributes: name -> field.
-
-
-_ATTRIBUTES_BEFORE_CONVERSION = {
-    "gradient_form": "gradient_form", "input_names": "input_names", "input_parameters": "input_parameters",
-    "_signature": "signature", "_optional_inputs": "optional_inputs", "_concrete_args": "concrete_args",
-    "_settings": "settings", "_convert_again": "convert_again",
-}
-
-
 class Explainer(nn.Module):
     """Computes the model's outputs; ``output.backward(R)`` leaves input relevance in ``.grad``.
 
@@ -94,16 +83,6 @@ class Explainer(nn.Module):
         """The model meets a rule or operation without a gradient form (an operation's own default
         rule, PReLU), found at its first explanation: later ones take the relevance form at once."""
         self.conversion = dataclasses.replace(self.conversion, gradient_form=False)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # An explainer saved before its settings were one Conversion holds them as attributes; one
-        # saved before the model snapshot existed lacks it: both explain what they were saved with.
-        if "conversion" not in state:
-            before = {field: state.pop(name) for name, field in _ATTRIBUTES_BEFORE_CONVERSION.items() if name in state}
-            state["conversion"] = Conversion(**before)
-        state.setdefault("_snapshot", None)
-        state.setdefault("_traced_for", {})
-        super().__setstate__(state)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (pickle, copy.deepcopy, torch.save) explains the model as it was copied: its
@@ -259,18 +238,3 @@ class _Recorder(fx.Interpreter):
             self.recorded[self.names[node]] = value
         return value
 
-
-# Names this module held before attribute and targets had modules of their own: code (and
-# ``fxlrp.explainer``, its old path) that imports them from here still finds them.
-_NAMES_MOVED = {
-    "attribute": "fxlrp.explain.attribute", "attribute_nodes": "fxlrp.explain.attribute",
-    "inputs_by_position": "fxlrp.explain.attribute", "output_relevance": "fxlrp.explain.targets",
-    "default_output": "fxlrp.explain.targets", "padding_mask": "fxlrp.explain.targets",
-    "PADDING_MASK": "fxlrp.explain.targets",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _NAMES_MOVED:
-        return getattr(importlib.import_module(_NAMES_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -153,9 +153,7 @@ class Report:
         ran = f" and {inside} operation(s) run eagerly (by module)" if inside else ""
         lines.append(f"{self.model_name}: {len(self.rows)} nodes{ran} ({counts}); coverage {self.coverage:.2%}")
         lines.append(self.capture)
-        # (a report pickled by an fxlrp without recorded runs has no ``replays``)
-        lines += [f"recorded runs of {name or 'the whole model'}: {said}"
-                  for name, said in getattr(self, "replays", {}).items()]
+        lines += [f"recorded runs of {name or 'the whole model'}: {said}" for name, said in self.replays.items()]
         return "\n".join(lines)
 
 
@@ -175,7 +173,7 @@ def rows_run(node: str, operations: Mapping[tuple[str, str, str, str], Any]) -> 
         The node's name in the report.
     operations : Mapping
         ``(module, operation, handling, rule) -> run`` with the run's ``source`` and ``calls``
-        (:attr:`fxlrp.eager.interpret.LayerRunner.operations_run`).
+        (:attr:`fxlrp.eager.runner.LayerRunner.operations_run`).
 
     Returns
     -------

@@ -5,10 +5,11 @@
 relevant walks) and :mod:`~fxlrp.integrations.transformers` (Hugging Face's activation modules,
 mixtures of experts, Mamba's scan) register their operations in the one registry
 (:mod:`fxlrp.registry`). The core never imports them: the loader,
-:mod:`fxlrp.registry.integrations`, imports one when its library is in use, and its
-:func:`register_integration` (named here too, as docs/extending.md shows it) adds your own.
+:mod:`fxlrp.explain.loader`, imports one when its library is in use, and
+:func:`~fxlrp.registry.integrations.register_integration` (named here too, as docs/extending.md
+shows it) adds your own.
 """
 
-from fxlrp.registry.integrations import INTEGRATIONS, load_integrations, register_integration
+from fxlrp.registry.integrations import INTEGRATIONS, register_integration
 
-__all__ = ["INTEGRATIONS", "load_integrations", "register_integration"]
+__all__ = ["INTEGRATIONS", "register_integration"]

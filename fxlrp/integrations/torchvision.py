@@ -21,7 +21,8 @@ from torch.overrides import TorchFunctionMode
 
 from fxlrp.capture.interception import module_calls_followed
 from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
-from fxlrp.eager.interpret import interpret, operations_observed
+from fxlrp.eager.interpret import interpret
+from fxlrp.eager.rule_choice import operations_observed
 from fxlrp.explain.targets import box_pixels
 from fxlrp.operations.helpers import affine, identity
 from fxlrp.operations.sums import proportional

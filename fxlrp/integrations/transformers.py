@@ -17,7 +17,7 @@ whole. Their output is marked as an activation, so CP-LRP treats it as the const
 where it gates a product (GeGLU), as it does for ``F.gelu``.
 
 Importing this module registers them. ``fxlrp.convert`` imports it whenever transformers is
-imported (:mod:`fxlrp.registry.integrations`); ``import fxlrp`` alone does not (the core never imports
+imported (:mod:`fxlrp.explain.loader`); ``import fxlrp`` alone does not (the core never imports
 transformers).
 """
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fxlrp.explain.loader  # noqa: F401  (registers the operations found by name below)
 from fxlrp.errors import ExplanationInputError, UnsupportedOperationError
 from fxlrp.jax import formulas
 from fxlrp.jax.graph import (

@@ -2,10 +2,10 @@
 
 Softmax takes AttnLRP's rule (:class:`~fxlrp.rules.attention.SoftmaxRule`) and marks its output as
 attention weights. Fused attention is explained through its decomposition
-``softmax(q k^T * scale + mask) @ v``, run under :class:`~fxlrp.eager.interpret.RelevanceMode`
-so that the products follow the node's :class:`~fxlrp.rules.attention.Product` rule (AttnLRP's
-uniform split by default, CP-LRP with :func:`~fxlrp.rules.attention.cp_lrp`); the outputs keep the
-values of the fused kernel.
+``softmax(q k^T * scale + mask) @ v``, run by the engine
+(:meth:`~fxlrp.relevance.call.RelevanceCall.decompose`) so that the products follow the node's
+:class:`~fxlrp.rules.attention.Product` rule (AttnLRP's uniform split by default, CP-LRP with
+:func:`~fxlrp.rules.attention.cp_lrp`); the outputs keep the values of the fused kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.eager.interpret import Interpretation, interpret
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register
@@ -158,7 +157,7 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
             and not (is_causal and mask is not None)):  # (torch takes one of the two: one sum with a mask)
         closed_form = partial(attention_relevance, rules, kwargs["scale"], is_causal)
     return decomposed_in_backward(
-        partial(function, **kwargs), partial(interpret, call, decomposed_attention, **kwargs), *args,
+        partial(function, **kwargs), partial(call.decompose, decomposed_attention, **kwargs), *args,
         pieces=attention_pieces(*args[:4]), closed_form=closed_form)
 
 
@@ -249,7 +248,7 @@ def attention_rules(
 ) -> AttentionRules:
     """The :class:`AttentionRules` of ``q, k, v`` of these ``roles``, these relevance-``carrying``,
     with a mask or not."""
-    interpretation = Interpretation(call)
+    interpretation = call.rules_inside()
     # q k^T is the decomposition's first operation: the first layer if the call may hold it
     scores_first = interpretation.holds_first_layer and interpretation.composite.counts_as_first_layer(
         "matmul", REGISTRY.operations["matmul"].weighted)
@@ -551,7 +550,7 @@ def multi_head_attention_forward(call: RelevanceCall, function: Any, *args: Any,
     def exact(*values: Any) -> Any:  # inference semantics: no dropout
         return function(*values[:training], False, *values[training + 1:])
 
-    return decomposed_in_backward(exact, partial(interpret, call, decomposed_multi_head_attention_forward), *inputs)
+    return decomposed_in_backward(exact, partial(call.decompose, decomposed_multi_head_attention_forward), *inputs)
 
 
 register(
@@ -572,7 +571,7 @@ def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwarg
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return module(*args, **kwargs)
     inputs, _ = _bound(_MULTI_HEAD_ATTENTION, (module, *args), kwargs)
-    return decomposed_in_backward(module, partial(interpret, call, function), *inputs[1:])
+    return decomposed_in_backward(module, partial(call.decompose, function), *inputs[1:])
 
 
 def multi_head_attention_module(module: nn.MultiheadAttention, parameters: dict[str, Any]):

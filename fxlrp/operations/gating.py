@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.eager.interpret import interpret
 from fxlrp.operations.helpers import bind, module_as_function
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import apply_pass
@@ -52,7 +51,7 @@ def gated_linear_unit(call: RelevanceCall, function: Callable[..., Tensor], inpu
     """GLU, ``a * sigmoid(b)`` for the halves ``a, b`` of ``input`` along ``dim``: that product
     under its rule, the sigmoid a gate (no relevance by default: ``R_a = R``), with the values of
     the model's own call (:func:`~fxlrp.relevance.straight_through.decomposed_in_backward`)."""
-    return decomposed_in_backward(bind(function, kwargs), partial(interpret, call, bind(_glu, kwargs)), input, *args)
+    return decomposed_in_backward(bind(function, kwargs), partial(call.decompose, bind(_glu, kwargs)), input, *args)
 
 
 def _glu(input: Tensor, dim: int = -1) -> Tensor:

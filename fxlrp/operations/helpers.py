@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fxlrp.graph.nodes import TensorMethod, method  # noqa: F401  (explainers saved before name it here)
 from fxlrp.registry import NativeInGradientForm
 from fxlrp.relevance import apply_pass
 from fxlrp.relevance.call import RelevanceCall

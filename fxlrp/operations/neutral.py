@@ -16,7 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxlrp.graph.canonicalise import (
+from fxlrp.operations.helpers import held_constant, identity, native
+from fxlrp.operations.sparse import selected
+from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry.writes import (
     copied,
     diagonal_filled,
     filled,
@@ -25,9 +28,6 @@ from fxlrp.graph.canonicalise import (
     written_through_view,
     zeroed,
 )
-from fxlrp.operations.helpers import held_constant, identity, native
-from fxlrp.operations.sparse import selected
-from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, role_of
 
 VIEW_METHODS = (

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fxlrp.eager.interpret import interpret
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, NATIVE_WITH_ONE_CARRIER, bind
 from fxlrp.operations.sparse import SparseEntries, entry_product, is_sparse
@@ -112,7 +111,7 @@ def complex_product(call: RelevanceCall, function: Callable[..., Tensor], a: Any
     product is the transposed Jacobian of its real form, the z-rule's gradient form there."""
     if gradient_form_active() and not (carries_relevance(a) and carries_relevance(b)):
         return function(a, b)
-    return decomposed_in_backward(function, partial(interpret, call, _complex_product_real_form), a, b)
+    return decomposed_in_backward(function, partial(call.decompose, _complex_product_real_form), a, b)
 
 
 def _complex_product_real_form(a: Any, b: Any) -> Tensor:

@@ -37,7 +37,7 @@ otherwise (the default zeros, a constant) it absorbs it as a bias does. Relevanc
 state; biases and the stabiliser absorb their share otherwise.
 
 The outputs are the native kernel's (cuDNN or CPU), bit for bit; the decomposition above runs in
-plain torch under :class:`~fxlrp.eager.interpret.RelevanceMode` in backward
+plain torch by the engine (:meth:`~fxlrp.relevance.call.RelevanceCall.decompose`) in backward
 (:func:`~fxlrp.relevance.straight_through.decomposed_in_backward`), so the per-timestep
 intermediates exist only while relevance crosses the layer, and every part gets the rule the
 registry and the composite give it: the linear maps the layer rule (a ``name_rules`` or
@@ -60,7 +60,6 @@ import torch.nn.functional as F
 from torch import _VF, Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from fxlrp.eager.interpret import interpret
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
@@ -247,7 +246,7 @@ def _explained(call: RelevanceCall, exact: Callable[..., Any], decomposition: Ca
     result = tuple(output.detach() for output in result) if isinstance(result, tuple) else result.detach()
     if not torch.is_grad_enabled() or not any(carries_relevance(value) for value in (input, *states)):
         return result
-    return decomposed_in_backward(partial(_given, result), partial(interpret, _inner_call(call), decomposition),
+    return decomposed_in_backward(partial(_given, result), partial(_inner_call(call).decompose, decomposition),
                                   input, *states)
 
 

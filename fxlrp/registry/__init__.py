@@ -3,22 +3,20 @@
 Each :class:`Operation` names a canonical operation, lists every spelling that reaches it
 (``nn.Module`` types, functions by identity, Tensor method names) and says how relevance
 crosses it. Adding an operation is one ``register(Operation(...))`` in ``fxlrp/operations/``.
-The operations fill it as they are imported; it imports nothing above it. Integrations with
-libraries are loaded by :mod:`fxlrp.registry.integrations` when a model uses the library.
+The operations fill it as they are imported; it imports nothing above it and loads nothing:
+:mod:`fxlrp.explain.loader` imports the core's operations, and the integrations with libraries
+(:mod:`fxlrp.registry.integrations`) when a model uses the library.
 """
 
 from __future__ import annotations
 
 import enum
-import importlib
-import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from torch import nn
 
-from fxlrp.registry import integrations
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_is_native, require_relevance_form
 from fxlrp.relevance.roles import give_role, role_of, shared_role
@@ -270,7 +268,7 @@ class Operation:
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled by name (an explainer saved with torch.save): its functions may be closures, and
         # code compares operations by identity (``operation is EAGER``).
-        return (registered_operation, (self.name,))
+        return (REGISTRY.find_by_name, (self.name,))
 
 
 _FIELD_RULES: tuple[tuple[Callable[[Operation], bool], str], ...] = (
@@ -291,10 +289,6 @@ _FIELD_RULES: tuple[tuple[Callable[[Operation], bool], str], ...] = (
 is refused with its message."""
 
 
-CORE = ("fxlrp.operations", "fxlrp.eager")
-"""The modules whose import registers the core's operations (:meth:`Registry.complete`)."""
-
-
 class Registry:
     """Finds the operation of a call by function identity, method name or module type.
 
@@ -309,22 +303,12 @@ class Registry:
         self._by_module: dict[type, Operation] = {}
         self._by_base_module: dict[type, Operation] = {}
         self._concrete_args: dict[type, dict[str, Any]] = {}
-        self._core_loaded = False
         self.version = 0
         """Counts the changes of the registry (lookups made from it know when to be made again)."""
-
-    def complete(self) -> None:
-        """Import the core's operations (:data:`CORE`) once, before the first lookup.
-
-        ``import fxlrp`` imports no torch, so the operations register themselves only when a module
-        that needs them is imported (``fxlrp.convert``); a lookup or an extension made before that
-        (a plug-in's ``extend``, a user's script) finds them all the same. They are imported by
-        name: they import the registry.
-        """
-        if not self._core_loaded:
-            self._core_loaded = True
-            for name in CORE:
-                importlib.import_module(name)
+        self.find_by_name: Callable[[str], Operation] = registered_operation
+        """``find_by_name(name)``, the registered operation ``name``: what a pickled operation
+        names, to be found again in the process that loads it. :func:`registered_operation`; the
+        loader (:mod:`fxlrp.explain.loader`) sets its own, which first loads what registers it."""
 
     def register(self, operation: Operation) -> Operation:
         """Add an operation.
@@ -368,8 +352,15 @@ class Registry:
         -------
         Operation
             The operation with the added spellings, which replaces the registered one.
+
+        Raises
+        ------
+        ValueError
+            If no operation ``name`` is registered.
         """
-        self.complete()
+        if name not in self.operations:
+            raise ValueError(f"no operation {name!r} is registered to add spellings to; register it first "
+                             "(fxlrp's own operations are registered once fxlrp.convert is imported)")
         operation = self.operations[name]
         return self._index(replace(operation, functions=operation.functions + functions,
                                    modules=operation.modules + modules))
@@ -401,7 +392,6 @@ class Registry:
         Operation or None
             The operation, by the function's identity; None if none is registered.
         """
-        self.complete()
         operation = self._by_function.get(id(function))
         if operation is None and getattr(function, "__name__", None) == "apply":
             # ``TheFunction.apply`` of a custom autograd Function, registered by its class
@@ -423,7 +413,6 @@ class Registry:
         Operation or None
             The operation; None if none is registered.
         """
-        self.complete()
         return self._by_method.get(name)
 
     def for_module(self, module: nn.Module) -> Operation | None:
@@ -441,7 +430,6 @@ class Registry:
             ``forward`` it keeps; else of a base registered with ``subclasses=True``. None if
             none.
         """
-        self.complete()
         # Exact type first; then the closest registered base class, so subclasses of
         # nn.Conv2d that keep its forward (as many libraries write) are found too.
         operation = self._by_module.get(type(module))
@@ -483,7 +471,6 @@ class Registry:
         dict of str to Any
             The fixed arguments (a subclass's values win over its bases').
         """
-        self.complete()
         fixed: dict[str, Any] = {}
         for base in reversed(type(model).__mro__):
             fixed.update(self._concrete_args.get(base, {}))
@@ -497,13 +484,10 @@ class Registry:
         tuple of callable
             The functions.
         """
-        self.complete()
         return tuple(
             function for operation in self.operations.values() if operation.leaf for function in operation.functions
         )
 
-
-REGISTRY = Registry()
 
 
 def register(operation: Operation) -> Operation:
@@ -528,11 +512,7 @@ def register(operation: Operation) -> Operation:
 
 
 def registered_operation(name: str) -> Operation:
-    """The registered operation ``name``, for an explainer loaded by ``pickle`` or ``torch.load``.
-
-    The process may not have converted a model yet: the core operations are registered (loading
-    imports ``fxlrp``, whose ``convert`` imports :mod:`fxlrp.operations`), then the integrations
-    of the libraries that are installed are loaded, until one registers ``name``.
+    """The registered operation ``name``.
 
     Parameters
     ----------
@@ -549,15 +529,12 @@ def registered_operation(name: str) -> Operation:
     ValueError
         If nothing loaded registers ``name``.
     """
-    REGISTRY.complete()
-    for library, integration in integrations.INTEGRATIONS.items():
-        if name in REGISTRY.operations:
-            break
-        if importlib.util.find_spec(library) is not None:
-            importlib.import_module(integration)
     if name not in REGISTRY.operations:
         raise ValueError(
-            f"the explainer being loaded uses the operation {name!r}, which no part of fxlrp loaded in this process "
-            "registers; import the module that registers it (your extension of fxlrp) before loading the explainer"
+            f"no part of fxlrp loaded in this process registers the operation {name!r} (an explainer being loaded "
+            "uses it): import the module that registers it (your extension of fxlrp) first"
         )
     return REGISTRY.operations[name]
+
+
+REGISTRY = Registry()

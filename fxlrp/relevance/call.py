@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -10,6 +11,43 @@ from torch import Tensor
 from fxlrp.relevance import AffineLayer, apply_rule
 from fxlrp.relevance.form import gradient_form_active, gradient_is_native
 from fxlrp.relevance.rule_function import AffineRule
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """What the engine that runs code eagerly (:mod:`fxlrp.eager`) hands the operations: an
+    operation whose relevance is that of a decomposition written in plain torch (fused attention, a
+    complex product, GLU, a recurrent cell) runs it through its call
+    (:meth:`RelevanceCall.decompose`), and needs nothing above the registry."""
+
+    run: Callable[..., Any]
+    """``run(call, function, *args, **kwargs)``: ``function(*args, **kwargs)`` with each torch
+    operation on relevance-carrying tensors explained by its registry entry, under ``call``'s
+    composite."""
+    rules_inside: Callable[[RelevanceCall], Any]
+    """``rules_inside(call)``: the rules of the operations inside ``call``; it has
+    ``rule_for(operation, module, first, relevance_factors)``, ``holds_first_layer`` and
+    ``composite``."""
+
+
+_INTERPRETER: list[Interpreter] = []
+
+
+def supply_interpreter(interpreter: Interpreter) -> None:
+    """Hand the operations the engine's :class:`Interpreter` (the engine does, as it is imported).
+
+    Parameters
+    ----------
+    interpreter : Interpreter
+        The engine's interpreter.
+    """
+    _INTERPRETER[:] = [interpreter]
+
+
+def _interpreter() -> Interpreter:
+    if not _INTERPRETER:
+        raise RuntimeError("fxlrp's engine is not loaded: import fxlrp.explain.loader (fxlrp.convert does)")
+    return _INTERPRETER[0]
 
 
 class RelevanceCall:
@@ -125,6 +163,35 @@ class RelevanceCall:
             The layer's output, whose backward propagates relevance by the rule.
         """
         return apply_rule(layer, self.rule, self._prepare(layer), *inputs)
+
+    def decompose(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)``, a decomposition in plain torch, with each torch operation
+        inside explained under this call's composite (the engine's :class:`Interpreter`).
+
+        Parameters
+        ----------
+        function : callable
+            The decomposition.
+        *args, **kwargs
+            Its arguments.
+
+        Returns
+        -------
+        Any
+            What ``function`` returns (natively run where no argument carries relevance).
+        """
+        return _interpreter().run(self, function, *args, **kwargs)
+
+    def rules_inside(self) -> Any:
+        """The rules of the operations inside this call, as the composite chooses them.
+
+        Returns
+        -------
+        Any
+            An object with ``rule_for(operation, module, first, relevance_factors)``,
+            ``holds_first_layer`` and ``composite`` (the engine's :class:`Interpreter`).
+        """
+        return _interpreter().rules_inside(self)
 
     def cached(self, slot: Hashable, tensors: Sequence[Tensor | None], compute: Callable[[], Any]) -> Any:
         """``compute()``, computed again only when one of ``tensors`` is replaced or changed in place.

@@ -230,7 +230,7 @@ class RuleFunction(torch.autograd.Function):
             The layer's output (detached from the rule's inner graph).
         """
         # Tensors are held as aliases of their own: code run eagerly may give the Python object
-        # another tensor afterwards (fxlrp.eager.interpret.replace_values, for an in-place write).
+        # another tensor afterwards (fxlrp.eager.in_place.replace_values, for an in-place write).
         leaves = tuple(
             value.detach().requires_grad_() if carries_relevance(value)
             else value.detach() if isinstance(value, Tensor) else value

@@ -27,7 +27,7 @@ class RelevanceSource:
     The output is named by its gradient edge and its values as the lookup made them, taken at
     the lookup, as the explained inputs are: code run eagerly that writes into the output
     (``embeddings += position_embeddings``) gives the Python object the written values
-    (:func:`fxlrp.eager.interpret.replace_values`), while relevance belongs to the lookup's.
+    (:func:`fxlrp.eager.in_place.replace_values`), while relevance belongs to the lookup's.
     """
 
     indices: Tensor

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from fxlrp.registry import Kind, Operation
 from fxlrp.relevance.roles import ACTIVATION, ATTENTION, GATE
+from fxlrp.relevance.terms import ZeroParams
 from fxlrp.rules import (
     AlphaBeta,
     AttentionAsConstant,
@@ -31,7 +32,6 @@ from fxlrp.rules import (
     SoftmaxRule,
     Stabiliser,
     ZBox,
-    ZeroParams,
     ZPlus,
 )
 from fxlrp.rules.attention import GRAPH_SOFTMAX, PRODUCT_OPERATIONS

@@ -13,13 +13,14 @@ from support.references import LRP0, gradient_times_input, onehot_relevance, rel
 from torch import nn
 
 import fxlrp
+from fxlrp.explain import loader
 from fxlrp.registry import integrations
 
 
 def test_an_integration_that_fails_to_load_is_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     # "json" is imported in every test run; its (made-up) integration does not exist.
     monkeypatch.setitem(integrations.INTEGRATIONS, "json", "fxlrp.no_such_integration")
-    monkeypatch.setattr(integrations, "_attempted", set())
+    monkeypatch.setattr(loader, "_attempted", set())
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
     x = torch.randn(5, 3, dtype=torch.float64)
     with pytest.warns(UserWarning, match="json .* could not be loaded"):

@@ -417,7 +417,7 @@ def test_cp_lrp_is_refused_where_roles_are_unknown() -> None:
 
 
 def test_import_fxlrp_imports_no_jax() -> None:
-    code = "import sys, fxlrp, fxlrp.rules, fxlrp.composites; fxlrp.convert; print('jax' in sys.modules)"
+    code = "import sys, fxlrp, fxlrp.rules, fxlrp.rules.composites; fxlrp.convert; print('jax' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

@@ -25,7 +25,8 @@ from torch_geometric.nn import GCNConv
 
 import fxlrp
 from fxlrp.integrations.pyg import graph_relevance
-from fxlrp.integrations.pyg.walks import _search, relevant_walks, subgraph_relevance, walk_graph, walk_steps
+from fxlrp.integrations.pyg.walk_steps import walk_steps
+from fxlrp.integrations.pyg.walks import _search, relevant_walks, subgraph_relevance, walk_graph
 from fxlrp.relevance.rule_function import reusable_graph
 from fxlrp.rules import Epsilon, Gamma, ZPlus
 

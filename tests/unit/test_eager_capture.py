@@ -465,13 +465,12 @@ def test_an_operation_registered_after_an_eager_run_is_used_at_the_next(monkeypa
     """How an eager part handles each torch function is looked up once; a change of the registry
     (an integration loaded later, a user's extension) must reach the next run."""
     from fxlrp.errors import UnsupportedOperationError
+    from fxlrp.explain.loader import load_integrations
     from fxlrp.registry import REGISTRY
-    from fxlrp.registry.integrations import load_integrations
 
     # The copies below are the whole registry - the core's operations and those of the libraries
     # imported by now (PyG's, whose wrapper of torch.index_select other tests' imports put in place)
     # - which undoing gives back.
-    REGISTRY.complete()
     load_integrations()
     for name in ("operations", "_by_function", "_functions", "_by_method", "_by_module", "_by_base_module"):
         monkeypatch.setattr(REGISTRY, name, dict(getattr(REGISTRY, name)))
@@ -493,7 +492,7 @@ def test_the_observer_sees_each_call_of_a_part_run_eagerly_as_the_module_code_ma
     # plain TorchFunctionMode, an input that requires grad standing for relevance.
     from torch.overrides import TorchFunctionMode
 
-    from fxlrp.eager.interpret import current_observer, operations_observed
+    from fxlrp.eager.rule_choice import current_observer, operations_observed
 
     class Counting(TorchFunctionMode):
         def __init__(self) -> None:

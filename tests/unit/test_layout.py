@@ -1,6 +1,10 @@
-"""fxlrp's package layout (issue 46): imports point down the floors of the pipeline, no modules
+"""fxlrp's package layout (issues 46, 56): imports point down the floors of the pipeline, no modules
 import each other in a circle, and an import made inside a function is one of the few listed
 here with its reason (never a way round a circle).
+
+An import is an import statement, or a module's name written out where the module imports by
+name (``importlib.import_module``, ``__import__``) or hands names on through a module
+``__getattr__``: a module doing either imports each fxlrp module whose name it spells.
 
 Read from the source with ``ast``; one test imports fxlrp in a fresh interpreter.
 """
@@ -13,10 +17,11 @@ import sys
 from pathlib import Path
 
 import fxlrp
+from fxlrp.registry.integrations import INTEGRATIONS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fxlrp"
 
-FLOORS = ["_moved", "errors", "relevance", "registry", "rules", "capture", "graph", "eager", "operations", "explain",
+FLOORS = ["errors", "relevance", "registry", "rules", "capture", "graph", "eager", "operations", "explain",
           "", "integrations", "jax", "evaluate", "viz", "concepts", "toys", "app", "__main__"]
 """From the bottom up, by the name under ``fxlrp`` (``""``: the package itself, whose
 ``fxlrp.convert``, ``fxlrp.attribute``, ... the integrations and the command use)."""
@@ -38,6 +43,8 @@ LAZY = {
     ("fxlrp.viz.generation", "fxlrp.viz.image"): "matplotlib, only for the matrix picture",
     ("fxlrp.app.explain_dataset", "fxlrp.viz.image"): "matplotlib and pillow, only for --png",
     ("fxlrp.concepts.prediction", "fxlrp.viz.image"): "matplotlib and pillow, only for TopConcepts.picture",
+    **{("fxlrp.explain.loader", integration): "a plug-in, loaded when a model uses its library"
+       for integration in INTEGRATIONS.values()},
 }
 """Imports of fxlrp's modules made inside functions: (importer, imported) -> why."""
 
@@ -73,8 +80,22 @@ def imported_modules(path: Path) -> list[tuple[str, bool]]:
                              for alias in child.names)
             visit(child, inside)
 
-    visit(ast.parse(path.read_text()), False)
+    tree = ast.parse(path.read_text())
+    visit(tree, False)
+    if imports_by_name(tree):
+        found.extend((node.value, True) for node in ast.walk(tree)
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in MODULES)
+    if name == "fxlrp.explain.loader":  # (the plug-ins' table, which it imports by name)
+        found.extend((integration, True) for integration in INTEGRATIONS.values())
     return [(module, inside) for module, inside in found if module in MODULES]
+
+
+def imports_by_name(tree: ast.Module) -> bool:
+    """Whether a module imports modules by name: calls ``import_module`` or ``__import__``, or
+    defines a module ``__getattr__``."""
+    return any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for node in tree.body) or any(
+        isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None))
+        in ("import_module", "__import__") for node in ast.walk(tree))
 
 
 def floor(module: str) -> int:
@@ -91,6 +112,17 @@ def test_imports_point_down() -> None:
               for imported, _ in imported_modules(path)
               if floor(imported) > floor(importer) and (importer, imported) not in LAZY]
     assert not upward, upward
+
+
+def test_the_operations_need_only_the_registry_and_relevance() -> None:
+    """The operation library stands below the engine (issue 56): what an operation needs from the
+    interpreter comes through its call (``RelevanceCall.decompose``). Besides ``relevance/`` and
+    ``registry/`` it names only the rules it gives as defaults and fxlrp's errors."""
+    allowed = ("fxlrp.relevance", "fxlrp.registry", "fxlrp.rules", "fxlrp.errors", "fxlrp.operations")
+    beyond = [(importer, imported) for importer, path in MODULES.items() if importer.startswith("fxlrp.operations")
+              for imported, _ in imported_modules(path)
+              if not any(imported == base or imported.startswith(base + ".") for base in allowed)]
+    assert not beyond, beyond
 
 
 def test_imports_inside_functions_are_the_listed_ones() -> None:

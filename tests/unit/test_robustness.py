@@ -11,7 +11,6 @@ test (float64, the model's own rounding), never a number from one machine.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import gc
 import io
@@ -20,7 +19,6 @@ import subprocess
 import sys
 import weakref
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -31,7 +29,6 @@ from support.references import LRP0, dispatched_kernels, gradient_times_input, o
 from torch import Tensor, nn
 
 import fxlrp
-from fxlrp.explain.explainer import Explainer
 from fxlrp.rules import AlphaBeta, Epsilon, ZPlus
 from fxlrp.rules.composites import EpsilonPlusFlat
 
@@ -115,37 +112,6 @@ def test_saved_graph_network_explainers(how: str) -> None:
         explain = fxlrp.convert(model, LRP0)
         expected = fxlrp.attribute(explain, inputs, target=1)[0]
         assert torch.equal(fxlrp.attribute(COPIES[how](explain), inputs, target=1)[0], expected)
-
-
-@pytest.mark.parametrize("how", ["pickle", "torch.save"])
-def test_an_explainer_saved_by_an_earlier_version_explains_identically(how: str) -> None:
-    """Explainers saved before their settings were one ``Conversion`` hold them as attributes
-    (``gradient_form``, ``input_names``, ``_signature``, ...), and those saved before the model
-    snapshot existed have no ``_snapshot``, ``_convert_again`` or ``_traced_for``: they load with
-    what they have and the defaults, and explain as before (not an AttributeError at the first
-    call)."""
-    model = resnet18()
-    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
-    explain = fxlrp.convert(model, LRP0)
-    expected = fxlrp.attribute(explain, x, target=1)
-
-    def state_saved_earlier(self: Explainer) -> dict:
-        state = {name: value for name, value in self.__dict__.items()
-                 if name not in ("conversion", "_snapshot", "_traced_for")}
-        conversion = self.conversion
-        return {**state, "gradient_form": conversion.gradient_form, "input_names": conversion.input_names,
-                "input_parameters": conversion.input_parameters, "_signature": conversion.signature,
-                "_optional_inputs": conversion.optional_inputs, "_concrete_args": conversion.concrete_args,
-                "_settings": conversion.settings}
-
-    with mock.patch.object(Explainer, "__getstate__", state_saved_earlier):
-        earlier = COPIES[how](explain)
-    # (what a conversion records since, such as the BatchNorms' checks of an input's dimensions, it has not)
-    assert earlier._snapshot is None and earlier.conversion == dataclasses.replace(explain.conversion,
-                                                                                 convert_again=None, rank_checks=())
-    assert torch.equal(fxlrp.attribute(earlier, x, target=1), expected)
-    object.__delattr__(earlier._report, "replays")  # a report saved before recorded runs existed
-    assert str(earlier.report()) == str(explain.report())
 
 
 def test_an_explainer_saved_with_torch_save_loads_in_a_fresh_process(tmp_path: Path) -> None:

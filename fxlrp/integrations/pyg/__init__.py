@@ -11,7 +11,8 @@ from fxlrp.integrations.pyg import operations  # noqa: F401  (registers PyG's la
 from fxlrp.integrations.pyg.attention import with_cp_lrp
 from fxlrp.integrations.pyg.explainer import LRPExplainer
 from fxlrp.integrations.pyg.relevance import GraphRelevance, graph_relevance
-from fxlrp.integrations.pyg.walks import HeteroWalks, relevant_walks, subgraph_relevance, walk_steps
+from fxlrp.integrations.pyg.walk_steps import walk_steps
+from fxlrp.integrations.pyg.walks import HeteroWalks, relevant_walks, subgraph_relevance
 
 __all__ = ["LRPExplainer", "GraphRelevance", "graph_relevance", "with_cp_lrp", "relevant_walks", "subgraph_relevance",
            "walk_steps", "HeteroWalks"]

@@ -12,7 +12,8 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.utils import scatter, softmax
 
-from fxlrp.eager.interpret import LayerRunner, interpret, layer_runner
+from fxlrp.eager.interpret import interpret
+from fxlrp.eager.runner import LayerRunner, layer_runner
 from fxlrp.integrations.pyg.messages import given_edges, messages_of
 from fxlrp.operations.scatter import reduce_by_argument
 from fxlrp.operations.sums import proportional

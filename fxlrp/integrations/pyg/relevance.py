@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fxlrp.eager.interpret import LayerRunner
+from fxlrp.eager.runner import LayerRunner
 from fxlrp.errors import ExplanationInputError
 from fxlrp.explain.input_checks import (
     model_consulted,

@@ -1,0 +1,137 @@
+"""The runner of a part run eagerly: the module's forward with detached parameters, the user's
+model left as it was, and what its runs did (for the report)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
+
+
+@dataclasses.dataclass
+class OperationRun:
+    """Calls of one operation in one module, with one handling and rule, in a run of a part run eagerly."""
+
+    source: str
+    """``file:line: code`` of the first such call."""
+    calls: int
+    """How many such calls one run made (the most of any run)."""
+
+
+class LayerRunner:
+    """A module's forward with its parameters and buffers detached (shared storage).
+
+    What the forward writes into the module's modules (caches, counters, ``nn.LSTM``'s flat
+    weights, which swapping the parameters rebuilds) is taken back afterwards: the user's model
+    stays as it was.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The user's module.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self._names: dict[str, dict[int, str]] = {}
+        self.recordings: Any = None
+        """Graphs recorded from runs, by input signature (:class:`fxlrp.eager.replay.Recordings`,
+        which imports this module): made at the first run, replayed from the second run of a
+        signature on."""
+        self.operations_run: dict[tuple[str, str, str, str], OperationRun] = {}
+        """What runs under the relevance mode have done, by module, operation, handling and rule
+        (the rows :meth:`fxlrp.explain.explainer.Explainer.report` shows for the part)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Names are kept by the ids of this object's modules: a copy (copy.deepcopy, pickle) has
+        # modules of its own and names them again, or its composite's name rules would miss them.
+        return {**self.__dict__, "_names": {}, "recordings": None, "operations_run": {}}
+
+    def module_names(self, prefix: str) -> dict[int, str]:
+        """Qualified name of each of the module's modules, by id; made once per prefix.
+
+        Parameters
+        ----------
+        prefix : str
+            The module's own qualified name in the model, with a trailing dot (``""`` for the
+            model itself).
+
+        Returns
+        -------
+        dict of int to str
+            The names under ``prefix``, by the modules' ids.
+        """
+        if prefix not in self._names:
+            self._names[prefix] = {id(module): (prefix + name).rstrip(".")
+                                   for name, module in self.module.named_modules()}
+        return self._names[prefix]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module's forward in evaluation mode, with detached parameters.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The module's arguments.
+
+        Returns
+        -------
+        Any
+            The module's output.
+        """
+        with MODEL_WRITES:
+            written = ModuleState(self.module)
+            try:
+                _detach_parameters(written.modules)
+                in_evaluation_mode(written.modules)
+                return self.module(*args, **kwargs)
+            finally:
+                written.restore()
+
+
+def _detach_parameters(modules: list[nn.Module]) -> None:
+    """Put detached twins (shared storage) in the place of the modules' parameters and buffers
+    that require gradients, for one run: they carry no relevance and get no gradient. Tied
+    parameters get one twin, so they stay tied. The caller's :class:`ModuleState` puts the
+    originals back. (What ``torch.func.functional_call`` does, at a small part of its cost: it
+    runs at every run of an eager part, and parameters that require no gradient are left alone.)"""
+    twins: dict[int, Tensor] = {}
+    for module in modules:
+        swapped = False
+        for tensors in (module._parameters, module._buffers):
+            for name, value in tensors.items():
+                if value is not None and value.requires_grad:
+                    twin = twins.get(id(value))
+                    if twin is None:
+                        twin = twins[id(value)] = value.detach()
+                    tensors[name] = twin
+                    swapped = True
+        if swapped and isinstance(module, nn.RNNBase):
+            # A recurrent layer hands its kernel its own list of its parameters, made when they
+            # are set: made again from the twins (ModuleState puts the module's list back).
+            module._init_flat_weights()
+
+
+def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[LayerRunner, dict[str, Any]]:
+    """``module_function`` of library modules explained by running them.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module.
+    parameters : dict of str to Tensor
+        Its detached parameters and buffers (unused: :class:`LayerRunner` detaches them for
+        each run).
+
+    Returns
+    -------
+    runner : LayerRunner
+        The module's runner.
+    keywords : dict
+        No keyword arguments.
+    """
+    return LayerRunner(module), {}
