@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
-from fxlrp.errors import FxlrpError
+from fxlrp.errors import ExplanationInputError, FxlrpError
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.input_checks import (
     FAILURES,
@@ -28,7 +28,16 @@ from fxlrp.explain.input_checks import (
     refuse_ranks_the_model_refuses,
     refuse_unusable_inputs,
 )
-from fxlrp.explain.targets import default_output, output_relevance, padding_mask, per_copy, refuse_unknown_target
+from fxlrp.explain.targets import (
+    LISTED_PER_POSITION,
+    FromOutput,
+    default_output,
+    logits_per_position,
+    output_relevance,
+    padding_mask,
+    per_copy,
+    refuse_unknown_target,
+)
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
 from fxlrp.relevance.rule_function import reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
@@ -66,8 +75,13 @@ def attribute(
     senders/receivers, settings) are passed as they are and get ``None``.
     ``target``: see :func:`output_relevance`. A list ``[t1, ..., tk]`` of such targets explains
     each: every relevance then has a leading dimension of ``k`` (``[k, *input.shape]``), equal to
-    ``k`` separate calls. One forward pass serves all ``k`` (its graph kept under
-    :func:`~fxlrp.relevance.rule_function.reusable_graph`), with one backward pass per target:
+    ``k`` separate calls. (Not on a language model's per-position logits picked by default: a list
+    there would explain every target at the last position only, which is never what explaining
+    generated text means, so it is an error naming :func:`fxlrp.explain_generation`, which explains
+    each generated token at its own position; candidates for the next token are a list once the
+    position is picked, ``output=lambda out: out.logits[:, -1]``.) One forward pass serves all
+    ``k`` (its graph kept under :func:`~fxlrp.relevance.rule_function.reusable_graph`), with one
+    backward pass per target:
     right for any model, a graph network's nodes included. ``repeat=n`` (n >= 1) instead explains
     the inputs repeated along their first dimension, up to ``n`` copies per forward and backward
     pass, copy ``i`` for target ``t_i``: for models whose first dimension is the batch (CNNs,
@@ -116,7 +130,8 @@ def attribute(
     ------
     fxlrp.errors.ExplanationInputError
         (a ``ValueError`` and a ``TypeError``) for inputs given as NumPy arrays, lists of numbers,
-        text or other objects than tensors; for inputs the model itself rejects - no batch
+        text or other objects than tensors; for a list of targets on a language model's
+        per-position logits without ``output=``; for inputs the model itself rejects - no batch
         dimension, another dtype or device than its parameters, a wrong shape: the model's own
         message, with what to do; for a target of no known kind (a name, a float, a bool, a
         tensor on the meta device), an index out of range, a float tensor not of the output's
@@ -177,15 +192,54 @@ def attribute_nodes(
     return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat, check_finite=check_finite)
 
 
+def attribute_from_output(
+    explain: Explainer | nn.Module,
+    inputs: Inputs,
+    starts: Sequence[Callable[[Tensor], Tensor]],
+    *,
+    output: Callable[[Any], Tensor],
+    check_finite: bool = True,
+) -> InputRelevance:
+    """:func:`attribute` for targets that need the explained output's values: ``starts[i](output)``
+    is the relevance the ``i``-th explanation starts from, of the output's shape. One forward pass
+    serves all, with one backward pass each, as for a list of targets (the relevance has a leading
+    dimension of ``len(starts)``); each is made when its backward pass runs. What
+    :func:`fxlrp.explain_generation` explains its rows with.
+
+    Parameters
+    ----------
+    explain
+        The explainer :func:`fxlrp.convert` returned.
+    inputs
+        The model's inputs, as :func:`attribute` takes them.
+    starts
+        One function of the explained output per explanation, at least one.
+    output
+        Picks the explained tensor from the model's output.
+    check_finite
+        As for :func:`attribute`.
+
+    Returns
+    -------
+    InputRelevance
+        The relevance of each input, ``[len(starts), *input.shape]``.
+    """
+    refuse_unusable_inputs(explain, inputs)
+    return _attribute(explain, inputs, [FromOutput(start) for start in starts], output=output, nodes=None,
+                      repeat=0, check_finite=check_finite)
+
+
 def _attribute(
     explain: Explainer | nn.Module, inputs: Inputs, target: Any, *,
     output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int, check_finite: bool,
+    listed: bool = False,
 ) -> Any:
-    """:func:`attribute` and :func:`attribute_nodes` (``nodes`` not None)."""
+    """:func:`attribute` and :func:`attribute_nodes` (``nodes`` not None). ``listed``: the targets
+    were given as a list (explained ``repeat`` at a time, as one tensor of them per pass)."""
     if isinstance(inputs, Mapping):
         by_position, positions = inputs_by_position(explain, inputs)
         found = _attribute(explain, by_position, target, output=output, nodes=nodes, repeat=repeat,
-                           check_finite=check_finite)
+                           check_finite=check_finite, listed=listed)
         input_relevance = found if nodes is None else found[0]
         keyed = {name: input_relevance[position] for name, position in positions.items()}
         return keyed if nodes is None else (keyed, found[1])
@@ -193,7 +247,7 @@ def _attribute(
         # Relevance travels by autograd, which inference mode turns off: the explanation leaves it.
         with torch.inference_mode(False):
             return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
-                              check_finite=check_finite)
+                              check_finite=check_finite, listed=listed)
     many = isinstance(target, list)
     if many and not target:
         raise ValueError("target=[] names no target; give at least one")
@@ -215,13 +269,15 @@ def _attribute(
     gradient = nodes is None and getattr(explain, "gradient_form", False)
     try:
         found, looked_up, recorded, intermediate = _backward(
-            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, gradient)
+            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, listed or many,
+            check_finite, gradient)
     except GradientFormUnavailable:
         # The composite allows the gradient form but the model meets a rule or operation without
         # one (an operation's own default rule, PReLU): this explainer keeps to the relevance form.
         explain.keep_to_relevance_form()
         found, looked_up, recorded, intermediate = _backward(
-            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, False)
+            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, listed or many,
+            check_finite, False)
     results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
                for grads in found]
     if check_finite:
@@ -232,14 +288,16 @@ def _attribute(
 def _backward(
     explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
     values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
-    many: bool, check_finite: bool, gradient: bool,
+    many: bool, listed: bool, check_finite: bool, gradient: bool,
 ) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
     """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
-    inputs, the intermediate nodes and the embedding lookups, per target. ``gradient``: in the
-    gradient form (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
+    inputs, the intermediate nodes and the embedding lookups, per target. ``many``: a list of
+    targets explained from this forward; ``listed``: the user gave a list of targets (this pass
+    may explain copies of the inputs for them). ``gradient``: in the gradient form
+    (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
     try:
-        return _passes(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite,
-                       gradient)
+        return _passes(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, listed,
+                       check_finite, gradient)
     except _ForwardFailed as failed:
         error, ids_looked_up = failed.error, failed.ids_looked_up
     if isinstance(error, (RuntimeError, TypeError)):
@@ -264,9 +322,11 @@ class _ForwardFailed(Exception):  # noqa: N818 - a signal within this module, ne
 def _passes(
     explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
     values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
-    many: bool, check_finite: bool, gradient: bool,
+    many: bool, listed: bool, check_finite: bool, gradient: bool,
 ) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
-    """:func:`_backward`'s passes; a failure of the forward raised as :class:`_ForwardFailed`."""
+    """:func:`_backward`'s passes; a failure of the forward raised as :class:`_ForwardFailed`.
+    The relevance each target starts from is made when its backward pass runs (one output-sized
+    tensor at a time, however many targets)."""
     with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
           reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
@@ -282,6 +342,8 @@ def _passes(
                 raise
             raise _ForwardFailed(error, bool(lookups.sources) or lookups.of_copied_ids()) from None
         refuse_inputs_without_values(explain, leaves)
+        if listed and output is None and logits_per_position(result):
+            raise ExplanationInputError(LISTED_PER_POSITION)
         explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
         if not isinstance(explained, Tensor):
             raise TypeError(
@@ -316,9 +378,9 @@ def _passes(
         if check_finite:
             refuse_non_finite_output(explained)
         samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
-        starts = [output_relevance(explained, one, samples) for one in (target if many else [target])]
+        starts = (output_relevance(explained, one, samples) for one in (target if many else [target]))
         if gradient:  # g = R / y at the output
-            starts = [divide_dropping_zeros(start, explained.detach()) for start in starts]
+            starts = (divide_dropping_zeros(start, explained.detach()) for start in starts)
         found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
                  for start in starts]
     if gradient:  # R = x g at the inputs and the lookups' outputs
@@ -385,7 +447,7 @@ def _attribute_repeated(explain: nn.Module, inputs: Tensor | Sequence[Any], targ
                   for value in values]
         combined = torch.cat([per_copy(target, batch) for target in chunk])
         result = _attribute(explain, copies[0] if single else copies, combined, output=output, nodes=nodes,
-                            repeat=0, check_finite=check_finite)
+                            repeat=0, check_finite=check_finite, listed=True)
         copied = len(chunk)
         chunks.append(_merged([result], lambda tensors: tensors[0].reshape(copied, -1, *tensors[0].shape[1:])))
     return _merged(chunks, torch.cat)
