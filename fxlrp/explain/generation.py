@@ -212,6 +212,11 @@ def explain_generation(
             # (as generate counts them: from each sample's first token, 1 at the padding)
             inputs["position_ids"] = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
         decoder_ids = "input_ids"
+    # The LM head only for the positions that predicted generated tokens (the relevance is that of
+    # the same logits; each backward pass then goes through length - start + 1 rows of it, not all).
+    first = start - 1 if not encoder and "logits_to_keep" in explain.input_names else 0
+    if first:
+        inputs["logits_to_keep"] = length - first
     inputs = {name: value for name, value in inputs.items() if value is not None}
     explained_scores: dict[int, Tensor] = {}
     explained_targets: dict[int, Tensor] = {}
@@ -223,11 +228,11 @@ def explain_generation(
             for step in row:
                 position = start + step
                 kept = None if mask is None else mask[:, position].to(device=logits.device, dtype=logits.dtype)
-                share, value, token = _step_relevance(logits[:, position - 1].detach(), target,
+                share, value, token = _step_relevance(logits[:, position - 1 - first].detach(), target,
                                                       sequences[:, position].to(logits.device), step, generated)
                 if kept is not None:
                     share, value = share * kept[:, None], value * kept
-                start_relevance[:, position - 1] += share
+                start_relevance[:, position - 1 - first] += share
                 score += value
                 if len(row) == 1:
                     explained_targets[index] = token
@@ -237,7 +242,7 @@ def explain_generation(
         return relevance
 
     found = attribute_from_output(explain, inputs, [row_start(index, row) for index, row in enumerate(rows)],
-                                  output=_logits(length), check_finite=check_finite)
+                                  output=_logits(length - first), check_finite=check_finite)
     relevance = found[decoder_ids].movedim(0, 1)
     source_relevance = found["input_ids"].movedim(0, 1) if encoder else None
     missing = torch.full((batch,), -1, dtype=torch.long)
@@ -369,7 +374,8 @@ def _step_relevance(logits: Tensor, target: Any, tokens: Tensor, step: int,
 
 
 def _logits(length: int) -> Callable[[Any], Tensor]:
-    """Picks the per-position logits ``[batch, length, vocabulary]`` from the model's output."""
+    """Picks the per-position logits ``[batch, length, vocabulary]`` from the model's output (the
+    last ``length`` positions')."""
 
     def pick(result: Any) -> Tensor:
         logits = result if isinstance(result, Tensor) else getattr(result, "logits", None)
@@ -377,7 +383,8 @@ def _logits(length: int) -> Callable[[Any], Tensor]:
             shown = list(logits.shape) if isinstance(logits, Tensor) else type(result).__name__
             raise ExplanationInputError(
                 f"the model's output is {shown}; explain_generation explains logits per position [batch, {length}, "
-                "vocabulary], as a causal language model or an encoder-decoder model's decoder gives them")
+                "vocabulary] (of the positions that predicted the generated tokens), as a causal language model or "
+                "an encoder-decoder model's decoder gives them")
         return logits
 
     return pick
