@@ -214,9 +214,9 @@ def explain_generation(
         decoder_ids = "input_ids"
     # The LM head only for the positions that predicted generated tokens (the relevance is that of
     # the same logits; each backward pass then goes through length - start + 1 rows of it, not all).
-    first = start - 1 if not encoder and "logits_to_keep" in explain.input_names else 0
-    if first:
-        inputs["logits_to_keep"] = length - first
+    first_logit = start - 1 if not encoder and "logits_to_keep" in explain.input_names else 0
+    if first_logit:
+        inputs["logits_to_keep"] = length - first_logit
     inputs = {name: value for name, value in inputs.items() if value is not None}
     explained_scores: dict[int, Tensor] = {}
     explained_targets: dict[int, Tensor] = {}
@@ -228,11 +228,11 @@ def explain_generation(
             for step in row:
                 position = start + step
                 kept = None if mask is None else mask[:, position].to(device=logits.device, dtype=logits.dtype)
-                share, value, token = _step_relevance(logits[:, position - 1 - first].detach(), target,
+                share, value, token = _step_relevance(logits[:, position - 1 - first_logit].detach(), target,
                                                       sequences[:, position].to(logits.device), step, generated)
                 if kept is not None:
                     share, value = share * kept[:, None], value * kept
-                start_relevance[:, position - 1 - first] += share
+                start_relevance[:, position - 1 - first_logit] += share
                 score += value
                 if len(row) == 1:
                     explained_targets[index] = token
@@ -242,15 +242,15 @@ def explain_generation(
         return relevance
 
     found = attribute_from_output(explain, inputs, [row_start(index, row) for index, row in enumerate(rows)],
-                                  output=_logits(length - first), check_finite=check_finite)
+                                  output=_logits(length - first_logit), check_finite=check_finite)
     relevance = found[decoder_ids].movedim(0, 1)
     source_relevance = found["input_ids"].movedim(0, 1) if encoder else None
     missing = torch.full((batch,), -1, dtype=torch.long)
     targets = torch.stack([explained_targets.get(index, missing).cpu() for index in range(len(rows))], dim=1)
     scores = torch.stack([explained_scores[index] for index in range(len(rows))], dim=1)
     if mask is not None:
-        unexplained = torch.stack([mask[:, start + row[0]] == 0 if len(row) == 1 else torch.zeros(batch, dtype=bool)
-                                   for row in rows], dim=1)
+        nowhere = torch.zeros(batch, dtype=torch.bool, device=mask.device)  # (spans keep their -1)
+        unexplained = torch.stack([mask[:, start + row[0]] == 0 if len(row) == 1 else nowhere for row in rows], dim=1)
         targets = targets.masked_fill(unexplained.cpu(), -1)
     return GenerationExplanation(
         relevance=relevance.detach(), sequences=sequences, start=start,
