@@ -268,18 +268,14 @@ def _attribute(
     values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
     gradient = nodes is None and getattr(explain, "gradient_form", False)
     try:
-        found, looked_up, recorded, intermediate = _backward(
-            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, listed or many,
-            check_finite, gradient)
+        results = _backward(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many,
+                            listed or many, check_finite, gradient)
     except GradientFormUnavailable:
         # The composite allows the gradient form but the model meets a rule or operation without
         # one (an operation's own default rule, PReLU): this explainer keeps to the relevance form.
         explain.keep_to_relevance_form()
-        found, looked_up, recorded, intermediate = _backward(
-            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, listed or many,
-            check_finite, False)
-    results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
-               for grads in found]
+        results = _backward(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many,
+                            listed or many, check_finite, False)
     if check_finite:
         refuse_non_finite_relevance(results)
     return _merged(results, torch.stack) if many else results[0]
@@ -289,9 +285,9 @@ def _backward(
     explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
     values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
     many: bool, listed: bool, check_finite: bool, gradient: bool,
-) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
-    """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
-    inputs, the intermediate nodes and the embedding lookups, per target. ``many``: a list of
+) -> list[Any]:
+    """:func:`attribute`'s forward and backward passes: per target, the relevance of the inputs
+    (and the intermediate nodes), as :func:`_assembled` gives it. ``many``: a list of
     targets explained from this forward; ``listed``: the user gave a list of targets (this pass
     may explain copies of the inputs for them). ``gradient``: in the gradient form
     (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
@@ -323,10 +319,11 @@ def _passes(
     explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
     values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
     many: bool, listed: bool, check_finite: bool, gradient: bool,
-) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
+) -> list[Any]:
     """:func:`_backward`'s passes; a failure of the forward raised as :class:`_ForwardFailed`.
-    The relevance each target starts from is made when its backward pass runs (one output-sized
-    tensor at a time, however many targets)."""
+    The relevance each target starts from is made when its backward pass runs, and what reaches
+    an embedding lookup is summed per token as soon as it has (one output-sized tensor and one
+    lookup-sized one at a time, however many targets)."""
     with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
           reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
@@ -381,13 +378,18 @@ def _passes(
         starts = (output_relevance(explained, one, samples) for one in (target if many else [target]))
         if gradient:  # g = R / y at the output
             starts = (divide_dropping_zeros(start, explained.detach()) for start in starts)
-        found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
-                 for start in starts]
-    if gradient:  # R = x g at the inputs and the lookups' outputs
-        values = values + [source.embedding for found_here in looked_up for source in found_here]
-        found = [tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
-                 for grads in found]
-    return found, looked_up, recorded, intermediate
+        if gradient:  # R = x g at the inputs and the lookups' outputs
+            values = values + [source.embedding for found_here in looked_up for source in found_here]
+
+        def assembled(grads: tuple[Tensor | None, ...]) -> Any:
+            with torch.no_grad():  # (values the relevance is computed from, not a graph to keep)
+                if gradient:
+                    grads = tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
+                return _assembled(iter(grads), leaves, looked_up, recorded, intermediate,
+                                  isinstance(inputs, Tensor), nodes is None)
+
+        return [assembled(torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many))
+                for start in starts]
 
 
 def _assembled(
