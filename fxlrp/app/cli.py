@@ -81,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
                               "whose logits summed over the box are largest. Also writes NAME.region.png: the image "
                               "and the heatmap side by side, the box outlined")
     explain.add_argument("--text", action="append", help="text to explain with an hf: model (repeat for several)")
+    explain.add_argument("--generate", type=int, metavar="N",
+                         help="text with an hf: causal language model: generate N tokens after each --text (greedy "
+                              "unless --sample) and explain each generated token over the tokens before it (prompt "
+                              "and continuation: fxlrp.explain_generation); prints each token's strongest context "
+                              "tokens, and with --out writes generation-I.npy (the matrix [generated, length]), "
+                              "generation-I.html and generation-I.png per text I")
+    explain.add_argument("--sample", action="store_true",
+                         help="with --generate: sample the tokens (the model's generation config: temperature, "
+                              "top-k, top-p) instead of greedy decoding")
+    explain.add_argument("--seed", type=int, help="with --sample: the random seed (default 0), so a run repeats")
     explain.add_argument("--merge-subwords", action="store_true",
                          help="text: show words, each with the summed relevance of its tokens")
     explain.add_argument("--size", type=int,

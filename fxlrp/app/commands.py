@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import fxlrp
@@ -34,6 +35,7 @@ from fxlrp.app.cli_options import HF_PREFIX
 from fxlrp.app.explain_dataset import explains_data_set, run_dataset
 from fxlrp.explain.attribute import attribute
 from fxlrp.explain.compiled import compile as fxlrp_compile
+from fxlrp.viz import generation as generation_pictures
 from fxlrp.viz import text
 
 
@@ -358,6 +360,9 @@ def run_explain_text(args: argparse.Namespace) -> int:
         raise InputError("--weights is for torchvision, timm and factory models; hf:DIR has its weights in DIR")
     if any(not sentence.strip() for sentence in args.text):
         raise InputError("--text is empty")
+    if args.generate is None and (args.sample or args.seed is not None):
+        raise InputError(f"{'--sample' if args.sample else '--seed'} chooses how --generate N generates; give "
+                         "--generate N too")
     composite_name = args.composite or "attnlrp"
     if composite_name.lower().replace("-", "_") == "epsilon_gamma_box":
         raise InputError("epsilon_gamma_box needs the value range of image pixels; for text use attnlrp, cplrp "
@@ -369,10 +374,14 @@ def run_explain_text(args: argparse.Namespace) -> int:
                          f"({pretrained.architecture}); give it image files or --data, not --text")
     tokenizer, limit = pretrained.tokenizer, getattr(pretrained.config, "max_position_embeddings", None)
     inputs = [tokenizer(sentence, return_tensors="pt")["input_ids"] for sentence in args.text]
+    added = 0 if args.generate is None else max(args.generate, 0)
     for sentence, ids in zip(args.text, inputs, strict=True):
-        if limit is not None and ids.shape[1] > limit:
-            raise InputError(f"the text {sentence[:30]!r}... has {ids.shape[1]} tokens; the model takes at most "
-                             f"{limit}")
+        if limit is not None and ids.shape[1] + added > limit:
+            generated = f" and {added} generated ones" if added else ""
+            raise InputError(f"the text {sentence[:30]!r}... has {ids.shape[1]} tokens{generated}; the model takes "
+                             f"at most {limit}")
+    if args.generate is not None:
+        return _run_explain_generation(args, pretrained, inputs, composite, composite_name)
     target = _text_target(args.target, pretrained)
     model = pretrained.load_model()
     explain = _convert(model, composite)
@@ -398,6 +407,62 @@ def run_explain_text(args: argparse.Namespace) -> int:
         path = text.save_html(Path(args.out) / "explanation.html", *fragments,
                               title=f"fxlrp: {pretrained.directory.name}")
         lines.append(f"-> {path}")
+    print("\n".join(lines))
+    return 0
+
+
+def _run_explain_generation(args: argparse.Namespace, pretrained: Pretrained, inputs: list[torch.Tensor],
+                            composite: object, composite_name: str) -> int:
+    """``fxlrp explain --model hf:DIR --text TEXT --generate N``: generate N tokens after each text
+    and explain each over the tokens before it (:func:`fxlrp.explain_generation`); print the
+    continuation with each token's strongest context tokens, and with ``--out`` write the matrix
+    (``generation-I.npy``), the page and the matrix picture of each text ``I``."""
+    if not pretrained.causal:
+        raise InputError(f"--generate needs a causal language model; the model in {str(pretrained.directory)!r} is "
+                         f"{pretrained.architecture}")
+    if args.generate < 1:
+        raise InputError(f"--generate takes the number of tokens to generate, at least 1; got {args.generate}")
+    if args.target is not None:
+        raise InputError("--target explains one next token; with --generate each generated token is explained "
+                         "(leave --target out)")
+    if args.merge_subwords:
+        raise InputError("--merge-subwords shows the words of one explained text; with --generate each generated "
+                         "token is listed with its context tokens (leave --merge-subwords out)")
+    if args.seed is not None and not args.sample:
+        raise InputError("--seed seeds --sample; greedy generation (the default) draws nothing")
+    tokenizer = pretrained.tokenizer
+    model = pretrained.load_model()
+    explain = _convert(model, composite)
+    out = None if args.out is None else Path(args.out)
+    lines = []
+    for index, (sentence, ids) in enumerate(zip(args.text, inputs, strict=True)):
+        if args.sample:
+            torch.manual_seed(0 if args.seed is None else args.seed)
+        settings = {"do_sample": args.sample, "max_new_tokens": args.generate, "min_new_tokens": args.generate,
+                    "attention_mask": torch.ones_like(ids)}
+        if tokenizer.pad_token_id is None and getattr(model.generation_config, "pad_token_id", None) is None:
+            settings["pad_token_id"] = tokenizer.eos_token_id  # (one sequence: nothing is padded)
+        try:
+            with torch.no_grad():
+                sequences = model.generate(ids, **settings)
+        except (RuntimeError, IndexError, ValueError) as error:
+            raise InputError(f"the model cannot generate after the text {sentence[:30]!r}: "
+                             f"{_first_sentence(error)}") from None
+        explanation = fxlrp.explain_generation(explain, sequences, ids.shape[1])
+        tokens = text.tokens_of(tokenizer, sequences[0])
+        continuation = tokenizer.decode(sequences[0, ids.shape[1]:])
+        how = "sampled" if args.sample else "greedy"
+        lines.append(f"{sentence!r} + {args.generate} tokens ({how}): {continuation!r}, {composite_name}")
+        lines.append(generation_pictures.terminal(explanation, tokens).rstrip("\n"))
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            matrix = out / f"generation-{index}.npy"
+            np.save(matrix, explanation.relevance[0].float().numpy())
+            page = out / f"generation-{index}.html"
+            shown = generation_pictures.html_page(explanation, tokens, title=f"fxlrp: {sentence[:60]}")
+            page.write_text(shown, encoding="utf-8")
+            picture = generation_pictures.save_png(out / f"generation-{index}.png", explanation, tokens, sample=0)
+            lines.append(f"-> {matrix}, {page}, {picture}")
     print("\n".join(lines))
     return 0
 

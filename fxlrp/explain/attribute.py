@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
-from fxlrp.errors import FxlrpError
+from fxlrp.errors import ExplanationInputError, FxlrpError
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.input_checks import (
     FAILURES,
@@ -29,7 +29,16 @@ from fxlrp.explain.input_checks import (
     refuse_ranks_the_model_refuses,
     refuse_unusable_inputs,
 )
-from fxlrp.explain.targets import default_output, output_relevance, padding_mask, per_copy, refuse_unknown_target
+from fxlrp.explain.targets import (
+    LISTED_PER_POSITION,
+    FromOutput,
+    default_output,
+    logits_per_position,
+    output_relevance,
+    padding_mask,
+    per_copy,
+    refuse_unknown_target,
+)
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
 from fxlrp.relevance.rule_function import reusable_graph
 from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
@@ -67,8 +76,13 @@ def attribute(
     senders/receivers, settings) are passed as they are and get ``None``.
     ``target``: see :func:`output_relevance`. A list ``[t1, ..., tk]`` of such targets explains
     each: every relevance then has a leading dimension of ``k`` (``[k, *input.shape]``), equal to
-    ``k`` separate calls. One forward pass serves all ``k`` (its graph kept under
-    :func:`~fxlrp.relevance.rule_function.reusable_graph`), with one backward pass per target:
+    ``k`` separate calls. (Not on a language model's per-position logits picked by default: a list
+    there would explain every target at the last position only, which is never what explaining
+    generated text means, so it is an error naming :func:`fxlrp.explain_generation`, which explains
+    each generated token at its own position; candidates for the next token are a list once the
+    position is picked, ``output=lambda out: out.logits[:, -1]``.) One forward pass serves all
+    ``k`` (its graph kept under :func:`~fxlrp.relevance.rule_function.reusable_graph`), with one
+    backward pass per target:
     right for any model, a graph network's nodes included. ``repeat=n`` (n >= 1) instead explains
     the inputs repeated along their first dimension, up to ``n`` copies per forward and backward
     pass, copy ``i`` for target ``t_i``: for models whose first dimension is the batch (CNNs,
@@ -117,7 +131,8 @@ def attribute(
     ------
     fxlrp.errors.ExplanationInputError
         (a ``ValueError`` and a ``TypeError``) for inputs given as NumPy arrays, lists of numbers,
-        text or other objects than tensors; for inputs the model itself rejects - no batch
+        text or other objects than tensors; for a list of targets on a language model's
+        per-position logits without ``output=``; for inputs the model itself rejects - no batch
         dimension, another dtype or device than its parameters, a wrong shape: the model's own
         message, with what to do; for a target of no known kind (a name, a float, a bool, a
         tensor on the meta device), an index out of range, a float tensor not of the output's
@@ -178,15 +193,54 @@ def attribute_nodes(
     return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat, check_finite=check_finite)
 
 
+def attribute_from_output(
+    explain: Explainer | nn.Module,
+    inputs: Inputs,
+    starts: Sequence[Callable[[Tensor], Tensor]],
+    *,
+    output: Callable[[Any], Tensor],
+    check_finite: bool = True,
+) -> InputRelevance:
+    """:func:`attribute` for targets that need the explained output's values: ``starts[i](output)``
+    is the relevance the ``i``-th explanation starts from, of the output's shape. One forward pass
+    serves all, with one backward pass each, as for a list of targets (the relevance has a leading
+    dimension of ``len(starts)``); each is made when its backward pass runs. What
+    :func:`fxlrp.explain_generation` explains its rows with.
+
+    Parameters
+    ----------
+    explain
+        The explainer :func:`fxlrp.convert` returned.
+    inputs
+        The model's inputs, as :func:`attribute` takes them.
+    starts
+        One function of the explained output per explanation, at least one.
+    output
+        Picks the explained tensor from the model's output.
+    check_finite
+        As for :func:`attribute`.
+
+    Returns
+    -------
+    InputRelevance
+        The relevance of each input, ``[len(starts), *input.shape]``.
+    """
+    refuse_unusable_inputs(explain, inputs)
+    return _attribute(explain, inputs, [FromOutput(start) for start in starts], output=output, nodes=None,
+                      repeat=0, check_finite=check_finite)
+
+
 def _attribute(
     explain: Explainer | nn.Module, inputs: Inputs, target: Any, *,
     output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int, check_finite: bool,
+    listed: bool = False,
 ) -> Any:
-    """:func:`attribute` and :func:`attribute_nodes` (``nodes`` not None)."""
+    """:func:`attribute` and :func:`attribute_nodes` (``nodes`` not None). ``listed``: the targets
+    were given as a list (explained ``repeat`` at a time, as one tensor of them per pass)."""
     if isinstance(inputs, Mapping):
         by_position, positions = inputs_by_position(explain, inputs)
         found = _attribute(explain, by_position, target, output=output, nodes=nodes, repeat=repeat,
-                           check_finite=check_finite)
+                           check_finite=check_finite, listed=listed)
         input_relevance = found if nodes is None else found[0]
         keyed = {name: input_relevance[position] for name, position in positions.items()}
         return keyed if nodes is None else (keyed, found[1])
@@ -194,7 +248,7 @@ def _attribute(
         # Relevance travels by autograd, which inference mode turns off: the explanation leaves it.
         with torch.inference_mode(False):
             return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
-                              check_finite=check_finite)
+                              check_finite=check_finite, listed=listed)
     many = isinstance(target, list)
     if many and not target:
         raise ValueError("target=[] names no target; give at least one")
@@ -213,16 +267,16 @@ def _attribute(
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute_nodes needs the explainer returned by fxlrp.convert")
     values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
-    request = _Request(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite,
+    request = _Request(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many,
+                       listed=listed or many, check_finite=check_finite,
                        gradient=nodes is None and getattr(explain, "gradient_form", False))
     try:
-        found = _backward(request)
+        results = _backward(request)
     except GradientFormUnavailable:
         # The composite allows the gradient form but the model meets a rule or operation without
         # one (an operation's own default rule, PReLU): this explainer keeps to the relevance form.
         explain.keep_to_relevance_form()
-        found = _backward(dataclasses.replace(request, gradient=False))
-    results = [_assembled(iter(grads), found, leaves, single, nodes is None) for grads in found.relevance]
+        results = _backward(dataclasses.replace(request, gradient=False))
     if check_finite:
         refuse_non_finite_relevance(results)
     return _merged(results, torch.stack) if many else results[0]
@@ -246,30 +300,19 @@ class _Request:
     nodes: Sequence[str] | None
     """The intermediate nodes whose relevance is asked for (:func:`attribute_nodes`), or None."""
     many: bool
-    """Whether ``target`` is a list of targets, each with a backward pass."""
+    """Whether ``target`` is a list of targets explained from this forward, each with a backward pass."""
+    listed: bool
+    """Whether the user gave a list of targets (this pass may explain copies of the inputs for them)."""
     check_finite: bool
     gradient: bool
     """Whether the passes run in the gradient form (:mod:`fxlrp.relevance.form`), converted back
     to relevance at the end."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Found:
-    """What the passes found: per target, the relevance reaching the explained inputs, the
-    intermediate nodes and the embedding lookups, in that order."""
-
-    relevance: list[tuple[Tensor | None, ...]]
-    looked_up: list[list[RelevanceSource]]
-    """Per input, the embedding lookups of its token ids."""
-    recorded: dict[str, Any]
-    """The intermediate nodes' values, by name."""
-    intermediate: list[Tensor | None]
-    """Per recorded node, the tensor that carries its relevance (None: none reaches it)."""
-
-
-def _backward(request: _Request) -> _Found:
-    """:func:`attribute`'s forward and backward passes; a failed forward is explained in the
-    user's terms."""
+def _backward(request: _Request) -> list[Any]:
+    """:func:`attribute`'s forward and backward passes: per target, the relevance of the inputs
+    (and the intermediate nodes), as :func:`_assembled` gives it; a failed forward is explained
+    in the user's terms."""
     try:
         return _passes(request)
     except _ForwardFailed as failed:
@@ -294,10 +337,13 @@ class _ForwardFailed(Exception):  # noqa: N818 - a signal within this module, ne
         self.error, self.ids_looked_up = error, ids_looked_up
 
 
-def _passes(request: _Request) -> _Found:
-    """:func:`_backward`'s passes; a failure of the forward raised as :class:`_ForwardFailed`."""
+def _passes(request: _Request) -> list[Any]:
+    """:func:`_backward`'s passes; a failure of the forward raised as :class:`_ForwardFailed`.
+    The relevance each target starts from is made when its backward pass runs, and what reaches
+    an embedding lookup is summed per token as soon as it has (one output-sized tensor and one
+    lookup-sized one at a time, however many targets)."""
     explain, inputs, leaves, nodes, many = request.explain, request.inputs, request.leaves, request.nodes, request.many
-    target, output, gradient = request.target, request.output, request.gradient
+    target, output, gradient, values = request.target, request.output, request.gradient, request.values
     with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
           reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
@@ -313,6 +359,8 @@ def _passes(request: _Request) -> _Found:
                 raise
             raise _ForwardFailed(error, bool(lookups.sources) or lookups.of_copied_ids()) from None
         refuse_inputs_without_values(explain, leaves)
+        if request.listed and output is None and logits_per_position(result):
+            raise ExplanationInputError(LISTED_PER_POSITION)
         explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
         if not isinstance(explained, Tensor):
             raise TypeError(
@@ -347,22 +395,33 @@ def _passes(request: _Request) -> _Found:
         if request.check_finite:
             refuse_non_finite_output(explained)
         samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
-        starts = [output_relevance(explained, one, samples) for one in (target if many else [target])]
+        starts = (output_relevance(explained, one, samples) for one in (target if many else [target]))
         if gradient:  # g = R / y at the output
-            starts = [divide_dropping_zeros(start, explained.detach()) for start in starts]
-        found = [torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many)
-                 for start in starts]
-    if gradient:  # R = x g at the inputs and the lookups' outputs
-        values = request.values + [source.embedding for found_here in looked_up for source in found_here]
-        found = [tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
-                 for grads in found]
-    return _Found(found, looked_up, recorded, intermediate)
+            starts = (divide_dropping_zeros(start, explained.detach()) for start in starts)
+        if gradient:  # R = x g at the inputs and the lookups' outputs
+            values = values + [source.embedding for found_here in looked_up for source in found_here]
+
+        def assembled(grads: tuple[Tensor | None, ...]) -> Any:
+            with torch.no_grad():  # (values the relevance is computed from, not a graph to keep)
+                if gradient:
+                    grads = tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
+                return _assembled(iter(grads), leaves, looked_up, recorded, intermediate,
+                                  isinstance(inputs, Tensor), nodes is None)
+
+        return [assembled(torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many))
+                for start in starts]
 
 
-def _assembled(relevance: Iterator[Tensor | None], found: _Found, leaves: list[Any], single: bool,
-               inputs_only: bool) -> Any:
+def _assembled(
+    relevance: Iterator[Tensor | None],
+    leaves: list[Any],
+    looked_up: list[list[RelevanceSource]],
+    recorded: dict[str, Any],
+    intermediate: list[Tensor | None],
+    single: bool,
+    inputs_only: bool,
+) -> Any:
     """:func:`attribute`'s result from the gradients of one backward pass."""
-    looked_up, recorded, intermediate = found.looked_up, found.recorded, found.intermediate
     input_relevance = tuple(
         _zero_if_none(next(relevance), leaf) if _is_explained_leaf(leaf) else None for leaf in leaves
     )
@@ -410,7 +469,7 @@ def _attribute_repeated(explain: nn.Module, inputs: Tensor | Sequence[Any], targ
                   for value in values]
         combined = torch.cat([per_copy(target, batch) for target in chunk])
         result = _attribute(explain, copies[0] if single else copies, combined, output=output, nodes=nodes,
-                            repeat=0, check_finite=check_finite)
+                            repeat=0, check_finite=check_finite, listed=True)
         copied = len(chunk)
         chunks.append(_merged([result], lambda tensors: tensors[0].reshape(copied, -1, *tensors[0].shape[1:])))
     return _merged(chunks, torch.cat)

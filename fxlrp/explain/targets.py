@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -145,7 +145,7 @@ def output_relevance(output: Tensor, target: Any, samples: int | None = None) ->
         target = torch.as_tensor(target)
     if isinstance(target, Tensor) and target.shape == output.shape and target.is_floating_point():
         return target.to(device=output.device)
-    if isinstance(target, Region):
+    if isinstance(target, (Region, FromOutput)):
         return target.relevance(output)
     if output.dim() == 0:
         return output.detach().clone()
@@ -276,6 +276,16 @@ class Region:
         return output_relevance(output, self.target) * where.unsqueeze(1).to(output.dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class FromOutput:
+    """A target computed from the explained output: ``relevance(output)`` is the relevance to
+    start from, of the output's shape. Made inside fxlrp by explanations whose targets need the
+    output's values (:func:`fxlrp.explain_generation`: one row per generated token, each at its
+    own position of per-position logits); not a target users give :func:`fxlrp.attribute`."""
+
+    relevance: Callable[[Tensor], Tensor]
+
+
 def box_pixels(box: Sequence[float] | Tensor, height: int, width: int,
                device: torch.device | str | None = None) -> Tensor:
     """The pixels of a box ``(x0, y0, x1, y1)``: those whose centres lie in it, for whole numbers
@@ -367,6 +377,22 @@ def per_copy(target: Any, batch: int) -> Tensor:
         raise ValueError(f"attribute(..., repeat=...) takes class indices as targets (an index, or one per sample "
                          f"of the batch of {batch}); got {target!r}; leave repeat=0 for other targets")
     return index.long().expand(batch)
+
+
+LISTED_PER_POSITION = (
+    "target=[...] on per-position logits (a language model's [batch, length, vocabulary]) would explain every "
+    "target at the last position only, as candidates for the next token: to explain generated tokens each at "
+    "its own position use fxlrp.explain_generation(explain, sequences, start); for candidates of the next token "
+    "pick the position with output= (output=lambda out: out.logits[:, -1]), or give target=(a, b) for a contrast"
+)
+"""Why a list of targets on per-position logits picked by default is refused (:func:`fxlrp.attribute`)."""
+
+
+def logits_per_position(result: Any) -> bool:
+    """Whether ``result`` is a model output with ``logits`` per position ``[batch, length,
+    vocabulary]`` (a language model's), of which :func:`default_output` explains one position."""
+    logits = getattr(result, "logits", None) if not isinstance(result, Tensor) else None
+    return isinstance(logits, Tensor) and logits.dim() == 3
 
 
 def default_output(result: Any, mask: Tensor | None = None) -> Any:

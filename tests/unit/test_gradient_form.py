@@ -7,6 +7,7 @@ dense LRP formula where the gradient form must not be used; float64 throughout.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -52,12 +53,12 @@ class Attention(nn.Module):
         return self.out(mixed.mean(dim=1))
 
 
-def _forms(explain: nn.Module, inputs: Tensor, target: object) -> tuple[Tensor, Tensor]:
+def _forms(explain: nn.Module, inputs: Tensor, target: object, **settings: Any) -> tuple[Tensor, Tensor]:
     assert explain.gradient_form
-    gradient = fxlrp.attribute(explain, inputs, target=target)
+    gradient = fxlrp.attribute(explain, inputs, target=target, **settings)
     assert explain.gradient_form  # nothing on the way made it fall back
     explain.keep_to_relevance_form()
-    return gradient, fxlrp.attribute(explain, inputs, target=target)
+    return gradient, fxlrp.attribute(explain, inputs, target=target, **settings)
 
 
 @pytest.mark.parametrize(("build", "shape", "composite"), [
@@ -126,13 +127,15 @@ def test_silu_identity_rule_over_its_whole_range(dtype) -> None:
 
 def test_gradient_form_for_token_ids_and_several_targets() -> None:
     """GPT-2 (run eagerly; its LayerNorm computes in float64, where Llama's RMSNorm would upcast to
-    float32) explained per token for three next tokens at once, AttnLRP(0)."""
+    float32) explained per token for three candidates of the next token at once, AttnLRP(0) (a list
+    of targets on per-position logits names its position: ``output=``)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16)
     model = transformers.GPT2LMHeadModel(config).double().eval()
     ids = torch.randint(0, 50, (1, 6))
-    gradient, relevance = _forms(fxlrp.convert(model, AttnLRP(0.0)), ids, [3, 7, 11])
+    gradient, relevance = _forms(fxlrp.convert(model, AttnLRP(0.0)), ids, [3, 7, 11],
+                                 output=lambda out: out.logits[:, -1])
     assert gradient.shape == (3, 1, 6)
     assert relative_error(gradient, relevance) <= 1e-10
 

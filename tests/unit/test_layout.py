@@ -32,6 +32,7 @@ LAZY = {
     ("fxlrp", "fxlrp.explain.attribute"): "fxlrp.attribute and attribute_nodes, likewise",
     ("fxlrp", "fxlrp.explain.compiled"): "fxlrp.compile, likewise",
     ("fxlrp", "fxlrp.explain.explainer"): "fxlrp.Explainer, likewise",
+    ("fxlrp", "fxlrp.explain.generation"): "fxlrp.explain_generation and GenerationExplanation, likewise",
     ("fxlrp", "fxlrp.explain.targets"): "fxlrp.Region, likewise",
     ("fxlrp", "fxlrp.rules"): "fxlrp.rules, likewise",
     ("fxlrp", "fxlrp.rules.composites"): "fxlrp.composites, likewise",

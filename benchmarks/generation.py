@@ -1,0 +1,239 @@
+"""What explaining every generated token costs: fxlrp's whole matrix against the steps one by one.
+
+A ``LlamaForCausalLM`` with random weights (``benchmarks/llama_cost.py``'s: 8 layers, hidden 512,
+vocabulary 32000, SDPA attention, float32; ``--large``: about 1B parameters, 16 layers, hidden
+2048, intermediate 5632, 32 heads, 8 key/value heads, vocabulary 32000), a prompt of ``--prompt``
+tokens (default 128; the issue's size: 512) and ``--generated`` generated ones (default 16; the
+issue's: 64), random token ids (what is computed does not depend on which tokens they are).
+Configurations, each giving the relevance of every earlier token for each generated token (the
+matrix ``[generated, length]``):
+
+- ``fxlrp``: ``fxlrp.explain_generation`` with ``AttnLRP(0.0)``: one forward over the whole
+  sequence, one backward pass per generated token (transformers 5);
+- ``gxi``: gradient x input at the word embeddings, one forward and backward per generated token
+  on the prefix before it (plain autograd; the LM head for the last position only);
+- ``lxt_fxlrp`` and ``lxt_gxi``: the same two in LXT's environment (transformers 4.54.1), so that
+  LXT is compared on the same transformers code;
+- ``lxt``: LXT 2.1's efficient mode (``monkey_patch(modeling_llama)``), gradient x input of the
+  patched model on each prefix, step by step as LXT explains a generation (``.venv-lxt``).
+
+Both environments load one saved ``state_dict``. Time: per process one warm-up call of each
+configuration, then ``--repeats`` calls each, the order rotating; medians, and the ratio to the
+gradient x input of the same environment. Memory: in a fresh process per configuration, after a
+warm-up call, the peak of the bytes torch's allocator handed out during one call
+(``benchmarks/allocator.py``). The check: fxlrp's matrix against LXT's (scaled by the logit, as
+LXT seeds with it), relative error.
+
+    python benchmarks/generation.py --threads 2 [--repeats 2]
+    python benchmarks/generation.py --threads 16 --large --prompt 512 --generated 64   # the issue's size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.llama_cost import CONFIG, LXT_PYTHON, LxtPatch, _cpu_name, _model  # noqa: E402
+
+LARGE = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=1024)
+QUICK = dict(CONFIG, num_hidden_layers=2, hidden_size=128, intermediate_size=344, num_attention_heads=4,
+             num_key_value_heads=4, vocab_size=1000)
+MAIN = ("gxi", "fxlrp")
+LXT = ("lxt_gxi", "lxt_fxlrp", "lxt")
+BASE = {"fxlrp": "gxi", "gxi": "gxi", "lxt_fxlrp": "lxt_gxi", "lxt": "lxt_gxi", "lxt_gxi": "lxt_gxi"}
+
+
+# -- inside a worker process -----------------------------------------------------------------------
+
+
+def _runner(name: str, model: Any, sequence: Any, start: int, patch: LxtPatch | None) -> Any:
+    """A call of configuration ``name``: the matrix ``[generated, length]`` (gradient x input and
+    LXT seed each step with 1 and with the logit: relevance times the logit for LXT)."""
+    import torch
+
+    if name in ("fxlrp", "lxt_fxlrp"):
+        import fxlrp
+        from fxlrp.rules.composites import AttnLRP
+
+        explain = fxlrp.convert(model, AttnLRP(0.0))
+        return lambda: fxlrp.explain_generation(explain, sequence, start).relevance[0]
+
+    embedding = model.get_input_embeddings()
+    length = sequence.shape[1]
+
+    def steps(seed_with_logit: bool) -> torch.Tensor:
+        rows = []
+        for position in range(start, length):
+            embeddings = embedding(sequence[:, :position]).detach().requires_grad_()
+            logit = model(inputs_embeds=embeddings, logits_to_keep=1).logits[0, -1, sequence[0, position]]
+            logit.backward(logit.detach() if seed_with_logit else None)
+            row = (embeddings * embeddings.grad).sum(-1)[0].detach()
+            rows.append(torch.nn.functional.pad(row, (0, length - position)))
+        return torch.stack(rows)
+
+    if name == "lxt":
+        def lxt() -> torch.Tensor:
+            with patch:
+                return steps(seed_with_logit=True)
+
+        return lxt
+    return lambda: steps(seed_with_logit=False)
+
+
+def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
+    import torch
+
+    torch.set_num_threads(arguments.threads)
+    config = QUICK if arguments.quick else LARGE if arguments.large else CONFIG
+    model = _model(config, arguments.state)
+    length = arguments.prompt + arguments.generated
+    sequence = torch.randint(3, config["vocab_size"], (1, length), generator=torch.Generator().manual_seed(1))
+    return model, sequence, arguments.prompt
+
+
+def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    model, sequence, start = _setup(arguments)
+    patch = LxtPatch() if "lxt" in arguments.names else None
+    runs = {name: _runner(name, model, sequence, start, patch) for name in arguments.names}
+    matrices = {name: run().tolist() for name, run in runs.items()}  # (the warm-up call)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    order = list(runs)
+    for repeat in range(arguments.repeats):
+        for name in order[repeat % len(order):] + order[:repeat % len(order)]:
+            begin = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - begin)
+    with torch.no_grad():  # each step's logit, to scale fxlrp's rows to LXT's seeding
+        logits = model(input_ids=sequence).logits[0, start - 1:-1].gather(1, sequence[0, start:, None])[:, 0]
+    return {"times": times, "matrices": matrices, "logits": logits.tolist(),
+            "versions": f"torch {torch.__version__}, transformers {__import__('transformers').__version__}"}
+
+
+def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.allocator import allocated_peak_of_call
+
+    model, sequence, start = _setup(arguments)
+    patch = LxtPatch() if "lxt" in arguments.names else None
+    run = _runner(arguments.names[0], model, sequence, start, patch)
+    run()
+    return {"allocated_mb": allocated_peak_of_call(run)}
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.Namespace, state: str) -> dict:
+    command = [python, os.path.abspath(__file__), "--worker", mode, "--names", *names, "--state", state,
+               "--threads", str(arguments.threads), "--repeats", str(arguments.repeats),
+               "--prompt", str(arguments.prompt), "--generated", str(arguments.generated)]
+    command += ["--quick"] if arguments.quick else ["--large"] if arguments.large else []
+    environment = dict(os.environ, PYTHONPATH=ROOT, TRANSFORMERS_VERBOSITY="error")
+    completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(names)} ({mode}) failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def _relative_error(ours: Any, theirs: Any) -> float:
+    return float((ours - theirs).abs().max() / theirs.abs().max())
+
+
+def drive(arguments: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    config = QUICK if arguments.quick else LARGE if arguments.large else CONFIG
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as directory:
+        state = os.path.join(directory, "llama.pt")
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+        parameters = sum(parameter.numel() for parameter in model.parameters())
+        torch.save(model.state_dict(), state)
+        del model
+        main = _spawn(sys.executable, "time", MAIN, arguments, state)
+        lxt = _spawn(LXT_PYTHON, "time", LXT, arguments, state) if not arguments.no_lxt else None
+        names = MAIN + (LXT if lxt is not None else ())
+        memory = {name: _spawn(LXT_PYTHON if name.startswith("lxt") else sys.executable, "memory", (name,),
+                               arguments, state)["allocated_mb"] for name in names}
+    times = {**main["times"], **(lxt["times"] if lxt is not None else {})}
+    report = {
+        "config": config, "parameters": parameters, "prompt": arguments.prompt, "generated": arguments.generated,
+        "threads": arguments.threads, "seconds": {name: statistics.median(values) for name, values in times.items()},
+        "times": times, "allocated_mb": memory,
+        "versions": {"main": main["versions"], **({"lxt": lxt["versions"]} if lxt is not None else {})},
+        "load_average": {"start": load_start, "end": os.getloadavg()},
+        "cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+    }
+    fxlrp_matrix = torch.tensor(main["matrices"]["fxlrp"])
+    if lxt is not None:
+        scale = torch.tensor(lxt["logits"])[:, None]
+        report["fxlrp_vs_lxt_relative_error"] = _relative_error(fxlrp_matrix * scale,
+                                                                torch.tensor(lxt["matrices"]["lxt"]))
+        report["same_environment_relative_error"] = _relative_error(
+            torch.tensor(lxt["matrices"]["lxt_fxlrp"]) * scale, torch.tensor(lxt["matrices"]["lxt"]))
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    """Medians and allocated peaks, as multiples of the gradient x input of the same environment."""
+    seconds, memory = report["seconds"], report["allocated_mb"]
+    labels = {"gxi": "gradient x input per prefix (transformers 5)",
+              "fxlrp": "fxlrp explain_generation, AttnLRP(0.0) (transformers 5)",
+              "lxt_gxi": "gradient x input per prefix (transformers 4.54.1)",
+              "lxt_fxlrp": "fxlrp explain_generation, AttnLRP(0.0) (transformers 4.54.1)",
+              "lxt": "LXT 2.1 efficient mode per prefix (transformers 4.54.1)"}
+    lines = ["| method | median (s) | x gradient x input | allocated peak (MB) | x gradient x input |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, label in labels.items():
+        if name in seconds:
+            base = BASE[name]
+            lines.append(f"| {label} | {seconds[name]:.2f} | {seconds[name] / seconds[base]:.2f}x | "
+                         f"{memory[name]:.1f} | {memory[name] / memory[base]:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
+    parser.add_argument("--generated", type=int, default=16, help="generated tokens explained (default 16)")
+    parser.add_argument("--large", action="store_true", help="the ~1B-parameter configuration")
+    parser.add_argument("--quick", action="store_true", help="a tiny model, to check the script")
+    parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
+    parser.add_argument("--json", help="also write the report here")
+    parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
+    parser.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--state", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.worker:
+        work = worker_time if arguments.worker == "time" else worker_memory
+        print(json.dumps(work(arguments)))
+        return
+    report = drive(arguments)
+    if arguments.json:
+        with open(arguments.json, "w") as file:
+            json.dump(report, file)
+    shown = {key: value for key, value in report.items() if key not in ("times",)}
+    print(json.dumps(shown, indent=1))
+    print(table(report))
+
+
+if __name__ == "__main__":
+    main()
