@@ -1,4 +1,6 @@
-"""examples/ba_shapes.py in fast mode: accuracy, AUC against GNNExplainer, speed."""
+"""examples/ba_shapes.py in fast mode: accuracy, AUC against GNNExplainer. (Its speed against
+GNNExplainer is a measurement the example prints, not a bound for a test: timings depend on
+the machine and its load.)"""
 
 from __future__ import annotations
 
@@ -22,4 +24,3 @@ def test_ba_shapes_fast():
     assert accuracy >= 0.95, output
     lrp, gnn = rows["fxlrp"], rows["GNNExplainer"]
     assert lrp[1] >= gnn[1], output  # edge-mask AUC by magnitude at least GNNExplainer's
-    assert lrp[2] * 10 < gnn[2], output  # and far faster per node
