@@ -142,7 +142,9 @@ def test_killed_and_resumed_and_two_processes_write_the_references_of_one_run(tm
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.is_file():
         pytest.skip("torchrun is not installed beside this Python")
-    environment = {**ENVIRONMENT, "FXLRP_TEST_SAMPLES": "30", "FXLRP_TEST_DELAY": "0.02"}
+    # each sample of the killed run takes 0.1 s to read: the kill lands within the 2.4 s the other
+    # four shards take, however late a loaded machine runs this test's loop
+    environment = {**ENVIRONMENT, "FXLRP_TEST_SAMPLES": "30", "FXLRP_TEST_DELAY": "0.1"}
     options = ["--shard-size", "6", "--batch-size", "4", "--concepts", ",".join(NODES), "--concepts-top", "4"]
 
     def arguments(out: Path) -> list[str]:

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import html as html_module
 import io
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from fxlrp.viz import text
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SPAN = re.compile(r'<span class="fxlrp-token" data-relevance="([^"]+)" title="[^"]*" '
                   r'style="background-color: #([0-9a-f]{6}); color: #([0-9a-f]{6});[^"]*">(.*?)</span>', re.S)
@@ -223,7 +227,9 @@ def test_import_needs_neither_matplotlib_nor_transformers() -> None:
     code = ("import sys, fxlrp.viz.text, fxlrp.viz.generation; "
             "print(sorted(name for name in ('matplotlib', 'transformers', 'PIL') "
             "if name in sys.modules))")
-    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}  # this clone's fxlrp, from any working directory
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT,
+                            env=environment, timeout=120).stdout
     assert loaded.strip() == "[]"
 
 

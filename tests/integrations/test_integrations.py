@@ -3,9 +3,11 @@ load is a warning for the models that need it, never a failure for the rest."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,8 @@ from torch import nn
 import fxlrp
 from fxlrp.explain import loader
 from fxlrp.registry import integrations
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_an_integration_that_fails_to_load_is_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,5 +39,7 @@ def test_an_integration_that_fails_to_load_is_one_warning(monkeypatch: pytest.Mo
 def test_import_fxlrp_imports_no_integration_library() -> None:
     code = ("import sys, fxlrp; print(sorted(name for name in ('torchvision', 'torch_geometric', 'matplotlib', "
             "'transformers', 'timm', 'fxlrp.integrations.pyg', 'fxlrp.viz.text') if name in sys.modules))")
-    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}  # this clone's fxlrp, from any working directory
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT,
+                            env=environment, timeout=120).stdout
     assert loaded.strip() == "[]"

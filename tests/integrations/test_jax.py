@@ -390,12 +390,37 @@ def test_seed004_dense_alpha_beta(alpha: float) -> None:
     if alpha == 1.0:
         assert seed_close(relevance, SEED_DENSE_ALPHA1)
     assert seed_close(relevance, seed_dense_relprop(start, ones, jnp.asarray(SEED_KERNEL), alpha))
-    # inputs of both signs, both output columns
+    # inputs of both signs, both output columns, in float32 as the seed ran: the two formulations
+    # of the same sums round differently, so they are compared within a forward error bound
     x = jax.random.normal(jax.random.PRNGKey(4), (3, 20), jnp.float32)
     start = jax.random.normal(jax.random.PRNGKey(5), (3, 2), jnp.float32)
     relevance = fxjax.attribute(fxjax.convert(seed_dense, rule, x), x, target=start)
     expected = seed_dense_relprop(start, x, jnp.asarray(SEED_KERNEL), alpha)
-    assert relative_error(relevance, expected) < 1e-6
+    difference = np.abs(np.asarray(relevance, np.float64) - np.asarray(expected, np.float64))
+    assert (difference <= alpha_beta_rounding_bound(start, x, SEED_KERNEL, alpha)).all()
+
+
+def alpha_beta_rounding_bound(relevance: Any, x: Any, w: Any, alpha: float) -> np.ndarray:
+    """How far two float32 computations of the alpha-beta rule of ``x @ w`` (the seed's and
+    fxlrp's, each with a stabiliser of 1e-9 on its denominators) can be apart, by input: computed
+    in float64 from the operands. Each denominator ``z`` (``n`` products of one sign, no
+    cancellation) and quotient ``s = R / z`` is within ``gamma_(n+1)`` relative of its exact value
+    (``gamma_k = k u / (1 - k u)``, ``u = 2^-24``), the two stabilisers (``z + 1e-9`` and
+    ``z + 1e-9 sign(z)``) within ``2e-9 / |z|``; the products ``x_j w_jk s_k``, the sums over ``k``
+    and over the parts, the weights alpha and beta round at most 7 times more. So each computation
+    is within ``delta_k |x_j| |w_jk| |s_k|``, summed, of the exact rule, and the two within twice that."""
+    x, w, relevance = (np.asarray(value, np.float64) for value in (x, w, relevance))
+    u, n = 2.0 ** -24, x.shape[-1]
+    gamma = lambda k: k * u / (1 - k * u)  # noqa: E731
+    total = np.zeros_like(x)
+    for weight, up, down in ((alpha, np.clip(w, 0, None), np.clip(w, None, 0)),
+                             (alpha - 1, np.clip(w, None, 0), np.clip(w, 0, None))):
+        z = np.clip(x, 0, None) @ up + np.clip(x, None, 0) @ down
+        quotient = np.abs(relevance) / np.maximum(np.abs(z) - 1e-9, 1e-300) * (z != 0)
+        delta = gamma(n + 8) + 2e-9 / np.maximum(np.abs(z) - 1e-9, 1e-300)
+        total += weight * (np.abs(np.clip(x, 0, None)) * ((np.abs(up) @ (delta * quotient).T).T)
+                           + np.abs(np.clip(x, None, 0)) * ((np.abs(down) @ (delta * quotient).T).T))
+    return 2 * total
 
 
 # ---- errors and layout ------------------------------------------------------------------------
@@ -638,7 +663,8 @@ def test_lrp0_is_gradient_times_input_through_a_cumulative_sum(kind: str) -> Non
     source, first = inspect.getsourcelines(jax_elementwise)
     line = next(number for number, text in enumerate(source, first) if '"cumsum": lambda: jnp.cumsum' in text)
     [cumsum] = [row for row in explain.report().splitlines() if row.startswith("cumsum")]
-    assert cumsum.endswith(f" {__file__}:{line} (jax_elementwise.<locals>.network.<locals>.<lambda>)"), cumsum
+    # (the function as JAX names it: "<lambda>", or its qualified name where JAX gives that)
+    assert f" {__file__}:{line} (" in cumsum and cumsum.endswith("<lambda>)"), cumsum
     assert relative_error(fxjax.attribute(explain, x, target=targets), gradient_times_input(network, x, targets)) \
         < 1e-12
 

@@ -511,18 +511,16 @@ class Case:
     gradient_only: tuple[Callable[..., Any], ...] = ()
     """What the reference lets relevance follow the gradient through, as fxlrp does there."""
     outputs_round: bool = False
-    """The explainer computes the model's outputs by other kernels, so they may differ by rounding
-    (nn.MultiheadAttention run by fxlrp with ``strict=False``; BEiT and Swin with gradients on,
-    where the model's parameters that require grad take other kernels for the relative position
-    bias than the explainer's detached ones; FalconMamba, Jamba, Mamba and Zamba, whose
+    """The model's parameters that require grad take other kernels than the explainer's detached
+    twins (nn.MultiheadAttention run by fxlrp with ``strict=False``; BEiT and Swin with gradients
+    on, for the relative position bias; FalconMamba, Jamba, Mamba and Zamba, whose
     ``dt_proj.weight @ time_step.transpose(1, 2)`` or ``x_proj`` torch.matmul folds into one
-    matrix product for a weight that requires grad and broadcasts into a batched one for the
-    explainer's detached twin; ConvBERT's linear layer on a transposed input: a matrix product and
-    an add for the model, a batched product or one ``addmm`` for the explainer). Whether those
-    kernels round alike depends on the machine (equal here for ConvBERT, Mamba and Zamba, 1.1e-7
-    and 2.1e-7 relative for FalconMamba and Jamba): compared within three times the rounding of
-    the model's own output (:func:`_output_rounding`; measured: 0 to 1.0x of it here, up to 1.6x
-    on emulated machines whose kernels all round differently - few outputs, a wide spread)."""
+    matrix product for a weight that requires grad and broadcasts into a batched one for a
+    detached weight; ConvBERT's linear layer on a transposed input: a matrix product and an add, or
+    a batched product or one ``addmm``), whose rounding differs by an amount that depends on the
+    machine. The explainer's outputs are compared bit for bit with those of a copy of the model
+    whose parameters do not require grad (the same kernels), and in float64 with the model's own
+    within 1e-9 relative."""
     compared: bool = True
     """Whether the relevance is compared with the reference (not where only float32 runs and the
     gradient-following formulation divides by the inputs)."""
@@ -788,35 +786,22 @@ def in_float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[Case], None]:
     return apply
 
 
-def _output_rounding(case: Case, model: nn.Module, inputs: tuple[Any, ...]) -> float:
-    """The rounding of the model's output in the case's dtype, relative to its largest value: how
-    far its output in float32 is from its output in float64 (a copy in the other dtype), in units
-    of the case's dtype (float64 rounds 2^29 times finer). Two orders of the same sums round about
-    as much each, so their outputs differ by about as much again."""
-    other = torch.float32 if case.dtype == torch.float64 else torch.float64
-    twin = copy.deepcopy(model).to(other)
-    cast = tuple(value.to(other) if isinstance(value, Tensor) and value.is_floating_point() else value
-                 for value in inputs)
-    with torch.no_grad():
-        own, other_output = case.pick(model(*inputs)).double(), case.pick(twin(*cast)).double()
-    single, double = (other_output, own) if case.dtype == torch.float64 else (own, other_output)
-    return relative_error(single, double) * torch.finfo(case.dtype).eps / torch.finfo(torch.float32).eps
-
-
 @pytest.mark.parametrize("name", [*CASES, *(pytest.param(name, marks=pytest.mark.slow) for name in MORE_CASES)])
 def test_attnlrp_equals_lxts_gradient_times_input(name: str, in_float64) -> None:
     case = CASES.get(name) or MORE_CASES[name]
     in_float64(case)
     model, inputs = _model(case)
     explain = fxlrp.convert(model, AttnLRP(epsilon=0.0), strict=not case.missing)
-    rounding = _output_rounding(case, model, inputs) if case.outputs_round else 0.0
+    # the model's kernels where its parameters do not require grad, as the explainer's do not
+    frozen = copy.deepcopy(model).requires_grad_(False) if case.outputs_round else model
     for grad in (False, True):  # T5's attention takes other kernels with and without gradients
         with torch.set_grad_enabled(grad):
-            explained, expected = case.pick(explain(*inputs)).detach(), case.pick(model(*inputs)).detach()
-        if case.outputs_round:
-            assert relative_error(explained, expected) <= 3 * rounding, (relative_error(explained, expected), rounding)
-        else:  # the same kernels on the same layouts (the model's and the explainer's runs compared)
-            assert torch.equal(explained, expected)
+            explained, expected = case.pick(explain(*inputs)).detach(), case.pick(frozen(*inputs)).detach()
+            own = case.pick(model(*inputs)).detach() if frozen is not model else expected
+        # the same kernels on the same layouts (the model's and the explainer's runs compared)
+        assert torch.equal(explained, expected)
+        if case.dtype == torch.float64:  # the model's own kernels: the same sums in another order
+            assert relative_error(explained, own) <= 1e-9
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         first = fxlrp.attribute(explain, inputs, target=1, output=case.pick)
@@ -886,18 +871,32 @@ def _at_each_last_token(lengths: tuple[int, ...]) -> Callable[[Any], Tensor]:
     return lambda output: output.logits[torch.arange(len(lengths)), torch.tensor(lengths) - 1]
 
 
+def _rotary_in_float64(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Llama's rotary embedding with its angles, cos and sin in float64 (transformers computes them
+    in float32 whatever the model's dtype)."""
+    freqs = position_ids[..., None].double() * self.inv_freq.double()
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return (angles.cos() * self.attention_scaling).to(x.dtype), (angles.sin() * self.attention_scaling).to(x.dtype)
+
+
 @pytest.mark.parametrize("name", ["LlamaForCausalLM", "GPT2LMHeadModel"])
-def test_a_padded_batch_is_explained_at_each_sequences_last_token(name: str, in_float64) -> None:
+def test_a_padded_batch_is_explained_at_each_sequences_last_token(name: str, in_float64,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A causal LM's default target is the next token after each sequence's last token, which the
     padding mask (``attention_mask``) marks: in a batch padded on the right, the shorter sequence's
     last position is padding, whose prediction nobody asked to explain (before: the padded
-    sequence's token relevance was 61% (Llama) and 51% (GPT-2) off). Each sequence's token relevance equals the
-    reference's for it alone, without padding, to float64's rounding and to how far the reference
-    itself run on the padded batch is from that (a batch of another length computes by other
-    kernels: Llama's rotary embedding takes cos and sin in float32, where a vectorised and a
-    scalar loop may round differently); padding gets none."""
+    sequence's token relevance was 61% (Llama) and 51% (GPT-2) off). Each sequence's token
+    relevance equals the reference's for it alone, without padding, within 1e-9 relative; padding
+    gets none. A batch of another length computes by other kernels (a vectorised and a scalar
+    loop), which round differently: Llama's rotary embedding, which transformers computes in
+    float32, computes in float64 here (in the model both explanations run), so that every
+    difference is float64 rounding."""
     case = CASES[name]
     in_float64(case)
+    if name == "LlamaForCausalLM":
+        from transformers.models.llama import modeling_llama
+
+        monkeypatch.setattr(modeling_llama.LlamaRotaryEmbedding, "forward", _rotary_in_float64)
     model, _ = _model(case)
     explain = fxlrp.convert(model, AttnLRP(epsilon=0.0))
     ids, lengths = _ids(length=7), (7, 4)
@@ -909,9 +908,9 @@ def test_a_padded_batch_is_explained_at_each_sequences_last_token(name: str, in_
     [padded] = reference_relevance(_Masked(model, mask), (ids,), _at_each_last_token(lengths), target=1)
     for sample, length in enumerate(lengths):
         [expected] = reference_relevance(model, (ids[sample:sample + 1, :length],), _next_token, target=1)
-        rounding = relative_error(padded[sample, :length], expected[0])
-        error = relative_error(relevance[sample, :length], expected[0])
-        assert error <= 1e-10 + 2 * rounding, (sample, error, rounding)
+        # (the reference itself gives the padded sequence its relevance alone: what the test asks)
+        assert relative_error(padded[sample, :length], expected[0]) <= 1e-9
+        assert relative_error(relevance[sample, :length], expected[0]) <= 1e-9
         # (exact: the explained position comes before the padding, which the causal model's
         # output there does not read: its gradient is 0)
         assert torch.equal(relevance[sample, length:], torch.zeros(7 - length, dtype=relevance.dtype))

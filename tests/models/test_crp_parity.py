@@ -2,8 +2,11 @@
 Achtibat et al., Nature Machine Intelligence 2023): :func:`fxlrp.concepts.conditional_relevance`
 and :func:`fxlrp.concepts.attribution_graph` against ``crp.attribution.CondAttribution`` and
 ``AttributionGraph`` for the same composite (EpsilonPlusFlat) and conditions, on torchvision's
-VGG-16 with BatchNorm and ResNet-18 (random weights and BatchNorm statistics), in float32 and
-float64.
+VGG-16 with BatchNorm and ResNet-18 (random weights and BatchNorm statistics), in float64: the two
+compute the same relevance by other operations (BatchNorm merged into the convolution or folded,
+a ``Sum`` module or a graph-level add, another capture path), which round differently; in float32
+a concept that carries little relevance moves by more than 1e-5 (:func:`top_channels`) and no
+bound holds on every CPU, in float64 the same amplification of rounding stays far below 1e-10.
 
 zennit-crp explains with zennit's canonizers (``VGGCanonizer``, ``ResNetCanonizer``: BatchNorm
 merged into the convolution before it, the residual ``+`` a ``Sum`` module); fxlrp with its own
@@ -45,8 +48,8 @@ from zennit.torchvision import ResNetCanonizer, VGGCanonizer
 import fxlrp
 from fxlrp.concepts import attribution_graph, conditional_relevance
 
-BOUNDS = {torch.float32: 1e-5, torch.float64: 1e-10}
-F32, F64 = torch.float32, torch.float64
+BOUNDS = {torch.float64: 1e-10}
+F64 = torch.float64
 SLOW = pytest.mark.slow
 
 
@@ -54,10 +57,9 @@ def case(name: str, dtype: torch.dtype, slow: bool = False) -> Any:
     return pytest.param(name, dtype, id=f"{name}-{str(dtype)[6:]}", marks=[SLOW] if slow else [])
 
 
-# The fast lane compares each model in one precision and each feature once; ``make test-all`` adds
-# the rest (VGG-16 in float64, ResNet-18 in float32, the repeated comparisons).
-CASES = [case("vgg16_bn", F32), case("vgg16_bn", F64, slow=True), case("resnet18", F32, slow=True),
-         case("resnet18", F64)]
+# The fast lane compares each model and each feature once; ``make test-all`` adds the repeated
+# comparisons.
+CASES = [case("vgg16_bn", F64), case("resnet18", F64)]
 SIZE = 32
 
 
@@ -182,7 +184,7 @@ def test_conditional_relevance_equals_zennit_crp(name: str, dtype: torch.dtype, 
     compare_with_zennit_crp(name, dtype, exclude_parallel, "auto")
 
 
-@pytest.mark.parametrize("dtype", [F32, pytest.param(F64, marks=SLOW)], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [F64], ids=["float64"])
 @pytest.mark.parametrize("exclude_parallel", [True, pytest.param(False, marks=SLOW)],
                          ids=["exclude_parallel", "all_paths"])
 def test_model_run_eagerly_equals_zennit_crp(dtype: torch.dtype, exclude_parallel: bool) -> None:
@@ -215,7 +217,7 @@ def compare_with_zennit_crp(name: str, dtype: torch.dtype, exclude_parallel: boo
     assert max(errors.values()) <= bound, errors
 
 
-@pytest.mark.parametrize(("name", "dtype"), [case("vgg16_bn", F32, slow=True), case("resnet18", F64)])
+@pytest.mark.parametrize(("name", "dtype"), [case("vgg16_bn", F64, slow=True), case("resnet18", F64)])
 def test_zennit_crp_counts_a_conditioned_layer_twice_with_exclude_parallel(name: str, dtype: torch.dtype) -> None:
     """zennit-crp's partial backward passes (``exclude_parallel=True``) end at a conditioned layer
     with ``torch.autograd.grad`` and start the next pass there: both add the layer's relevance to
@@ -231,7 +233,7 @@ def test_zennit_crp_counts_a_conditioned_layer_twice_with_exclude_parallel(name:
 
 
 
-@pytest.mark.parametrize(("name", "dtype"), [case("vgg16_bn", F32, slow=True), case("resnet18", F64)])
+@pytest.mark.parametrize(("name", "dtype"), [case("vgg16_bn", F64, slow=True), case("resnet18", F64)])
 @pytest.mark.parametrize("repeat", [pytest.param(0, marks=SLOW), 3])
 def test_many_conditions_equal_zennit_crp_generate(name: str, dtype: torch.dtype, repeat: int) -> None:
     """Seven conditions on one layer: zennit-crp's ``generate`` (three per backward pass, the last
@@ -255,7 +257,7 @@ def test_many_conditions_equal_zennit_crp_generate(name: str, dtype: torch.dtype
         assert relative_error(ours.relevance[layer][:, 0], expected) <= BOUNDS[dtype], layer
 
 
-@pytest.mark.parametrize("dtype", [F32, pytest.param(F64, marks=SLOW)], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [F64], ids=["float64"])
 def test_start_layer_equals_zennit_crp(dtype: torch.dtype) -> None:
     """Relevance started at a layer's activation, masked by the condition's channels
     (zennit-crp's ``start_layer``): the concept's own heatmap, of no class."""
@@ -272,7 +274,7 @@ def test_start_layer_equals_zennit_crp(dtype: torch.dtype) -> None:
         assert per_condition_error(ours.relevance[layer][:, 0], expected.relevances[layer]) <= BOUNDS[dtype], layer
 
 
-@pytest.mark.parametrize("dtype", [F32, pytest.param(F64, marks=SLOW)], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [F64], ids=["float64"])
 def test_attribution_graph_equals_zennit_crp(dtype: torch.dtype) -> None:
     """zennit-crp's ``AttributionGraph`` (its layer graph traced with ``torch.jit``) and fxlrp's
     :func:`attribution_graph` find the same concepts with the same relevances, decomposing the
