@@ -16,6 +16,7 @@ from fxlrp.errors import FxlrpError
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.input_checks import (
     FAILURES,
+    FiniteChecks,
     input_rejection,
     model_of,
     no_floating_input_error,
@@ -202,8 +203,9 @@ def _attribute(
                                    check_finite=check_finite)
     single = isinstance(inputs, Tensor)
     refuse_ranks_the_model_refuses(explain, (inputs,) if single else inputs)
-    if check_finite:
-        refuse_non_finite_inputs(explain, inputs)
+    finite = FiniteChecks() if check_finite else None
+    if finite is not None:
+        finite.check(inputs, lambda: refuse_non_finite_inputs(explain, inputs))
     leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
     # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
     # eagerly) leaves the Python object holding the written values (fxlrp.eager.interpret.replace_values);
@@ -215,30 +217,31 @@ def _attribute(
     gradient = nodes is None and getattr(explain, "gradient_form", False)
     try:
         found, looked_up, recorded, intermediate = _backward(
-            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, gradient)
+            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, finite, gradient)
     except GradientFormUnavailable:
         # The composite allows the gradient form but the model meets a rule or operation without
         # one (an operation's own default rule, PReLU): this explainer keeps to the relevance form.
         explain.keep_to_relevance_form()
         found, looked_up, recorded, intermediate = _backward(
-            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite, False)
+            explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, finite, False)
     results = [_assembled(iter(grads), leaves, looked_up, recorded, intermediate, single, nodes is None)
                for grads in found]
-    if check_finite:
-        refuse_non_finite_relevance(results)
+    if finite is not None:
+        finite.check(results, lambda: refuse_non_finite_relevance(results))
+        finite.refuse()
     return _merged(results, torch.stack) if many else results[0]
 
 
 def _backward(
     explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
     values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
-    many: bool, check_finite: bool, gradient: bool,
+    many: bool, finite: FiniteChecks | None, gradient: bool,
 ) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
     """:func:`attribute`'s forward and backward passes: the relevance reaching the explained
     inputs, the intermediate nodes and the embedding lookups, per target. ``gradient``: in the
     gradient form (:mod:`fxlrp.relevance.form`), converted back to relevance here."""
     try:
-        return _passes(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, check_finite,
+        return _passes(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many, finite,
                        gradient)
     except _ForwardFailed as failed:
         error, ids_looked_up = failed.error, failed.ids_looked_up
@@ -264,7 +267,7 @@ class _ForwardFailed(Exception):  # noqa: N818 - a signal within this module, ne
 def _passes(
     explain: nn.Module, inputs: Tensor | Sequence[Any], leaves: list[Any], explained_leaves: list[Any],
     values: list[Tensor], target: Any, output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None,
-    many: bool, check_finite: bool, gradient: bool,
+    many: bool, finite: FiniteChecks | None, gradient: bool,
 ) -> tuple[list[tuple[Tensor | None, ...]], list[list[RelevanceSource]], dict[str, Any], list[Tensor | None]]:
     """:func:`_backward`'s passes; a failure of the forward raised as :class:`_ForwardFailed`."""
     with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
@@ -313,8 +316,8 @@ def _passes(
                 "a sqrt is an activation of your model, register it with the identity rule (docs/extending.md)"
                 + "".join(f"\n  - relevance stops at {stop}" for stop in stops)
             )
-        if check_finite:
-            refuse_non_finite_output(explained)
+        if finite is not None:
+            finite.check(explained, lambda: refuse_non_finite_output(explained))
         samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
         starts = [output_relevance(explained, one, samples) for one in (target if many else [target])]
         if gradient:  # g = R / y at the output

@@ -5,7 +5,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from fxlrp.relevance.tracing import known_on_host, values_are_traced
+from fxlrp.relevance.tracing import values_are_traced
 
 LOST_RELEVANCE_MESSAGE = (
     "fxlrp: relevance arriving at an output of 0 is dropped (it cannot be divided among the "
@@ -63,15 +63,9 @@ def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = F
         The quotient, 0 where the denominator is 0.
     """
     quotient = relevance / denominator
-    traced = values_are_traced()  # a trace records the general case, for every input
-    if not warn and known_on_host(quotient, lambda quotient: torch.isfinite(quotient.sum())):
-        # A zero denominator makes the quotient Inf or NaN there, and so its sum: a finite sum
-        # (one pass that writes nothing; on the CPU the check costs no synchronisation) means
-        # there is nothing to drop. Elsewhere, or if there is, the zeros are found and overwritten.
-        return quotient
     zero = denominator == 0
-    if warn and not traced and bool((zero & (relevance != 0)).any()):
+    if warn and not values_are_traced() and bool((zero & (relevance != 0)).any()):
         warnings.warn(LOST_RELEVANCE_MESSAGE, stacklevel=2)
-    # The quotient's Inf and NaN at zero denominators are overwritten in place: three passes,
-    # no host synchronisation to find out whether there are any.
+    # The quotient's Inf and NaN at zero denominators are overwritten in place: three operations
+    # and no read on the host (whether there are any zeros would be a device synchronisation).
     return quotient.masked_fill_(zero, 0.0)

@@ -32,7 +32,7 @@ from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.roles import GATE
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance, gradient_root
 from fxlrp.relevance.terms import Parameters, ParameterVariants, ZeroParams
-from fxlrp.relevance.tracing import known_on_host, values_are_traced
+from fxlrp.relevance.tracing import values_read_on_host
 
 Stabiliser = float | Callable[[Tensor], Tensor]
 """A number ``eps`` (zennit's sign-preserving shift) or a function ``z -> stabilised z``."""
@@ -495,7 +495,7 @@ class Gamma(TwoHalves):
     def half_weights(self, output: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         # An output sign that never occurs receives no relevance: its half is not computed.
         positive, negative = output > 0, output < 0
-        if values_are_traced():  # a half without outputs gets zero weights: its terms add zeros
+        if not values_read_on_host(output):  # a half without outputs gets zero weights: its terms add zeros
             return positive, negative
         return (positive if bool(positive.any()) else None, negative if bool(negative.any()) else None)
 
@@ -854,12 +854,9 @@ class SoftmaxRule(Epsilon):
 
 def _zero_where_infinite(share: Tensor, value: Tensor) -> Tensor:
     """``share`` with 0 where ``value`` is not finite (masked logits of ``-inf``)."""
-    if known_on_host(value, lambda value: torch.isfinite(value.sum())):
-        # No mask in these logits (a finite sum: one read-only pass, no synchronisation on the
-        # CPU) - nothing to overwrite; the mask and the select cost three passes and a buffer.
-        return share
-    return share.masked_fill_(~torch.isfinite(value), 0.0) if not share.requires_grad else torch.where(
-        torch.isfinite(value), share, torch.zeros_like(share))
+    finite = torch.isfinite(value)
+    return share.masked_fill_(finite.logical_not_(), 0.0) if not share.requires_grad else torch.where(
+        finite, share, torch.zeros_like(share))
 
 
 class AttentionAsConstant(Rule):
