@@ -61,10 +61,10 @@ TURN_OFF = "pass check_finite=False to fxlrp.attribute to explain it as it is"
 class FiniteChecks:
     """The NaN and Inf checks of one explanation, read on the host together at its end.
 
-    Each check keeps, per checked tensor, a one-element flag on the tensor's device (whether all
-    its values are finite) and the function that raises its error. :meth:`refuse` reads all flags
-    at once - one device synchronisation per call instead of one per check - and where one is
-    false calls the refusals in the order the checks were made (inputs, explained output,
+    Each check keeps, per checked tensor, a one-element flag on the tensor's device (whether any
+    of its values is NaN or Inf) and the function that raises its error. :meth:`refuse` reads all
+    flags at once - one device synchronisation per call instead of one per check - and where one
+    is set calls the refusals in the order the checks were made (inputs, explained output,
     relevance), so the error is the first failing check's, with its counts.
     """
 
@@ -75,8 +75,11 @@ class FiniteChecks:
     def check(self, values: Any, refusal: Callable[[], None]) -> None:
         """Check the floating-point (and complex) tensors in ``values`` (a tensor, or tuples, lists
         and dicts of them); ``refusal`` raises their error."""
-        flags = [torch.isfinite(value.detach()).all() for value in _tensors(values)
-                 if (value.is_floating_point() or value.is_complex()) and value.device.type != "meta"]
+        with torch.no_grad():
+            # The sum of the values times 0 is NaN exactly where one value is NaN or Inf (0 * Inf
+            # is NaN), else 0: three operations, where torch.isfinite(value).all() dispatches five.
+            flags = [value.mul(0).sum().isnan() for value in _tensors(values)
+                     if (value.is_floating_point() or value.is_complex()) and value.device.type != "meta"]
         if flags:
             self._flags += flags
             self._refusals.append(refusal)
@@ -86,7 +89,7 @@ class FiniteChecks:
         groups: dict[torch.device, list[Tensor]] = {}
         for flag in self._flags:
             groups.setdefault(flag.device, []).append(flag)
-        if all(bool(torch.stack(flags).all()) for flags in groups.values()):
+        if not any(bool(torch.stack(flags).any()) for flags in groups.values()):
             return
         for refusal in self._refusals:
             refusal()

@@ -36,7 +36,7 @@ def stabilise(denominator: Tensor, epsilon: float) -> Tensor:
     if epsilon == 0.0:
         return denominator
     step = denominator.new_full((), epsilon)
-    if denominator.requires_grad:  # out=/in-place ops cannot be recorded by autograd
+    if denominator.requires_grad and torch.is_grad_enabled():  # out=/in-place ops cannot be recorded by autograd
         return torch.copysign(step, denominator) + denominator
     # One buffer for both passes (a fresh allocation per pass costs as much as the pass).
     return torch.copysign(step, denominator).add_(denominator)
