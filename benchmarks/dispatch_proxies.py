@@ -9,7 +9,9 @@ and its Python. Two proxies, measured on the CPU:
   synchronise a GPU with the host (``_local_scalar_dense``: ``.item()``, ``bool(tensor)``,
   ``float(tensor)``; ``equal``; ``is_nonzero``; operations whose output's size depends on values:
   ``nonzero``, ``masked_select``, ``unique``), beside ``Tensor.tolist`` / ``.numpy`` calls
-  (counted with a ``TorchFunctionMode``: on the CPU they dispatch nothing);
+  (counted with a ``TorchFunctionMode``: on the CPU they dispatch nothing). Counted twice: on the
+  CPU's path, and on the path the rules take on a GPU (:func:`as_on_a_gpu`: no work skipped by
+  reading values, fxlrp/relevance/tracing.py);
 - *tiny-input time*: wall time at batch 1 on the smallest sensible input, where the host's cost
   dominates as on a GPU: paired calls (gradient x input and the explanation one after the other,
   the order alternating), the ratio per pair, min and median over pairs.
