@@ -17,6 +17,7 @@ from fxlrp.errors import ExplanationInputError, FxlrpError
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.input_checks import (
     FAILURES,
+    FiniteChecks,
     input_rejection,
     model_of,
     no_floating_input_error,
@@ -257,8 +258,9 @@ def _attribute(
                                    check_finite=check_finite)
     single = isinstance(inputs, Tensor)
     refuse_ranks_the_model_refuses(explain, (inputs,) if single else inputs)
-    if check_finite:
-        refuse_non_finite_inputs(explain, inputs)
+    finite = FiniteChecks() if check_finite else None
+    if finite is not None:
+        finite.check(inputs, lambda: refuse_non_finite_inputs(explain, inputs))
     leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
     # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
     # eagerly) leaves the Python object holding the written values (fxlrp.eager.in_place.replace_values);
@@ -268,7 +270,7 @@ def _attribute(
         raise TypeError("attribute_nodes needs the explainer returned by fxlrp.convert")
     values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
     request = _Request(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many,
-                       listed=listed or many, check_finite=check_finite,
+                       listed=listed or many, finite=finite,
                        gradient=nodes is None and getattr(explain, "gradient_form", False))
     try:
         results = _backward(request)
@@ -277,8 +279,9 @@ def _attribute(
         # one (an operation's own default rule, PReLU): this explainer keeps to the relevance form.
         explain.keep_to_relevance_form()
         results = _backward(dataclasses.replace(request, gradient=False))
-    if check_finite:
-        refuse_non_finite_relevance(results)
+    if finite is not None:
+        finite.check(results, lambda: refuse_non_finite_relevance(results))
+        finite.refuse()
     return _merged(results, torch.stack) if many else results[0]
 
 
@@ -303,7 +306,8 @@ class _Request:
     """Whether ``target`` is a list of targets explained from this forward, each with a backward pass."""
     listed: bool
     """Whether the user gave a list of targets (this pass may explain copies of the inputs for them)."""
-    check_finite: bool
+    finite: FiniteChecks | None
+    """The checks for NaN and Inf, read once at the end of the call; None: no checks."""
     gradient: bool
     """Whether the passes run in the gradient form (:mod:`fxlrp.relevance.form`), converted back
     to relevance at the end."""
@@ -392,8 +396,8 @@ def _passes(request: _Request) -> list[Any]:
                 "a sqrt is an activation of your model, register it with the identity rule (docs/extending.md)"
                 + "".join(f"\n  - relevance stops at {stop}" for stop in stops)
             )
-        if request.check_finite:
-            refuse_non_finite_output(explained)
+        if request.finite is not None:
+            request.finite.check(explained, lambda: refuse_non_finite_output(explained))
         samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
         starts = (output_relevance(explained, one, samples) for one in (target if many else [target]))
         if gradient:  # g = R / y at the output

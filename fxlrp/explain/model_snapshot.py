@@ -12,12 +12,15 @@ buffers (shared storage), so values the user changes in place - an optimizer ste
 - values the conversion computed new tensors from: BatchNorm folded into its layer (from the
   layer's parameters and the running statistics) and BatchNorm's scale and shift, kept while
   their sources' version counters stand still. A forward in training mode updates the running
-  statistics inside the kernel without counting a version, so they are compared by value.
+  statistics inside the kernel without counting their versions; BatchNorm's forward then counts
+  the batch in ``num_batches_tracked`` in place, whose version is compared. (A norm module
+  without that counter has its statistics compared by value.)
 
 :class:`ModelSnapshot` records these at conversion and names the first that changed; the
 explainer then converts the model again before it runs (:meth:`fxlrp.explain.explainer.Explainer.follow_model`).
 Checking compares each table at once, so that it costs a small part of a millisecond for a
-ResNet-50 (151 modules, running statistics included).
+ResNet-50 (151 modules, running statistics included), and reads no tensor values: on a GPU,
+no synchronisation.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class ModelSnapshot:
         attributes: list[tuple[nn.Module, dict[str, Any], str, Any]] = []
         statistics: list[Tensor] = []
         storages: list[tuple[Tensor, int]] = []
+        counted: list[Tensor] = []
         for module in model.modules():
             for table in (module._modules, module._parameters, module._buffers, module._forward_hooks,
                           module._forward_pre_hooks):
@@ -81,7 +85,12 @@ class ModelSnapshot:
                 if not name.startswith("_") and name != "training" and (isinstance(value, Tensor) or _is_plain(value)):
                     attributes.append((module, vars(module), name, value))
             if isinstance(module, _NormBase) and module.running_mean is not None:
-                statistics.extend(tensor for tensor in (module.running_mean, module.running_var) if tensor is not None)
+                running = [tensor for tensor in (module.running_mean, module.running_var) if tensor is not None]
+                counter = getattr(module, "num_batches_tracked", None)
+                if isinstance(counter, Tensor):
+                    counted.extend((*running, counter))
+                else:
+                    statistics.extend(running)
         self.lengths = list(map(len, self.tables))
         self.filled = [table for table in self.tables if table]
         self.names = list(chain.from_iterable(self.filled))
@@ -90,6 +99,7 @@ class ModelSnapshot:
         self.attribute_values = [value for *_, value in attributes]
         self.versions = [(tensor, tensor._version) for module in derived_from
                          for tensor in (*module._parameters.values(), *module._buffers.values()) if tensor is not None]
+        self.versions += [(tensor, tensor._version) for tensor in counted]
         self.storages = storages
         self.statistics = statistics
         self.statistics_values = _flat(statistics) if statistics else {}
@@ -110,7 +120,7 @@ class ModelSnapshot:
                     return f"the attribute {name!r} of a {type(module).__name__} changed"
         for tensor, version in self.versions:
             if tensor._version != version:
-                return "parameters that BatchNorm was folded into changed"
+                return "parameters that BatchNorm was folded into, or BatchNorm's running statistics, changed"
         if self.statistics:
             current_values = _flat(self.statistics)
             if any(not torch.equal(current_values[group], values) for group, values in self.statistics_values.items()):

@@ -323,15 +323,19 @@ def _class_relevance(output: Tensor, target: Any, given: Tensor | None = None) -
     """The output times a one-hot mask over its last dimension, the classes: at ``target`` (an
     index, or one per sample), or at each sample's highest output (None). ``given``: the output as
     the model gave it, when its classes were moved last (an image-shaped output)."""
-    if target is None:
-        target = output.detach().argmax(dim=-1)
+    mask = torch.zeros_like(output)
+    if target is None:  # (in range and one per sample: nothing to check, no index read on the host)
+        return output.detach() * mask.scatter_(-1, output.detach().argmax(dim=-1, keepdim=True), 1.0)
     if isinstance(target, float) or (isinstance(target, Tensor) and target.is_floating_point()):
         shape = list((output if given is None else given).shape)
         shown = f"a float tensor of shape {list(target.shape)}" if isinstance(target, Tensor) else f"{target!r}"
         raise ExplanationInputError(
             f"target is {shown}: a float tensor is taken as the output relevance itself and must have the explained "
             f"output's shape {shape}; class indices are integers (pass target.long() for labels held as floats)")
-    mask = torch.zeros_like(output)
+    if isinstance(target, int) and not isinstance(target, bool):  # (checked on the host: no synchronisation)
+        _check_target(target, target, output, given)
+        mask[..., target] = 1.0
+        return output.detach() * mask
     index = torch.as_tensor(target, device=output.device, dtype=torch.long)
     _check_target(index, target, output, given)
     if index.dim() == 0:
@@ -351,17 +355,22 @@ def _dense_relevance(output: Tensor, target: Any) -> Tensor:
     return _class_relevance(output.movedim(1, -1), target, given=output).movedim(-1, 1)
 
 
-def _check_target(index: Tensor, target: Any, output: Tensor, given: Tensor | None = None) -> None:
+def _check_target(index: Tensor | int, target: Any, output: Tensor, given: Tensor | None = None) -> None:
     """A ValueError in the user's terms for a class index the output does not have, or a number of
     indices that is not one per sample (instead of an indexing error from inside torch); ``output``
-    has its classes last, ``given`` is the output as the model gave it if they were not."""
+    has its classes last, ``given`` is the output as the model gave it if they were not. ``index``:
+    the indices as a tensor, or one index as a Python int."""
     classes, samples = output.shape[-1], output[..., 0].numel()
     shape = list((output if given is None else given).shape)
-    if index.dim() > 0 and index.numel() != samples:
+    if isinstance(index, int):
+        out_of_range = not -classes <= index < classes
+    elif index.dim() > 0 and index.numel() != samples:
         per = f"one per sample ({samples})" if given is None else f"one per sample ({shape[0]}) or position ({samples})"
         raise ExplanationInputError(f"target has {index.numel()} class indices; the explained output {shape} needs "
                                     f"one index, or {per}")
-    if index.numel() and bool((index < -classes).any() | (index >= classes).any()):
+    else:
+        out_of_range = index.numel() > 0 and bool((index < -classes).any() | (index >= classes).any())
+    if out_of_range:
         shown = (target.tolist() if target.numel() <= 16 else f"tensor of shape {list(target.shape)}") \
             if isinstance(target, Tensor) else target
         where = f"has {classes} classes in its last dimension" if given is None else \

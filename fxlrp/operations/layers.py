@@ -14,6 +14,7 @@ from fxlrp.operations.normalization import normalisation, scaled_and_shifted
 from fxlrp.registry import Kind, NativeInGradientForm, Operation, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.relevance.tracing import values_read_on_host
 
 
 def as_matrix_rows(input: Tensor) -> Tensor:
@@ -72,8 +73,7 @@ def may_skip_zeros(tensor: Tensor, products: int) -> bool:
     rows and columns of 0 first: on the CPU (on a GPU the count would make the host wait for the
     device), outside ``torch.compile`` (whose graph cannot branch on values), where large enough
     to gain."""
-    return (0 < products and products >= SPARSE_CHECK_MIN_PRODUCT and tensor.device.type == "cpu"
-            and not torch.compiler.is_compiling())
+    return 0 < products and products >= SPARSE_CHECK_MIN_PRODUCT and values_read_on_host(tensor)
 
 
 def linear_input_gradient(gradient: Tensor, weight: Tensor) -> Tensor:

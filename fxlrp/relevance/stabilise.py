@@ -5,7 +5,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from fxlrp.relevance.tracing import known_on_host, values_are_traced
+from fxlrp.relevance.tracing import values_are_traced
 
 LOST_RELEVANCE_MESSAGE = (
     "fxlrp: relevance arriving at an output of 0 is dropped (it cannot be divided among the "
@@ -36,7 +36,7 @@ def stabilise(denominator: Tensor, epsilon: float) -> Tensor:
     if epsilon == 0.0:
         return denominator
     step = denominator.new_full((), epsilon)
-    if denominator.requires_grad:  # out=/in-place ops cannot be recorded by autograd
+    if denominator.requires_grad and torch.is_grad_enabled():  # out=/in-place ops cannot be recorded by autograd
         return torch.copysign(step, denominator) + denominator
     # One buffer for both passes (a fresh allocation per pass costs as much as the pass).
     return torch.copysign(step, denominator).add_(denominator)
@@ -63,15 +63,9 @@ def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = F
         The quotient, 0 where the denominator is 0.
     """
     quotient = relevance / denominator
-    traced = values_are_traced()  # a trace records the general case, for every input
-    if not warn and known_on_host(quotient, lambda quotient: torch.isfinite(quotient.sum())):
-        # A zero denominator makes the quotient Inf or NaN there, and so its sum: a finite sum
-        # (one pass that writes nothing; on the CPU the check costs no synchronisation) means
-        # there is nothing to drop. Elsewhere, or if there is, the zeros are found and overwritten.
-        return quotient
     zero = denominator == 0
-    if warn and not traced and bool((zero & (relevance != 0)).any()):
+    if warn and not values_are_traced() and bool((zero & (relevance != 0)).any()):
         warnings.warn(LOST_RELEVANCE_MESSAGE, stacklevel=2)
-    # The quotient's Inf and NaN at zero denominators are overwritten in place: three passes,
-    # no host synchronisation to find out whether there are any.
+    # The quotient's Inf and NaN at zero denominators are overwritten in place: three operations
+    # and no read on the host (whether there are any zeros would be a device synchronisation).
     return quotient.masked_fill_(zero, 0.0)

@@ -26,7 +26,7 @@ from torch.autograd.graph import GradientEdge
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import carries_relevance, gradient_root, graph_reused, writable_recomputation
 from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
-from fxlrp.relevance.tracing import values_are_traced
+from fxlrp.relevance.tracing import values_are_traced, values_read_on_host
 
 Parameters = tuple[Tensor | None, Tensor | None]
 """``(weight, bias)`` of a modified copy of a layer."""
@@ -272,7 +272,8 @@ def has_negative_inputs(inputs: Sequence[Any]) -> bool:
     """Whether any ``x-`` term can be non-zero (behind a ReLU none can, and none is computed).
 
     One read-only reduction per input (a comparison would first write a mask of the input's size).
-    Traced for compilation (:mod:`fxlrp.relevance.tracing`) the ``x-`` terms are kept: zeros here.
+    Where values are not read on the host (:func:`~fxlrp.relevance.tracing.values_read_on_host`:
+    on a GPU, while traced for compilation) the ``x-`` terms are kept: zeros here.
 
     Parameters
     ----------
@@ -282,11 +283,12 @@ def has_negative_inputs(inputs: Sequence[Any]) -> bool:
     Returns
     -------
     bool
-        True if some relevance-carrying input has a negative value (always, while traced).
+        True if some relevance-carrying input has a negative value (always where values are not read).
     """
-    if values_are_traced():
-        return any(carries_relevance(value) for value in inputs)
-    return any(value.numel() > 0 and bool(value.amin() < 0) for value in inputs if carries_relevance(value))
+    carrying = [value for value in inputs if carries_relevance(value)]
+    if not all(values_read_on_host(value) for value in carrying):
+        return bool(carrying)
+    return any(value.numel() > 0 and bool(value.amin() < 0) for value in carrying)
 
 
 def split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[Any], Sequence[Any] | None]:

@@ -1,17 +1,22 @@
-"""Whether relevance Functions run for a trace (:func:`fxlrp.compile`) rather than for values.
+"""Whether relevance Functions may decide anything from tensor values: not for a trace
+(:func:`fxlrp.compile`), and not on a GPU.
 
 Some rules skip work that the values of one input make unnecessary: z+ and alpha-beta skip the
 ``x-`` terms behind a ReLU (no input is negative), gamma the half of output signs that do not
-occur. Reading a value is a host synchronisation that a trace cannot record, and a skip decided
-for the traced input would be wrong for the next one. While a trace runs, these rules compute
-every term instead: the skipped terms are exact zeros, so relevance is the same.
+occur, a linear layer's backward the rows and columns of a gradient that are all 0. Reading a
+value on the host is a synchronisation on a GPU (the host waits until the device has computed
+it, and the device then idles until the host queues the next kernels), which a trace cannot
+record either, and a skip decided for the traced input would be wrong for the next one. So these
+rules read values only on the CPU outside a trace (:func:`values_read_on_host`); elsewhere they
+compute every term: the skipped terms are exact zeros, so relevance is the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from torch import Tensor
 
 _traces = 0
@@ -47,22 +52,24 @@ def values_are_traced() -> bool:
     return _traces > 0
 
 
-def known_on_host(value: Tensor, check: Callable[[Tensor], Tensor]) -> bool:
-    """Whether the one-element ``check(value)`` is true, asked only where that is cheap and allowed.
+HOST_DEVICE_TYPES = frozenset({"cpu"})
+"""Device types whose values the host reads without waiting for a device."""
 
-    It is asked on the CPU (no device synchronisation) and outside a trace.
+
+def values_read_on_host(value: Tensor) -> bool:
+    """Whether a rule may read ``value``'s values on the host to skip work they make unnecessary.
+
+    Only on the CPU (no device synchronisation) and outside a trace or ``torch.compile``.
 
     Parameters
     ----------
     value : Tensor
-        The tensor to check.
-    check : callable
-        Maps ``value`` to a one-element tensor.
+        The tensor whose values would be read.
 
     Returns
     -------
     bool
-        The check's answer; False where it is not asked, so that callers take the general path
-        (the work a true answer would let them skip).
+        True where reading is cheap and allowed; False where the caller takes the general path
+        (the work a read could let it skip).
     """
-    return value.device.type == "cpu" and not values_are_traced() and bool(check(value))
+    return value.device.type in HOST_DEVICE_TYPES and _traces == 0 and not torch.compiler.is_compiling()

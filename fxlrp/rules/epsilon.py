@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from fxlrp.relevance import terms
@@ -71,10 +72,12 @@ class Epsilon(StabilisedRule):
         """``R / s(z)``, a fresh tensor of the output's size."""
         _, _, modified = state
         if output is None:
-            denominator, sign = modified.detach(), None
+            denominator, sign = modified, None
         else:  # the sign of the kept output is known once a ReLU rectified it
             sign = output.sign
-            denominator = output.take().detach()
+            denominator = output.take()
+        if torch.is_grad_enabled():  # (a backward that records, create_graph=True; else nothing records)
+            denominator = denominator.detach()
         return self.scaled(relevance, denominator, layer, sign=sign)
 
 

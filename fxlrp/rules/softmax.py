@@ -11,7 +11,6 @@ from torch import Tensor
 
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance
-from fxlrp.relevance.tracing import known_on_host
 from fxlrp.rules.epsilon import Epsilon
 from fxlrp.rules.rule import Relevance, Rule
 
@@ -87,12 +86,9 @@ class SoftmaxRule(Epsilon):
 
 def _zero_where_infinite(share: Tensor, value: Tensor) -> Tensor:
     """``share`` with 0 where ``value`` is not finite (masked logits of ``-inf``)."""
-    if known_on_host(value, lambda value: torch.isfinite(value.sum())):
-        # No mask in these logits (a finite sum: one read-only pass, no synchronisation on the
-        # CPU) - nothing to overwrite; the mask and the select cost three passes and a buffer.
-        return share
-    return share.masked_fill_(~torch.isfinite(value), 0.0) if not share.requires_grad else torch.where(
-        torch.isfinite(value), share, torch.zeros_like(share))
+    finite = torch.isfinite(value)
+    return share.masked_fill_(finite.logical_not_(), 0.0) if not share.requires_grad else torch.where(
+        finite, share, torch.zeros_like(share))
 
 
 class AttentionAsConstant(Rule):

@@ -13,7 +13,7 @@ from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance
 from fxlrp.relevance.terms import ParameterVariants, ZeroParams
-from fxlrp.relevance.tracing import values_are_traced
+from fxlrp.relevance.tracing import values_read_on_host
 from fxlrp.rules.rule import Relevance, StabilisedRule, Stabiliser
 
 
@@ -204,6 +204,6 @@ class Gamma(TwoHalves):
     def half_weights(self, output: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         # An output sign that never occurs receives no relevance: its half is not computed.
         positive, negative = output > 0, output < 0
-        if values_are_traced():  # a half without outputs gets zero weights: its terms add zeros
+        if not values_read_on_host(output):  # a half without outputs gets zero weights: its terms add zeros
             return positive, negative
         return (positive if bool(positive.any()) else None, negative if bool(negative.any()) else None)

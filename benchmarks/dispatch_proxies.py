@@ -1,0 +1,303 @@
+"""CPU proxies for what an explanation costs on a GPU, against gradient x input on the same model and input.
+
+A GPU runs a small batch faster than the host issues its kernels, so there an explanation costs
+what the host spends per call: the ATen operations it dispatches (each a kernel launch on a GPU)
+and its Python. Two proxies, measured on the CPU:
+
+- *operations*: the ATen operations one explanation dispatches (forward and backward, one call
+  after two warm-up calls, counted with a ``TorchDispatchMode``), and among them those that
+  synchronise a GPU with the host (``_local_scalar_dense``: ``.item()``, ``bool(tensor)``,
+  ``float(tensor)``; ``equal``; ``is_nonzero``; operations whose output's size depends on values:
+  ``nonzero``, ``masked_select``, ``unique``), beside ``Tensor.tolist`` / ``.numpy`` calls
+  (counted with a ``TorchFunctionMode``: on the CPU they dispatch nothing). Counted twice: on the
+  CPU's path, and on the path the rules take on a GPU (:func:`as_on_a_gpu`: no work skipped by
+  reading values, fxlrp/relevance/tracing.py);
+- *tiny-input time*: wall time at batch 1 on the smallest sensible input, where the host's cost
+  dominates as on a GPU: paired calls (gradient x input and the explanation one after the other,
+  the order alternating), the ratio per pair, min and median over pairs.
+
+Explanations are ``fxlrp.attribute`` (the model check, the finiteness checks and the target
+included); gradient x input is plain autograd with the same target (each sample's highest output;
+the next token's for a causal LM) at the input (the embeddings for token models).
+
+    python benchmarks/dispatch_proxies.py [--models resnet50,hf_vit] [--pairs 15] [--threads 1]
+    python benchmarks/dispatch_proxies.py --where-synchronised resnet50:Epsilon   # a traceback each
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.configurations import _fxlrp_composite, _WithOthersFixed, gradient_times_input  # noqa: E402
+from benchmarks.workloads import build  # noqa: E402
+
+SYNCHRONISING = frozenset({
+    "aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::nonzero", "aten::masked_select",
+    "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::nonzero_static",
+})
+"""ATen operations after which the host waits for a GPU: a value read on the host, or an output
+whose size depends on values."""
+HOST_READS = (torch.Tensor.tolist, torch.Tensor.numpy)
+TOKENS = 16
+"""Sequence length of the token models' input."""
+IMAGE_MODELS = ("resnet50", "vgg16", "densenet121")
+TRANSFORMERS_SMALL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512}
+"""As benchmarks/workloads.py's quick Hugging Face ViT."""
+
+
+class DispatchCounter(TorchDispatchMode):
+    """How many times each ATen operation is dispatched; ``where``: a traceback per synchronising one."""
+
+    def __init__(self, where: bool = False) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+        self.where = where
+        self.places: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        name = "aten::" + name.split("::", 1)[-1].split(".", 1)[0]
+        self.counts[name] += 1
+        if self.where and name in SYNCHRONISING:
+            self.places.append(f"{name}\n" + "".join(traceback.format_stack(limit=12)[:-1]))
+        return func(*args, **(kwargs or {}))
+
+
+class HostReads(TorchFunctionMode):
+    """``Tensor.tolist`` and ``Tensor.numpy`` calls (a device-to-host copy on a GPU)."""
+
+    def __init__(self, where: bool = False) -> None:
+        super().__init__()
+        self.count = 0
+        self.where = where
+        self.places: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS:
+            self.count += 1
+            if self.where:
+                self.places.append(f"{func.__name__}\n" + "".join(traceback.format_stack(limit=12)[:-1]))
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass
+class Counted:
+    operations: int
+    synchronising: int
+    by_name: Counter[str]
+    places: list[str]
+
+
+@contextmanager
+def as_on_a_gpu() -> Iterator[None]:
+    """Rules that read values on the host to skip work do so on the CPU only
+    (fxlrp/relevance/tracing.py): inside this block they take the path they take on a GPU."""
+    from fxlrp.relevance import tracing
+
+    kept = tracing.HOST_DEVICE_TYPES
+    tracing.HOST_DEVICE_TYPES = frozenset()
+    try:
+        yield
+    finally:
+        tracing.HOST_DEVICE_TYPES = kept
+
+
+def counted(run: Callable[[], Any], where: bool = False, gpu_path: bool = False) -> Counted:
+    """The ATen operations of one call of ``run`` and its synchronisations (see the module's
+    text); ``gpu_path``: with the rules on the path they take on a GPU (:func:`as_on_a_gpu`)."""
+    with as_on_a_gpu() if gpu_path else nullcontext(), HostReads(where) as reads, DispatchCounter(where) as dispatched:
+        run()
+    synchronising = sum(dispatched.counts[name] for name in SYNCHRONISING) + reads.count
+    return Counted(sum(dispatched.counts.values()), synchronising, dispatched.counts,
+                   dispatched.places + reads.places)
+
+
+# -- the models and the two calls compared ---------------------------------------------------------
+
+
+def _image_pair(model: str, composite: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """Gradient x input and ``fxlrp.attribute`` on benchmarks/workloads.py's quick workload."""
+    import fxlrp
+    from fxlrp.rules.composites import AttnLRP
+
+    workload = build(model, quick=True)
+    chosen = AttnLRP(0.0) if composite == "AttnLRP(0.0)" else _fxlrp_composite(composite, workload)
+    explain = fxlrp.convert(_WithOthersFixed(workload), chosen)
+    explained = workload.inputs[workload.explained]
+    return gradient_times_input(workload), lambda: fxlrp.attribute(explain, explained)
+
+
+class _Logits(torch.nn.Module):
+    """A sequence classifier's logits from ids or from embeddings."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids).logits
+
+
+def _bert_pair(composite: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """A small BERT classifier run eagerly: gradient x input at the word embeddings and
+    ``fxlrp.attribute`` of the ids (relevance per token)."""
+    import transformers
+
+    import fxlrp
+    from fxlrp.rules.composites import AttnLRP
+
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(
+        vocab_size=1000, num_labels=2, attn_implementation="sdpa", **TRANSFORMERS_SMALL)).eval().requires_grad_(False)
+    ids = torch.randint(3, 1000, (1, TOKENS), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        target = int(model(input_ids=ids).logits[0].argmax())
+    explain = fxlrp.convert(_Logits(model), AttnLRP(0.0) if composite == "AttnLRP(0.0)" else fxlrp.rules.Epsilon(1e-6))
+    embedding = model.get_input_embeddings()
+
+    def gradient() -> torch.Tensor:
+        embeddings = embedding(ids).requires_grad_()
+        model(inputs_embeds=embeddings).logits[0, target].backward()
+        return (embeddings * embeddings.grad).sum(-1)
+
+    return gradient, lambda: fxlrp.attribute(explain, ids, target=target)
+
+
+def _llama_pair() -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """benchmarks/llama_cost.py's small Llama-style LM (its ``QUICK`` configuration) and its two
+    calls: gradient x input at the embeddings and ``fxlrp.attribute`` under AttnLRP(0.0)."""
+    import transformers
+
+    from benchmarks.llama_cost import QUICK, _runner
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**QUICK, attn_implementation="sdpa"))
+    model.eval().requires_grad_(False)
+    ids = torch.randint(3, QUICK["vocab_size"], (1, TOKENS), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        target = int(model(input_ids=ids, logits_to_keep=1).logits[0, -1].argmax())
+    return _runner("gxi", model, ids, target), _runner("attnlrp", model, ids, target)
+
+
+PROXIES: dict[tuple[str, str], Callable[[], tuple[Callable[[], Any], Callable[[], Any]]]] = {
+    **{(model, composite): (lambda model=model, composite=composite: _image_pair(model, composite))
+       for model in IMAGE_MODELS for composite in ("Epsilon", "EpsilonPlusFlat", "EpsilonGammaBox")},
+    **{(model, composite): (lambda model=model, composite=composite: _image_pair(model, composite))
+       for model in ("vit_b_16", "hf_vit_base") for composite in ("Epsilon", "AttnLRP(0.0)")},
+    **{("hf_bert", composite): (lambda composite=composite: _bert_pair(composite))
+       for composite in ("Epsilon", "AttnLRP(0.0)")},
+    ("llama", "AttnLRP(0.0)"): _llama_pair,
+    ("gcn", "Epsilon"): lambda: _image_pair("gcn", "Epsilon"),
+}
+DESCRIPTIONS = {
+    "resnet50": "resnet50, 1x3x64x64", "vgg16": "vgg16, 1x3x64x64", "densenet121": "densenet121, 1x3x64x64",
+    "vit_b_16": "vit_b_16, 1x3x32x32", "hf_vit_base": "Hugging Face ViT (2 layers, width 128), 1x3x32x32, eager",
+    "hf_bert": f"Hugging Face BERT (2 layers, width 128), {TOKENS} tokens, eager",
+    "llama": f"Llama-style LM (llama_cost.py's quick config), {TOKENS} tokens",
+    "gcn": "GCN (2k nodes, 20k edges)",
+}
+
+
+@dataclass
+class Row:
+    model: str
+    composite: str
+    gradient: Counted
+    explanation: Counted
+    on_a_gpu: Counted
+    """The explanation's count on the path its rules take on a GPU."""
+    ratios: list[float]
+
+
+def paired_ratios(gradient: Callable[[], Any], explanation: Callable[[], Any], pairs: int) -> list[float]:
+    """Explanation time / gradient time per pair of consecutive calls, the order alternating."""
+    ratios = []
+    for pair in range(pairs):
+        seconds = {}
+        for name in (("gradient", "explanation") if pair % 2 == 0 else ("explanation", "gradient")):
+            run = gradient if name == "gradient" else explanation
+            start = time.perf_counter()
+            run()
+            seconds[name] = time.perf_counter() - start
+        ratios.append(seconds["explanation"] / seconds["gradient"])
+    return ratios
+
+
+def measure(model: str, composite: str, pairs: int) -> Row:
+    gradient, explanation = PROXIES[model, composite]()
+    for _ in range(2):  # the eager path records its graph at the second call and replays it from then on
+        gradient(), explanation()
+    return Row(model, composite, counted(gradient), counted(explanation), counted(explanation, gpu_path=True),
+               paired_ratios(gradient, explanation, pairs))
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| model, input | composite | ATen ops: explanation / gradient | on a GPU's path "
+             "| host reads: CPU, on a GPU's path | tiny-input time / gradient: min, median |",
+             "|---|---|---:|---:|---:|---:|"]
+    for row in rows:
+        operations = row.explanation.operations / row.gradient.operations
+        lines.append(
+            f"| {DESCRIPTIONS[row.model]} | {row.composite} | {row.explanation.operations} / "
+            f"{row.gradient.operations} = {operations:.2f}x | {row.on_a_gpu.operations / row.gradient.operations:.2f}x "
+            f"| {row.explanation.synchronising}, {row.on_a_gpu.synchronising} "
+            f"| {min(row.ratios):.2f}x, {statistics.median(row.ratios):.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", help="comma-separated, from: " + ", ".join(dict.fromkeys(m for m, _ in PROXIES)))
+    parser.add_argument("--pairs", type=int, default=15, help="timed pairs per row")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a busy machine)")
+    parser.add_argument("--where-synchronised", metavar="MODEL:COMPOSITE",
+                        help="print where each synchronising operation of that explanation comes from")
+    parser.add_argument("--gpu-path", action="store_true",
+                        help="with --where-synchronised: the rules on the path they take on a GPU")
+    parser.add_argument("--top", type=int, default=0, help="also print each explanation's N most dispatched ops")
+    arguments = parser.parse_args()
+    torch.set_num_threads(arguments.threads)
+
+    if arguments.where_synchronised:
+        model, composite = arguments.where_synchronised.split(":", 1)
+        _, explanation = PROXIES[model, composite]()
+        explanation(), explanation()
+        for place in counted(explanation, where=True, gpu_path=arguments.gpu_path).places:
+            print(place)
+        return
+
+    chosen = set(arguments.models.split(",")) if arguments.models else None
+    rows = []
+    for model, composite in PROXIES:
+        if chosen is None or model in chosen:
+            row = measure(model, composite, arguments.pairs)
+            rows.append(row)
+            print(f"{model} {composite}: {row.explanation.operations} / {row.gradient.operations} ops, "
+                  f"{row.explanation.synchronising} host reads ({row.on_a_gpu.synchronising} on a GPU's path)",
+                  flush=True)
+            if arguments.top:
+                surplus = row.explanation.by_name.copy()
+                surplus.subtract(row.gradient.by_name)
+                print("   ", ", ".join(f"{name[6:]} {count:+d}" for name, count in surplus.most_common(arguments.top)))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); {arguments.pairs} pairs per row")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
