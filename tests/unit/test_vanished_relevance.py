@@ -93,3 +93,22 @@ def test_ordinary_models_are_not_warned_of(make, composite) -> None:
     explain = fxlrp.convert(make().eval(), composite)
     x = torch.randn(2, 3, 32, 32)
     assert _vanishing_warnings(lambda: fxlrp.attribute(explain, x)) == []
+
+
+@pytest.mark.slow  # (a detector at 320 pixels: 20 s on two cores)
+def test_a_detector_left_at_random_weights_is_warned_of() -> None:
+    # The case: the features of a random MobileNet are ~1e-8, its logits nearly all bias.
+    from fxlrp.integrations.torchvision import explain_detection
+
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, box_score_thresh=0.0).eval()
+    explain = fxlrp.convert(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        explained = explain_detection(explain, torch.rand(1, 3, 320, 320), 0)
+    [message] = [str(each.message) for each in caught if each.category is fxlrp.VanishedRelevanceWarning]
+    reached, output = explained.relevance.abs().sum().item(), abs(explained.explained)
+    assert reached < 1e-6 * output
+    assert message.startswith(f"fxlrp: the relevance reaching the inputs is {reached:.2g} in all, a negligible share "
+                              f"(under 1e-06) of the explained output's {output:.2g} (absolute values summed)")
