@@ -183,8 +183,9 @@ def warn_of_vanished_relevance(output_totals: Sequence[Tensor], input_relevance:
         f"fxlrp: the relevance reaching the inputs is {float(inputs[first]):.2g} in all{which}, a negligible "
         f"share (under {VANISHED_SHARE:g}) of the explained output's {float(outputs[first]):.2g} (absolute values "
         "summed): the rules absorbed it on the way - biases that make up nearly all of the output (weights "
-        "left at their random initialisation), or an epsilon larger than the layers' outputs - so a heatmap of "
-        "it shows rounding noise, not the model's reasons. Load the trained weights or use a smaller epsilon; "
+        "left at their random initialisation), an epsilon larger than the layers' outputs, or a rule that finds "
+        "no contribution to share it by (z+ where none is positive) - so a heatmap of it shows rounding noise, "
+        "not the model's reasons. Load the trained weights or use a smaller epsilon; "
         "to find the layer that absorbs it, compare the relevance sums of nodes of explain.report() from "
         "fxlrp.attribute_nodes(explain, inputs, nodes=[...], target=...)",
         VanishedRelevanceWarning,

@@ -61,8 +61,9 @@ def test_the_warning_says_how_much_reached_the_inputs_and_what_to_do() -> None:
     assert str(warning.message) == (
         f"fxlrp: the relevance reaching the inputs is {reached:.2g} in all, a negligible share (under 1e-06) of the "
         f"explained output's {output:.2g} (absolute values summed): the rules absorbed it on the way - biases that "
-        "make up nearly all of the output (weights left at their random initialisation), or an epsilon larger than "
-        "the layers' outputs - so a heatmap of it shows rounding noise, not the model's reasons. Load the trained "
+        "make up nearly all of the output (weights left at their random initialisation), an epsilon larger than "
+        "the layers' outputs, or a rule that finds no contribution to share it by (z+ where none is positive) - "
+        "so a heatmap of it shows rounding noise, not the model's reasons. Load the trained "
         "weights or use a smaller epsilon; to find the layer that absorbs it, compare the relevance sums of nodes "
         "of explain.report() from fxlrp.attribute_nodes(explain, inputs, nodes=[...], target=...)"
     )
