@@ -6,7 +6,14 @@ propagates relevance: ``explain(x).backward(R)`` leaves the relevance of ``x`` i
 
 import importlib
 
-from fxlrp.errors import CaptureError, ExplanationInputError, FxlrpError, UnsupportedOperationError
+from fxlrp.errors import (
+    CaptureError,
+    ExplanationInputError,
+    FxlrpError,
+    FxlrpWarning,
+    UnsupportedOperationError,
+    VanishedRelevanceWarning,
+)
 
 LAZY = {
     "convert": ("fxlrp.explain.convert", "convert"),
@@ -40,7 +47,9 @@ __all__ = [
     "CaptureError",
     "ExplanationInputError",
     "FxlrpError",
+    "FxlrpWarning",
     "UnsupportedOperationError",
+    "VanishedRelevanceWarning",
     "read_explanations",
 ]
 __version__ = "0.1.0"

@@ -19,3 +19,13 @@ class ExplanationInputError(FxlrpError, ValueError, TypeError):
     or device than its parameters), a target that names no output. The message says which and what
     to do; a rejection by the model is raised from the model's own error. A :class:`ValueError` and a
     :class:`TypeError`, so that code catching either, as for the errors torch raises, catches it."""
+
+
+class FxlrpWarning(UserWarning):
+    """Base class of fxlrp's warnings: ``warnings.filterwarnings("ignore", category=fxlrp.FxlrpWarning)``
+    silences them all."""
+
+
+class VanishedRelevanceWarning(FxlrpWarning):
+    """The relevance reaching the inputs is a negligible share of the explained output's: the rules
+    absorbed it on the way (see :func:`fxlrp.attribute`), so a heatmap of it shows rounding noise."""

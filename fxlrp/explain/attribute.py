@@ -21,6 +21,7 @@ from fxlrp.explain.input_checks import (
     input_rejection,
     model_of,
     no_floating_input_error,
+    one_vanishing_warning,
     raised_by_fxlrp,
     raised_from_the_call,
     refuse_inputs_without_values,
@@ -29,6 +30,7 @@ from fxlrp.explain.input_checks import (
     refuse_non_finite_relevance,
     refuse_ranks_the_model_refuses,
     refuse_unusable_inputs,
+    vanished_relevance,
 )
 from fxlrp.explain.targets import (
     LISTED_PER_POSITION,
@@ -100,7 +102,12 @@ def attribute(
     ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
     finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
     is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
-    :mod:`fxlrp.explain.input_checks`); False returns whatever comes out.
+    :mod:`fxlrp.explain.input_checks`); and relevance reaching the inputs that is a negligible
+    share of the output's (under a millionth, absolute values summed: the rules absorbed it, as
+    biases that make up nearly all of a randomly initialised model's output do) is a
+    :class:`fxlrp.VanishedRelevanceWarning`, once per call (see
+    :func:`~fxlrp.explain.input_checks.warn_of_vanished_relevance` for why a millionth). False
+    returns whatever comes out, without these checks' synchronisations with the device.
 
     Inputs and targets are checked before the explanation runs (:mod:`fxlrp.explain.input_checks`):
     inputs the model itself would not take are refused in its own words (see Raises).
@@ -251,6 +258,17 @@ def _attribute(
             return _attribute(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
                               check_finite=check_finite, listed=listed)
     many = isinstance(target, list)
+    with one_vanishing_warning():
+        return _attribute_checked(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
+                                  check_finite=check_finite, listed=listed, many=many)
+
+
+def _attribute_checked(
+    explain: Explainer | nn.Module, inputs: Tensor | Sequence[Any], target: Any, *,
+    output: Callable[[Any], Tensor] | None, nodes: Sequence[str] | None, repeat: int, check_finite: bool,
+    listed: bool, many: bool,
+) -> Any:
+    """:func:`_attribute` for inputs by position, outside inference mode."""
     if many and not target:
         raise ValueError("target=[] names no target; give at least one")
     if many and repeat > 0:
@@ -281,6 +299,8 @@ def _attribute(
         results = _backward(dataclasses.replace(request, gradient=False))
     if finite is not None:
         finite.check(results, lambda: refuse_non_finite_relevance(results))
+        finite.warn(*vanished_relevance(request.output_totals,
+                                        [result if nodes is None else result[0] for result in results]))
         finite.refuse()
     return _merged(results, torch.stack) if many else results[0]
 
@@ -311,6 +331,9 @@ class _Request:
     gradient: bool
     """Whether the passes run in the gradient form (:mod:`fxlrp.relevance.form`), converted back
     to relevance at the end."""
+    output_totals: list[Tensor] = dataclasses.field(default_factory=list)
+    """Per target, the summed absolute relevance its backward pass starts from (under
+    ``check_finite``): what :func:`~fxlrp.explain.input_checks.warn_of_vanished_relevance` compares."""
 
 
 def _backward(request: _Request) -> list[Any]:
@@ -400,6 +423,9 @@ def _passes(request: _Request) -> list[Any]:
             request.finite.check(explained, lambda: refuse_non_finite_output(explained))
         samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
         starts = (output_relevance(explained, one, samples) for one in (target if many else [target]))
+        request.output_totals.clear()  # (of a pass in the relevance form after one in the gradient form failed)
+        if request.finite is not None:
+            starts = (_totalled(start, request.output_totals) for start in starts)
         if gradient:  # g = R / y at the output
             starts = (divide_dropping_zeros(start, explained.detach()) for start in starts)
         if gradient:  # R = x g at the inputs and the lookups' outputs
@@ -414,6 +440,12 @@ def _passes(request: _Request) -> list[Any]:
 
         return [assembled(torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many))
                 for start in starts]
+
+
+def _totalled(start: Tensor, totals: list[Tensor]) -> Tensor:
+    """``start``, its summed absolute value appended to ``totals``."""
+    totals.append(start.detach().abs().float().sum())
+    return start
 
 
 def _assembled(

@@ -63,6 +63,22 @@ def _refuse_quantized(model: nn.Module) -> None:
             "float model (torchvision: quantize=False; your own: the model before torch.ao.quantization.convert)")
 
 
+def _refuse_meta_device(model: nn.Module) -> None:
+    """A model whose weights are on the meta device (made under ``torch.device("meta")``,
+    accelerate's ``init_empty_weights``, or moved with ``.to("meta")``) is refused in one line: it
+    holds shapes but no values, so there is no output and no relevance to compute; the weights
+    must be loaded first."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    empty = [name for name, tensor in tensors if tensor.is_meta]
+    if empty:
+        raise ValueError(
+            f"the model's weights are on the meta device ({len(empty)} of its {len(tensors)} parameters and "
+            f"buffers, e.g. {empty[0]!r}): it holds their shapes but no values, so there is nothing to explain. "
+            "Load the weights first, then convert: model.to_empty(device='cpu') and "
+            "model.load_state_dict(torch.load(FILE)), or accelerate's load_checkpoint_and_dispatch(model, FILE) "
+            "for a model made under init_empty_weights()")
+
+
 def _called_modules(graph: fx.Graph) -> set[str]:
     return {node.target for node in graph.nodes if node.op == "call_module"}
 
@@ -122,6 +138,8 @@ def convert(
     TypeError
         For a model that is no ``nn.Module`` or is already an explainer, a composite that is no
         rule or composite (or their class, not an instance), ``concrete_args`` that is no dict.
+    ValueError
+        For a model whose weights are on the meta device (not loaded yet).
     fxlrp.CaptureError, fxlrp.UnsupportedOperationError
         For a model that cannot be captured, or operations without a rule (``strict``).
     """
@@ -135,6 +153,7 @@ def convert(
                         f"{composite.__name__}(...)")
     model = _unwrapped(model)
     _refuse_quantized(model)
+    _refuse_meta_device(model)
     composite = as_composite(composite)
     if concrete_args is not None and not isinstance(concrete_args, Mapping):
         raise TypeError(f"concrete_args must be a dict {{input name: value}}, got {type(concrete_args).__name__}")

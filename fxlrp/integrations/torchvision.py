@@ -23,6 +23,7 @@ from fxlrp.capture.interception import module_calls_followed
 from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.eager.interpret import interpret
 from fxlrp.eager.rule_choice import operations_observed
+from fxlrp.explain.input_checks import vanished_relevance
 from fxlrp.explain.targets import box_pixels
 from fxlrp.operations.helpers import affine, identity
 from fxlrp.operations.sums import proportional
@@ -331,8 +332,8 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
         if not value.requires_grad:
             raise ValueError(f"the scores of {type(explain).__name__} carry no relevance (an operation the rules hold "
                              "constant makes them, as FCOS's square root); explain score='logit' instead")
-        start, position = value, None
-        relevance = torch.autograd.grad(value, leaves, value.detach(), allow_unused=True)
+        start, position, seed = value, None, value.detach()
+        relevance = torch.autograd.grad(value, leaves, seed, allow_unused=True)
     else:
         carrying = [output for output in outputs if isinstance(output, Tensor) and output.requires_grad]
         if not carrying:
@@ -350,6 +351,9 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
         seed = torch.zeros_like(logits)
         seed[position] = start.detach()
         relevance = torch.autograd.grad(logits, leaves, seed, allow_unused=True)
+    vanished, warning = vanished_relevance([seed.abs().float().sum()], [relevance])
+    if bool(vanished):  # (the detection's value is read on the host below anyway)
+        warning()
     box = box_pixels(detections["boxes"][index].detach(), *_size(leaves, image, as_list), leaves[0].device)
     return DetectionExplanation(_filled(relevance, leaves, as_list), index, label, value.item(), start.item(),
                                 position, box)

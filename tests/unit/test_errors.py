@@ -181,3 +181,23 @@ def test_an_output_no_relevance_can_reach_says_why(model: type[nn.Module], captu
     explain = fxlrp.convert(model(), capture=capture)
     with pytest.raises(ValueError, match="does not depend on the inputs along any path relevance can take.*sqrt"):
         fxlrp.attribute(explain, torch.randn(2, 4), target=0)
+
+
+def test_a_model_on_the_meta_device_is_refused_at_conversion() -> None:
+    # Issue 59: it converted, then a CPU input was told to move to 'meta', which failed in torch.
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).to("meta")
+    with pytest.raises(ValueError) as raised:
+        fxlrp.convert(model)
+    assert str(raised.value) == (
+        "the model's weights are on the meta device (9 of its 9 parameters and buffers, e.g. '0.weight'): it holds "
+        "their shapes but no values, so there is nothing to explain. Load the weights first, then convert: "
+        "model.to_empty(device='cpu') and model.load_state_dict(torch.load(FILE)), or accelerate's "
+        "load_checkpoint_and_dispatch(model, FILE) for a model made under init_empty_weights()")
+    # the advice works: the same model with values converts and explains (LRP-0 = gradient x input)
+    loaded = model.to_empty(device="cpu")
+    loaded.load_state_dict(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).state_dict())
+    loaded = loaded.double().eval()
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    loaded(x)[:, 1].sum().backward()
+    relevance = fxlrp.attribute(fxlrp.convert(loaded, fxlrp.rules.Epsilon(0.0)), x.detach(), target=1)
+    assert relative_error(relevance, x.grad * x.detach()) < 1e-12
