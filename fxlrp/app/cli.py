@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from fxlrp.app.cli_options import COMPOSITE_NAMES, InputError, add_dataset_options
-from fxlrp.errors import FxlrpError
+from fxlrp.errors import ExplanationInputError, FxlrpError
 
 BAD_INPUT = 2
 CANNOT_EXPLAIN = 1
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return COMMANDS[args.command](args)
-    except InputError as error:
+    except (InputError, ExplanationInputError) as error:  # (the API's refusal of an input: the user's input)
         print(f"fxlrp: error: {error}", file=sys.stderr)
         return BAD_INPUT
     except FxlrpError as error:

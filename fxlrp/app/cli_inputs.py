@@ -27,6 +27,8 @@ from torch import Tensor, nn
 
 from fxlrp import rules
 from fxlrp.app.cli_options import COMPOSITE_NAMES, InputError
+from fxlrp.errors import ExplanationInputError
+from fxlrp.explain.input_checks import model_consulted, model_of
 from fxlrp.rules import composites
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -747,13 +749,11 @@ def probe_model(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[
     tuple
         The scores and whether they are summed over pixels.
     """
-    try:
-        with torch.no_grad():
+    try:  # (the explainer's forward runs its traced graph; the model's own refusal is what the user can act on)
+        with torch.no_grad(), model_consulted(explain, model_of(explain), (inputs,), {}):
             result = explain(inputs)
-    except RuntimeError as error:
-        detail = str(error).strip().splitlines()[0][:200]
-        raise InputError(f"the model cannot take {paths[0]!r} (input shape {tuple(inputs.shape[1:])}): "
-                         f"{detail}; check --size and the image") from None
+    except ExplanationInputError as error:
+        raise InputError(f"{paths[0]}: {error}") from None
     output = explained_output(result)
     return class_scores(output), output.dim() > 2
 

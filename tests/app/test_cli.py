@@ -86,7 +86,7 @@ def bad_inputs(folder: Path, weights: Path) -> list[tuple[list[str], str]]:
         ([*explain, str(folder / "text.png"), "--out", out], "is not an image"),
         ([*explain, str(folder / "two_channels.npy"), "--out", out], "has shape (2, 8, 8); the model takes [1, "),
         ([*explain, digit, str(folder / "nine.png"), "--out", out], "inputs differ in size"),
-        ([*explain, str(folder / "tiny.png"), "--out", out], "the model cannot take"),
+        ([*explain, str(folder / "tiny.png"), "--out", out], "tiny.png: the model itself rejects input"),
         (["explain", "--model", DIGITS_MODEL, "--weights", str(folder / "none.pt"), digit, "--out", out],
          "weights file"),
         (["explain", "--model", DIGITS_MODEL, "--weights", str(folder / "text.png"), digit, "--out", out],
