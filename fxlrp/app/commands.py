@@ -32,7 +32,14 @@ from fxlrp.app.cli_inputs import (
     unexplainable,
 )
 from fxlrp.app.cli_options import HF_PREFIX
-from fxlrp.app.explain_dataset import explains_data_set, run_dataset
+from fxlrp.app.explain_dataset import (
+    autocast,
+    device_of,
+    explains_data_set,
+    prepare_inputs,
+    prepare_model,
+    run_dataset,
+)
 from fxlrp.explain.attribute import attribute
 from fxlrp.explain.compiled import compile as fxlrp_compile
 from fxlrp.viz import generation as generation_pictures
@@ -153,9 +160,11 @@ def run_explain(args: argparse.Namespace) -> int:
     region = _region(args)
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be positive, got {args.batch_size}")
+    device = device_of(args.device)
     model = load_model(args.model, args.weights)
     preprocessing = _preprocessing(args, model)
     composite = composite_by_name(args.composite or "epsilon", preprocessing)
+    model = prepare_model(model, device, args.dtype)
     try:
         image.colour_map(args.cmap)
     except ValueError as error:
@@ -171,34 +180,37 @@ def run_explain(args: argparse.Namespace) -> int:
               disable=None) as progress:
         for start in range(0, len(args.images), args.batch_size):
             paths = args.images[start:start + args.batch_size]
-            inputs = stack_inputs(paths, preprocessing)
-            if start == 0:  # errors in the user's terms (input shape, target, output) before any work
-                logits, image_shaped = probe_model(explain, inputs[:1], paths)
-                if region is not None and not image_shaped:
-                    raise InputError(f"--region takes a region of a segmentation model's output [batch, classes, "
-                                     f"height, width]; this model's output has no height and width (its scores "
-                                     f"have shape {list(logits.shape)}): leave --region out to explain a class")
-                _targets(target, logits)
-                if compiled is not None and image_shaped:
-                    raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a "
-                                     "segmentation model without it")
-            if compiled is not None:  # one pass gives the scores and the relevance
-                given = None if target is None else torch.full((len(paths),), target)
-                relevance, logits = compiled(inputs, given, return_output=True)
-                targets = _targets(target, logits)
-            elif region is not None:  # the class's logits summed over the region
-                logits, scaled = _region_scores(explain, inputs, paths, region)
-                where = scaled.mask
-                targets = _targets(target, logits)
-                relevance = attribute(explain, inputs, target=fxlrp.Region(targets, mask=scaled.mask),
-                                      output=explained_output, check_finite=False)
-            else:
-                logits = _run_model(explain, inputs, paths)
-                targets = _targets(target, logits)
-                relevance = attribute(explain, inputs, target=targets, output=explained_output, check_finite=False)
-            for path, problem in zip(paths, unexplainable(logits, relevance), strict=True):
+            inputs = prepare_inputs(stack_inputs(paths, preprocessing), device, args.dtype)
+            with autocast(device, args.dtype):  # (float32 and float64: nothing)
+                if start == 0:  # errors in the user's terms (input shape, target, output) before any work
+                    logits, image_shaped = probe_model(explain, inputs[:1], paths)
+                    if region is not None and not image_shaped:
+                        raise InputError(f"--region takes a region of a segmentation model's output [batch, classes, "
+                                         f"height, width]; this model's output has no height and width (its scores "
+                                         f"have shape {list(logits.shape)}): leave --region out to explain a class")
+                    _targets(target, logits)
+                    if compiled is not None and image_shaped:
+                        raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a "
+                                         "segmentation model without it")
+                if compiled is not None:  # one pass gives the scores and the relevance
+                    given = None if target is None else torch.full((len(paths),), target, device=device)
+                    relevance, logits = compiled(inputs, given, return_output=True)
+                    targets = _targets(target, logits)
+                elif region is not None:  # the class's logits summed over the region
+                    logits, scaled = _region_scores(explain, inputs, paths, region)
+                    where = scaled.mask
+                    targets = _targets(target, logits)
+                    relevance = attribute(explain, inputs, target=fxlrp.Region(targets, mask=scaled.mask),
+                                          output=explained_output, check_finite=False)
+                else:
+                    logits = _run_model(explain, inputs, paths)
+                    targets = _targets(target, logits)
+                    relevance = attribute(explain, inputs, target=targets, output=explained_output, check_finite=False)
+            for path, problem in zip(paths, unexplainable(logits, relevance, args.dtype), strict=True):
                 if problem is not None:
                     raise InputError(f"{path}: {problem}")
+            stored = torch.float64 if args.dtype == "float64" else torch.float32  # (autocast's half: float32)
+            inputs, relevance, logits = (values.detach().cpu().to(stored) for values in (inputs, relevance, logits))
             heatmaps = image.heatmap(_as_picture(relevance), args.cmap)
             overlays = image.overlay(_as_picture(inputs), _as_picture(relevance), args.cmap)
             scale = max(1, 128 // max(_as_picture(inputs).shape[-2:]))
@@ -207,7 +219,7 @@ def run_explain(args: argparse.Namespace) -> int:
                 image.save_png(overlays[index], out / f"{name}.overlay.png", scale)
                 if region is not None:
                     picture = _as_picture(inputs[index:index + 1])[0]
-                    outline = _region_in_picture(where[index:index + 1], picture.shape[-2:])
+                    outline = _region_in_picture(where[index:index + 1].cpu(), picture.shape[-2:])
                     outlined = image.with_region(picture, _as_picture(relevance[index:index + 1])[0], outline,
                                                  args.cmap)
                     image.save_png(outlined, out / f"{name}.region.png", scale)

@@ -70,7 +70,8 @@ def target_of(text: int | str | None) -> int | str | None:
 
 def explains_data_set(args: argparse.Namespace) -> bool:
     """Whether ``fxlrp explain`` was given a data set: ``--data``, or one folder as its only input
-    (which then becomes ``args.data``). Data-set options given with image files are refused."""
+    (which then becomes ``args.data``). Data-set options given with image files are refused (all but
+    ``--device`` and ``--dtype``, which image files take too)."""
     images = list(getattr(args, "images", None) or [])
     if args.data is not None:
         if images:
@@ -82,11 +83,11 @@ def explains_data_set(args: argparse.Namespace) -> bool:
     if images and getattr(args, "concepts", None) is not None:
         raise InputError("--concepts applies to data sets (--data): it finds the reference samples of each concept "
                          "over a data set")
-    defaults = {"workers": 0, "shard_size": 256, "on_error": "stop", "png": False, "device": "cpu", "dtype": "float32"}
+    defaults = {"workers": 0, "shard_size": 256, "on_error": "stop", "png": False}  # (--device, --dtype: both)
     given = [name for name, value in defaults.items() if getattr(args, name, value) != value]
     if given and images:
         option = "--" + given[0].replace("_", "-")
-        raise InputError(f"{option} applies to data sets (--data); image files are explained on the CPU in float32")
+        raise InputError(f"{option} applies to data sets (--data), not to image files")
     return False
 
 

@@ -60,3 +60,44 @@ def test_an_image_the_model_refuses_gives_the_apis_one_line_and_exit_code_2(
     assert stderr == f"fxlrp: error: {image}: {api.value}\n"
     assert "Expected 32 but got 20!" in stderr  # (the model's message with the number, not a tracer's proxy)
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. --device and --dtype for image files
+
+
+def test_image_files_take_dtype_float64_and_give_the_apis_float64_relevance(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--dtype``/``--device`` were refused for image files (only ``--data`` took them). With
+    ``--dtype float64`` the model and the image run in float64: the relevance the command computes
+    (recorded from its call of ``attribute``) is float64 and equals ``fxlrp.attribute`` on a float64
+    copy of the model within 1e-9."""
+    from fxlrp.app import commands
+    from fxlrp.toys.digits import DigitsCNN
+
+    recorded = []
+
+    def recording(*args: object, **kwargs: object) -> torch.Tensor:
+        relevance = fxlrp.attribute(*args, **kwargs)
+        recorded.append(relevance)
+        return relevance
+
+    monkeypatch.setattr(commands, "attribute", recording)
+    torch.manual_seed(0)
+    weights = tmp_path / "digits.pt"
+    torch.save(DigitsCNN().state_dict(), weights)
+    pixels = np.random.default_rng(1).integers(0, 256, size=(8, 8), dtype=np.uint8)
+    Image.fromarray(pixels, mode="L").save(tmp_path / "digit.png")
+    code, stdout, stderr = run(["explain", "--model", "fxlrp.toys.digits:DigitsCNN", "--weights", str(weights),
+                                "--dtype", "float64", "--device", "cpu", "--target", "3", str(tmp_path / "digit.png"),
+                                "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, stderr
+    model = DigitsCNN()
+    model.load_state_dict(torch.load(weights))
+    inputs = torch.from_numpy(pixels.astype(np.float32) / 255.0).double()[None, None]  # (pixels read in float32)
+    expected = fxlrp.attribute(fxlrp.convert(model.double().eval(), fxlrp.rules.Epsilon(1e-6)), inputs, target=3)
+    (relevance,) = recorded
+    assert relevance.dtype == torch.float64
+    difference = (relevance - expected).abs().max() / expected.abs().max()
+    assert difference < 1e-9, difference
+    assert "class 3" in stdout

@@ -155,8 +155,8 @@ def test_bad_data_set_inputs_give_one_line_and_exit_code_2(files: dict[str, Path
         (explain_command(folder / "inputs.npy", out, weights, "--device", "warp"), "unknown --device 'warp'"),
         (["explain", "--model", MODEL, "--data", str(folder / "inputs.npy")], "required: --out"),
         ([*explain_command(folder / "inputs.npy", out, weights), str(folder / "x.png")], "either image files or"),
-        (["explain", "--model", MODEL, str(files["images"] / "class0" / "00.png"), "--out", str(out), "--dtype",
-          "bfloat16"], "--dtype applies to data sets (--data)"),
+        (["explain", "--model", MODEL, str(files["images"] / "class0" / "00.png"), "--out", str(out),
+          "--shard-size", "4"], "--shard-size applies to data sets (--data)"),
     ]
     if not torch.cuda.is_available():
         cases.append((explain_command(folder / "inputs.npy", out, weights, "--device", "cuda"),
