@@ -763,13 +763,16 @@ def _run_model(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[s
     return probe_model(explain, inputs, paths)[0]
 
 
-def _targets(target: int | None, logits: torch.Tensor) -> torch.Tensor:
+def _targets(target: int | tuple[int, int] | None, logits: torch.Tensor) -> torch.Tensor:
+    """Each sample's class: ``target``'s (a contrast's first class), or the predicted one; checked to exist."""
     classes = logits.shape[1]
     if target is None:
         return logits.argmax(dim=1)
-    if not 0 <= target < classes:
-        raise InputError(f"--target {target} is out of range: the model has {classes} classes (0..{classes - 1})")
-    return torch.full((logits.shape[0],), target, dtype=torch.long)
+    for index in target if isinstance(target, tuple) else (target,):
+        if not 0 <= index < classes:
+            raise InputError(f"--target {index} is out of range: the model has {classes} classes (0..{classes - 1})")
+    first = target[0] if isinstance(target, tuple) else target
+    return torch.full((logits.shape[0],), first, dtype=torch.long)
 
 
 def unexplainable(scores: Tensor, relevance: Tensor, dtype: str = "float32") -> list[str | None]:

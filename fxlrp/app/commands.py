@@ -158,6 +158,10 @@ def run_explain(args: argparse.Namespace) -> int:
         raise InputError("the following arguments are required: IMAGE (image files to explain)")
     target = _class_index(args.target)
     region = _region(args)
+    if isinstance(target, tuple) and (region is not None or args.compile):
+        raise InputError(f"--target {args.target} (a contrast) explains a classifier's logits without "
+                         f"{'--region' if region is not None else '--compile'}; give one class, or leave "
+                         f"{'--region' if region is not None else '--compile'} out")
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be positive, got {args.batch_size}")
     device = device_of(args.device)
@@ -189,6 +193,9 @@ def run_explain(args: argparse.Namespace) -> int:
                                          f"height, width]; this model's output has no height and width (its scores "
                                          f"have shape {list(logits.shape)}): leave --region out to explain a class")
                     _targets(target, logits)
+                    if isinstance(target, tuple) and image_shaped:
+                        raise InputError(f"--target {args.target} (a contrast of two logits) explains a classifier; "
+                                         f"for this model's image-shaped output give one class")
                     if compiled is not None and image_shaped:
                         raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a "
                                          "segmentation model without it")
@@ -205,7 +212,8 @@ def run_explain(args: argparse.Namespace) -> int:
                 else:
                     logits = _run_model(explain, inputs, paths)
                     targets = _targets(target, logits)
-                    relevance = attribute(explain, inputs, target=targets, output=explained_output, check_finite=False)
+                    relevance = attribute(explain, inputs, target=target if isinstance(target, tuple) else targets,
+                                          output=explained_output, check_finite=False)
             for path, problem in zip(paths, unexplainable(logits, relevance, args.dtype), strict=True):
                 if problem is not None:
                     raise InputError(f"{path}: {problem}")
@@ -227,8 +235,12 @@ def run_explain(args: argparse.Namespace) -> int:
                 what = "logits summed over the pixels" if image_shaped else "output"
                 if region is not None:
                     what = "logits summed over the box ({:g}, {:g}, {:g}, {:g})".format(*region.box)
-                lines.append(f"{paths[index]}: class {explained} ({what} {logits[index, explained]:.3g}), "
-                             f"relevance sum {relevance[index].sum():.3g} -> {out / name}.heatmap.png")
+                said = f"class {explained} ({what} {logits[index, explained]:.3g})"
+                if isinstance(target, tuple):
+                    said = (f"class {target[0]} minus class {target[1]} (output {logits[index, target[0]]:.3g} - "
+                            f"{logits[index, target[1]]:.3g})")
+                lines.append(f"{paths[index]}: {said}, relevance sum {relevance[index].sum():.3g} -> "
+                             f"{out / name}.heatmap.png")
             progress.update(len(paths))
     print("\n".join(lines))
     return 0
@@ -297,13 +309,19 @@ def _region_in_picture(where: torch.Tensor, size: Sequence[int]) -> torch.Tensor
     return mask[0] > 0.5
 
 
-def _class_index(target: str | None) -> int | None:
+def _class_index(target: str | None) -> int | tuple[int, int] | None:
+    """``--target``: a class index, or ``A,B`` (a contrast: logit A minus logit B); None without it."""
     if target is None:
         return None
     try:
-        return int(target)
+        indices = tuple(int(part) for part in target.split(","))
     except ValueError:
-        raise InputError(f"--target {target!r} is not a class index (a whole number)") from None
+        raise InputError(f"--target {target!r} is not a class index (a whole number) nor a contrast A,B of two "
+                         f"class indices") from None
+    if len(indices) > 2:
+        raise InputError(f"--target {target!r} names {len(indices)} classes; give one class, or two A,B: logit A "
+                         f"minus logit B")
+    return indices[0] if len(indices) == 1 else (indices[0], indices[1])
 
 
 # ---------------------------------------------------------------------------------------------

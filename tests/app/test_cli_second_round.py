@@ -101,3 +101,74 @@ def test_image_files_take_dtype_float64_and_give_the_apis_float64_relevance(
     difference = (relevance - expected).abs().max() / expected.abs().max()
     assert difference < 1e-9, difference
     assert "class 3" in stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. the help: version, hf:DIR in report, --mean/--std, a contrast target, demo, --out
+
+
+def help_of(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    code, stdout, stderr = run(arguments, capsys)
+    assert code == 0, stderr
+    return " ".join(stdout.split())  # (argparse wraps lines at the terminal's width)
+
+
+def test_the_help_states_version_sources_formats_contrast_demo_and_required_out(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    assert help_of(["--version"], capsys) == f"fxlrp {metadata.version('fxlrp')}"
+    report = help_of(["report", "--help"], capsys)
+    assert "torchvision:NAME, timm:NAME, package.module:FACTORY or hf:DIR" in report
+    explain = help_of(["explain", "--help"], capsys)
+    assert ("--mean M1,M2,... per-channel mean for normalisation (x - mean) / std of pixels in [0, 1), one number per "
+            "channel separated by commas, e.g. 0.485,0.456,0.406") in explain
+    assert "--std S1,S2,... per-channel std, one positive number per channel separated by commas" in explain
+    assert "A,B for image files and a classifier: a contrast, logit A minus logit B" in explain
+    assert "required for image files and --data, optional for --text" in explain
+    assert "(required) directory for the shards" in help_of(["evaluate", "--help"], capsys)
+    demo = help_of(["demo", "--help"], capsys)
+    assert "Three explanations, offline: a small CNN trained for seconds on scikit-learn's bundled digits" in demo
+
+
+def test_a_contrast_target_explains_logit_a_minus_logit_b_as_the_api_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--target 3,5``: the relevance of logit 3 minus logit 5, equal (float64, 1e-9) to
+    ``fxlrp.attribute(..., target=(3, 5))`` and, by linearity of LRP-0 in the output relevance,
+    to the relevance of class 3 minus that of class 5; a third class or a bad one is one line."""
+    from fxlrp.app import commands
+    from fxlrp.toys.digits import DigitsCNN
+
+    recorded = []
+
+    def recording(*args: object, **kwargs: object) -> torch.Tensor:
+        recorded.append(fxlrp.attribute(*args, **kwargs))
+        return recorded[-1]
+
+    monkeypatch.setattr(commands, "attribute", recording)
+    torch.manual_seed(0)
+    weights = tmp_path / "digits.pt"
+    torch.save(DigitsCNN().state_dict(), weights)
+    pixels = np.random.default_rng(2).integers(0, 256, size=(8, 8), dtype=np.uint8)
+    Image.fromarray(pixels, mode="L").save(tmp_path / "digit.png")
+    command = ["explain", "--model", "fxlrp.toys.digits:DigitsCNN", "--weights", str(weights), "--dtype", "float64",
+               "--composite", "lrp0", str(tmp_path / "digit.png"), "--out", str(tmp_path / "out")]
+    code, stdout, stderr = run([*command, "--target", "3,5"], capsys)
+    assert code == 0, stderr
+    model = DigitsCNN()
+    model.load_state_dict(torch.load(weights))
+    explain = fxlrp.convert(model.double().eval(), fxlrp.rules.Epsilon(0.0))
+    inputs = torch.from_numpy(pixels.astype(np.float32) / 255.0).double()[None, None]
+    expected = fxlrp.attribute(explain, inputs, target=(3, 5))
+    difference = fxlrp.attribute(explain, inputs, target=3) - fxlrp.attribute(explain, inputs, target=5)
+    (relevance,) = recorded
+    scale = expected.abs().max()
+    assert (relevance - expected).abs().max() / scale < 1e-9
+    assert (difference - expected).abs().max() / scale < 1e-9
+    logits = model(inputs)[0]
+    assert f"digit.png: class 3 minus class 5 (output {logits[3]:.3g} - {logits[5]:.3g}), relevance sum " in stdout
+    for given, message in (("3,5,7", "--target '3,5,7' names 3 classes; give one class, or two A,B: logit A minus "
+                                     "logit B"),
+                           ("3,12", "--target 12 is out of range: the model has 10 classes (0..9)")):
+        code, _, stderr = run([*command, "--target", given], capsys)
+        assert code == 2 and stderr == f"fxlrp: error: {message}\n", stderr
