@@ -426,7 +426,7 @@ def run_explain_text(args: argparse.Namespace) -> int:
         explained = int(logits.argmax()) if target is None else target
         relevance = attribute(explain, ids, target=explained)[0]
         if pretrained.causal:
-            what = f"next token {tokenizer.convert_ids_to_tokens(explained)!r} (id {explained}, "
+            what = f"next token {text.token_text(tokenizer, explained)} (id {explained}, "
         else:
             what = f"class {explained} {model.config.id2label.get(explained, explained)!r} ("
         heading = f"{what}logit {logits[explained]:.4g}), relevance sum {relevance.sum():.4g}, {composite_name}"
