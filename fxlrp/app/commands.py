@@ -221,29 +221,51 @@ def run_explain(args: argparse.Namespace) -> int:
             inputs, relevance, logits = (values.detach().cpu().to(stored) for values in (inputs, relevance, logits))
             heatmaps = image.heatmap(_as_picture(relevance), args.cmap)
             overlays = image.overlay(_as_picture(inputs), _as_picture(relevance), args.cmap)
-            scale = max(1, 128 // max(_as_picture(inputs).shape[-2:]))
             for index, name in enumerate(names[start:start + len(paths)]):
-                image.save_png(heatmaps[index], out / f"{name}.heatmap.png", scale)
-                image.save_png(overlays[index], out / f"{name}.overlay.png", scale)
+                shown = _shown_size(paths[index], preprocessing, _as_picture(inputs).shape[-2:])
+                heatmap = image.at_size(heatmaps[index], *shown)
+                image.save_png(heatmap, out / f"{name}.heatmap.png", 1)
+                image.save_png(image.at_size(overlays[index], *shown), out / f"{name}.overlay.png", 1)
                 if region is not None:
                     picture = _as_picture(inputs[index:index + 1])[0]
                     outline = _region_in_picture(where[index:index + 1].cpu(), picture.shape[-2:])
                     outlined = image.with_region(picture, _as_picture(relevance[index:index + 1])[0], outline,
                                                  args.cmap)
-                    image.save_png(outlined, out / f"{name}.region.png", scale)
+                    image.save_png(outlined, out / f"{name}.region.png")
                 explained = int(targets[index])  # (not `target`: the next batch needs the option)
                 what = "logits summed over the pixels" if image_shaped else "output"
                 if region is not None:
                     what = "logits summed over the box ({:g}, {:g}, {:g}, {:g})".format(*region.box)
-                said = f"class {explained} ({what} {logits[index, explained]:.3g})"
+                said, named = f"class {explained} ({what} {logits[index, explained]:.3g})", f"class {explained}"
                 if isinstance(target, tuple):
                     said = (f"class {target[0]} minus class {target[1]} (output {logits[index, target[0]]:.3g} - "
                             f"{logits[index, target[1]]:.3g})")
+                    named = f"class {target[0]} minus class {target[1]}"
+                largest = float(np.abs(image.reduce_channels(_as_picture(relevance[index:index + 1]))).max())
+                figure, _ = image.with_colour_bar(heatmap, largest, f"{args.model}, {named}, "
+                                                                    f"{args.composite or 'epsilon'}", args.cmap)
+                image.save_png(figure, out / f"{name}.figure.png", 1)
                 lines.append(f"{paths[index]}: {said}, relevance sum {relevance[index].sum():.3g} -> "
-                             f"{out / name}.heatmap.png")
+                             f"{out / name}.figure.png")
             progress.update(len(paths))
     print("\n".join(lines))
     return 0
+
+
+def _shown_size(path: str, preprocessing: Preprocessing, size: Sequence[int]) -> tuple[int, int]:
+    """The size an input's pictures are saved at: the image file's aspect where the preprocessing
+    squashed it to a square (``--size``, or a model's own size without its transform; a crop's
+    aspect is the input's), the input's otherwise; the short side at least
+    :data:`fxlrp.viz.image.READABLE_SIDE` pixels."""
+    from fxlrp.viz import image
+
+    height, width = int(size[0]), int(size[1])
+    side = max(image.READABLE_SIDE, min(height, width))  # (enlarged, never smaller than the input)
+    squashed = preprocessing.transform is None and preprocessing.size is not None
+    found = _image_file_size(path) if squashed else None
+    if found is not None:
+        height, width = found
+    return image.shown_size(height, width, side)
 
 
 def _region(args: argparse.Namespace) -> fxlrp.Region | None:

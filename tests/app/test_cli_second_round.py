@@ -172,3 +172,64 @@ def test_a_contrast_target_explains_logit_a_minus_logit_b_as_the_api_does(
                            ("3,12", "--target 12 is out of range: the model has 10 classes (0..9)")):
         code, _, stderr = run([*command, "--target", given], capsys)
         assert code == 2 and stderr == f"fxlrp: error: {message}\n", stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. pictures at the image's aspect, a readable size, with a colour bar and a title
+
+
+def test_pictures_keep_the_images_aspect_and_show_the_relevance_with_a_colour_bar(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 40 x 50 image squashed to 8 x 8 (``--size``) was drawn 128 x 128; its heatmap is now
+    drawn at the file's aspect with a short side of 256 pixels, nearest neighbour: each pixel
+    read back (bwr inverted) is the normalised relevance of the input pixel under its centre.
+    The figure holds the same heatmap, a title naming model, target and composite, and a colour
+    bar running from +1 (top) to -1 (bottom)."""
+    from fxlrp.app import commands
+    from fxlrp.viz import image
+
+    recorded = []
+
+    def recording(*args: object, **kwargs: object) -> torch.Tensor:
+        recorded.append(fxlrp.attribute(*args, **kwargs))
+        return recorded[-1]
+
+    monkeypatch.setattr(commands, "attribute", recording)
+    path = picture(tmp_path / "wide.png", 50, 40)
+    code, stdout, stderr = run(["explain", "--model", "fxlrp.toys.digits:DigitsCNN", "--size", "8", "--target", "2",
+                                "--composite", "epsilon_plus", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, stderr
+    assert stdout.rstrip().endswith(f"-> {tmp_path / 'out' / 'wide.figure.png'}")
+    (relevance,) = recorded
+    values = relevance[0].sum(0).double().numpy()
+    normalised = values / np.abs(values).max()
+    rows, columns = 256, 320  # (40 x 50 with a short side of 256)
+    expected = normalised[((np.arange(rows) + 0.5) * 8 / rows).astype(int)][:, ((np.arange(columns) + 0.5) * 8
+                                                                                / columns).astype(int)]
+    heatmap = image.read_png(tmp_path / "out" / "wide.heatmap.png")
+    assert heatmap.shape == (rows, columns, 3)
+    assert np.abs(image.signed_values_from_bwr(heatmap) - expected).max() < 2.5 / 255
+    assert image.read_png(tmp_path / "out" / "wide.overlay.png").shape == (rows, columns, 3)
+    figure = image.read_png(tmp_path / "out" / "wide.figure.png")
+    top = next(row for row in range(figure.shape[0]) if (figure[row, 0] != 255).any()
+               and (figure[row:row + rows, :columns] == heatmap).all())
+    assert top > 10  # (the title's line above)
+    bar = figure[top:top + rows, columns + 8 + image.COLOUR_BAR_WIDTH // 2]
+    shown = image.signed_values_from_bwr(bar)
+    assert abs(shown[0] - 1) < 2.5 / 255 and abs(shown[-1] + 1) < 2.5 / 255
+    assert np.abs(np.diff(shown)).max() < 3 / 255 and (np.diff(shown) <= 1e-12).all()  # (monotone, +1 to -1)
+    title = figure[:top]
+    assert (title < 128).any()  # (dark text in it: the words are not read back)
+
+
+def test_save_pngs_defaults_to_a_readable_size_by_nearest_neighbour(tmp_path: Path) -> None:
+    """A 32 x 32 heatmap was saved 32 x 32; by default it is enlarged 8 times (short side 256),
+    pixel for pixel."""
+    from fxlrp.viz import image
+
+    maps = image.heatmap(torch.randn(2, 1, 32, 24, generator=torch.Generator().manual_seed(0)))
+    paths = image.save_pngs(maps, tmp_path, ["a", "b"])
+    for index, written in enumerate(paths):
+        read = image.read_png(written)
+        assert read.shape == (32 * 11, 24 * 11, 3)  # (ceil(256 / 24) = 11)
+        assert (read == np.repeat(np.repeat(maps[index], 11, axis=0), 11, axis=1)).all()
