@@ -233,3 +233,12 @@ def test_save_pngs_defaults_to_a_readable_size_by_nearest_neighbour(tmp_path: Pa
         read = image.read_png(written)
         assert read.shape == (32 * 11, 24 * 11, 3)  # (ceil(256 / 24) = 11)
         assert (read == np.repeat(np.repeat(maps[index], 11, axis=0), 11, axis=1)).all()
+
+
+def test_data_set_pictures_are_named_without_the_files_suffix_unless_two_would_share_a_name() -> None:
+    """``--png`` wrote ``00.png.heatmap.png``; now ``00.heatmap.png``, and ``a.png`` and ``a.jpg``
+    (which would both become ``a``) keep their whole names rather than overwrite each other."""
+    from fxlrp.app.explain_dataset import picture_names
+
+    names = ["cat/00.png", "cat/01.jpeg", "a.png", "a.jpg", "17", "dog/a.png"]
+    assert picture_names(names) == ["cat/00", "cat/01", "a.png", "a.jpg", "17", "dog/a"]
