@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     explain = commands.add_parser(
         "explain", help="heatmaps for images, coloured tokens for text",
-        description="Explain each image's class and write heatmap PNGs to --out (or a data set with --data); "
+        description="Explain each image's class and write PNGs to --out: NAME.heatmap.png and NAME.overlay.png "
+                    "at the image's aspect, NAME.figure.png with a title and a colour bar (or a data set with --data); "
                     "or explain --text with a Hugging Face text model (--model hf:DIR), print its tokens coloured "
                     "by relevance and write --out/explanation.html. A classifier explains a class; a segmentation "
                     "model explains a class over the whole image: the sum of that class's logits over all pixels "

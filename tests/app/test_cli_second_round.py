@@ -4,6 +4,7 @@ pictures at the image's aspect with a colour bar."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +12,9 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
+from support.command_line import MODEL, run
 
 import fxlrp
-from fxlrp.app import cli
 
 TINY_VIT = "app.test_cli_second_round:tiny_vit"
 
@@ -25,13 +26,25 @@ def tiny_vit() -> torch.nn.Module:
                                                 hidden_dim=8, mlp_dim=16, num_classes=5)
 
 
-def run(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = cli.main(arguments)
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+def fxlrp_lines(stderr: str) -> str:
+    """Standard error without torch's own log lines (``W1202 02:16:04.41 ... _pytree.py:630] ...``,
+    printed once per process when a library registers itself), which are no part of fxlrp's."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if not re.match(r"[WIE]\d{4} \d\d:", line))
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """The relevance each of the command's calls of ``attribute`` returned, in order."""
+    from fxlrp.app import commands
+
+    calls: list[torch.Tensor] = []
+
+    def recording(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(fxlrp.attribute(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(commands, "attribute", recording)
+    return calls
 
 
 def picture(path: Path, width: int, height: int, seed: int = 0) -> Path:
@@ -57,7 +70,7 @@ def test_an_image_the_model_refuses_gives_the_apis_one_line_and_exit_code_2(
     with pytest.raises(fxlrp.ExplanationInputError) as api:
         fxlrp.attribute(fxlrp.convert(tiny_vit().eval()), inputs)
     assert code == 2 and stdout == ""
-    assert stderr == f"fxlrp: error: {image}: {api.value}\n"
+    assert fxlrp_lines(stderr) == f"fxlrp: error: {image}: {api.value}\n"
     assert "Expected 32 but got 20!" in stderr  # (the model's message with the number, not a tracer's proxy)
     assert not (tmp_path / "out").exists()
 
@@ -67,28 +80,18 @@ def test_an_image_the_model_refuses_gives_the_apis_one_line_and_exit_code_2(
 
 
 def test_image_files_take_dtype_float64_and_give_the_apis_float64_relevance(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], recorded: list[torch.Tensor]) -> None:
     """``--dtype``/``--device`` were refused for image files (only ``--data`` took them). With
     ``--dtype float64`` the model and the image run in float64: the relevance the command computes
     (recorded from its call of ``attribute``) is float64 and equals ``fxlrp.attribute`` on a float64
     copy of the model within 1e-9."""
-    from fxlrp.app import commands
     from fxlrp.toys.digits import DigitsCNN
-
-    recorded = []
-
-    def recording(*args: object, **kwargs: object) -> torch.Tensor:
-        relevance = fxlrp.attribute(*args, **kwargs)
-        recorded.append(relevance)
-        return relevance
-
-    monkeypatch.setattr(commands, "attribute", recording)
     torch.manual_seed(0)
     weights = tmp_path / "digits.pt"
     torch.save(DigitsCNN().state_dict(), weights)
     pixels = np.random.default_rng(1).integers(0, 256, size=(8, 8), dtype=np.uint8)
     Image.fromarray(pixels, mode="L").save(tmp_path / "digit.png")
-    code, stdout, stderr = run(["explain", "--model", "fxlrp.toys.digits:DigitsCNN", "--weights", str(weights),
+    code, stdout, stderr = run(["explain", "--model", MODEL, "--weights", str(weights),
                                 "--dtype", "float64", "--device", "cpu", "--target", "3", str(tmp_path / "digit.png"),
                                 "--out", str(tmp_path / "out")], capsys)
     assert code == 0, stderr
@@ -132,26 +135,17 @@ def test_the_help_states_version_sources_formats_contrast_demo_and_required_out(
 
 
 def test_a_contrast_target_explains_logit_a_minus_logit_b_as_the_api_does(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], recorded: list[torch.Tensor]) -> None:
     """``--target 3,5``: the relevance of logit 3 minus logit 5, equal (float64, 1e-9) to
     ``fxlrp.attribute(..., target=(3, 5))`` and, by linearity of LRP-0 in the output relevance,
     to the relevance of class 3 minus that of class 5; a third class or a bad one is one line."""
-    from fxlrp.app import commands
     from fxlrp.toys.digits import DigitsCNN
-
-    recorded = []
-
-    def recording(*args: object, **kwargs: object) -> torch.Tensor:
-        recorded.append(fxlrp.attribute(*args, **kwargs))
-        return recorded[-1]
-
-    monkeypatch.setattr(commands, "attribute", recording)
     torch.manual_seed(0)
     weights = tmp_path / "digits.pt"
     torch.save(DigitsCNN().state_dict(), weights)
     pixels = np.random.default_rng(2).integers(0, 256, size=(8, 8), dtype=np.uint8)
     Image.fromarray(pixels, mode="L").save(tmp_path / "digit.png")
-    command = ["explain", "--model", "fxlrp.toys.digits:DigitsCNN", "--weights", str(weights), "--dtype", "float64",
+    command = ["explain", "--model", MODEL, "--weights", str(weights), "--dtype", "float64",
                "--composite", "lrp0", str(tmp_path / "digit.png"), "--out", str(tmp_path / "out")]
     code, stdout, stderr = run([*command, "--target", "3,5"], capsys)
     assert code == 0, stderr
@@ -171,7 +165,7 @@ def test_a_contrast_target_explains_logit_a_minus_logit_b_as_the_api_does(
                                      "logit B"),
                            ("3,12", "--target 12 is out of range: the model has 10 classes (0..9)")):
         code, _, stderr = run([*command, "--target", given], capsys)
-        assert code == 2 and stderr == f"fxlrp: error: {message}\n", stderr
+        assert code == 2 and fxlrp_lines(stderr) == f"fxlrp: error: {message}\n", stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,24 +173,15 @@ def test_a_contrast_target_explains_logit_a_minus_logit_b_as_the_api_does(
 
 
 def test_pictures_keep_the_images_aspect_and_show_the_relevance_with_a_colour_bar(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], recorded: list[torch.Tensor]) -> None:
     """A 40 x 50 image squashed to 8 x 8 (``--size``) was drawn 128 x 128; its heatmap is now
     drawn at the file's aspect with a short side of 256 pixels, nearest neighbour: each pixel
     read back (bwr inverted) is the normalised relevance of the input pixel under its centre.
     The figure holds the same heatmap, a title naming model, target and composite, and a colour
     bar running from +1 (top) to -1 (bottom)."""
-    from fxlrp.app import commands
     from fxlrp.viz import image
-
-    recorded = []
-
-    def recording(*args: object, **kwargs: object) -> torch.Tensor:
-        recorded.append(fxlrp.attribute(*args, **kwargs))
-        return recorded[-1]
-
-    monkeypatch.setattr(commands, "attribute", recording)
     path = picture(tmp_path / "wide.png", 50, 40)
-    code, stdout, stderr = run(["explain", "--model", "fxlrp.toys.digits:DigitsCNN", "--size", "8", "--target", "2",
+    code, stdout, stderr = run(["explain", "--model", MODEL, "--size", "8", "--target", "2",
                                 "--composite", "epsilon_plus", str(path), "--out", str(tmp_path / "out")], capsys)
     assert code == 0, stderr
     assert stdout.rstrip().endswith(f"-> {tmp_path / 'out' / 'wide.figure.png'}")
