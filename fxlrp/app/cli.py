@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from fxlrp.app.cli_options import COMPOSITE_NAMES, InputError, add_dataset_options
-from fxlrp.errors import FxlrpError
+from fxlrp.errors import ExplanationInputError, FxlrpError
 
 BAD_INPUT = 2
 CANNOT_EXPLAIN = 1
@@ -37,6 +37,19 @@ def _floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
 
 
+_IMAGENET = "0.485,0.456,0.406"
+
+
+def _version() -> str:
+    """The installed package's version (without importing fxlrp's package, which imports torch)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("fxlrp")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", metavar="FILE", help="state dict saved with torch.save(model.state_dict(), FILE)")
     parser.add_argument("--composite", default="epsilon",
@@ -52,11 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         Its commands ``explain``, ``evaluate``, ``report`` and ``demo``; errors print one line and exit with 2.
     """
     parser = _Parser(prog="fxlrp", description="Layer-wise Relevance Propagation for PyTorch models via torch.fx.")
+    parser.add_argument("--version", action="version", version=f"fxlrp {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     explain = commands.add_parser(
         "explain", help="heatmaps for images, coloured tokens for text",
-        description="Explain each image's class and write heatmap PNGs to --out (or a data set with --data); "
+        description="Explain each image's class and write PNGs to --out: NAME.heatmap.png and NAME.overlay.png "
+                    "at the image's aspect, NAME.figure.png with a title and a colour bar (or a data set with --data); "
                     "or explain --text with a Hugging Face text model (--model hf:DIR), print its tokens coloured "
                     "by relevance and write --out/explanation.html. A classifier explains a class; a segmentation "
                     "model explains a class over the whole image: the sum of that class's logits over all pixels "
@@ -72,8 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain.set_defaults(composite=None)
     explain.add_argument("--target", help="class to explain: an index (default: the predicted class; for a "
                                           "segmentation model the class whose logits summed over the pixels are "
-                                          "largest); for hf: text models also a label name, or for a language "
-                                          "model one token of its vocabulary (default: the predicted next token)")
+                                          "largest); A,B for image files and a classifier: a contrast, logit A "
+                                          "minus logit B (what makes it A rather than B); for hf: text models also "
+                                          "a label name, or for a language model one token of its vocabulary "
+                                          "(default: the predicted next token)")
     explain.add_argument("--region", type=_floats, metavar="X0,Y0,X1,Y1",
                          help="a segmentation model: explain the class over this box of the image only (x the "
                               "column, y the row, in the image file's pixels, scaled with the image to the model's "
@@ -97,16 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
                          help="resize images to SIZE x SIZE (default: the model's own preprocessing: a torchvision "
                               "model's weights.transforms(), a timm model's data config, an hf: model's image "
                               "processor; images as they are for other models)")
-    explain.add_argument("--mean", type=_floats, help="per-channel mean for normalisation (default: the model's "
-                                                      "own, 0 for other models)")
-    explain.add_argument("--std", type=_floats, help="per-channel std (default: the model's own, 1 for other models)")
+    explain.add_argument("--mean", type=_floats, metavar="M1,M2,...",
+                         help=f"per-channel mean for normalisation (x - mean) / std of pixels in [0, 1), one number "
+                              f"per channel separated by commas, e.g. {_IMAGENET} (default: the model's own, 0 for "
+                              f"other models)")
+    explain.add_argument("--std", type=_floats, metavar="S1,S2,...",
+                         help="per-channel std, one positive number per channel separated by commas, e.g. "
+                              "0.229,0.224,0.225 (default: the model's own, 1 for other models)")
     explain.add_argument("--batch-size", type=int, default=8, help="images per batch (default 8)")
     explain.add_argument("--compile", action="store_true",
                          help="compile the explanation, forward and relevance, with torch.compile (fxlrp.compile): "
                               "tens of seconds per batch shape at the start, the same relevance")
     explain.add_argument("--cmap", default="bwr", help="colour map: bwr, cold_and_hot, seismic, ... (default bwr)")
-    explain.add_argument("--out", metavar="DIR", help="directory for the PNGs (required for images) or "
-                                                     "explanation.html")
+    explain.add_argument("--out", metavar="DIR", help="directory for the PNGs or explanation.html; required for "
+                                                     "image files and --data, optional for --text")
     explain.add_argument("images", nargs="*", metavar="IMAGE",
                          help="image files, or .pt/.npy tensors [C, H, W] (video clips [C, T, H, W])")
     add_dataset_options(explain)
@@ -137,19 +158,29 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the class's logit (default) or softmax probability")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the random map and the noise baseline")
     evaluate.add_argument("--size", type=int, help="resize images to SIZE x SIZE (default: the model's own)")
-    evaluate.add_argument("--mean", type=_floats, help="per-channel mean for normalisation")
-    evaluate.add_argument("--std", type=_floats, help="per-channel std")
+    evaluate.add_argument("--mean", type=_floats, metavar="M1,M2,...",
+                          help=f"per-channel mean for normalisation, one number per channel separated by commas, "
+                               f"e.g. {_IMAGENET}")
+    evaluate.add_argument("--std", type=_floats, metavar="S1,S2,...",
+                          help="per-channel std, one positive number per channel separated by commas")
     evaluate.add_argument("--batch-size", type=int, default=8, help="samples per batch (default 8)")
     evaluate.add_argument("--out", metavar="DIR", required=True,
-                          help="directory for the shards of scores, index.json and evaluation.json")
+                          help="(required) directory for the shards of scores, index.json and evaluation.json")
     add_dataset_options(evaluate, explain=False)
 
     report = commands.add_parser("report", help="the node/rule table of a model",
                                  description="Print every node of the model with its operation and rule.")
-    report.add_argument("model", help="torchvision:NAME, timm:NAME or package.module:FACTORY")
+    report.add_argument("model", help="torchvision:NAME, timm:NAME, package.module:FACTORY or hf:DIR (a Hugging "
+                                      "Face model saved with save_pretrained(DIR): its report after one "
+                                      "explanation of an example input)")
     _add_model_options(report)
 
-    demo = commands.add_parser("demo", help="the README demo: a CNN heatmap, a torchvision model, a scatter GNN")
+    demo = commands.add_parser(
+        "demo", help="the README demo: a CNN heatmap, a torchvision model, a scatter GNN",
+        description="Three explanations, offline: a small CNN trained for seconds on scikit-learn's bundled digits "
+                    "(heatmaps of test digits); a torchvision ResNet-18 with random weights (LRP-0 checked against "
+                    "gradient x input); a scatter graph network trained on generated infection graphs (the "
+                    "relevance of each node and edge). Writes three PNGs to --out and prints what each shows.")
     demo.add_argument("--out", default="out/demo", metavar="DIR", help="directory for the PNGs (default out/demo)")
     demo.add_argument("--fast", action="store_true", help="fewer training steps (for CI)")
     return parser
@@ -174,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return COMMANDS[args.command](args)
-    except InputError as error:
+    except (InputError, ExplanationInputError) as error:  # (the API's refusal of an input: the user's input)
         print(f"fxlrp: error: {error}", file=sys.stderr)
         return BAD_INPUT
     except FxlrpError as error:

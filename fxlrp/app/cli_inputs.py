@@ -27,6 +27,8 @@ from torch import Tensor, nn
 
 from fxlrp import rules
 from fxlrp.app.cli_options import COMPOSITE_NAMES, InputError
+from fxlrp.errors import ExplanationInputError
+from fxlrp.explain.input_checks import model_consulted, model_of
 from fxlrp.rules import composites
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -747,13 +749,11 @@ def probe_model(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[
     tuple
         The scores and whether they are summed over pixels.
     """
-    try:
-        with torch.no_grad():
+    try:  # (the explainer's forward runs its traced graph; the model's own refusal is what the user can act on)
+        with torch.no_grad(), model_consulted(explain, model_of(explain), (inputs,), {}):
             result = explain(inputs)
-    except RuntimeError as error:
-        detail = str(error).strip().splitlines()[0][:200]
-        raise InputError(f"the model cannot take {paths[0]!r} (input shape {tuple(inputs.shape[1:])}): "
-                         f"{detail}; check --size and the image") from None
+    except ExplanationInputError as error:
+        raise InputError(f"{paths[0]}: {error}") from None
     output = explained_output(result)
     return class_scores(output), output.dim() > 2
 
@@ -763,13 +763,16 @@ def _run_model(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[s
     return probe_model(explain, inputs, paths)[0]
 
 
-def _targets(target: int | None, logits: torch.Tensor) -> torch.Tensor:
+def _targets(target: int | tuple[int, int] | None, logits: torch.Tensor) -> torch.Tensor:
+    """Each sample's class: ``target``'s (a contrast's first class), or the predicted one; checked to exist."""
     classes = logits.shape[1]
     if target is None:
         return logits.argmax(dim=1)
-    if not 0 <= target < classes:
-        raise InputError(f"--target {target} is out of range: the model has {classes} classes (0..{classes - 1})")
-    return torch.full((logits.shape[0],), target, dtype=torch.long)
+    for index in target if isinstance(target, tuple) else (target,):
+        if not 0 <= index < classes:
+            raise InputError(f"--target {index} is out of range: the model has {classes} classes (0..{classes - 1})")
+    first = target[0] if isinstance(target, tuple) else target
+    return torch.full((logits.shape[0],), first, dtype=torch.long)
 
 
 def unexplainable(scores: Tensor, relevance: Tensor, dtype: str = "float32") -> list[str | None]:

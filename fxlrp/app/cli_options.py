@@ -49,10 +49,10 @@ def add_dataset_options(parser: argparse.ArgumentParser, explain: bool = True) -
                             "explanation, another size, no label): stop with an error naming it (default), or "
                             "skip it (named on stderr and listed in index.json with its reason, its relevance "
                             "NaN) and explain the rest")
-    group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or mps")
+    group.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or mps (image files too)")
     group.add_argument("--dtype", default="float32", choices=DTYPES,
                        help="float32 (default); bfloat16 or float16 run the model under autocast; float64 "
-                            "converts model and inputs")
+                            "converts model and inputs (image files too)")
     if not explain:
         return
     group.add_argument("--png", action="store_true", help="also write heatmap (and overlay) PNGs to DIR/png")

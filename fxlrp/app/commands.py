@@ -32,7 +32,14 @@ from fxlrp.app.cli_inputs import (
     unexplainable,
 )
 from fxlrp.app.cli_options import HF_PREFIX
-from fxlrp.app.explain_dataset import explains_data_set, run_dataset
+from fxlrp.app.explain_dataset import (
+    autocast,
+    device_of,
+    explains_data_set,
+    prepare_inputs,
+    prepare_model,
+    run_dataset,
+)
 from fxlrp.explain.attribute import attribute
 from fxlrp.explain.compiled import compile as fxlrp_compile
 from fxlrp.viz import generation as generation_pictures
@@ -151,11 +158,17 @@ def run_explain(args: argparse.Namespace) -> int:
         raise InputError("the following arguments are required: IMAGE (image files to explain)")
     target = _class_index(args.target)
     region = _region(args)
+    if isinstance(target, tuple) and (region is not None or args.compile):
+        raise InputError(f"--target {args.target} (a contrast) explains a classifier's logits without "
+                         f"{'--region' if region is not None else '--compile'}; give one class, or leave "
+                         f"{'--region' if region is not None else '--compile'} out")
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be positive, got {args.batch_size}")
+    device = device_of(args.device)
     model = load_model(args.model, args.weights)
     preprocessing = _preprocessing(args, model)
     composite = composite_by_name(args.composite or "epsilon", preprocessing)
+    model = prepare_model(model, device, args.dtype)
     try:
         image.colour_map(args.cmap)
     except ValueError as error:
@@ -171,55 +184,88 @@ def run_explain(args: argparse.Namespace) -> int:
               disable=None) as progress:
         for start in range(0, len(args.images), args.batch_size):
             paths = args.images[start:start + args.batch_size]
-            inputs = stack_inputs(paths, preprocessing)
-            if start == 0:  # errors in the user's terms (input shape, target, output) before any work
-                logits, image_shaped = probe_model(explain, inputs[:1], paths)
-                if region is not None and not image_shaped:
-                    raise InputError(f"--region takes a region of a segmentation model's output [batch, classes, "
-                                     f"height, width]; this model's output has no height and width (its scores "
-                                     f"have shape {list(logits.shape)}): leave --region out to explain a class")
-                _targets(target, logits)
-                if compiled is not None and image_shaped:
-                    raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a "
-                                     "segmentation model without it")
-            if compiled is not None:  # one pass gives the scores and the relevance
-                given = None if target is None else torch.full((len(paths),), target)
-                relevance, logits = compiled(inputs, given, return_output=True)
-                targets = _targets(target, logits)
-            elif region is not None:  # the class's logits summed over the region
-                logits, scaled = _region_scores(explain, inputs, paths, region)
-                where = scaled.mask
-                targets = _targets(target, logits)
-                relevance = attribute(explain, inputs, target=fxlrp.Region(targets, mask=scaled.mask),
-                                      output=explained_output, check_finite=False)
-            else:
-                logits = _run_model(explain, inputs, paths)
-                targets = _targets(target, logits)
-                relevance = attribute(explain, inputs, target=targets, output=explained_output, check_finite=False)
-            for path, problem in zip(paths, unexplainable(logits, relevance), strict=True):
+            inputs = prepare_inputs(stack_inputs(paths, preprocessing), device, args.dtype)
+            with autocast(device, args.dtype):  # (float32 and float64: nothing)
+                if start == 0:  # errors in the user's terms (input shape, target, output) before any work
+                    logits, image_shaped = probe_model(explain, inputs[:1], paths)
+                    if region is not None and not image_shaped:
+                        raise InputError(f"--region takes a region of a segmentation model's output [batch, classes, "
+                                         f"height, width]; this model's output has no height and width (its scores "
+                                         f"have shape {list(logits.shape)}): leave --region out to explain a class")
+                    _targets(target, logits)
+                    if isinstance(target, tuple) and image_shaped:
+                        raise InputError(f"--target {args.target} (a contrast of two logits) explains a classifier; "
+                                         f"for this model's image-shaped output give one class")
+                    if compiled is not None and image_shaped:
+                        raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a "
+                                         "segmentation model without it")
+                if compiled is not None:  # one pass gives the scores and the relevance
+                    given = None if target is None else torch.full((len(paths),), target, device=device)
+                    relevance, logits = compiled(inputs, given, return_output=True)
+                    targets = _targets(target, logits)
+                elif region is not None:  # the class's logits summed over the region
+                    logits, scaled = _region_scores(explain, inputs, paths, region)
+                    where = scaled.mask
+                    targets = _targets(target, logits)
+                    relevance = attribute(explain, inputs, target=fxlrp.Region(targets, mask=scaled.mask),
+                                          output=explained_output, check_finite=False)
+                else:
+                    logits = _run_model(explain, inputs, paths)
+                    targets = _targets(target, logits)
+                    relevance = attribute(explain, inputs, target=target if isinstance(target, tuple) else targets,
+                                          output=explained_output, check_finite=False)
+            for path, problem in zip(paths, unexplainable(logits, relevance, args.dtype), strict=True):
                 if problem is not None:
                     raise InputError(f"{path}: {problem}")
+            stored = torch.float64 if args.dtype == "float64" else torch.float32  # (autocast's half: float32)
+            inputs, relevance, logits = (values.detach().cpu().to(stored) for values in (inputs, relevance, logits))
             heatmaps = image.heatmap(_as_picture(relevance), args.cmap)
             overlays = image.overlay(_as_picture(inputs), _as_picture(relevance), args.cmap)
-            scale = max(1, 128 // max(_as_picture(inputs).shape[-2:]))
             for index, name in enumerate(names[start:start + len(paths)]):
-                image.save_png(heatmaps[index], out / f"{name}.heatmap.png", scale)
-                image.save_png(overlays[index], out / f"{name}.overlay.png", scale)
+                shown = _shown_size(paths[index], preprocessing, _as_picture(inputs).shape[-2:])
+                heatmap = image.at_size(heatmaps[index], *shown)
+                image.save_png(heatmap, out / f"{name}.heatmap.png", 1)
+                image.save_png(image.at_size(overlays[index], *shown), out / f"{name}.overlay.png", 1)
                 if region is not None:
                     picture = _as_picture(inputs[index:index + 1])[0]
-                    outline = _region_in_picture(where[index:index + 1], picture.shape[-2:])
+                    outline = _region_in_picture(where[index:index + 1].cpu(), picture.shape[-2:])
                     outlined = image.with_region(picture, _as_picture(relevance[index:index + 1])[0], outline,
                                                  args.cmap)
-                    image.save_png(outlined, out / f"{name}.region.png", scale)
+                    image.save_png(outlined, out / f"{name}.region.png")
                 explained = int(targets[index])  # (not `target`: the next batch needs the option)
                 what = "logits summed over the pixels" if image_shaped else "output"
                 if region is not None:
                     what = "logits summed over the box ({:g}, {:g}, {:g}, {:g})".format(*region.box)
-                lines.append(f"{paths[index]}: class {explained} ({what} {logits[index, explained]:.3g}), "
-                             f"relevance sum {relevance[index].sum():.3g} -> {out / name}.heatmap.png")
+                said, named = f"class {explained} ({what} {logits[index, explained]:.3g})", f"class {explained}"
+                if isinstance(target, tuple):
+                    said = (f"class {target[0]} minus class {target[1]} (output {logits[index, target[0]]:.3g} - "
+                            f"{logits[index, target[1]]:.3g})")
+                    named = f"class {target[0]} minus class {target[1]}"
+                largest = float(np.abs(image.reduce_channels(_as_picture(relevance[index:index + 1]))).max())
+                figure, _ = image.with_colour_bar(heatmap, largest, f"{args.model}, {named}, "
+                                                                    f"{args.composite or 'epsilon'}", args.cmap)
+                image.save_png(figure, out / f"{name}.figure.png", 1)
+                lines.append(f"{paths[index]}: {said}, relevance sum {relevance[index].sum():.3g} -> "
+                             f"{out / name}.figure.png")
             progress.update(len(paths))
     print("\n".join(lines))
     return 0
+
+
+def _shown_size(path: str, preprocessing: Preprocessing, size: Sequence[int]) -> tuple[int, int]:
+    """The size an input's pictures are saved at: the image file's aspect where the preprocessing
+    squashed it to a square (``--size``, or a model's own size without its transform; a crop's
+    aspect is the input's), the input's otherwise; the short side at least
+    :data:`fxlrp.viz.image.READABLE_SIDE` pixels."""
+    from fxlrp.viz import image
+
+    height, width = int(size[0]), int(size[1])
+    side = max(image.READABLE_SIDE, min(height, width))  # (enlarged, never smaller than the input)
+    squashed = preprocessing.transform is None and preprocessing.size is not None
+    found = _image_file_size(path) if squashed else None
+    if found is not None:
+        height, width = found
+    return image.shown_size(height, width, side)
 
 
 def _region(args: argparse.Namespace) -> fxlrp.Region | None:
@@ -285,13 +331,19 @@ def _region_in_picture(where: torch.Tensor, size: Sequence[int]) -> torch.Tensor
     return mask[0] > 0.5
 
 
-def _class_index(target: str | None) -> int | None:
+def _class_index(target: str | None) -> int | tuple[int, int] | None:
+    """``--target``: a class index, or ``A,B`` (a contrast: logit A minus logit B); None without it."""
     if target is None:
         return None
     try:
-        return int(target)
+        indices = tuple(int(part) for part in target.split(","))
     except ValueError:
-        raise InputError(f"--target {target!r} is not a class index (a whole number)") from None
+        raise InputError(f"--target {target!r} is not a class index (a whole number) nor a contrast A,B of two "
+                         f"class indices") from None
+    if len(indices) > 2:
+        raise InputError(f"--target {target!r} names {len(indices)} classes; give one class, or two A,B: logit A "
+                         f"minus logit B")
+    return indices[0] if len(indices) == 1 else (indices[0], indices[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +448,7 @@ def run_explain_text(args: argparse.Namespace) -> int:
         explained = int(logits.argmax()) if target is None else target
         relevance = attribute(explain, ids, target=explained)[0]
         if pretrained.causal:
-            what = f"next token {tokenizer.convert_ids_to_tokens(explained)!r} (id {explained}, "
+            what = f"next token {text.token_text(tokenizer, explained)} (id {explained}, "
         else:
             what = f"class {explained} {model.config.id2label.get(explained, explained)!r} ("
         heading = f"{what}logit {logits[explained]:.4g}), relevance sum {relevance.sum():.4g}, {composite_name}"

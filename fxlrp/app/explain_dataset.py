@@ -20,10 +20,11 @@ import argparse
 import hashlib
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,8 @@ def target_of(text: int | str | None) -> int | str | None:
 
 def explains_data_set(args: argparse.Namespace) -> bool:
     """Whether ``fxlrp explain`` was given a data set: ``--data``, or one folder as its only input
-    (which then becomes ``args.data``). Data-set options given with image files are refused."""
+    (which then becomes ``args.data``). Data-set options given with image files are refused (all but
+    ``--device`` and ``--dtype``, which image files take too)."""
     images = list(getattr(args, "images", None) or [])
     if args.data is not None:
         if images:
@@ -82,11 +84,11 @@ def explains_data_set(args: argparse.Namespace) -> bool:
     if images and getattr(args, "concepts", None) is not None:
         raise InputError("--concepts applies to data sets (--data): it finds the reference samples of each concept "
                          "over a data set")
-    defaults = {"workers": 0, "shard_size": 256, "on_error": "stop", "png": False, "device": "cpu", "dtype": "float32"}
+    defaults = {"workers": 0, "shard_size": 256, "on_error": "stop", "png": False}  # (--device, --dtype: both)
     given = [name for name, value in defaults.items() if getattr(args, name, value) != value]
     if given and images:
         option = "--" + given[0].replace("_", "-")
-        raise InputError(f"{option} applies to data sets (--data); image files are explained on the CPU in float32")
+        raise InputError(f"{option} applies to data sets (--data), not to image files")
     return False
 
 
@@ -228,6 +230,8 @@ class _Run:
     pixels are largest."""
     concepts: _Concepts | None = None
     """``--concepts``."""
+    picture_names: list[str] = field(default_factory=list)
+    """Each sample's PNG name (:func:`picture_names`), with ``--png``."""
 
 
 CONCEPTS = "concepts"
@@ -422,6 +426,26 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
         rows.relevance_sums.append(float(np.sum(values, dtype=np.float64)))
 
 
+def picture_names(names: Sequence[str]) -> list[str]:
+    """The names of the samples' PNGs: each sample's name without its file suffix (``cat/00.png``
+    gives ``cat/00.heatmap.png``), the whole name where two samples would share one (``a.png`` and
+    ``a.jpg``).
+
+    Parameters
+    ----------
+    names
+        The samples' names (:attr:`fxlrp.app.datasets.Source.names`).
+
+    Returns
+    -------
+    list of str
+        One name per sample, distinct where the names are.
+    """
+    stems = [str(PurePosixPath(name).with_suffix("")) if PurePosixPath(name).suffix else name for name in names]
+    counts = Counter(stems)
+    return [stem if counts[stem] == 1 else name for name, stem in zip(names, stems, strict=True)]
+
+
 def _write_pngs(run: _Run, directory: Path, shard: _Shard) -> None:
     """Heatmap (and, for 1 or 3 channels, overlay) PNGs of a shard's explained samples."""
     from PIL import Image
@@ -434,9 +458,9 @@ def _write_pngs(run: _Run, directory: Path, shard: _Shard) -> None:
         pictures = {"heatmap": image.heatmap(relevance, run.cmap, reduction="none" if flat else "sum")}
         if not flat and values.shape[0] in (1, 3):
             pictures["overlay"] = image.overlay(values.double(), relevance, run.cmap)
-        scale = max(1, 128 // max(relevance.shape[-2:]))
+        scale = image.readable_scale(*relevance.shape[-2:])
         for kind, rgb in pictures.items():
-            path = directory / PNG / f"{run.source.names[index]}.{kind}.png"
+            path = directory / PNG / f"{run.picture_names[index]}.{kind}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             picture = Image.fromarray(image.enlarge(np.ascontiguousarray(rgb, dtype=np.uint8), scale))
             write_atomic(path, lambda file, picture=picture: picture.save(file, format="PNG"))
@@ -557,6 +581,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
 
     run = _Run(explain, source, sample_shape, classes, args.target, device, args.dtype, args.on_error, args.png,
                args.cmap, image_shaped=image_shaped, concepts=concepts,
+               picture_names=picture_names(source.names) if args.png else [],
                compiled=fxlrp.compile(explain, output=explained_output) if getattr(args, "compile", False) else None)
     mine = processes.share(missing)
     spans = [writer.ranges[shard] for shard in mine]

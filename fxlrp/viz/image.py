@@ -326,6 +326,125 @@ def enlarge(rgb: np.ndarray, factor: int) -> np.ndarray:
     return np.repeat(np.repeat(rgb, factor, axis=-3), factor, axis=-2)
 
 
+READABLE_SIDE = 256
+"""The shortest side, in pixels, a picture is saved with by default (small inputs enlarged)."""
+
+
+def readable_scale(height: int, width: int, side: int = READABLE_SIDE) -> int:
+    """The enlargement (:func:`enlarge`) that gives a ``height x width`` picture a short side of at
+    least ``side`` pixels.
+
+    Parameters
+    ----------
+    height, width : int
+        The picture's size.
+    side : int, default :data:`READABLE_SIDE`
+        The shortest side wanted.
+
+    Returns
+    -------
+    int
+        ``ceil(side / min(height, width))``, at least 1 (large pictures are kept as they are).
+    """
+    return max(1, -(-side // max(1, min(height, width))))
+
+
+def at_size(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+    """A picture ``[h, w, 3]`` resized to ``[height, width, 3]`` by nearest neighbour: each output
+    pixel shows the colour of the input pixel its centre falls in (no invented colours, so a
+    heatmap keeps its values and its zero), e.g. a map of a squashed image back at the image's
+    own aspect.
+
+    Parameters
+    ----------
+    rgb : ndarray
+        The picture.
+    height, width : int
+        The size wanted.
+
+    Returns
+    -------
+    ndarray
+        The resized picture.
+    """
+    rows = ((np.arange(height) + 0.5) * rgb.shape[0] / height).astype(np.int64)
+    columns = ((np.arange(width) + 0.5) * rgb.shape[1] / width).astype(np.int64)
+    return np.ascontiguousarray(rgb[rows][:, columns])
+
+
+def shown_size(height: int, width: int, side: int = READABLE_SIDE) -> tuple[int, int]:
+    """The size with the aspect of ``height x width`` (an image file's size) and a short side of
+    ``side`` pixels.
+
+    Parameters
+    ----------
+    height, width : int
+        The size whose aspect is kept.
+    side : int, default :data:`READABLE_SIDE`
+        The short side.
+
+    Returns
+    -------
+    tuple of int
+        ``(height, width)``, each rounded to whole pixels.
+    """
+    factor = side / max(1, min(height, width))
+    return max(1, round(height * factor)), max(1, round(width * factor))
+
+
+COLOUR_BAR_WIDTH = 16
+"""Width in pixels of the colour bar of :func:`with_colour_bar`."""
+
+
+def with_colour_bar(rgb: np.ndarray, largest: float, title: str | None = None,
+                    cmap: str | Colormap = "bwr") -> tuple[np.ndarray, tuple[int, int]]:
+    """A heatmap with a colour bar on its right (its colours from ``-largest`` at the bottom through
+    0 to ``+largest`` at the top, labelled) and a title above it, on white.
+
+    Parameters
+    ----------
+    rgb : ndarray
+        The heatmap picture ``[height, width, 3]`` (as :func:`heatmap` colours it, normalised so
+        that ``largest`` is the map's end).
+    largest : float
+        The relevance the ends of the colour map stand for.
+    title : str, optional
+        A line above the picture (model, target, composite).
+    cmap : str or Colormap, default "bwr"
+        The colour map of the heatmap.
+
+    Returns
+    -------
+    tuple
+        The picture, and the ``(row, column)`` of the heatmap's top-left corner in it (the heatmap
+        is there unchanged).
+    """
+    from PIL import ImageDraw, ImageFont
+
+    height, width = rgb.shape[:2]
+    font = ImageFont.load_default(size=max(10, min(18, height // 16)))
+    line = 0 if title is None else int(font.getbbox("Ag")[3]) + 8
+    labels = [f"{largest:+.3g}", "0", f"{-largest:+.3g}"]
+    label_width = max(int(font.getlength(label)) for label in labels)
+    gap = 8
+    wide = width + gap + COLOUR_BAR_WIDTH + 6 + label_width + 6
+    if title is not None:
+        wide = max(wide, int(font.getlength(title)) + 4)
+    canvas = np.full((line + height + 8, wide, 3), 255, dtype=np.uint8)
+    canvas[line:line + height, :width] = rgb
+    values = np.linspace(1.0, -1.0, height)  # top: +largest, bottom: -largest
+    bar = colourise(np.broadcast_to(values[:, None], (height, COLOUR_BAR_WIDTH)), cmap)
+    left = width + gap
+    canvas[line:line + height, left:left + COLOUR_BAR_WIDTH] = bar
+    picture = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(picture)
+    if title is not None:
+        draw.text((0, 2), title, fill=(0, 0, 0), font=font)
+    for label, row in zip(labels, (line, line + height // 2, line + height - 1), strict=True):
+        draw.text((left + COLOUR_BAR_WIDTH + 6, row), label, fill=(0, 0, 0), font=font, anchor="lm")
+    return np.asarray(picture), (line, 0)
+
+
 REGION_COLOUR = (0, 200, 0)
 """The outline of a region: green, which none of the diverging colour maps uses."""
 
@@ -400,7 +519,7 @@ def with_region(
     return np.concatenate([pictures, spacer, colours], axis=-2)
 
 
-def save_png(rgb: np.ndarray, path: str | Path, scale: int = 1) -> Path:
+def save_png(rgb: np.ndarray, path: str | Path, scale: int | None = None) -> Path:
     """Save one RGB ``uint8`` picture ``[height, width, 3]`` as PNG.
 
     Parameters
@@ -409,8 +528,9 @@ def save_png(rgb: np.ndarray, path: str | Path, scale: int = 1) -> Path:
         The picture.
     path : str or Path
         The file; its directory is made if missing.
-    scale : int, default 1
-        Each pixel is saved as ``scale x scale`` pixels (:func:`enlarge`).
+    scale : int, optional
+        Each pixel is saved as ``scale x scale`` pixels (:func:`enlarge`); default: enough for a
+        short side of :data:`READABLE_SIDE` pixels (:func:`readable_scale`; 1 for larger pictures).
 
     Returns
     -------
@@ -424,13 +544,14 @@ def save_png(rgb: np.ndarray, path: str | Path, scale: int = 1) -> Path:
     """
     if rgb.ndim != 3 or rgb.shape[-1] != 3:
         raise ValueError(f"save_png takes one RGB picture [height, width, 3], got shape {rgb.shape}")
+    scale = readable_scale(*rgb.shape[:2]) if scale is None else scale
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(enlarge(np.ascontiguousarray(rgb, dtype=np.uint8), scale)).save(path, format="PNG")
     return path
 
 
-def save_pngs(rgb: np.ndarray, directory: str | Path, names: Sequence[str], scale: int = 1) -> list[Path]:
+def save_pngs(rgb: np.ndarray, directory: str | Path, names: Sequence[str], scale: int | None = None) -> list[Path]:
     """Save a batch ``[batch, height, width, 3]`` as ``directory/name.png`` each.
 
     Parameters
@@ -441,8 +562,9 @@ def save_pngs(rgb: np.ndarray, directory: str | Path, names: Sequence[str], scal
         The directory.
     names : sequence of str
         One file name (without ``.png``) per picture.
-    scale : int, default 1
-        Each pixel is saved as ``scale x scale`` pixels.
+    scale : int, optional
+        Each pixel is saved as ``scale x scale`` pixels; default: a short side of
+        :data:`READABLE_SIDE` pixels (:func:`readable_scale`).
 
     Returns
     -------

@@ -152,6 +152,30 @@ def tokens_of(tokenizer: Any, input_ids: Any) -> list[str] | list[list[str]]:
     return list(tokenizer.convert_ids_to_tokens([int(value) for value in ids]))
 
 
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """One token as a reader sees it, quoted: its decoded text (a byte-level BPE piece ``'Ġmovie'``
+    reads ``' movie'``, a SentencePiece ``'▁movie'`` too).
+
+    Parameters
+    ----------
+    tokenizer : Any
+        Any Hugging Face tokenizer.
+    token_id : int
+        The token's id.
+
+    Returns
+    -------
+    str
+        ``repr`` of the decoded text; for a token that is a part of a character (a byte of a
+        multi-byte UTF-8 character, which decodes to U+FFFD alone), the piece as the vocabulary
+        writes it and what it is.
+    """
+    decoded = tokenizer.decode([int(token_id)], clean_up_tokenization_spaces=False)
+    if decoded and "\ufffd" not in decoded:
+        return repr(decoded)
+    return f"{tokenizer.convert_ids_to_tokens(int(token_id))!r} (a part of a multi-byte character)"
+
+
 def detect_convention(tokens: Sequence[str]) -> str:
     """The way the tokens mark words.
 

@@ -61,8 +61,8 @@ def test_explain_writes_heatmaps_with_relevance_on_the_ink(digits: dict[str, Pat
     for index in range(3):
         assert (out / f"digit{index}.overlay.png").is_file()
         values = image.signed_values_from_bwr(image.read_png(out / f"digit{index}.heatmap.png"))
-        assert values.shape == (128, 128)  # 8x8 enlarged 16 times
-        maps.append(torch.from_numpy(values.reshape(8, 16, 8, 16).mean(axis=(1, 3))))
+        assert values.shape == (256, 256)  # 8x8 enlarged 32 times (a short side of 256 pixels)
+        maps.append(torch.from_numpy(values.reshape(8, 32, 8, 32).mean(axis=(1, 3))))
     on_ink = positive_relevance_on_ink(torch.stack(maps), digits["ink"])
     assert (on_ink > 0.8).all(), on_ink
 
@@ -86,7 +86,7 @@ def bad_inputs(folder: Path, weights: Path) -> list[tuple[list[str], str]]:
         ([*explain, str(folder / "text.png"), "--out", out], "is not an image"),
         ([*explain, str(folder / "two_channels.npy"), "--out", out], "has shape (2, 8, 8); the model takes [1, "),
         ([*explain, digit, str(folder / "nine.png"), "--out", out], "inputs differ in size"),
-        ([*explain, str(folder / "tiny.png"), "--out", out], "the model cannot take"),
+        ([*explain, str(folder / "tiny.png"), "--out", out], "tiny.png: the model itself rejects input"),
         (["explain", "--model", DIGITS_MODEL, "--weights", str(folder / "none.pt"), digit, "--out", out],
          "weights file"),
         (["explain", "--model", DIGITS_MODEL, "--weights", str(folder / "text.png"), digit, "--out", out],

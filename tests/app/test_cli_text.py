@@ -158,7 +158,9 @@ def test_language_model_explains_the_next_token(saved: dict[str, Path], capsys: 
     heading, *token_lines, _ = stdout.strip().splitlines()
     tokenizer = transformers.AutoTokenizer.from_pretrained(saved["gpt2"])
     [movie] = tokenizer(" movie", add_special_tokens=False)["input_ids"]
-    assert heading.startswith(f"next token 'Ġmovie' (id {movie}, logit ")
+    assert heading.startswith(f"next token ' movie' (id {movie}, logit ")  # (decoded, not the BPE piece 'Ġmovie')
+    title = re.search(r'class="fxlrp-title"[^>]*>(.*?)</div>', (tmp_path / "explanation.html").read_text("utf-8"))
+    assert html.unescape(title.group(1)) == heading  # (the page's title the same)
     tokens, relevance = reference(saved["gpt2"], "AutoModelForCausalLM", prompt, fxlrp.composites.AttnLRP(), movie)
     assert "Ċ" in tokens  # the newline is a token ...
     printed = printed_tokens("\n".join(token_lines))
@@ -172,7 +174,20 @@ def test_language_model_explains_the_next_token(saved: dict[str, Path], capsys: 
     model = transformers.AutoModelForCausalLM.from_pretrained(saved["gpt2"]).eval()
     predicted = int(model(tokenizer(prompt, return_tensors="pt")["input_ids"]).logits[0, -1].argmax())
     assert code == 0
-    assert stdout.startswith(f"next token {tokenizer.convert_ids_to_tokens(predicted)!r} (id {predicted},")
+    assert stdout.startswith(f"next token {tokenizer.decode([predicted])!r} (id {predicted},")
+
+
+def test_a_next_token_that_is_a_byte_of_a_character_says_so(saved: dict[str, Path],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A byte-level piece that decodes to no character alone (U+FFFD) is shown as the vocabulary
+    writes it, said to be a part of a character (not as a replacement character)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(saved["gpt2"])
+    piece = next(token_id for token_id in range(len(tokenizer)) if tokenizer.decode([token_id]) == "\ufffd")
+    code, stdout, stderr = run(["explain", "--model", f"hf:{saved['gpt2']}", "--text", "the movie", "--target",
+                                str(piece)], capsys)
+    assert code == 0, stderr
+    raw = tokenizer.convert_ids_to_tokens(piece)
+    assert stdout.startswith(f"next token {raw!r} (a part of a multi-byte character) (id {piece}, logit ")
 
 
 def bad_text_inputs(saved: dict[str, Path], tmp_path: Path) -> list[tuple[list[str], str]]:

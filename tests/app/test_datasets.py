@@ -100,7 +100,7 @@ def test_folder_with_labels_a_broken_file_skipped_and_named(files: dict[str, Pat
     assert relative_error(explanations.scores[kept], exact.gather(1, label[:, None])[:, 0]) <= 1e-12
     sums = explanations.relevance[kept].reshape(15, -1).sum(axis=1, dtype=np.float64)
     assert np.allclose(explanations.relevance_sums[kept], sums, rtol=1e-12)
-    assert (out / "png" / "class0" / "00.png.heatmap.png").is_file()
+    assert (out / "png" / "class0" / "00.heatmap.png").is_file()  # (not 00.png.heatmap.png)
     assert len(list((out / "png").rglob("*.heatmap.png"))) == 15
     assert not list(out.rglob(".*.tmp"))
 
@@ -155,8 +155,8 @@ def test_bad_data_set_inputs_give_one_line_and_exit_code_2(files: dict[str, Path
         (explain_command(folder / "inputs.npy", out, weights, "--device", "warp"), "unknown --device 'warp'"),
         (["explain", "--model", MODEL, "--data", str(folder / "inputs.npy")], "required: --out"),
         ([*explain_command(folder / "inputs.npy", out, weights), str(folder / "x.png")], "either image files or"),
-        (["explain", "--model", MODEL, str(files["images"] / "class0" / "00.png"), "--out", str(out), "--dtype",
-          "bfloat16"], "--dtype applies to data sets (--data)"),
+        (["explain", "--model", MODEL, str(files["images"] / "class0" / "00.png"), "--out", str(out),
+          "--shard-size", "4"], "--shard-size applies to data sets (--data)"),
     ]
     if not torch.cuda.is_available():
         cases.append((explain_command(folder / "inputs.npy", out, weights, "--device", "cuda"),

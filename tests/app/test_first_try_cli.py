@@ -316,7 +316,7 @@ def test_a_torchvision_video_model_explains_clips_and_detection_is_refused_in_on
     code, stdout, stderr = run(["explain", "--model", "torchvision:r3d_18", "--weights", str(tmp_path / "weights.pt"),
                                 str(tmp_path / "clip.npy"), "--out", str(tmp_path / "pngs")], capsys)
     assert code == 0, stderr
-    assert Image.open(tmp_path / "pngs" / "clip.heatmap.png").size == (4 * 32, 32)  # the frames side by side
+    assert Image.open(tmp_path / "pngs" / "clip.heatmap.png").size == (4 * 256, 256)  # the frames side by side
 
     picture = random_picture(tmp_path / "picture.png", 0)
     for model_name, message in (

@@ -202,9 +202,11 @@ def test_the_command_line_explains_a_class_over_a_region(factory: str, factories
     for index, path in enumerate(paths):
         assert f"{path}: class {int(classes[index])} (logits summed over the box (2, 1, 6, 4) " \
                f"{summed[index, classes[index]]:.3g}), relevance sum {expected[index].sum():.3g}" in stdout
-        written = image.read_png(out / f"{index}.heatmap.png")
-        assert np.abs(written.astype(int) - image.enlarge(heatmaps[index], 10).astype(int)).max() <= 1
-        beside = image.read_png(out / f"{index}.region.png")[::10, ::10]  # (saved 10 times larger)
+        written = image.read_png(out / f"{index}.heatmap.png")  # (at a short side of 256 pixels)
+        shown = image.at_size(heatmaps[index], *image.shown_size(*heatmaps[index].shape[:2]))
+        assert np.abs(written.astype(int) - shown.astype(int)).max() <= 1
+        scale = image.readable_scale(10, 26)
+        beside = image.read_png(out / f"{index}.region.png")[::scale, ::scale]  # (saved enlarged)
         assert beside.shape == (10, 26, 3)
         border = beside[1:4, 2:6].reshape(-1, 3)  # (the box's pixels on the image's side: its border green)
         assert (beside[1, 2] == image.REGION_COLOUR).all() and (beside[2, 16] == image.REGION_COLOUR).all()
@@ -230,9 +232,11 @@ def test_the_command_lines_region_is_in_the_image_files_pixels(factories: str, t
                                target=fxlrp.Region(2, mask=mask))
     for index in range(len(paths)):
         assert f"relevance sum {expected[index].sum():.3g}" in stdout
-        written = image.read_png(out / f"{index}.heatmap.png")
-        assert np.abs(written.astype(int) - image.enlarge(image.heatmap(expected)[index], 6).astype(int)).max() <= 1
-        beside = image.read_png(out / f"{index}.region.png")[::6, ::6]  # (saved 6 times larger)
+        written = image.read_png(out / f"{index}.heatmap.png")  # (at the 10 x 12 files' aspect)
+        shown = image.at_size(image.heatmap(expected)[index], *image.shown_size(10, 12))
+        assert np.abs(written.astype(int) - shown.astype(int)).max() <= 1
+        scale = image.readable_scale(20, 42)
+        beside = image.read_png(out / f"{index}.region.png")[::scale, ::scale]  # (saved enlarged)
         outline = (beside[:, :20] == image.REGION_COLOUR).all(axis=-1)
         assert (outline == np.asarray(image.outline(mask))).all() and outline.any()
 
