@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-build-isolation torch-scatter
 	$(BIN)/pip install --quiet -e ".[test,pictures,pyg]"
 	$(BIN)/pip install --quiet --no-deps zennit-crp==0.6.0
+	$(BIN)/pip install --quiet --no-deps accelerate torchao optimum-quanto bitsandbytes
 	touch $(STAMP)
 
 setup: $(STAMP)
