@@ -80,7 +80,7 @@ def assert_same_state(after: dict, before: dict) -> None:
 
 
 @pytest.mark.parametrize("dispatch", [offloaded_to_cpu, offloaded_to_disk, one_layer_on_disk])
-@pytest.mark.parametrize("composite", [AttnLRP, Epsilon])
+@pytest.mark.parametrize("composite", [AttnLRP, pytest.param(Epsilon, marks=pytest.mark.slow)])
 def test_dispatched_model_is_explained_as_the_model_in_memory(
         dispatch: Callable[[nn.Module, Path], nn.Module], composite: type, tmp_path: Path) -> None:
     model = tiny_llama()
@@ -99,3 +99,22 @@ def test_dispatched_model_is_explained_as_the_model_in_memory(
     assert_same_state(state_of(dispatched), before)
     with torch.no_grad():
         assert torch.equal(dispatched(ids).logits, logits)
+
+
+@pytest.mark.slow
+def test_device_map_of_from_pretrained(tmp_path: Path) -> None:
+    """transformers' own loading path: ``from_pretrained(..., device_map=..., offload_folder=...)``,
+    which dispatches with accelerate's hooks, a layer offloaded to disk."""
+    model = tiny_llama()
+    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(1))
+    expected = fxlrp.attribute(fxlrp.convert(model, AttnLRP()), ids)
+    model.save_pretrained(tmp_path / "saved model")
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.layers.1": "cpu",
+                  "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    loaded = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "saved model", device_map=device_map, offload_folder=tmp_path / "offload folder",
+        dtype=torch.float64).eval()
+    assert loaded.model.layers[0].mlp.down_proj.weight.device.type == "meta"
+    before = state_of(loaded)
+    assert relative_error(fxlrp.attribute(fxlrp.convert(loaded, AttnLRP()), ids), expected) <= 1e-12
+    assert_same_state(state_of(loaded), before)

@@ -50,15 +50,21 @@ def tiny_llama() -> nn.Module:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def dequantized_copy(model: nn.Module, quantized: nn.Module) -> nn.Module:
-    """``model`` with each linear layer's weight replaced by its quantized twin's, dequantized."""
+def dequantized_copy(model: nn.Module, quantized: nn.Module, every_layer: bool = True) -> nn.Module:
+    """``model`` with each linear layer's weight replaced by its quantized twin's, dequantized
+    (``every_layer``: each is quantized; else those the quantization left in float stay)."""
     twin = copy.deepcopy(model)
     layers = dict(quantized.named_modules())
+    replaced = 0
     for name, module in twin.named_modules():
         if isinstance(module, nn.Linear):
             weight = layers[name].weight
-            assert type(weight) not in (torch.Tensor, nn.Parameter), name  # quantized, not left in float
+            if type(weight) in (torch.Tensor, nn.Parameter):  # left in float
+                assert not every_layer, name
+                continue
             module.weight = nn.Parameter(weight.dequantize().detach().clone())
+            replaced += 1
+    assert replaced > 0
     return twin
 
 
@@ -75,6 +81,7 @@ def test_quantized_mlp_is_explained_as_its_dequantized_copy(quantize: Callable, 
     assert relative_error(fxlrp.attribute(explain, x, target=2), fxlrp.attribute(reference, x, target=2)) <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantize", [torchao_int8, quanto("qint8")])
 def test_quantized_llama_is_explained_as_its_dequantized_copy(quantize: Callable) -> None:
     model = tiny_llama()
@@ -87,4 +94,25 @@ def test_quantized_llama_is_explained_as_its_dequantized_copy(quantize: Callable
             assert torch.equal(explain(ids).logits, quantized(ids).logits)
             logits = twin(ids).logits
         assert torch.equal(explain(ids).logits, logits)  # explained: the dequantized weights' F.linear
+        assert relative_error(fxlrp.attribute(explain, ids), fxlrp.attribute(reference, ids)) <= 1e-5
+
+
+@pytest.mark.slow
+def test_quantization_config_of_from_pretrained(tmp_path) -> None:
+    """transformers' own loading paths: ``from_pretrained(..., quantization_config=...)`` with
+    torchao's and optimum-quanto's configurations, explained as the dequantized float copy."""
+    pytest.importorskip("torchao")
+    pytest.importorskip("optimum.quanto")
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    folder = tmp_path / "saved model"
+    tiny_llama().save_pretrained(folder)
+    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(1))
+    configurations = (transformers.TorchAoConfig(Int8WeightOnlyConfig()), transformers.QuantoConfig(weights="int8"))
+    for configuration in configurations:
+        quantized = transformers.LlamaForCausalLM.from_pretrained(folder, quantization_config=configuration).eval()
+        twin = dequantized_copy(model, quantized, every_layer=False)
+        explain, reference = fxlrp.convert(quantized, Epsilon()), fxlrp.convert(twin, Epsilon())
+        assert torch.equal(explain(ids).logits, twin(ids).logits)
         assert relative_error(fxlrp.attribute(explain, ids), fxlrp.attribute(reference, ids)) <= 1e-5
