@@ -126,8 +126,9 @@ def _twin(value: Tensor) -> Tensor:
     attributes (a copy of its ``__dict__``: code that writes into the twin's leaves the original's)."""
     if not isinstance(value, nn.Parameter):
         return value.detach()
-    twin = torch.Tensor._make_subclass(type(value), value.detach(), False)
-    twin.__dict__.update(value.__dict__)
+    twin = torch.Tensor._make_subclass(type(value), value, False)  # (it detaches: shared storage, no history)
+    if value.__dict__:
+        twin.__dict__.update(value.__dict__)
     return twin
 
 
