@@ -8,6 +8,9 @@ layer as ``F.linear`` on its dequantized weight, the kernel the float copy runs,
 equal bit for bit; the relevance is compared at 1e-5 relative in float32 (the quantized libraries'
 kernels run in float32). (Without gradients, the explainer of a model run eagerly runs the model
 itself, whose quantized kernels it then equals bit for bit.)
+
+bitsandbytes' ``Linear8bitLt`` and ``Linear4bit`` are refused in one line saying what to do
+(``fxlrp/integrations/bitsandbytes.py`` says why), and left as they were.
 """
 
 from __future__ import annotations
@@ -116,3 +119,49 @@ def test_quantization_config_of_from_pretrained(tmp_path) -> None:
         explain, reference = fxlrp.convert(quantized, Epsilon()), fxlrp.convert(twin, Epsilon())
         assert torch.equal(explain(ids).logits, twin(ids).logits)
         assert relative_error(fxlrp.attribute(explain, ids), fxlrp.attribute(reference, ids)) <= 1e-5
+
+
+def bitsandbytes_layers(model: nn.Sequential) -> nn.Sequential:
+    """``model`` with its first linear layer in 8 bits and its last in 4 (bitsandbytes)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    quantized = copy.deepcopy(model)
+    first, last = quantized[0], quantized[2]
+    eight = bnb.nn.Linear8bitLt(first.in_features, first.out_features, has_fp16_weights=False)
+    eight.weight = bnb.nn.Int8Params(first.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+    four = bnb.nn.Linear4bit(last.in_features, last.out_features)
+    four.weight = bnb.nn.Params4bit(last.weight.data.clone(), requires_grad=False)
+    eight.bias, four.bias = first.bias, last.bias
+    quantized[0], quantized[2] = eight.to("cpu"), four.to("cpu")
+    return quantized
+
+
+@pytest.mark.parametrize("capture", ["auto", "eager"])
+def test_bitsandbytes_layers_are_refused_in_one_line_and_left_as_they_were(capture: str) -> None:
+    torch.manual_seed(0)
+    quantized = bitsandbytes_layers(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8)).eval())
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        output = quantized(x)
+    state = quantized[0].state
+    with pytest.raises(fxlrp.UnsupportedOperationError, match=r"^bitsandbytes' 8-bit and 4-bit layers .* torchao "
+                                                             r"\(quantize_\(model, Int8WeightOnlyConfig\(\)\)[^\n]*$"):
+        fxlrp.attribute(fxlrp.convert(quantized, Epsilon(), capture=capture), x)
+    # (a trace of Linear8bitLt's forward would have left symbolic values in its state)
+    assert quantized[0].state is state and isinstance(state.CB, torch.Tensor)
+    with torch.no_grad():
+        assert torch.equal(quantized(x), output)
+
+
+@pytest.mark.slow
+def test_bitsandbytes_quantization_config_is_refused_in_one_line(tmp_path) -> None:
+    """A transformers model loaded with ``BitsAndBytesConfig`` (run eagerly as a whole): the same refusal."""
+    pytest.importorskip("bitsandbytes")
+    folder = tmp_path / "saved model"
+    tiny_llama().save_pretrained(folder)
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(1))
+    for configuration in (transformers.BitsAndBytesConfig(load_in_4bit=True),
+                          transformers.BitsAndBytesConfig(load_in_8bit=True)):
+        quantized = transformers.LlamaForCausalLM.from_pretrained(folder, quantization_config=configuration,
+                                                                 device_map="cpu").eval()
+        with pytest.raises(fxlrp.UnsupportedOperationError, match=r"^bitsandbytes' 8-bit and 4-bit layers [^\n]*$"):
+            fxlrp.attribute(fxlrp.convert(quantized, AttnLRP()), ids)
