@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-build-isolation torch-scatter
 	$(BIN)/pip install --quiet -e ".[test,pictures,pyg]"
 	$(BIN)/pip install --quiet --no-deps zennit-crp==0.6.0
+	$(BIN)/pip install --quiet --no-deps accelerate==1.15.0 torchao==0.18.0 optimum-quanto==0.2.7 bitsandbytes==0.50.2
 	touch $(STAMP)
 
 setup: $(STAMP)

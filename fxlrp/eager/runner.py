@@ -98,7 +98,12 @@ def _detach_parameters(modules: list[nn.Module]) -> None:
     that require gradients, for one run: they carry no relevance and get no gradient. Tied
     parameters get one twin, so they stay tied. The caller's :class:`ModuleState` puts the
     originals back. (What ``torch.func.functional_call`` does, at a small part of its cost: it
-    runs at every run of an eager part, and parameters that require no gradient are left alone.)"""
+    runs at every run of an eager part, and parameters that require no gradient are left alone.)
+
+    A parameter's twin is a parameter of its class that requires no gradient, not a plain tensor:
+    code run around the forward reads the class of what it finds in a module's parameters and
+    builds its like - accelerate's offloading hooks load each weight as ``type(old)(new,
+    requires_grad=old.requires_grad)`` and put it back the same way."""
     twins: dict[int, Tensor] = {}
     for module in modules:
         swapped = False
@@ -107,13 +112,24 @@ def _detach_parameters(modules: list[nn.Module]) -> None:
                 if value is not None and value.requires_grad:
                     twin = twins.get(id(value))
                     if twin is None:
-                        twin = twins[id(value)] = value.detach()
+                        twin = twins[id(value)] = _twin(value)
                     tensors[name] = twin
                     swapped = True
         if swapped and isinstance(module, nn.RNNBase):
             # A recurrent layer hands its kernel its own list of its parameters, made when they
             # are set: made again from the twins (ModuleState puts the module's list back).
             module._init_flat_weights()
+
+
+def _twin(value: Tensor) -> Tensor:
+    """``value`` detached (shared storage); a parameter stays a parameter of its class, with its
+    attributes (a copy of its ``__dict__``: code that writes into the twin's leaves the original's)."""
+    if not isinstance(value, nn.Parameter):
+        return value.detach()
+    twin = torch.Tensor._make_subclass(type(value), value, False)  # (it detaches: shared storage, no history)
+    if value.__dict__:
+        twin.__dict__.update(value.__dict__)
+    return twin
 
 
 def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[LayerRunner, dict[str, Any]]:

@@ -345,12 +345,16 @@ def _backward(request: _Request) -> list[Any]:
     except _ForwardFailed as failed:
         error, ids_looked_up = failed.error, failed.ids_looked_up
     explain, inputs = request.explain, request.inputs
-    if isinstance(error, (RuntimeError, TypeError)):
+    model = model_of(explain)
+    single = isinstance(inputs, Tensor)
+    rejection = input_rejection(explain, model, (inputs,) if single else tuple(inputs), {}, error)
+    # The inputs' dtype is blamed only where the model itself fails on them too (or is not there to
+    # ask): a failure of the explanation alone (a library's hook around the model's modules) is not
+    # the inputs'.
+    if isinstance(error, (RuntimeError, TypeError)) and (model is None or rejection is not None):
         replaced = no_floating_input_error(inputs, error, ids_looked_up)
         if replaced is not error:
             raise replaced from None
-    single = isinstance(inputs, Tensor)
-    rejection = input_rejection(explain, model_of(explain), (inputs,) if single else tuple(inputs), {}, error)
     if rejection is None:
         raise error
     raise rejection from rejection.__cause__

@@ -26,19 +26,46 @@ def as_matrix_rows(input: Tensor) -> Tensor:
     return input.contiguous() if input.dim() > 2 and not input.is_contiguous() else input
 
 
-def linear(call: RelevanceCall, function: Any, input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+def dequantized(weight: Tensor) -> Tensor:
+    """A quantized weight as the floating-point weight it stands for; any other weight as it is.
+
+    A quantized weight is a tensor subclass with its own ``dequantize`` (torchao's weight-only
+    int8 and int4 tensors, optimum-quanto's ``QTensor``): the layer computes the linear map of the
+    dequantized weight, up to its kernel's rounding, and is explained as that map, by the same
+    rules as a floating-point weight. (A rule's products with it - ``g @ W``, ``W.clamp(min=0)`` -
+    are not kernels such a tensor has.)
+
+    Parameters
+    ----------
+    weight : Tensor
+        A layer's weight.
+
+    Returns
+    -------
+    Tensor
+        ``weight.dequantize()`` for a quantized tensor subclass, else ``weight``.
+    """
+    own = getattr(type(weight), "dequantize", Tensor.dequantize)
+    if own is Tensor.dequantize or type(weight) in (Tensor, nn.Parameter):
+        return weight
+    return weight.dequantize()
+
+
+def linear(call: RelevanceCall, function: Any, input: Tensor, weight: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """``F.linear`` by the node's rule, on a contiguous input (:func:`as_matrix_rows`); where that is
-    the layer's own call (the gradient form under LRP-0), :func:`linear_on_matrix_rows`."""
+    the layer's own call (the gradient form under LRP-0), :func:`linear_on_matrix_rows`. A
+    quantized weight is explained as the weight it stands for (:func:`dequantized`)."""
     if call.runs_natively():
-        return linear_on_matrix_rows(function, input, *args, **kwargs)
-    return weighted(call, function, as_matrix_rows(input), *args, input_gradient=linear_input_gradient, **kwargs)
+        return linear_on_matrix_rows(function, input, weight, *args, **kwargs)
+    return weighted(call, function, as_matrix_rows(input), dequantized(weight), *args,
+                    input_gradient=linear_input_gradient, **kwargs)
 
 
 def linear_on_matrix_rows(function: Any, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """:func:`linear` in the gradient form under LRP-0: the layer's own call on a contiguous input,
     whose backward is :func:`linear_input_gradient` where that may look for rows and columns of 0
     (:func:`may_skip_zeros`), else autograd's own."""
-    input = as_matrix_rows(input)
+    input, weight = as_matrix_rows(input), dequantized(weight)
     if (may_skip_zeros(input, input.numel() * weight.shape[0]) and not carries_relevance(weight)
             and not carries_relevance(bias)):
         return LinearInGradientForm.apply(function, input, weight, bias)

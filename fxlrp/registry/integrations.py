@@ -1,4 +1,4 @@
-"""Which integration serves which library (torchvision, PyG, Hugging Face transformers).
+"""Which integration serves which library (torchvision, PyG, Hugging Face transformers, bitsandbytes).
 
 The core never imports an integration or its library on its own: ``import fxlrp`` works without
 them and stays fast (torchvision alone takes over a second to import). When a model is converted
@@ -13,6 +13,7 @@ INTEGRATIONS = {
     "torchvision": "fxlrp.integrations.torchvision",
     "torch_geometric": "fxlrp.integrations.pyg",
     "transformers": "fxlrp.integrations.transformers",
+    "bitsandbytes": "fxlrp.integrations.bitsandbytes",
 }
 """Library (top-level module name) -> fxlrp integration module."""
 

@@ -556,6 +556,28 @@ def test_integer_and_boolean_inputs() -> None:
     assert mask_relevance is None and relative_error(relevance, expected) < 1e-12
 
 
+class FailsWhenExplained(nn.Module):
+    """Token ids; a check before the lookup that fails only where gradients are recorded (as
+    accelerate's hooks failed on fxlrp's parameter twins): the model itself takes the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if torch.is_grad_enabled():
+            raise TypeError("refused while gradients are recorded")
+        return self.embed(ids).sum(-1)
+
+
+def test_a_failure_of_the_explanation_alone_does_not_blame_the_inputs_dtype() -> None:
+    model, ids = FailsWhenExplained().eval(), torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        model(ids)  # the model takes its int64 ids
+    with pytest.raises(TypeError, match=r"^refused while gradients are recorded$"):
+        fxlrp.attribute(fxlrp.convert(model), ids)
+
+
 class NoBackwardHere(nn.Module):
     """Token ids looked up, then a kernel without a backward on this device (FlexAttention on the
     CPU refuses inputs that require grad with this kind of message)."""
