@@ -69,7 +69,12 @@ def _refuse_meta_device(model: nn.Module) -> None:
     holds shapes but no values, so there is no output and no relevance to compute; the weights
     must be loaded first."""
     tensors = [*model.named_parameters(), *model.named_buffers()]
-    empty = [name for name, tensor in tensors if tensor.is_meta]
+    # A module that a hook hands its weights at each call (accelerate's offloading to CPU or disk,
+    # transformers' device_map: the hook is the module's ``_hf_hook``) keeps them on the meta
+    # device between calls: they are loaded, not missing.
+    hooked = [name for name, module in model.named_modules() if hasattr(module, "_hf_hook")]
+    empty = [name for name, tensor in tensors if tensor.is_meta
+             and not any(name.startswith(f"{prefix}.") or not prefix for prefix in hooked)]
     if empty:
         raise ValueError(
             f"the model's weights are on the meta device ({len(empty)} of its {len(tensors)} parameters and "
