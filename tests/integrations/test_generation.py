@@ -137,7 +137,8 @@ def test_a_span_is_the_sum_of_its_rows(llama_in_float64: None) -> None:
     assert span.positions == ((7, 8, 9), (10,), (6, 8)) and span.labels[:2] == ("steps 1-3", "step 4")
     assert relative_error(span.relevance[:, 0], rows.relevance[:, 1:4].sum(1)) <= 1e-10
     assert relative_error(span.relevance[:, 2], rows.relevance[:, [0, 2]].sum(1)) <= 1e-10
-    assert torch.equal(span.relevance[:, 1], rows.relevance[:, 4])
+    # (another call, whose LM head keeps other positions: a matrix product of another shape, float64)
+    assert relative_error(span.relevance[:, 1], rows.relevance[:, 4]) <= 1e-12
     assert relative_error(span.scores[:, 0], rows.scores[:, 1:4].sum(1)) <= 1e-10
     assert torch.equal(span.targets[:, 0], torch.tensor([-1, -1])) and torch.equal(span.targets[:, 1],
                                                                                     sequences[:, -1])
@@ -209,8 +210,8 @@ def test_prompts_padded_on_the_left_each_get_their_own_matrix(name: str, llama_i
     explain = fxlrp.convert(model, AttnLRP(epsilon=0.0))
     batched = fxlrp.explain_generation(explain, sequences, 7, attention_mask=mask)
     whole = torch.cat([mask, torch.ones(3, sequences.shape[1] - 7, dtype=torch.long)], dim=1)
-    assert torch.equal(fxlrp.explain_generation(explain, sequences, 7, attention_mask=whole).relevance,
-                       batched.relevance)
+    assert relative_error(fxlrp.explain_generation(explain, sequences, 7, attention_mask=whole).relevance,
+                          batched.relevance) <= 1e-12
     for sample, length in enumerate(lengths.tolist()):
         padding = 7 - length
         alone = fxlrp.explain_generation(explain, sequences[sample:sample + 1, padding:], length)
@@ -258,7 +259,7 @@ def test_a_list_of_targets_on_per_position_logits_names_the_generation_api() -> 
         with pytest.raises(fxlrp.ExplanationInputError, match=r"fxlrp\.explain_generation\(explain, sequences"):
             fxlrp.attribute(explain, ids, target=[5, 6], repeat=repeat)
     candidates = fxlrp.attribute(explain, ids, target=[5, 6], output=lambda out: out.logits[:, -1])
-    assert torch.equal(candidates[1], fxlrp.attribute(explain, ids, target=6))
+    assert relative_error(candidates[1], fxlrp.attribute(explain, ids, target=6)) <= 1e-12
     contrast = fxlrp.attribute(explain, ids, target=(5, 6))  # (a pair is one target: the next token's contrast)
     assert relative_error(contrast, candidates[0] - candidates[1]) <= 1e-10
 
