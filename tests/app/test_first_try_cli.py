@@ -198,6 +198,7 @@ def test_a_sample_whose_explanation_overflows_is_skipped_and_its_batch_explained
                                              f"output is NaN or Inf")
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_and_a_resumed_run_write_the_same_files_with_a_skipped_sample(
         digits: dict[str, Path], tmp_path: Path) -> None:
     """torchrun (gloo, CPU) with 2 processes, 1 process, and a run resumed after its second shard
@@ -246,6 +247,7 @@ def randomised(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
+@pytest.mark.slow
 def test_a_torchvision_segmentation_model_explains_a_class_over_the_image(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """torchvision:lraspp_mobilenet_v3_large, preprocessed as its weights' transforms() (shorter

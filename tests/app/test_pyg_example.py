@@ -9,9 +9,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_ba_shapes_fast():
     environment = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ba_shapes.py"), "--fast"],

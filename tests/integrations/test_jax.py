@@ -149,7 +149,7 @@ def test_lrp0_is_gradient_times_input_on_a_flax_cnn(twins: Any) -> None:
 
 
 @pytest.mark.parametrize("name", list(PARITY))
-@pytest.mark.parametrize("models", ["twins", "batch_norm_twins"])
+@pytest.mark.parametrize("models", ["twins", pytest.param("batch_norm_twins", marks=pytest.mark.slow)])
 def test_parity_with_the_pytorch_path(models: str, name: str, request: pytest.FixtureRequest) -> None:
     """The Flax twin gives the PyTorch path's relevance; with BatchNorm, folded on both sides."""
     model, apply, images, images_nhwc = request.getfixturevalue(models)
@@ -181,6 +181,7 @@ def test_smooth_activations_take_the_identity_rule_as_in_pytorch(activation: str
     assert relative_error(relevance, expected.permute(0, 2, 3, 1).numpy()) < 1e-10
 
 
+@pytest.mark.slow
 def test_jit_gives_the_unjitted_explanation(twins: Any) -> None:
     _, apply, _, images = twins
     explain = fxjax.convert(apply, composites.EpsilonGammaBox(low=-3.0, high=3.0), images)
@@ -669,7 +670,8 @@ def test_lrp0_is_gradient_times_input_through_a_cumulative_sum(kind: str) -> Non
         < 1e-12
 
 
-@pytest.mark.parametrize("composite", ["Epsilon", "EpsilonPlusFlat", "AlphaBeta(2,1)"])
+@pytest.mark.parametrize("composite", ["Epsilon", *(pytest.param(name, marks=pytest.mark.slow)
+                                                   for name in ("EpsilonPlusFlat", "AlphaBeta(2,1)"))])
 @pytest.mark.parametrize("kind", ["cumsum", "reverse cumsum", "square", "cube", "torch.square", "root"])
 def test_cumulative_sums_and_powers_parity_with_the_pytorch_path(kind: str, composite: str) -> None:
     torch.manual_seed(5)

@@ -86,6 +86,7 @@ def test_shards_merge_to_one_pass() -> None:
             assert merged.seen == 20
 
 
+@pytest.mark.slow
 def test_references_equal_zennit_crp_feature_visualization(tmp_path: Path) -> None:
     """zennit-crp's ``FeatureVisualization.run`` (relevance and activation maxima, ``max_target="sum"``,
     ``abs_norm=True``, each sample explained for its label) on the same CNN with EpsilonPlusFlat:

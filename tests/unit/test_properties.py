@@ -201,9 +201,7 @@ def lrp0_composite(example: Example) -> Rule | Composite:
     return Composite(Epsilon(0.0), operation_rules=cp_lrp()) if "attention" in example.flags else LRP0
 
 
-@search(examples_in_ci=400)
-@given(examples(Family()))
-def test_lrp0_is_gradient_times_input_at_every_node(example: Example) -> None:
+def lrp0_is_gradient_times_input_at_every_node(example: Example) -> None:
     model, inputs, target = example.model, example.inputs, example.target
     expected_input, expected_nodes, constants = gradient_times_activation(model, inputs, target)
     [x] = inputs
@@ -230,6 +228,13 @@ def test_lrp0_is_gradient_times_input_at_every_node(example: Example) -> None:
     # Folded into the layer before it (the default), BatchNorm's shift joins that layer's bias.
     folded = fxlrp.attribute(fxlrp.convert(model, lrp0_composite(example)), x, target)
     assert relative_error(folded, expected_input) < TOLERANCE
+
+
+# The fast lane searches 100 models; the slow lane (make test-all) 400.
+test_lrp0_is_gradient_times_input_at_every_node = search(examples_in_ci=100)(
+    given(examples(Family()))(lrp0_is_gradient_times_input_at_every_node))
+test_lrp0_is_gradient_times_input_at_every_node_long_search = pytest.mark.slow(search(examples_in_ci=400)(
+    given(examples(Family()))(lrp0_is_gradient_times_input_at_every_node)))
 
 
 # -- 2. Conservation -----------------------------------------------------------------------------
