@@ -90,8 +90,8 @@ def own_backward(call: Any, function: Callable[..., Any], *args: Any, **kwargs: 
     Right where that backward routes values rather than scaling them by a derivative - a
     straight-through estimator's identity (the identity rule), a gradient reversal's sign - which
     is why it is declared, never assumed: an undeclared Function is explained by the operations of
-    its ``forward``. Register it with ``register(Operation("name", Kind.PASS,
-    functions=(TheFunction,), relevance=own_backward))`` (docs/extending.md). Relevance is carried
+    its ``forward``. Register it with ``register(Operation("name",
+    Spelling(functions=(TheFunction,)), Pass(own_backward)))`` (docs/extending.md). Relevance is carried
     as itself (the relevance form), not as ``R / x``.
 
     Parameters
@@ -465,7 +465,7 @@ class Registry:
         self.find_by_name: Callable[[str], Operation] = registered_operation
         """``find_by_name(name)``, the registered operation ``name``: what a pickled operation
         names, to be found again in the process that loads it. :func:`registered_operation`; the
-        loader (:mod:`fxlrp.explain.loader`) sets its own, which first loads what registers it."""
+        loader (:mod:`fxlrp.explain.loader`) sets it with the loading of what registers it."""
 
     def register(self, operation: Operation) -> Operation:
         """Add an operation.
@@ -690,13 +690,17 @@ def register(operation: Operation) -> Operation:
     return REGISTRY.register(operation)
 
 
-def registered_operation(name: str) -> Operation:
+def registered_operation(name: str, load: Callable[[str], None] | None = None) -> Operation:
     """The registered operation ``name``.
 
     Parameters
     ----------
     name : str
         The operation's name.
+    load : callable, optional
+        ``load(name)``, called first where ``name`` is not registered: imports what may register
+        it (the loader's, :mod:`fxlrp.explain.loader`, imports the integrations of installed
+        libraries).
 
     Returns
     -------
@@ -708,6 +712,8 @@ def registered_operation(name: str) -> Operation:
     ValueError
         If nothing loaded registers ``name``.
     """
+    if name not in REGISTRY.operations and load is not None:
+        load(name)
     if name not in REGISTRY.operations:
         raise ValueError(
             f"no part of fxlrp loaded in this process registers the operation {name!r} (an explainer being loaded "
