@@ -22,16 +22,16 @@ def proportional() -> Epsilon:
     return Epsilon(0.0)
 
 
+SUM = Affine(affine, default_rule=proportional, output_free_backward=True, gradient_native=NATIVE_UNDER_NATIVE_RULE)
+"""How relevance crosses a sum: the z-rule by default, autograd's own gradient under LRP-0; its
+backward leaves its output unread."""
+
+
 register(
     Operation(
         "add",
         Spelling(functions=(operator.add, torch.add), methods=("add", "__add__", "__radd__")),
-        Affine(
-            affine,
-            default_rule=proportional,
-            output_free_backward=True,
-            gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        ),
+        SUM,
         ValueFlow(role=RoleFrom.SHARED),
         description="a + b (broadcasting; constants act as a bias)",
     )
@@ -43,12 +43,7 @@ register(
             functions=(operator.sub, torch.sub, torch.subtract, torch.rsub),
             methods=("sub", "subtract", "__sub__", "__rsub__"),
         ),
-        Affine(
-            affine,
-            default_rule=proportional,
-            output_free_backward=True,
-            gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        ),
+        SUM,
         ValueFlow(role=RoleFrom.SHARED),
         description="a - b",
     )
@@ -57,12 +52,7 @@ register(
     Operation(
         "sum",
         Spelling(functions=(torch.sum,), methods=("sum",)),
-        Affine(
-            affine,
-            default_rule=proportional,
-            output_free_backward=True,
-            gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        ),
+        SUM,
         description="sum over dimensions",
     )
 )
@@ -70,12 +60,7 @@ register(
     Operation(
         "mean",
         Spelling(functions=(torch.mean,), methods=("mean",)),
-        Affine(
-            affine,
-            default_rule=proportional,
-            output_free_backward=True,
-            gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        ),
+        SUM,
         description="mean over dimensions",
     )
 )
@@ -141,12 +126,7 @@ register(
             ),
             module_function=module_as_function,
         ),
-        Affine(
-            affine,
-            default_rule=proportional,
-            output_free_backward=True,
-            gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        ),
+        SUM,
         ValueFlow(keeps_rank=True),
         description="average pooling (fixed and adaptive)",
     )
