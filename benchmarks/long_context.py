@@ -46,6 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks.allocator import allocated_growth_of_call  # noqa: E402
 from benchmarks.llama_cost import LXT_PYTHON, LxtPatch, _cpu_name, next_token_explainer  # noqa: E402
 
 CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_attention_heads=8,
@@ -109,30 +110,6 @@ def _runner(name: str, model: Any, ids: Any, target: int, checkpointing: bool, p
 
         return lxt
     return gradient_times_input
-
-
-def allocated_growth_of_call(run: Any) -> float:
-    """The highest total of the bytes torch's CPU allocator had handed out during the call, above
-    what it held when the call began, in MB (the allocator's statistics as the profiler records
-    them, see ``benchmarks/allocator.py``)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from benchmarks.allocator import release_freed_memory
-
-    release_freed_memory()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        output = run()
-    del output
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "trace.json")
-        profiler.export_chrome_trace(path)
-        with open(path) as trace:
-            events = [event["args"] for event in json.load(trace)["traceEvents"]
-                      if event.get("name") == "[memory]" and event["args"].get("Device Type", 0) == 0]
-    if not events:
-        return 0.0
-    before = events[0]["Total Allocated"] - events[0]["Bytes"]
-    return (max(event["Total Allocated"] for event in events) - before) / 2**20
 
 
 def worker(arguments: argparse.Namespace) -> dict[str, Any]:
