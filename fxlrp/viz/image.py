@@ -13,8 +13,8 @@ positive and negative relevance keep their meaning across a picture.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
