@@ -76,7 +76,9 @@ class Composite:
     3. ``type_rules``: ``{module type or tuple of types: rule}``, subclasses included;
     4. ``operation_rules``: ``{canonical operation: rule}`` (``"add"``, ``"avg_pool"``, ...);
     5. ``layer_rule`` for every weighted layer (``Epsilon(1e-6)`` when None);
-    6. the operation's own default (z-rule for sums).
+    6. the operation's own default (z-rule for sums); for a map of the raw input before the first
+       layer (:data:`INPUT_TRANSFORMS`) under a first-layer rule that does not share by its
+       input's values, LRP-0 without its constant part.
 
     ``first_layer_operations`` says which canonical operations can be the first layer (e.g.
     ``{"conv", "conv_transpose"}`` for a rule meant for pixels); None means any weighted layer.
