@@ -226,13 +226,15 @@ def run_explain(args: argparse.Namespace) -> int:
                 heatmap = image.at_size(heatmaps[index], *shown)
                 image.save_png(heatmap, out / f"{name}.heatmap.png", 1)
                 image.save_png(image.at_size(overlays[index], *shown), out / f"{name}.overlay.png", 1)
+                explained = int(targets[index])  # (not `target`: the next batch needs the option)
                 if region is not None:
                     picture = _as_picture(inputs[index:index + 1])[0]
                     outline = _region_in_picture(where[index:index + 1].cpu(), picture.shape[-2:])
-                    outlined = image.with_region(picture, _as_picture(relevance[index:index + 1])[0], outline,
-                                                 args.cmap)
-                    image.save_png(outlined, out / f"{name}.region.png")
-                explained = int(targets[index])  # (not `target`: the next batch needs the option)
+                    outlined = image.with_region(
+                        picture, _as_picture(relevance[index:index + 1])[0], outline, args.cmap,
+                        title=f"{args.model}, class {explained} over the box, {args.composite or 'epsilon'}",
+                        label=f"class {explained}", scale=image.readable_scale(*picture.shape[-2:]))
+                    image.save_png(outlined, out / f"{name}.region.png", 1)
                 what = "logits summed over the pixels" if image_shaped else "output"
                 if region is not None:
                     what = "logits summed over the box ({:g}, {:g}, {:g}, {:g})".format(*region.box)

@@ -689,11 +689,12 @@ def _finish_references(run: _Run, writer: ExplanationWriter, args: argparse.Name
 
 def _write_atlas(references: ReferenceSamples, sample: Any, folder: Path) -> None:
     """``NODE.relevance.png`` and ``NODE.activation.png``: the reference crops of the node's
-    concepts whose best reference scores highest."""
+    concepts whose best reference scores highest; dead ones (0 at best: no sample shows them) are
+    left out."""
     for mode in ("relevance", "activation"):
         best = getattr(references, mode).scores[:, 0]
         shown = torch.argsort(best, descending=True, stable=True)[:ATLAS_CONCEPTS]
-        shown = [int(concept) for concept in shown if torch.isfinite(best[concept])]
+        shown = [int(concept) for concept in shown if torch.isfinite(best[concept]) and best[concept] != 0]
         if not shown:  # no sample explained
             continue
         figure = concept_atlas(references, sample, concept_ids=shown, mode=mode, count=ATLAS_SAMPLES)

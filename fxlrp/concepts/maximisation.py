@@ -569,7 +569,9 @@ def concept_atlas(
     """A picture of reference samples: one row per concept, its ``count`` best samples, cut to
     their receptive regions: by the references' boxes where they have them (:func:`with_boxes`,
     :func:`read_references`), else found with ``explain`` where it is given
-    (:func:`reference_crops`), else shown whole.
+    (:func:`reference_crops`), else shown whole. A reference that scores 0 is left out (an empty
+    cell): any sample would score that, so it shows nothing of the concept; a concept whose
+    references all score 0 (a dead channel) is marked so on its row.
 
     Needs matplotlib.
 
@@ -611,17 +613,19 @@ def concept_atlas(
                                 squeeze=False, layout="constrained")
     for row, concept_id in enumerate(concept_ids):
         images = reference_images(references, concept_id, sample, explain, mode=mode, count=columns)
+        scores = [float(score) for score in top.scores[concept_id, :len(images)]]
+        dead = not any(score != 0 for score in scores)
         for column in range(columns):
             axis = axes[row][column]
             axis.set_xticks([])
             axis.set_yticks([])
-            if column < len(images):
+            if column < len(images) and scores[column] != 0:
                 shown = images[column].detach().float()
                 shown = (shown - shown.min()) / (shown.max() - shown.min()).clamp_min(1e-12)
                 axis.imshow(shown.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray" if shown.shape[0] == 1 else None)
                 axis.set_title(f"{float(top.scores[concept_id, column]):+.2f}", fontsize=7)
             if column == 0:
-                axis.set_ylabel(f"#{concept_id}", fontsize=8)
+                axis.set_ylabel(f"#{concept_id}" + ("\ndead: 0 on\nevery sample" if dead else ""), fontsize=8)
     figure.suptitle(f"{references.layer}: reference samples by {mode}", fontsize=9)
     if path is not None:
         figure.savefig(path, bbox_inches="tight", dpi=150)

@@ -74,6 +74,8 @@ class ZBox(StabilisedRule):
         ``"weight"``, ``"bias"`` or both: set to 0 in every modified copy of the layer.
     """
 
+    shares_by_input_values = False
+
     def __init__(
         self, low: float | Tensor, high: float | Tensor, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None
     ) -> None:

@@ -76,7 +76,9 @@ class Composite:
     3. ``type_rules``: ``{module type or tuple of types: rule}``, subclasses included;
     4. ``operation_rules``: ``{canonical operation: rule}`` (``"add"``, ``"avg_pool"``, ...);
     5. ``layer_rule`` for every weighted layer (``Epsilon(1e-6)`` when None);
-    6. the operation's own default (z-rule for sums).
+    6. the operation's own default (z-rule for sums); for a map of the raw input before the first
+       layer (:data:`INPUT_TRANSFORMS`) under a first-layer rule that does not share by its
+       input's values, LRP-0 without its constant part.
 
     ``first_layer_operations`` says which canonical operations can be the first layer (e.g.
     ``{"conv", "conv_transpose"}`` for a rule meant for pixels); None means any weighted layer.
@@ -211,8 +213,10 @@ class Composite:
         -------
         Rule or None
             None for operations that are not affine (their handling is fixed: identity,
-            native); otherwise :meth:`rule_for` the site, else the operation's own default (the
-            z-rule for sums), else :attr:`layer_rule`. Where several factors of a product carry
+            native); otherwise :meth:`rule_for` the site, else for an operation of
+            :data:`INPUT_TRANSFORMS` under a first-layer rule that does not share by its input's
+            values LRP-0 without the bias (:meth:`_input_transform_rule`), else the operation's
+            own default (the z-rule for sums), else :attr:`layer_rule`. Where several factors of a product carry
             relevance (``site.relevance_factors > 1``: ``q @ k.T``, ``attention @ v``, a gating
             product), that rule as a :class:`~fxlrp.rules.Product` rule: an epsilon rule as the
             uniform epsilon rule with its epsilon, a rule with no meaning on a product (z+, ...)
@@ -222,6 +226,8 @@ class Composite:
         if propagation.kind is not Kind.AFFINE:
             return None
         rule = self.rule_for(site)
+        if rule is None and site.operation in INPUT_TRANSFORMS:
+            rule = self._input_transform_rule()
         if rule is None:
             if propagation.default_rule is None:
                 rule = self.layer_rule
@@ -253,6 +259,22 @@ class Composite:
             # a product rule that follows the layer rule's epsilon (fxlrp.rules.attention.cp_lrp())
             return self._derive("following", rule, rule.following, self.layer_rule)
         return rule
+
+    def _input_transform_rule(self) -> Rule | None:
+        """LRP-0 without the bias where the first layer's rule does not share by its input's values.
+
+        A rule such as flat, w^2 or z^B gives relevance to inputs whatever their values, so the
+        z-rule of the map before it, ``R_x = x J^T (R_y / y)``, would divide by values of its
+        input ``y`` near 0 (a normalised pixel near the mean). Without the map's constant part
+        (``zero_params="bias"``) it is ``R_x = x J^T (R_y / (y - y_0))``, ``y_0`` the map of a
+        zero input: relevance moves to the raw input in proportion to each value's share of
+        ``J x``. Other first-layer rules, and none, leave the operation's default (the z-rule,
+        with which LRP-0 is gradient x input).
+        """
+        first = self.first_layer
+        if first is None or first.shares_by_input_values:
+            return None
+        return self._derive("input transform", first, Epsilon, 0.0, "bias")
 
     def _as_product(self, rule: Rule, site: Site) -> Product:
         """The :class:`~fxlrp.rules.Product` rule of a product of several relevance-carrying
@@ -309,6 +331,10 @@ class Composite:
 CONVOLUTIONS = ("conv", "conv_transpose")
 LINEAR_LAYERS = ("linear", *CONVOLUTIONS)
 """zennit's ``Linear`` type: dense and convolutional layers."""
+INPUT_TRANSFORMS = ("image_transform",)
+"""Operations that map the model's raw input to the image its first layer reads (a torchvision
+detector's normalisation, resizing and batching, registered by
+:mod:`fxlrp.integrations.torchvision`); see :meth:`Composite.resolve`."""
 SUMS = ("add", "sub", "sum", "mean", "avg_pool")
 """Parameterless sums; zennit's composites give its ``Sum`` and ``AvgPool`` modules ``Norm``."""
 

@@ -22,6 +22,8 @@ class InputIndependent(StabilisedRule):
     bias in the denominator), computed with an input of ones in backward, where it is used.
     """
 
+    shares_by_input_values = False
+
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         return terms.original_output(layer, inputs), (inputs, prepared)
 

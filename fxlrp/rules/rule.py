@@ -29,6 +29,11 @@ class Rule:
     Subclasses override these methods; their documentation here holds for the overrides.
     """
 
+    shares_by_input_values: bool = True
+    """Whether an input's relevance is its value times a factor, ``R_j = x_j c_j`` (epsilon, z+,
+    gamma, alpha-beta): it vanishes with the input. False for rules that share by the weights or
+    by bounds (flat, w^2, z^B), which give an input of 0 relevance too."""
+
     def prepare(self, layer: AffineLayer) -> Any:
         """Compute what the rule needs of the layer's parameters, once per conversion.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -419,10 +420,10 @@ def with_colour_bar(rgb: np.ndarray, largest: float, title: str | None = None,
         The picture, and the ``(row, column)`` of the heatmap's top-left corner in it (the heatmap
         is there unchanged).
     """
-    from PIL import ImageDraw, ImageFont
+    from PIL import ImageDraw
 
     height, width = rgb.shape[:2]
-    font = ImageFont.load_default(size=max(10, min(18, height // 16)))
+    font = _font(height)
     line = 0 if title is None else int(font.getbbox("Ag")[3]) + 8
     labels = [f"{largest:+.3g}", "0", f"{-largest:+.3g}"]
     label_width = max(int(font.getlength(label)) for label in labels)
@@ -476,10 +477,15 @@ def with_region(
     cmap: str | Colormap = "bwr",
     reduction: str = "sum",
     gap: int = 2,
+    *,
+    title: str | None = None,
+    label: str | None = None,
+    scale: int = 1,
 ) -> np.ndarray:
     """The image and the heatmap of its relevance side by side, the explained region outlined on
     both (:data:`REGION_COLOUR`): where the relevance of a box, a mask or a region of an output
-    lies against where the explained thing is.
+    lies against where the explained thing is; optionally a title above them and the region's
+    label (a detection's class and score) at its top-left corner on both.
 
     Parameters
     ----------
@@ -496,16 +502,25 @@ def with_region(
         The channel reduction (:func:`reduce_channels`).
     gap : int, default 2
         White columns between the two.
+    title : str, optional
+        A line above the picture (model, target, composite); one picture only.
+    label : str, optional
+        Written in the region's colour at its top-left corner (inside it where the region touches
+        the picture's top); one picture only.
+    scale : int, default 1
+        Each pixel repeated ``scale`` times (:func:`enlarge`) before the text is written, so that
+        the text has the saved picture's resolution.
 
     Returns
     -------
     ndarray
-        ``[..., height, 2 * width + gap, 3]``.
+        ``[..., scale * height, scale * (2 * width + gap), 3]``, and a title's line higher.
 
     Raises
     ------
     ValueError
-        If image, relevance and region differ in size.
+        If image, relevance and region differ in size, or a title or label is given for several
+        pictures.
     """
     pictures, colours = image_to_rgb(image), heatmap(relevance, cmap, reduction)
     border = outline(region)
@@ -516,7 +531,50 @@ def with_region(
     pictures, colours = pictures.copy(), colours.copy()
     pictures[border], colours[border] = REGION_COLOUR, REGION_COLOUR
     spacer = np.full((*pictures.shape[:-2], gap, 3), 255, dtype=np.uint8)
-    return np.concatenate([pictures, spacer, colours], axis=-2)
+    joined = enlarge(np.concatenate([pictures, spacer, colours], axis=-2), scale)
+    if title is None and label is None:
+        return joined
+    if joined.ndim != 3:
+        raise ValueError(f"with_region writes a title or label on one picture; got {joined.shape[0]}: call it per "
+                         "picture")
+    return _with_text(joined, border, (pictures.shape[-2] + gap) * scale, scale, title, label)
+
+
+def _with_text(joined: np.ndarray, border: np.ndarray, offset: int, scale: int, title: str | None,
+               label: str | None) -> np.ndarray:
+    """``joined`` (two panels, the second ``offset`` columns right, enlarged ``scale`` times) with
+    ``label`` at the region's top-left corner on both panels and ``title`` on a line above."""
+    from PIL import ImageDraw
+
+    height = joined.shape[0]
+    font = _font(height)
+    line = 0 if title is None else int(font.getbbox("Ag")[3]) + 6
+    canvas = np.full((line + height, max(joined.shape[1], _text_width(font, title) + 4), 3), 255, dtype=np.uint8)
+    canvas[line:, :joined.shape[1]] = joined
+    picture = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(picture)
+    if title is not None:
+        draw.text((2, 2), title, fill=(0, 0, 0), font=font)
+    if label is not None and border.any():
+        rows, columns = (where * scale for where in np.nonzero(border))
+        text_height = int(font.getbbox("Ag")[3]) + 2
+        top = int(rows.min()) - text_height if rows.min() >= text_height else int(rows.min()) + scale + 1
+        for left in (int(columns.min()), int(columns.min()) + offset):
+            corner = (left, line + top)
+            draw.rectangle(draw.textbbox(corner, label, font=font), fill=(255, 255, 255))
+            draw.text(corner, label, fill=REGION_COLOUR, font=font)
+    return np.asarray(picture)
+
+
+def _font(height: int) -> Any:
+    """The default font at a size readable on a picture ``height`` pixels high."""
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=max(10, min(18, height // 16)))
+
+
+def _text_width(font: Any, text: str | None) -> int:
+    return 0 if text is None else int(font.getlength(text))
 
 
 def save_png(rgb: np.ndarray, path: str | Path, scale: int | None = None) -> Path:

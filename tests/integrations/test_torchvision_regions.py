@@ -205,12 +205,21 @@ def test_the_command_line_explains_a_class_over_a_region(factory: str, factories
         written = image.read_png(out / f"{index}.heatmap.png")  # (at a short side of 256 pixels)
         shown = image.at_size(heatmaps[index], *image.shown_size(*heatmaps[index].shape[:2]))
         assert np.abs(written.astype(int) - shown.astype(int)).max() <= 1
-        scale = image.readable_scale(10, 26)
-        beside = image.read_png(out / f"{index}.region.png")[::scale, ::scale]  # (saved enlarged)
-        assert beside.shape == (10, 26, 3)
-        border = beside[1:4, 2:6].reshape(-1, 3)  # (the box's pixels on the image's side: its border green)
-        assert (beside[1, 2] == image.REGION_COLOUR).all() and (beside[2, 16] == image.REGION_COLOUR).all()
+        picture, heatmap = _region_panels(out / f"{index}.region.png", 10, 12)
+        border = picture[1:4, 2:6].reshape(-1, 3)  # (the box's pixels on the image's side: its border green)
+        assert (picture[1, 2] == image.REGION_COLOUR).all() and (heatmap[2, 2] == image.REGION_COLOUR).all()
         assert (border == image.REGION_COLOUR).all(axis=1).sum() == 10  # (12 pixels, 2 inside)
+
+
+def _region_panels(path: Path, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The image and heatmap panels of a ``NAME.region.png`` at the input's size: saved enlarged
+    (each pixel ``readable_scale`` times), side by side 2 white columns apart (enlarged too), under
+    a title's line."""
+    scale = image.readable_scale(height, width)
+    saved = image.read_png(path)
+    panels = saved[saved.shape[0] - height * scale:]
+    assert (saved[:saved.shape[0] - height * scale] != 255).any()  # (the title)
+    return panels[::scale, :width * scale:scale], panels[::scale, (width + 2) * scale::scale][:, :width]
 
 
 def test_the_command_lines_region_is_in_the_image_files_pixels(factories: str, tmp_path: Path,
@@ -235,9 +244,8 @@ def test_the_command_lines_region_is_in_the_image_files_pixels(factories: str, t
         written = image.read_png(out / f"{index}.heatmap.png")  # (at the 10 x 12 files' aspect)
         shown = image.at_size(image.heatmap(expected)[index], *image.shown_size(10, 12))
         assert np.abs(written.astype(int) - shown.astype(int)).max() <= 1
-        scale = image.readable_scale(20, 42)
-        beside = image.read_png(out / f"{index}.region.png")[::scale, ::scale]  # (saved enlarged)
-        outline = (beside[:, :20] == image.REGION_COLOUR).all(axis=-1)
+        picture, _ = _region_panels(out / f"{index}.region.png", 20, 20)
+        outline = (picture == image.REGION_COLOUR).all(axis=-1)
         assert (outline == np.asarray(image.outline(mask))).all() and outline.any()
 
 

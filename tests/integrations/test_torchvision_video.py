@@ -130,3 +130,63 @@ def test_a_region_of_the_flow_is_the_sum_of_its_parts_over_both_frames(monkeypat
     for frame, summed in zip(region, parts, strict=True):
         assert torch.isfinite(frame).all() and frame.abs().sum() > 0  # (both frames)
         assert relative_error(frame, summed.sum(dim=0)) < 1e-12
+
+
+@pytest.mark.slow
+def test_raft_conserves_relevance_but_for_the_estimate_it_detaches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bias-free RAFT in float64, LRP-0 with CP-LRP's products, R = u (the horizontal flow) at
+    # every pixel of the last prediction. After one update the frames' relevance sums to the flow
+    # explained (the correlation's product, its pyramid, grid sampling at constant positions, the
+    # GRU's gated sums and the upsampling all conserve). Each later update starts from
+    # ``coords1.detach()`` (RAFT's own: no gradient through the previous estimate), so the last
+    # flow is upsample(f_prev + delta) with f_prev a constant: its share leaves the explanation,
+    # and the last flow head's output keeps exactly sum(upsample(delta)_u) (the upsampling is
+    # linear in the flow). (The motion encoder also
+    # reads the detached flow, a constant input that takes a bias's share of its convolution.)
+    from torchvision.models.optical_flow import raft
+
+    in_float32 = raft.make_coords_grid
+    monkeypatch.setattr(raft, "make_coords_grid", lambda *args, **kwargs: in_float32(*args, **kwargs).double())
+    torch.manual_seed(0)
+    model = bias_free(optical_flow.raft_small(weights=None)).double().eval()
+    generator = torch.Generator().manual_seed(1)
+    first, second = (torch.rand(1, 3, 128, 128, dtype=torch.float64, generator=generator) for _ in range(2))
+    explain = fxlrp.convert(model, CONSERVING)
+    sums: dict[str, list[Tensor]] = {"h in": [], "x in": [], "h out": [], "delta": []}
+    values: dict[str, list[Tensor]] = {"delta": []}
+
+    def follow(name: str, tensor: Tensor) -> None:
+        if tensor.requires_grad:
+            tensor.register_hook(lambda relevance: sums[name].append(relevance.sum()))
+
+    def gru(module: nn.Module, args: tuple, output: Tensor) -> None:
+        follow("h in", args[0]), follow("x in", args[1]), follow("h out", output)
+
+    def head(module: nn.Module, args: tuple, output: Tensor) -> None:
+        values["delta"].append(output.detach())
+        follow("delta", output)
+
+    handles = [model.update_block.recurrent_block.register_forward_hook(gru),
+               model.update_block.flow_head.register_forward_hook(head)]
+    assert model.mask_predictor is None  # (raft_small upsamples bilinearly: 8 x interpolate, linear in the flow)
+    try:
+        for updates in (1, 2):
+            for collected in (*sums.values(), *values.values()):
+                collected.clear()
+            leaves = [first.clone().requires_grad_(), second.clone().requires_grad_()]
+            flow = explain(*leaves, num_flow_updates=updates)[-1]
+            start = torch.zeros_like(flow)
+            start[:, 0] = flow[:, 0].detach()
+            flow.backward(start)
+            total = leaves[0].grad.sum() + leaves[1].grad.sum()
+            for into_h, into_x, out_of in zip(sums["h in"], sums["x in"], sums["h out"], strict=True):
+                assert abs(into_h + into_x - out_of) <= 1e-9 * out_of.abs()  # (each update's GRU)
+            kept = raft.upsample_flow(values["delta"][-1])[:, 0].sum()
+            assert abs(sums["delta"][0] - kept) <= 1e-9 * kept.abs()  # (the last update's)
+            if updates == 1:
+                assert abs(total - start.sum()) <= 1e-9 * start.sum().abs()
+            else:  # (the detached estimate's share is not small: it is the first update's flow)
+                assert abs(start.sum() - kept) > 0.1 * start.sum().abs()
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -188,3 +188,18 @@ def test_boxes_follow_their_samples_through_merges_and_files(tmp_path: Path) -> 
     for name in ("samples", "scores", "positions", "boxes"):
         assert torch.equal(getattr(back.activation, name), getattr(merged[0].activation, name))
     assert back.layer == "layer" and repr(back.concept) == "ChannelConcept(dim=1)" and back.seen == 10
+
+
+def test_an_atlas_leaves_out_references_that_score_0_and_marks_dead_concepts() -> None:
+    """A reference that scores 0 (any sample would: a channel that never fires) shows nothing of
+    its concept: its cell stays empty, and a concept with only such references is marked dead."""
+    from fxlrp.concepts import ReferenceSamples, TopSamples
+
+    scores = torch.tensor([[3.0, 2.0, 0.0], [0.0, 0.0, 0.0], [1.5, 1.0, 0.5]], dtype=torch.float64)
+    top = TopSamples(torch.arange(9).reshape(3, 3), scores, torch.zeros(3, 3, dtype=torch.long))
+    references = ReferenceSamples("layer", ChannelConcept(), top, top, 9)
+    images = torch.rand(9, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    figure = concept_atlas(references, lambda index: images[index], count=3)
+    assert [len(axis.images) for axis in figure.axes] == [1, 1, 0, 0, 0, 0, 1, 1, 1]
+    assert [axis.get_ylabel() for axis in figure.axes[::3]] == ["#0", "#1\ndead: 0 on\nevery sample", "#2"]
+    figure.clf()
