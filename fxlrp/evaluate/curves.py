@@ -197,6 +197,16 @@ def check_evaluation_mode(model: Any) -> None:
                                    "scores from call to call; call model.eval() before evaluating explanations")
 
 
+def check_curve_options(model: Any, orders: str | tuple[str, ...] | list[str], mode: str,
+                        score: str) -> tuple[str, ...]:
+    """The checks every kind of curve makes on its shared arguments (the model's mode, ``mode``,
+    ``score``, ``orders``); returns the orders as a tuple without repeats."""
+    check_evaluation_mode(model)
+    check_choice(mode, MODES, "mode")
+    check_choice(score, SCORES, "score")
+    return check_orders(orders)
+
+
 # ---------------------------------------------------------------------------------------------
 # orders and steps
 

@@ -16,15 +16,12 @@ import torch
 from torch import Tensor
 
 from fxlrp.evaluate.curves import (
-    MODES,
-    SCORES,
     EvaluationInputError,
     PerturbationCurves,
     Rows,
     as_relevance,
     check_choice,
-    check_evaluation_mode,
-    check_orders,
+    check_curve_options,
     check_targets,
     curve_counts,
     explained_scores,
@@ -79,11 +76,8 @@ def graph_curves(model: Callable[[Tensor, Tensor], Any], x: Tensor, edge_index: 
     -------
     PerturbationCurves
     """
-    check_evaluation_mode(model)
     check_choice(perturb, ELEMENTS, "perturb")
-    check_choice(mode, MODES, "mode")
-    check_choice(score, SCORES, "score")
-    orders = check_orders(orders)
+    orders = check_curve_options(model, orders, mode, score)
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise EvaluationInputError("x must be node features [nodes, features]")
     if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
