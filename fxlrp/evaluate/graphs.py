@@ -135,6 +135,7 @@ def graph_curves(model: Callable[[Tensor, Tensor], Any], x: Tensor, edge_index: 
             output = getattr(output, "logits", output)
         return explained_scores(output[positions], targets[sample], score)
 
-    found = score_rows(len(layout), batch_size, make_batch, lambda batch: model(*batch), read, progress,
-                       f"{perturb} {mode} curves")
+    unperturbed = explained_scores(logits[explained], targets, score)
+    found = score_rows(layout, counts, counted, mode, unperturbed, batch_size, make_batch, lambda batch: model(*batch),
+                       read, progress, f"{perturb} {mode} curves")
     return layout.curves(found, orders, counts, counted, mode)
