@@ -168,20 +168,11 @@ class ShapesViT(nn.Module):
 
 
 def vit(samples: int) -> tuple[str, dict[str, Tensor]]:
-    from examples.concepts_shapes import make_images
+    from examples.concepts_shapes import make_images, train
 
     torch.manual_seed(0)
-    generator = torch.Generator().manual_seed(0)
     model = ShapesViT()
-    optimiser = torch.optim.Adam(model.parameters(), lr=2e-3)
-    model.train()
-    for _ in range(STEPS_VIT):
-        images, labels, _, _ = make_images(64, generator)
-        loss = nn.functional.cross_entropy(model(images), labels)
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-    model.eval()
+    train(model, STEPS_VIT, torch.Generator().manual_seed(0), lr=2e-3)
     images, labels, _, _ = make_images(samples, torch.Generator().manual_seed(12345))
     with torch.no_grad():
         correct = float((model(images).argmax(dim=1) == labels).float().mean())
@@ -342,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.markdown:
             print("| method | ABPC | 95% interval |\n|---|---:|---|")
             for method, interval in rows:
-                print(f"| {method} | {interval.mean:.3g} | [{interval.low:.3g}, {interval.high:.3g}] |")
+                print(f"| {method} | {interval.mean:.2f} | [{interval.low:.2f}, {interval.high:.2f}] |")
         else:
             print(table(rows))
         print(flush=True)
