@@ -16,6 +16,12 @@ only, logits (``softmax=False``), the per-image minimum as baseline ("black"); Q
 ``batch_size=64`` (the whole batch per model call and step), fxlrp with ``batch_size=4096`` rows
 (perturbed images) per model call. The curves are checked to agree (1e-4, float32) before timing.
 
+Beside each library's total, the model's forwards alone: the same number of images (random ones;
+these models' cost does not depend on the pixels) in each library's batches, fxlrp's
+``samples x (steps + 1)`` rows in batches of 4096 plus the unperturbed batch, Quantus's one
+forward of the 64 images per step plus the unperturbed batch. ``bound`` = Quantus's total over
+fxlrp's forwards: the speed-up fxlrp would reach if everything but its forwards took no time.
+
 Run: ``python benchmarks/faithfulness_speed.py [--repeats 5] [--device cpu]``.
 """
 
@@ -64,6 +70,15 @@ def interleaved_medians(runs: list[Callable[[], object]], repeats: int) -> list[
     return [statistics.median(found) for found in times]
 
 
+def forwards(model: nn.Module, images: torch.Tensor, batch: int) -> None:
+    """The model on ``images`` in batches of ``batch`` (without gradients), waiting for the device."""
+    with torch.no_grad():
+        for start in range(0, len(images), batch):
+            model(images[start:start + batch])
+    if images.is_cuda:
+        torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -76,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     machine = platform.processor() or platform.machine()
     print(f"fxlrp.evaluate vs Quantus {quantus.__version__}, batch of 64, {machine}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}")
-    print(f"{'workload':<26} {'metric':<22} {'Quantus s':>10} {'fxlrp s':>9} {'speed-up':>9}")
+    print(f"{'workload':<26} {'metric':<22} {'Quantus s':>10} {'forwards':>9} {'fxlrp s':>9} {'forwards':>9} "
+          f"{'speed-up':>9} {'bound':>7}")
     for name, (model, images, per_step, patch) in workloads(device).items():
         with torch.no_grad():
             labels = model(images).argmax(dim=1)
@@ -106,12 +122,19 @@ def main(argv: list[str] | None = None) -> None:
             ),
         }
         for metric, (theirs, ours) in cases.items():
-            difference = np.abs(theirs() - ours().cpu().numpy()).max()
+            found = ours()
+            difference = np.abs(theirs() - found.cpu().numpy()).max()
             if difference > 1e-4:
                 raise SystemExit(f"{name} {metric}: the curves differ by {difference:.3g}")
-            quantus_seconds, fxlrp_seconds = interleaved_medians([theirs, ours], args.repeats)
-            print(f"{name:<26} {metric:<22} {quantus_seconds:>10.3f} {fxlrp_seconds:>9.3f} "
-                  f"{quantus_seconds / fxlrp_seconds:>8.1f}x")
+            steps = found.shape[1]  # (both cases return the L points after the unperturbed one)
+            perturbed = torch.rand(len(images) * (steps + 1), *images.shape[1:], device=device)
+            quantus_seconds, quantus_forwards, fxlrp_seconds, fxlrp_forwards = interleaved_medians(
+                [theirs, lambda: forwards(model, perturbed, len(images)),
+                 ours, lambda: (forwards(model, perturbed, ROWS), forwards(model, images, len(images)))],
+                args.repeats)
+            print(f"{name:<26} {metric:<22} {quantus_seconds:>10.3f} {quantus_forwards:>9.3f} {fxlrp_seconds:>9.3f} "
+                  f"{fxlrp_forwards:>9.3f} {quantus_seconds / fxlrp_seconds:>8.1f}x "
+                  f"{quantus_seconds / fxlrp_forwards:>6.1f}x")
 
 
 if __name__ == "__main__":

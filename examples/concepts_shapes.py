@@ -97,8 +97,9 @@ def make_model() -> nn.Module:
     return ShapeNet()
 
 
-def train(model: nn.Module, steps: int, generator: torch.Generator) -> None:
-    optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
+def train(model: nn.Module, steps: int, generator: torch.Generator, lr: float = 0.01) -> None:
+    """Adam on ``steps`` batches of 64 fresh images (the generator makes as many as wanted)."""
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
         images, labels, _, _ = make_images(64, generator)

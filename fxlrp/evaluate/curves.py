@@ -197,6 +197,16 @@ def check_evaluation_mode(model: Any) -> None:
                                    "scores from call to call; call model.eval() before evaluating explanations")
 
 
+def check_curve_options(model: Any, orders: str | tuple[str, ...] | list[str], mode: str,
+                        score: str) -> tuple[str, ...]:
+    """The checks every kind of curve makes on its shared arguments (the model's mode, ``mode``,
+    ``score``, ``orders``); returns the orders as a tuple without repeats."""
+    check_evaluation_mode(model)
+    check_choice(mode, MODES, "mode")
+    check_choice(score, SCORES, "score")
+    return check_orders(orders)
+
+
 # ---------------------------------------------------------------------------------------------
 # orders and steps
 
@@ -302,6 +312,14 @@ class Rows:
         rows = rows.to(self.device)
         return rows // (self.samples * self.points), (rows // self.points) % self.samples, rows % self.points
 
+    def perturbed(self, counts: Tensor, counted: Tensor, mode: str) -> Tensor:
+        """The rows whose input differs from the unperturbed one (indices, on the device): not the
+        first point of a deletion curve, nor the last of an insertion curve, whose scores are the
+        unperturbed input's (one model call for all of them, not one row per order)."""
+        _, sample, point = self.locate(torch.arange(len(self), device=self.device))
+        untouched = counts[sample, point] == (0 if mode == "deletion" else counted[sample])
+        return (~untouched).nonzero().view(-1)
+
     def curves(self, found: Tensor, orders: tuple[str, ...], counts: Tensor, counted: Tensor,
                mode: str) -> PerturbationCurves:
         """The rows' scores ``[len(self)]`` as curves."""
@@ -392,20 +410,24 @@ def progress_bar(total: int, enabled: bool, description: str) -> Iterator[Callab
             bar.close()
 
 
-def score_rows(rows: int, batch_size: int, make_batch: Callable[[Tensor], Any], run: Callable[[Any], Any],
+def score_rows(layout: Rows, counts: Tensor, counted: Tensor, mode: str, unperturbed: Tensor, batch_size: int,
+               make_batch: Callable[[Tensor], Any], run: Callable[[Any], Any],
                read: Callable[[Any, Tensor], Tensor], progress: bool, description: str) -> Tensor:
-    """Score ``rows`` perturbed inputs in batches of ``batch_size``: ``make_batch(row_indices)``
-    builds a batch's inputs, ``run`` calls the model on them, ``read(output, row_indices)`` takes
-    each row's score. Returns ``[rows]`` float64."""
+    """Score the rows of ``layout`` in batches of ``batch_size`` perturbed inputs:
+    ``make_batch(row_indices)`` builds a batch's inputs, ``run`` calls the model on them,
+    ``read(output, row_indices)`` takes each row's score. Rows whose input is the unperturbed one
+    (:meth:`Rows.perturbed`) take their sample's score from ``unperturbed`` ``[samples]`` instead
+    of a model call. Returns ``[len(layout)]`` float64."""
     if batch_size < 1:
         raise EvaluationInputError(f"batch_size must be at least 1, got {batch_size}")
-    found = []
-    with torch.no_grad(), progress_bar(rows, progress, description) as advance:
-        for start in range(0, rows, batch_size):
-            indices = torch.arange(start, min(start + batch_size, rows))
-            found.append(read(run(make_batch(indices)), indices))
+    found = unperturbed[layout.locate(torch.arange(len(layout), device=layout.device))[1]].clone()
+    rows = layout.perturbed(counts, counted, mode)
+    with torch.no_grad(), progress_bar(len(rows), progress, description) as advance:
+        for start in range(0, len(rows), batch_size):
+            indices = rows[start:start + batch_size]
+            found[indices] = read(run(make_batch(indices)), indices)
             advance(len(indices))
-    return torch.cat(found)
+    return found
 
 
 def tensor_curves(run: Callable[..., Any], inputs: Tensor, relevance: Tensor, feature_of: Tensor,
@@ -465,6 +487,6 @@ def tensor_curves(run: Callable[..., Any], inputs: Tensor, relevance: Tensor, fe
     def read(output: Any, rows: Tensor) -> Tensor:
         return explained_scores(output, targets[layout.locate(rows)[1]], score)
 
-    found = score_rows(len(layout), batch_size, make_batch, lambda batch: run(batch[0], **batch[1]), read, progress,
-                       f"{mode} curves")
+    found = score_rows(layout, counts, counted, mode, explained_scores(logits, targets, score), batch_size,
+                       make_batch, lambda batch: run(batch[0], **batch[1]), read, progress, f"{mode} curves")
     return layout.curves(found, orders, counts, counted, mode)

@@ -16,15 +16,12 @@ import torch
 from torch import Tensor
 
 from fxlrp.evaluate.curves import (
-    MODES,
-    SCORES,
     EvaluationInputError,
     PerturbationCurves,
     Rows,
     as_relevance,
     check_choice,
-    check_evaluation_mode,
-    check_orders,
+    check_curve_options,
     check_targets,
     curve_counts,
     explained_scores,
@@ -79,11 +76,8 @@ def graph_curves(model: Callable[[Tensor, Tensor], Any], x: Tensor, edge_index: 
     -------
     PerturbationCurves
     """
-    check_evaluation_mode(model)
     check_choice(perturb, ELEMENTS, "perturb")
-    check_choice(mode, MODES, "mode")
-    check_choice(score, SCORES, "score")
-    orders = check_orders(orders)
+    orders = check_curve_options(model, orders, mode, score)
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise EvaluationInputError("x must be node features [nodes, features]")
     if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
@@ -141,6 +135,7 @@ def graph_curves(model: Callable[[Tensor, Tensor], Any], x: Tensor, edge_index: 
             output = getattr(output, "logits", output)
         return explained_scores(output[positions], targets[sample], score)
 
-    found = score_rows(len(layout), batch_size, make_batch, lambda batch: model(*batch), read, progress,
-                       f"{perturb} {mode} curves")
+    unperturbed = explained_scores(logits[explained], targets, score)
+    found = score_rows(layout, counts, counted, mode, unperturbed, batch_size, make_batch, lambda batch: model(*batch),
+                       read, progress, f"{perturb} {mode} curves")
     return layout.curves(found, orders, counts, counted, mode)

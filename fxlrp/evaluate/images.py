@@ -11,14 +11,11 @@ import torch
 from torch import Tensor
 
 from fxlrp.evaluate.curves import (
-    MODES,
-    SCORES,
     EvaluationInputError,
     PerturbationCurves,
     as_relevance,
     check_choice,
-    check_evaluation_mode,
-    check_orders,
+    check_curve_options,
     tensor_curves,
 )
 
@@ -161,14 +158,11 @@ def image_curves(model: Callable[[Tensor], Any], inputs: Tensor, relevance: Any,
     PerturbationCurves
         Scores ``[samples, steps + 1]`` per order, in float64.
     """
-    check_evaluation_mode(model)
+    orders = check_curve_options(model, orders, mode, score)
     if not isinstance(inputs, Tensor) or inputs.dim() != 4:
         shape = list(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
         raise EvaluationInputError(f"image_curves takes images [samples, channels, height, width] as a tensor, got "
                                    f"{shape}")
-    check_choice(mode, MODES, "mode")
-    check_choice(score, SCORES, "score")
-    orders = check_orders(orders)
     samples, channels, height, width = inputs.shape
     values = as_relevance(relevance, inputs.device)
     if values.dim() == 3:

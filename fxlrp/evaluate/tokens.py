@@ -9,14 +9,10 @@ import torch
 from torch import Tensor
 
 from fxlrp.evaluate.curves import (
-    MODES,
-    SCORES,
     EvaluationInputError,
     PerturbationCurves,
     as_relevance,
-    check_choice,
-    check_evaluation_mode,
-    check_orders,
+    check_curve_options,
     tensor_curves,
 )
 
@@ -63,13 +59,10 @@ def token_curves(model: Callable[..., Any], input_ids: Tensor, relevance: Any, t
     -------
     PerturbationCurves
     """
-    check_evaluation_mode(model)
+    orders = check_curve_options(model, orders, mode, score)
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
         shape = list(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise EvaluationInputError(f"token_curves takes token ids [samples, length] (an integer tensor), got {shape}")
-    check_choice(mode, MODES, "mode")
-    check_choice(score, SCORES, "score")
-    orders = check_orders(orders)
     samples, length = input_ids.shape
     values = as_relevance(relevance, input_ids.device)
     if values.dim() == 3:

@@ -301,3 +301,25 @@ def test_bad_input_is_named(call, message: str) -> None:
     with pytest.raises(EvaluationInputError, match=message):
         call(model, images)
     assert model.training in (True, False)
+
+
+@pytest.mark.parametrize("mode", ["deletion", "insertion"])
+def test_the_unperturbed_input_is_run_once_not_once_per_curve(mode: str) -> None:
+    """The model sees the unperturbed batch once and each perturbed input once: a deletion curve's
+    first point and an insertion curve's last are the unperturbed input, for both orders."""
+    model = small_model()
+    seen: list[int] = []
+
+    def counted(batch: Tensor) -> Tensor:
+        seen.append(len(batch))
+        return model(batch)
+
+    images = torch.rand(3, 2, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    relevance = torch.randn(3, 2, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    curves = image_curves(counted, images, relevance, steps=4, batch_size=5, mode=mode, progress=False)
+    assert sum(seen) == 3 + 3 * 2 * 4  # the unperturbed batch, then 2 orders x 4 perturbed points per image
+    with torch.no_grad():
+        unperturbed = model(images)[torch.arange(3), model(images).argmax(dim=1)]
+    end = 0 if mode == "deletion" else -1
+    for order in ("morf", "lerf"):
+        assert torch.allclose(curves.scores[order][:, end], unperturbed, rtol=0, atol=BOUND)
