@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import bind, module_as_function
+from fxlrp.operations.helpers import bind, module_as_function, never_negative
 from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Kind, Operation, register
 from fxlrp.relevance import AffineLayer
@@ -63,6 +63,7 @@ register(
     Operation(
         "softmax",
         Kind.AFFINE,
+        non_negative=never_negative,
         functions=(F.softmax, torch.softmax),
         methods=("softmax",),
         modules=(nn.Softmax,),

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import NATIVE_WITH_ONE_CARRIER, module_as_function, passes
+from fxlrp.operations.helpers import NATIVE_WITH_ONE_CARRIER, module_as_function, never_negative, passes
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
@@ -47,6 +47,7 @@ register(
     Operation(
         "relu",
         Kind.NATIVE,
+        non_negative=never_negative,
         functions=(F.relu, torch.relu),
         methods=("relu",),
         modules=(nn.ReLU,),
@@ -108,6 +109,7 @@ register(
     Operation(
         "abs",
         Kind.PASS,
+        non_negative=never_negative,
         functions=(torch.abs, torch.absolute, operator.abs, builtins.abs),
         methods=("abs", "absolute", "__abs__"),
         relevance=passes((0,), recomputable=True),

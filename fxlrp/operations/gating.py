@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import bind, module_as_function
+from fxlrp.operations.helpers import bind, module_as_function, never_negative
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import apply_pass
 from fxlrp.relevance.call import RelevanceCall
@@ -35,6 +35,7 @@ register(
     Operation(
         "gate",
         Kind.PASS,
+        non_negative=never_negative,
         functions=(F.sigmoid, torch.sigmoid, F.hardsigmoid),
         methods=("sigmoid",),
         modules=(nn.Sigmoid, nn.Hardsigmoid),

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxlrp.operations.helpers import held_constant, identity, native
+from fxlrp.operations.helpers import held_constant, identity, native, non_negative_where_arguments_are
 from fxlrp.operations.sparse import selected
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.registry.writes import (
@@ -63,10 +63,23 @@ VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.Pixel
                 nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReplicationPad1d, nn.ReplicationPad2d)
 
 
+def moved_non_negative(spelling: Any, args: Any, kwargs: Any, known: Any) -> bool:
+    """The entry's :attr:`~fxlrp.registry.Operation.non_negative`: values moved, selected or
+    concatenated are never negative where none of the moved ones is, and the values a call
+    writes or pads with are not (a fill value, a padding module's ``value``). Indexing selects:
+    its index adds no values (its negative positions count from the end)."""
+    if spelling is operator.getitem:
+        return known(args[0])
+    if isinstance(spelling, nn.Module) and not known(getattr(spelling, "value", 0)):
+        return False
+    return non_negative_where_arguments_are(spelling, args, kwargs, known)
+
+
 register(
     Operation(
         "view",
         Kind.NATIVE,
+        non_negative=moved_non_negative,
         functions=VIEW_FUNCTIONS,
         methods=VIEW_METHODS,
         modules=VIEW_MODULES,
@@ -93,6 +106,7 @@ register(
     Operation(
         "max",
         Kind.NATIVE,
+        non_negative=non_negative_where_arguments_are,
         functions=(
             torch.min, torch.amax, torch.amin, torch.maximum, torch.minimum,
             F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool1d,
@@ -128,6 +142,7 @@ register(
     Operation(
         "largest",
         Kind.NATIVE,
+        non_negative=non_negative_where_arguments_are,
         functions=(torch.topk, torch.max),
         methods=("topk", "max"),
         relevance=native,
@@ -141,6 +156,7 @@ register(
     Operation(
         "dropout",
         Kind.NATIVE,
+        non_negative=non_negative_where_arguments_are,
         functions=(F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, torch.dropout),
         methods=("dropout",),
         modules=(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout),

@@ -22,7 +22,12 @@ import torch
 from torch import Tensor
 
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, NATIVE_WITH_ONE_CARRIER, bind
+from fxlrp.operations.helpers import (
+    NATIVE_UNDER_NATIVE_RULE,
+    NATIVE_WITH_ONE_CARRIER,
+    bind,
+    non_negative_where_arguments_are,
+)
 from fxlrp.operations.sparse import SparseEntries, entry_product, is_sparse
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
@@ -290,6 +295,7 @@ register(
     Operation(
         "mul",
         Kind.AFFINE,
+        non_negative=non_negative_where_arguments_are,
         functions=(operator.mul, torch.mul, torch.multiply),
         methods=("mul", "multiply", "__mul__", "__rmul__"),
         relevance=elementwise_product,

@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine, module_as_function
+from fxlrp.operations.helpers import (
+    NATIVE_UNDER_NATIVE_RULE,
+    affine,
+    module_as_function,
+    non_negative_where_arguments_are,
+)
 from fxlrp.registry import Kind, Operation, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import Epsilon
@@ -26,6 +31,7 @@ register(
     Operation(
         "add",
         Kind.AFFINE,
+        non_negative=non_negative_where_arguments_are,
         functions=(operator.add, torch.add),
         methods=("add", "__add__", "__radd__"),
         relevance=affine,
@@ -54,6 +60,7 @@ register(
     Operation(
         "sum",
         Kind.AFFINE,
+        non_negative=non_negative_where_arguments_are,
         functions=(torch.sum,),
         methods=("sum",),
         relevance=affine,
@@ -67,6 +74,7 @@ register(
     Operation(
         "mean",
         Kind.AFFINE,
+        non_negative=non_negative_where_arguments_are,
         functions=(torch.mean,),
         methods=("mean",),
         relevance=affine,
@@ -131,6 +139,7 @@ register(
     Operation(
         "avg_pool",
         Kind.AFFINE,
+        non_negative=non_negative_where_arguments_are,
         functions=(
             F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
             F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,

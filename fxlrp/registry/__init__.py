@@ -148,6 +148,32 @@ class NativeInGradientForm:
         return not warn_lost_relevance and (not self.needs_native_rule or gradient_is_native(rule))
 
 
+class NonNegativeOutput(Protocol):
+    """An operation's :attr:`~Operation.non_negative`: whether a call's output is never negative."""
+
+    def __call__(self, spelling: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                 known: Callable[[Any], bool], /) -> bool:
+        """Whether the call's output is never negative, given what is known of its arguments.
+
+        Parameters
+        ----------
+        spelling : Any
+            What the call calls: the function, the Tensor method's name or the module.
+        args, kwargs
+            The call's arguments, as the captured graph holds them (its values are graph nodes).
+        known : callable
+            ``known(argument)``: whether an argument is known never to be negative (a node so
+            known, a number ``>= 0``, a list or tuple of such, None, a string, a dtype); False
+            for anything else.
+
+        Returns
+        -------
+        bool
+            True only if no value of the output can be negative.
+        """
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class Operation:
     """A canonical operation and every way a model can spell it.
@@ -231,6 +257,12 @@ class Operation:
     gradient_native: NativeInGradientForm | None = None
     """Where its relevance function is a plain call in the gradient form (affine maps, layers,
     products with one relevance-carrying factor): see :class:`NativeInGradientForm`."""
+    non_negative: NonNegativeOutput | None = None
+    """When its output is never negative, known from the graph without reading a value:
+    ``non_negative(spelling, args, kwargs, known)`` (a :class:`NonNegativeOutput`). Rules that
+    treat positive and negative inputs apart (z+, alpha-beta, gamma) then leave out the terms of
+    negative inputs of the layers it feeds (:func:`fxlrp.graph.relevance_flow.nodes_known_non_negative`).
+    None: never known (convolutions, BatchNorm, ...)."""
 
     def __post_init__(self) -> None:
         problems = [message for holds, message in _FIELD_RULES if holds(self)]

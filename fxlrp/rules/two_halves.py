@@ -64,7 +64,8 @@ class TwoHalves(StabilisedRule):
         })
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        return terms.original_output(layer, inputs), (inputs, prepared, terms.has_negative_inputs(inputs))
+        has_negative = not layer.inputs_non_negative and terms.has_negative_inputs(inputs)
+        return terms.original_output(layer, inputs), (inputs, prepared, has_negative)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs, variants, has_negative = state
