@@ -10,6 +10,8 @@ the CPU's path, which reads the values.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,9 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxlrp
 import fxlrp.explain.loader  # noqa: F401  (registers the operations)
-from fxlrp.graph import rewrite
 from fxlrp.graph.relevance_flow import find_operation, nodes_known_non_negative
 from fxlrp.relevance import tracing
+from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import AlphaBeta, Gamma, ZPlus
 from fxlrp.rules.composites import Composite, EpsilonGammaBox, EpsilonPlusFlat
 from tests.support.references import relative_error
@@ -111,8 +113,10 @@ def _relevance(composite: str, monkeypatch: pytest.MonkeyPatch, *, known: bool, 
     model = Residual().double().eval()
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     with monkeypatch.context() as patched:
-        if not known:
-            patched.setattr(rewrite, "nodes_known_non_negative", lambda *arguments: set())
+        if not known:  # no layer told that its inputs are non-negative, whatever the graph says
+            layer = RelevanceCall.layer
+            patched.setattr(RelevanceCall, "layer", lambda call, *arguments, **settings: dataclasses.replace(
+                layer(call, *arguments, **settings), inputs_non_negative=False))
         if not reads_values:
             patched.setattr(tracing, "HOST_DEVICE_TYPES", frozenset())  # as on a GPU
         return fxlrp.attribute(fxlrp.convert(model, COMPOSITES[composite]()), x)
