@@ -49,8 +49,10 @@ call (a kernel launch each on a GPU). Read only."""
 
 def _step(denominator: Tensor, epsilon: float) -> Tensor:
     """``epsilon`` as a tensor of no dimensions of ``denominator``'s dtype and device (one made for
-    this call while a trace runs, whose graph must not hold a tensor of another call)."""
-    if values_are_traced() or torch.compiler.is_compiling():
+    this call while a trace runs, whose graph must not hold a tensor of another call, and while a
+    CUDA graph is captured, whose kernels - the one filling the tensor too - run only at replay)."""
+    if (values_are_traced() or torch.compiler.is_compiling()
+            or denominator.is_cuda and torch.cuda.is_current_stream_capturing()):
         return denominator.new_full((), epsilon)
     key = (epsilon, denominator.dtype, denominator.device)
     step = _steps.get(key)
