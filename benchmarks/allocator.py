@@ -31,6 +31,23 @@ def allocated_peak_of_call(run: Callable[[], Any]) -> float:
     different orders of allocation, which moves the resident peak of one and the same
     computation by tens of MB). It leaves out memory that does not come from torch's allocator
     (oneDNN's scratch buffers, Python objects)."""
+    totals = [event["Total Allocated"] for event in _memory_events(run)]
+    return max(totals, default=0) / 2**20
+
+
+def allocated_growth_of_call(run: Callable[[], Any]) -> float:
+    """The highest total of the bytes torch's CPU allocator had handed out during the call, above
+    what it held when the call began, in MB (:func:`allocated_peak_of_call` less what was
+    allocated before: the weights and whatever else the process holds)."""
+    events = _memory_events(run)
+    if not events:
+        return 0.0
+    before = events[0]["Total Allocated"] - events[0]["Bytes"]
+    return (max(event["Total Allocated"] for event in events) - before) / 2**20
+
+
+def _memory_events(run: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The CPU allocator's events of a call, as the profiler records them."""
     from torch.profiler import ProfilerActivity, profile
 
     release_freed_memory()
@@ -42,6 +59,5 @@ def allocated_peak_of_call(run: Callable[[], Any]) -> float:
         profiler.export_chrome_trace(path)
         with open(path) as trace:
             events = json.load(trace)["traceEvents"]
-    totals = [event["args"]["Total Allocated"] for event in events
-              if event.get("name") == "[memory]" and event["args"].get("Device Type", 0) == 0]
-    return max(totals, default=0) / 2**20
+    return [event["args"] for event in events
+            if event.get("name") == "[memory]" and event["args"].get("Device Type", 0) == 0]

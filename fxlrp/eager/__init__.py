@@ -34,7 +34,7 @@ from fxlrp.eager.interpret import interpret, run_interpreted
 from fxlrp.eager.replay import Recordings
 from fxlrp.eager.rule_choice import Interpretation, current_observer
 from fxlrp.eager.runner import LayerRunner, layer_runner
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Decomposed, Operation, Spelling, register
 from fxlrp.relevance.call import Interpreter, RelevanceCall, supply_interpreter
 
 
@@ -74,10 +74,8 @@ def run_eagerly(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwargs: 
 EAGER = register(
     Operation(
         "eager",
-        Kind.NATIVE,
-        relevance=run_eagerly,
-        module_function=layer_runner,
-        holds_layers=True,
+        Spelling(module_function=layer_runner),
+        Decomposed(run_eagerly),
         description="a module torch.fx cannot trace, run eagerly: each torch operation inside gets the "
         "rule the registry and the composite give it, decided as it runs",
     )

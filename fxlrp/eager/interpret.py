@@ -89,7 +89,7 @@ def _lookup(function: Any) -> Dispatch:
         return Dispatch(None, write=True)
     operation = REGISTRY.for_function(function)
     if operation is not None:
-        return Dispatch(operation, source=operation.source)
+        return Dispatch(operation, source=operation.propagation.source)
     if not method:
         return Dispatch(None)
     operation = REGISTRY.for_method(name)
@@ -190,7 +190,7 @@ class RelevanceMode(TorchFunctionMode):
             result = interpretation.run(operation, runnable, args, kwargs)
             if isinstance(written, Tensor) and isinstance(result, Tensor):
                 result = replace_values(written, result, self.views)
-            if operation.moves_values and isinstance(result, Tensor) and result._is_view():
+            if operation.flow.moves_values and isinstance(result, Tensor) and result._is_view():
                 self.views.note(result)
         else:
             result = self._in_place(operation, runnable, in_place, args, kwargs)
@@ -273,7 +273,7 @@ def intercepted_functions() -> tuple[Callable[..., Any], ...]:
     tuple of callable
         The registry's leaf functions and graph softmax's functions.
     """
-    return (*REGISTRY.leaf_functions(), *REGISTRY.operations["graph_softmax"].functions)
+    return (*REGISTRY.leaf_functions(), *REGISTRY.operations["graph_softmax"].spelling.functions)
 
 
 def interpret(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

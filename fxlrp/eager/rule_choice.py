@@ -231,7 +231,7 @@ class Interpretation:
             What :meth:`fxlrp.rules.composites.Composite.resolve` gives; None for operations
             that are not affine.
         """
-        if operation.kind is not Kind.AFFINE:
+        if operation.propagation.kind is not Kind.AFFINE:
             return None
         site, composite = self.site, self.composite
         if module is None:
@@ -241,7 +241,8 @@ class Interpretation:
             module_name, module_type = self.context.names[id(module)], type(module)
             is_module_call = REGISTRY.for_module(module) is operation
         inner = dataclasses.replace(site, node_name=f"{site.node_name}.{operation.name}", operation=operation.name,
-                                    weighted=operation.weighted, module_name=module_name, module_type=module_type,
+                                    weighted=operation.propagation.weighted, module_name=module_name,
+                                    module_type=module_type,
                                     is_first_layer=first, is_module_call=is_module_call,
                                     relevance_factors=relevance_factors)
         return composite.resolve(inner, operation)
@@ -271,7 +272,7 @@ class Interpretation:
         first = self.holds_first_layer and self.composite.may_hold_first_layer(operation) and self._meets_input(args)
         context = self.context  # the innermost running module, read inline: this runs for every torch call
         module = context.stack[-1] if self.rules_by_module and context.stack else None
-        factors = operation.factors
+        factors = operation.propagation.factors
         relevance_factors = 0
         if factors is not None:  # a product: several relevance-carrying factors take a Product rule
             for value in factors(args, kwargs):
@@ -311,13 +312,13 @@ class Interpretation:
         Any
             The call's output.
         """
-        if operation.relevance is None:
+        if operation.propagation.relevance is None:
             if self.ran is not None:
                 self.note(operation.name, "native", None)
             return function(*args, **kwargs)
         call = self.call_for(operation, args, kwargs)
         if self.ran is not None:
-            self.note(operation.name, handling_of(operation.kind), call.rule)
+            self.note(operation.name, handling_of(operation.propagation.kind), call.rule)
         result = operation.explained(call, function, *args, **kwargs)
         if self.holds_first_layer and isinstance(result, Tensor) and result.grad_fn is not None \
                 and self.composite.may_hold_first_layer(operation):

@@ -7,9 +7,8 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch import Tensor, nn
 
-from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
+from fxlrp.capture.module_state import run_with_detached_parameters
 
 
 @dataclasses.dataclass
@@ -83,53 +82,7 @@ class LayerRunner:
         Any
             The module's output.
         """
-        with MODEL_WRITES:
-            written = ModuleState(self.module)
-            try:
-                _detach_parameters(written.modules)
-                in_evaluation_mode(written.modules)
-                return self.module(*args, **kwargs)
-            finally:
-                written.restore()
-
-
-def _detach_parameters(modules: list[nn.Module]) -> None:
-    """Put detached twins (shared storage) in the place of the modules' parameters and buffers
-    that require gradients, for one run: they carry no relevance and get no gradient. Tied
-    parameters get one twin, so they stay tied. The caller's :class:`ModuleState` puts the
-    originals back. (What ``torch.func.functional_call`` does, at a small part of its cost: it
-    runs at every run of an eager part, and parameters that require no gradient are left alone.)
-
-    A parameter's twin is a parameter of its class that requires no gradient, not a plain tensor:
-    code run around the forward reads the class of what it finds in a module's parameters and
-    builds its like - accelerate's offloading hooks load each weight as ``type(old)(new,
-    requires_grad=old.requires_grad)`` and put it back the same way."""
-    twins: dict[int, Tensor] = {}
-    for module in modules:
-        swapped = False
-        for tensors in (module._parameters, module._buffers):
-            for name, value in tensors.items():
-                if value is not None and value.requires_grad:
-                    twin = twins.get(id(value))
-                    if twin is None:
-                        twin = twins[id(value)] = _twin(value)
-                    tensors[name] = twin
-                    swapped = True
-        if swapped and isinstance(module, nn.RNNBase):
-            # A recurrent layer hands its kernel its own list of its parameters, made when they
-            # are set: made again from the twins (ModuleState puts the module's list back).
-            module._init_flat_weights()
-
-
-def _twin(value: Tensor) -> Tensor:
-    """``value`` detached (shared storage); a parameter stays a parameter of its class, with its
-    attributes (a copy of its ``__dict__``: code that writes into the twin's leaves the original's)."""
-    if not isinstance(value, nn.Parameter):
-        return value.detach()
-    twin = torch.Tensor._make_subclass(type(value), value, False)  # (it detaches: shared storage, no history)
-    if value.__dict__:
-        twin.__dict__.update(value.__dict__)
-    return twin
+        return run_with_detached_parameters(self.module, args, kwargs, evaluation=True)
 
 
 def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[LayerRunner, dict[str, Any]]:

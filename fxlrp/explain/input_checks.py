@@ -56,6 +56,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from fxlrp.capture.module_state import MODEL_WRITES, ModuleState, in_evaluation_mode
 from fxlrp.errors import ExplanationInputError, FxlrpError, VanishedRelevanceWarning
 from fxlrp.explain.placement import tensors_used
+from fxlrp.registry import REGISTRY
 
 TURN_OFF = "pass check_finite=False to fxlrp.attribute to explain it as it is"
 
@@ -532,22 +533,6 @@ def refuse_unusable_arguments(arguments: Mapping[str, Any], lists_refused: Seque
 # The number of dimensions BatchNorm checks, recorded at conversion.
 
 
-_KEEP_RANK_MODULES = frozenset({
-    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear,
-    nn.Identity, nn.Dropout, nn.AlphaDropout, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU,
-    nn.SiLU, nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus, nn.Softsign,
-    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
-})
-"""Modules (of exactly these types) whose output has as many dimensions as their input, batched or not."""
-
-_KEEP_RANK_FUNCTIONS = frozenset({
-    torch.relu, torch.sigmoid, torch.tanh, nn.functional.relu, nn.functional.relu6, nn.functional.leaky_relu,
-    nn.functional.gelu, nn.functional.silu, nn.functional.elu, nn.functional.hardtanh, nn.functional.hardswish,
-    nn.functional.dropout,
-})
-_KEEP_RANK_METHODS = frozenset({"relu", "relu_", "sigmoid", "tanh", "contiguous"})
-
-
 @dataclass(frozen=True)
 class RankCheck:
     """What a BatchNorm of the model says to the number of dimensions of an input it is reached by
@@ -584,11 +569,17 @@ def _checks_rank(module: nn.Module) -> bool:
 
 
 def _keeps_rank(node: fx.Node, module: nn.Module | None) -> bool:
+    """Whether the node's output has as many dimensions as its input, batched or not: what the
+    registry says of its spelling (:meth:`fxlrp.registry.ValueFlow.keeps_rank_of`)."""
     if node.op == "call_module":
-        return type(module) in _KEEP_RANK_MODULES
-    if node.op == "call_function":
-        return node.target in _KEEP_RANK_FUNCTIONS
-    return node.op == "call_method" and node.target in _KEEP_RANK_METHODS
+        operation, spelled = REGISTRY.for_module(module), type(module)
+    elif node.op == "call_function":
+        operation, spelled = REGISTRY.for_function(node.target), node.target
+    elif node.op == "call_method":
+        operation, spelled = REGISTRY.for_method(node.target), node.target
+    else:
+        return False
+    return operation is not None and operation.flow.keeps_rank_of(spelled)
 
 
 def _rank_check(module: nn.Module, path: str, position: int, name: str) -> RankCheck | None:

@@ -13,6 +13,7 @@ since the core never imports them). What starts a conversion imports this module
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
@@ -20,7 +21,7 @@ import warnings
 
 import fxlrp.eager  # noqa: F401  (registers the parts run eagerly, supplies the interpreter)
 import fxlrp.operations  # noqa: F401  (registers the operations)
-from fxlrp.registry import REGISTRY, Operation, integrations, registered_operation
+from fxlrp.registry import REGISTRY, integrations, registered_operation
 
 _attempted: set[str] = set()
 
@@ -47,35 +48,21 @@ def load_integrations() -> None:
             )
 
 
-def operation_named(name: str) -> Operation:
-    """The registered operation ``name``, loading the integrations of installed libraries until one
-    registers it.
-
-    A pickled operation names this function (:attr:`fxlrp.registry.Registry.find_by_name`): the
-    process loading an explainer with ``pickle`` or ``torch.load`` imports this module (which
-    registers the core's operations) and may not have imported the library of an integration.
-
-    Parameters
-    ----------
-    name : str
-        The operation's name.
-
-    Returns
-    -------
-    Operation
-        The operation.
-
-    Raises
-    ------
-    ValueError
-        If nothing loaded registers ``name``.
-    """
+def _load_integration_registering(name: str) -> None:
+    """Import the integrations of installed libraries until one registers the operation ``name``."""
     for library, integration in integrations.INTEGRATIONS.items():
         if name in REGISTRY.operations:
-            break
+            return
         if importlib.util.find_spec(library) is not None:
             importlib.import_module(integration)
-    return registered_operation(name)
+
+
+operation_named = functools.partial(registered_operation, load=_load_integration_registering)
+"""``operation_named(name)``: the registered operation ``name``, loading the integrations of
+installed libraries until one registers it. A pickled operation names it
+(:attr:`fxlrp.registry.Registry.find_by_name`): the process loading an explainer with ``pickle``
+or ``torch.load`` imports this module (which registers the core's operations) and may not have
+imported the library of an integration."""
 
 
 REGISTRY.find_by_name = operation_named

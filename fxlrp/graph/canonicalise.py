@@ -16,6 +16,7 @@ from typing import Any
 from torch import fx, nn
 
 from fxlrp.capture import GRADIENTS_OFF
+from fxlrp.registry import REGISTRY
 from fxlrp.registry.spellings import OUT_OF_PLACE_OPERATORS, VIEW_METADATA_METHODS, out_of_place_method
 from fxlrp.registry.writes import WRITTEN_COPIES, items_set, view_of_written, written_through_view
 
@@ -191,25 +192,19 @@ def _redirect_later_users(old: fx.Node, new: fx.Node, after: fx.Node, order: dic
             user.replace_input_with(old, new)
 
 
-ALIASING = frozenset({
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose", "t",
-    "squeeze", "unsqueeze", "expand", "expand_as", "movedim", "moveaxis", "swapaxes", "swapdims",
-    "narrow", "select", "chunk", "split", "split_with_sizes", "tensor_split", "unbind", "diagonal",
-    "unfold", "as_strided", "contiguous", "to", "type_as", "float", "double", "half", "bfloat16",
-    "real", "imag", "getitem", "__getitem__",
-})
-"""Operations whose result may share memory with their first argument (a view, or the tensor
-itself), so that an in-place write into the result writes into the argument."""
-
 def _may_alias(node: Any) -> bool:
+    """Whether ``node``'s result may share memory with its first argument (a view, or the tensor
+    itself), so that an in-place write into the result writes into the argument: what the
+    registry says of its spelling (:meth:`fxlrp.registry.ValueFlow.may_alias`)."""
     if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
         return False
     if node.op == "call_method":
-        return node.target in ALIASING
-    if node.op == "call_function":
-        return getattr(node.target, "__name__", None) in ALIASING and (
-            node.target is operator.getitem or getattr(node.target, "__module__", "").startswith("torch"))
-    return False
+        operation = REGISTRY.for_method(node.target)
+    elif node.op == "call_function":
+        operation = REGISTRY.for_function(node.target)
+    else:
+        return False
+    return operation is not None and operation.flow.may_alias(node.target)
 
 
 def _write_through_views(graph: fx.Graph, mutated: fx.Node, node: fx.Node, order: dict[fx.Node, float]) -> None:

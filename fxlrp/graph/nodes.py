@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
+from fxlrp.capture.module_state import run_with_detached_parameters
 from fxlrp.registry import Operation
 from fxlrp.relevance.call import RelevanceCall
 
@@ -127,7 +127,7 @@ class RelevanceNode(nn.Module):
             The operation's output, whose backward propagates relevance.
         """
         if torch.compiler.is_compiling():
-            return _run_outside_compilation()(self, *args, **kwargs)
+            return _run_outside_compilation(RelevanceNode.forward)(self, *args, **kwargs)
         return self.operation.explained(self.call, self.function, *args, **kwargs, **self.keywords)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -154,21 +154,21 @@ class RelevanceNode(nn.Module):
         return f"{self.operation.name}, rule={self.call.rule!r}"
 
 
-_outside_compilation: list[Any] = []  # not functools.cache: Dynamo traces through it, with a warning
+_outside_compilation: dict[Callable[..., Any], Any] = {}  # not functools.cache: Dynamo traces through it
 
 
-def _run_outside_compilation() -> Any:
-    """``RelevanceNode.forward`` skipped by TorchDynamo (inside, nothing is compiling: it runs the
-    relevance function). Dynamo cannot trace a relevance function (it
-    builds the inner autograd graph its backward uses, and keeps Python state from forward to
-    backward): under torch.compile(explain) it would break the graph inside and recompile the
-    node's forward for every node until its recompile limit. Skipped, it runs as in eager, once
-    per call. Made at the first compilation, since torch.compiler.disable imports Dynamo, which
-    takes about a second that ``import fxlrp`` should not spend. Compiled explanations:
-    fxlrp.compile."""
-    if not _outside_compilation:
-        _outside_compilation.append(torch.compiler.disable(RelevanceNode.forward))
-    return _outside_compilation[0]
+def _run_outside_compilation(function: Callable[..., Any]) -> Any:
+    """``function`` skipped by TorchDynamo (inside, nothing is compiling). Dynamo cannot trace a
+    relevance function (``RelevanceNode.forward``: it builds the inner autograd graph its backward
+    uses, and keeps Python state from forward to backward), nor a run that swaps a module's
+    parameters under a lock (:func:`~fxlrp.capture.module_state.run_with_detached_parameters`):
+    under torch.compile(explain) it would break the graph inside and recompile the node's forward
+    for every node until its recompile limit. Skipped, it runs as in eager, once per call. Made
+    at the first compilation, since torch.compiler.disable imports Dynamo, which takes about a
+    second that ``import fxlrp`` should not spend. Compiled explanations: fxlrp.compile."""
+    if function not in _outside_compilation:
+        _outside_compilation[function] = torch.compiler.disable(function)
+    return _outside_compilation[function]
 
 
 class PlainCallNode(nn.Module):
@@ -241,7 +241,7 @@ class NativeModuleNode(nn.Module):
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         object.__setattr__(self, "module", out_of_place(module))
-        object.__setattr__(self, "state", detached_state(module))
+        object.__setattr__(self, "holds_tensors", bool(detached_state(module)))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the module with its detached parameters and buffers.
@@ -256,9 +256,11 @@ class NativeModuleNode(nn.Module):
         Any
             The module's output.
         """
-        if self.state:
-            return functional_call(self.module, self.state, args, kwargs)
-        return self.module(*args, **kwargs)
+        if not self.holds_tensors:
+            return self.module(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            return _run_outside_compilation(run_with_detached_parameters)(self.module, args, kwargs, False)
+        return run_with_detached_parameters(self.module, args, kwargs, evaluation=False)
 
     def extra_repr(self) -> str:
         return type(self.module).__name__

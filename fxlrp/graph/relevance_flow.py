@@ -29,7 +29,7 @@ from torch.utils import _pytree
 
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.graph.canonicalise import may_write
-from fxlrp.registry import REGISTRY, Kind, Operation
+from fxlrp.registry import REGISTRY, Kind, Operation, RoleFrom
 
 
 def find_operation(node: fx.Node, modules: dict[str, nn.Module]) -> Operation | None:
@@ -103,7 +103,7 @@ def nodes_that_may_carry_relevance(graph: fx.Graph, modules: dict[str, nn.Module
         if reads_shape and node.args[1] in SHAPE_ATTRIBUTES:
             continue
         if any(source in carrying for source in value_arguments(node, operation)) or (
-                input_relevance is not None and operation is not None and operation.source):
+                input_relevance is not None and operation is not None and operation.propagation.source):
             carrying.add(node)
     return carrying
 
@@ -293,10 +293,11 @@ def nodes_that_may_hold_roles(graph: fx.Graph, operation_of: Callable[[fx.Node],
         if node not in carrying:
             continue
         operation = operation_of(node) if node.op != "placeholder" else None
-        if node.op == "placeholder" or operation is not None and (operation.role or operation.holds_layers):
+        if node.op == "placeholder" or operation is not None and (
+                operation.flow.gives_role or operation.propagation.holds_layers):
             holding.add(node)
-        elif (operation is None or operation.kind is Kind.NATIVE or operation.shares_role) and any(
-                source in holding for source in node.all_input_nodes):
+        elif (operation is None or operation.propagation.kind is Kind.NATIVE
+              or operation.flow.role is RoleFrom.SHARED) and any(source in holding for source in node.all_input_nodes):
             holding.add(node)
     return holding
 
@@ -310,12 +311,12 @@ def nodes_known_non_negative(graph: fx.Graph, operation_of: Callable[[fx.Node], 
     """Nodes whose values are never negative, known from the graph alone, without reading a value.
 
     A node is if its registered operation says so of the call
-    (:attr:`~fxlrp.registry.Operation.non_negative`) given what is known of its arguments: a
+    (:attr:`~fxlrp.registry.ValueFlow.non_negative`) given what is known of its arguments: a
     ReLU's, softmax's or sigmoid's output; a pooling, sum, product, concatenation or view of such
     values. The graph is in canonical form (every value written once), so a value known here is
     the value every later reader sees, unless code the graph does not show may write into it: a
     value read by a call without a registered operation or by a part that runs code of its own
-    (:attr:`~fxlrp.registry.Operation.holds_layers`) is not known. The graph's inputs and
+    (a propagation that ``holds_layers``) is not known. The graph's inputs and
     constants are not known either.
 
     Parameters
@@ -347,11 +348,12 @@ def nodes_known_non_negative(graph: fx.Graph, operation_of: Callable[[fx.Node], 
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         operation = operation_of(node)
-        if operation is None or operation.holds_layers:
+        if operation is None or operation.propagation.holds_layers:
             known_nodes.difference_update(node.all_input_nodes)  # (it may write into them)
             continue
         spelling = modules[node.target] if node.op == "call_module" else node.target
-        if operation.non_negative is not None and operation.non_negative(spelling, node.args, node.kwargs, known):
+        non_negative = operation.flow.non_negative
+        if non_negative is not None and non_negative(spelling, node.args, node.kwargs, known):
             known_nodes.add(node)
     return known_nodes
 
@@ -377,18 +379,14 @@ def relevance_factors(node: fx.Node, operation: Operation, carrying: set[fx.Node
     int
         The number of relevance-carrying factors; 0 for operations that are no products.
     """
-    if operation.factors is None:
+    if operation.propagation.factors is None:
         return 0
-    factors = operation.factors(node.args, node.kwargs)
+    factors = operation.propagation.factors(node.args, node.kwargs)
     return sum(isinstance(factor, fx.Node) and factor in carrying for factor in factors)
 
 
-# Positions of index arguments: an index selects values but contributes none of its own.
-_INDEX_POSITION_BY_NAME = {
-    "getitem": 1, "index_select": 2, "gather": 2, "index_add": 2, "scatter_add": 2, "scatter": 2,
-    "scatter_reduce": 2, "index_fill": 2, "index_copy": 2, "take_along_dim": 1, "index_put": 1,
-    "repeat_interleave": 1,
-}
+# Keyword arguments that are indices whatever the operation: an index selects values but
+# contributes none of its own.
 _INDEX_KEYWORDS = {"index", "indices", "indptr", "repeats", "dim_size", "batch", "ptr", "num_nodes", "size"}
 
 
@@ -400,21 +398,19 @@ def value_arguments(node: fx.Node, operation: Operation | None = None) -> list[f
     node : fx.Node
         The node.
     operation : Operation, optional
-        Its registered operation, whose ``index_arguments`` (library functions declare theirs)
-        name the index arguments; for torch's own functions and methods, the index positions of
-        their signatures are known here.
+        Its registered operation, whose :attr:`~fxlrp.registry.ValueFlow.index_arguments` name
+        the positions of the index arguments.
 
     Returns
     -------
     list of fx.Node
         The nodes among its arguments that are no indices.
     """
-    target = node.target
-    name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    if operation is not None and operation.index_arguments and node.op == "call_function":
-        positions = set(operation.index_arguments)
-    else:
-        positions = {_INDEX_POSITION_BY_NAME.get(name)}
+    positions: tuple[int, ...] = ()
+    if operation is not None and node.op in ("call_function", "call_method"):
+        target = node.target
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        positions = operation.flow.index_positions(name)
     arguments = [value for index, value in enumerate(node.args) if index not in positions]
     arguments += [value for key, value in node.kwargs.items() if key not in _INDEX_KEYWORDS]
     found: list[fx.Node] = []

@@ -265,7 +265,7 @@ class Rewriter:
                 unsupported.append(node)
                 self._keep_native(node, operation=None)
                 continue
-            if operation.relevance is None:
+            if operation.propagation.relevance is None:
                 self._keep_native(node, operation)
             elif node not in returning and self._native_equals_explained(node, operation):
                 # A parameter transform (weight standardisation's F.batch_norm on the weights), a
@@ -308,7 +308,7 @@ class Rewriter:
         explanation-time semantics: operations that are the identity then (dropout, Kind.NATIVE
         with a relevance function), modules in training mode, and a call in training form handed
         running statistics, which it would update (BatchNorm is explained with them)."""
-        if operation.kind is Kind.NATIVE:
+        if operation.propagation.kind is Kind.NATIVE:
             return False
         if node.op == "call_module":
             return not any(module.training for module in self.modules[node.target].modules())
@@ -339,7 +339,7 @@ class Rewriter:
         ``factors``: how many factors of a product may carry relevance; ``inputs_non_negative``:
         whether those that may carry relevance are known never to be negative."""
         module_name, module_type = enclosing_module(node, self.modules)
-        site = Site(node.name, operation.name, operation.weighted, module_name, module_type,
+        site = Site(node.name, operation.name, operation.propagation.weighted, module_name, module_type,
                     is_first_layer, is_module_call=node.op == "call_module", relevance_factors=factors)
         rule = self.composite.resolve(site, operation)
         call = RelevanceCall(rule, self.options.warn_lost_relevance, site=site, composite=self.composite,
@@ -347,7 +347,7 @@ class Rewriter:
                              inputs_non_negative=inputs_non_negative)
         if node.op == "call_module":
             module = out_of_place(self.modules[node.target])
-            to_function = operation.module_function or (lambda module, state: (module, {}))
+            to_function = operation.spelling.module_function or (lambda module, state: (module, {}))
             function, keywords = to_function(module, detached_state(module))
         elif node.op == "call_method":
             function, keywords = method(node.target), {}
@@ -361,7 +361,7 @@ class Rewriter:
         if operation.name == "eager":
             self._report(node, operation.name, "eager", "chosen per operation as it runs")
             return
-        handling = handling_of(operation.kind)
+        handling = handling_of(operation.propagation.kind)
         self._report(node, operation.name, handling, rule)
 
     def _plain_call(self, node: fx.Node, operation: Operation, rule: Any, factors: int) -> Any:
@@ -374,9 +374,9 @@ class Rewriter:
         products with one relevance-carrying factor under LRP-0)."""
         if self.options.named_nodes or node in self.holding:
             return None
-        if operation.moves_values:
+        if operation.flow.moves_values:
             return called
-        plain = operation.gradient_native
+        plain = operation.propagation.gradient_native
         if (self.options.gradient_form and plain is not None and factors < 2
                 and plain.holds(rule, self.options.warn_lost_relevance)):
             return plain.call
@@ -390,10 +390,11 @@ class Rewriter:
         if not isinstance(producer, fx.Node) or len(producer.users) != 1 or producer.op != "call_module":
             return False
         module = getattr(self.root, producer.target, None)
-        if not isinstance(module, RelevanceNode) or module.operation.kind is not Kind.AFFINE:
+        if not isinstance(module, RelevanceNode) or module.operation.propagation.kind is not Kind.AFFINE:
             return False
         # Rectified in place, the output must be one its own backward does not read.
-        return module.operation.weighted or module.operation.output_free_backward
+        propagation = module.operation.propagation
+        return propagation.weighted or propagation.output_free_backward
 
 
     def _install(self, node: fx.Node, module: nn.Module) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.operations.helpers import module_as_function
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Operation, Routed, Spelling, register
 from fxlrp.relevance.call import RelevanceCall
 
 try:
@@ -42,13 +42,13 @@ if bitsandbytes is not None:
     register(
         Operation(
             "bitsandbytes_linear",
-            Kind.NATIVE,
-            functions=(bitsandbytes.matmul, bitsandbytes.matmul_4bit),
-            modules=(Linear8bitLt, Linear4bit),
-            subclasses=True,
-            relevance=refused,
-            module_function=module_as_function,
-            leaf=True,  # (not traced into: their forward writes into the layer's quantization state)
+            Spelling(
+                functions=(bitsandbytes.matmul, bitsandbytes.matmul_4bit),
+                module_bases=(Linear8bitLt, Linear4bit),
+                module_function=module_as_function,
+                leaf=True,  # (not traced into: their forward writes into the layer's quantization state)
+            ),
+            Routed(refused),
             description="bitsandbytes' 8-bit and 4-bit linear layers: refused (see docs/large-models.md)",
         )
     )

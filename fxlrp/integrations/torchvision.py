@@ -27,7 +27,7 @@ from fxlrp.explain.input_checks import vanished_relevance
 from fxlrp.explain.targets import box_pixels
 from fxlrp.operations.helpers import affine, identity
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import REGISTRY, Affine, Native, Operation, Routed, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
@@ -43,9 +43,8 @@ if stochastic_depth is not None:
     register(
         Operation(
             "stochastic_depth",
-            Kind.NATIVE,
-            functions=(stochastic_depth,),
-            relevance=identity,
+            Spelling(functions=(stochastic_depth,)),
+            Routed(identity),
             description="stochastic depth: the identity at explanation time",
         )
     )
@@ -53,26 +52,24 @@ if swin_transformer is not None:
     register(
         Operation(
             "window_attention",
-            Kind.AFFINE,
-            functions=(swin_transformer.shifted_window_attention,),
-            relevance=interpret,
-            weighted=True,
+            Spelling(functions=(swin_transformer.shifted_window_attention,)),
+            Affine(interpret, weighted=True),
             description="Swin window attention, run with relevance functions inside",
         )
     )
     register(
         Operation(
             "patch_merging_pad",
-            Kind.NATIVE,
-            functions=(swin_transformer._patch_merging_pad,),
+            Spelling(functions=(swin_transformer._patch_merging_pad,)),
+            Native(),
             description="Swin patch merging: padding and strided slices (a copy)",
         )
     )
     register(
         Operation(
             "relative_position_bias",
-            Kind.NATIVE,
-            functions=(swin_transformer._get_relative_position_bias,),
+            Spelling(functions=(swin_transformer._get_relative_position_bias,)),
+            Native(),
             description="Swin relative position bias: from parameters only, carries no relevance",
         )
     )
@@ -169,12 +166,12 @@ if roi_align is not None:
     register(
         Operation(
             "roi_align",
-            Kind.AFFINE,
-            functions=(roi_align, torch.ops.torchvision.roi_align, ps_roi_align, ps_roi_pool, *_PAIRED_OPERATORS),
-            relevance=region_average,
-            default_rule=proportional,
-            leaf=True,  # (torchvision's Python functions branch on their inputs: recorded as one call)
-            index_arguments=(1,),
+            Spelling(
+                functions=(roi_align, torch.ops.torchvision.roi_align, ps_roi_align, ps_roi_pool, *_PAIRED_OPERATORS),
+                leaf=True,  # (torchvision's Python functions branch on their inputs: recorded as one call)
+            ),
+            Affine(region_average, default_rule=proportional),
+            ValueFlow(index_arguments=(1,)),
             description="RoIAlign (position-sensitive RoIAlign and RoIPool): for fixed boxes a linear map of the "
             "features (averages of bilinear samples), z-rule; the boxes get no relevance",
         )
@@ -182,11 +179,9 @@ if roi_align is not None:
     register(
         Operation(
             "roi_pool",
-            Kind.NATIVE,
-            functions=(roi_pool, torch.ops.torchvision.roi_pool),
-            relevance=region_maximum,
-            leaf=True,
-            index_arguments=(1,),
+            Spelling(functions=(roi_pool, torch.ops.torchvision.roi_pool), leaf=True),
+            Routed(region_maximum),
+            ValueFlow(index_arguments=(1,)),
             description="RoIPool: the largest value of each bin of a fixed box, winner-take-all (native backward)",
         )
     )
@@ -507,15 +502,17 @@ class _PassingGradient(torch.autograd.Function):
 class _SquashingPassesGradients(TorchFunctionMode):
     """Softmax and sigmoid (functions and methods) whose backward passes the gradient unchanged:
     where a detection's score comes from is a matter of which elements it is selected from, not of
-    how steep the squashing is there."""
+    how steep the squashing is there. Which calls squash the registry says
+    (:attr:`~fxlrp.registry.ValueFlow.saturates`)."""
 
-    SQUASHING = frozenset({torch.softmax, torch.sigmoid, torch.nn.functional.softmax, torch.nn.functional.sigmoid,
-                           Tensor.softmax, Tensor.sigmoid})
+    def __init__(self) -> None:
+        super().__init__()
+        self.squashing = REGISTRY.callables_where(lambda operation: operation.flow.saturates)
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         value = func(*args, **(kwargs or {}))
-        if func in self.SQUASHING and isinstance(args[0], Tensor) and args[0].requires_grad:
+        if func in self.squashing and isinstance(args[0], Tensor) and args[0].requires_grad:
             return _PassingGradient.apply(value.detach(), args[0])
         return value
 
@@ -601,10 +598,8 @@ if roi_align is not None:
     register(
         Operation(
             "multi_scale_roi_align",
-            Kind.AFFINE,
-            modules=(MultiScaleRoIAlign,),
-            relevance=multi_scale_region_average,
-            default_rule=proportional,
+            Spelling(modules=(MultiScaleRoIAlign,)),
+            Affine(multi_scale_region_average, default_rule=proportional),
             description="MultiScaleRoIAlign: RoIAlign on each box's level of the feature pyramid, run with relevance "
             "functions inside; the boxes get no relevance",
         )
@@ -695,12 +690,9 @@ if BoxCoder is not None:
     register(
         Operation(
             "box_decoding",
-            Kind.AFFINE,
-            functions=(BoxCoder.decode_single,),
-            relevance=box_decoding,
-            default_rule=proportional,
-            leaf=True,
-            index_arguments=(2,),
+            Spelling(functions=(BoxCoder.decode_single,), leaf=True),
+            Affine(box_decoding, default_rule=proportional),
+            ValueFlow(index_arguments=(2,)),
             description="box decoding (BoxCoder.decode_single): each coordinate the sum of the reference box's "
             "(a constant), the predicted shift's and the predicted resize's (e^d - 1) terms, z-rule",
         )
@@ -717,10 +709,8 @@ if swin_transformer_3d is not None:
     register(
         Operation(
             "window_attention_3d",
-            Kind.AFFINE,
-            functions=(swin_transformer_3d.shifted_window_attention_3d,),
-            relevance=interpret,
-            weighted=True,
+            Spelling(functions=(swin_transformer_3d.shifted_window_attention_3d,)),
+            Affine(interpret, weighted=True),
             description="Swin3D window attention, run with relevance functions inside (as the 2D one)",
         )
     )
@@ -728,18 +718,16 @@ if mvit is not None:
     register(
         Operation(
             "mvit_reshape",
-            Kind.NATIVE,
-            functions=(mvit._unsqueeze, mvit._squeeze),
+            Spelling(functions=(mvit._unsqueeze, mvit._squeeze)),
+            Native(),
             description="MViT's adding and removing of a dimension: a view, routed by its native backward",
         )
     )
     register(
         Operation(
             "mvit_attention_pieces",
-            Kind.AFFINE,
-            functions=(mvit._add_rel_pos, mvit._add_shortcut),
-            relevance=interpret,
-            weighted=True,
+            Spelling(functions=(mvit._add_rel_pos, mvit._add_shortcut)),
+            Affine(interpret, weighted=True),
             description="MViT's relative positions added to the attention scores (q times the position tables: linear "
             "in q) and its pooled shortcut (a sum), run with relevance functions inside",
         )

@@ -35,7 +35,7 @@ from transformers import activations
 from fxlrp.eager.interpret import interpret
 from fxlrp.operations.helpers import module_as_function, passes
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, Pass, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.roles import ACTIVATION
 
@@ -107,17 +107,18 @@ def activation_module(call: RelevanceCall, function: Callable[..., Tensor], *arg
 TRANSFORMERS_ACTIVATION = register(
     Operation(
         "transformers_activation",
-        Kind.PASS,
-        # The forward functions are intercepted when a model runs eagerly (their ``self`` carries
-        # no relevance, so relevance passes to the input); the module types keep a captured
-        # graph's call as one node.
-        functions=(*dict.fromkeys(module_type.forward for module_type in ACTIVATION_MODULES),
-                   *_family_functions(_MODEL_ACTIVATION_FUNCTIONS, "gelu")),
-        modules=ACTIVATION_MODULES,
-        relevance=activation_module,
-        role=ACTIVATION,
-        module_function=module_as_function,
-        leaf=True,
+        Spelling(
+            # The forward functions are intercepted when a model runs eagerly (their ``self`` carries
+            # no relevance, so relevance passes to the input); the module types keep a captured
+            # graph's call as one node.
+            functions=(*dict.fromkeys(module_type.forward for module_type in ACTIVATION_MODULES),
+                       *_family_functions(_MODEL_ACTIVATION_FUNCTIONS, "gelu")),
+            modules=ACTIVATION_MODULES,
+            module_function=module_as_function,
+            leaf=True,
+        ),
+        Pass(activation_module),
+        ValueFlow(role=ACTIVATION),
         description="Hugging Face transformers' activation modules (gelu_new, gelu_fast, quick_gelu, ...): "
         "smooth elementwise activations, identity rule R_in = R_out",
     )
@@ -186,11 +187,8 @@ def _gated(output: Tensor, z: Tensor) -> Tensor:
 SELECTIVE_SCAN = register(
     Operation(
         "selective_scan",
-        Kind.AFFINE,
-        functions=_family_functions(SCAN_FAMILIES, "mamba_selective_scan"),
-        relevance=selective_scan,
-        default_rule=proportional,
-        leaf=True,
+        Spelling(functions=_family_functions(SCAN_FAMILIES, "mamba_selective_scan"), leaf=True),
+        Affine(selective_scan, default_rule=proportional),
         description="Mamba's selective scan (MambaLRP): dt, B, C and the decay exp(dt A) held constant, "
         "the z-rule on the linear map of u that remains; the gate silu(z) by the silu and mul rules",
     )
@@ -212,11 +210,8 @@ def chunked_selective_scan(call: RelevanceCall, function: Callable[..., Any], hi
 CHUNKED_SELECTIVE_SCAN = register(
     Operation(
         "chunked_selective_scan",
-        Kind.AFFINE,
-        functions=_family_functions(CHUNKED_SCAN_FAMILIES, "mamba2_chunk_scan"),
-        relevance=chunked_selective_scan,
-        default_rule=proportional,
-        leaf=True,
+        Spelling(functions=_family_functions(CHUNKED_SCAN_FAMILIES, "mamba2_chunk_scan"), leaf=True),
+        Affine(chunked_selective_scan, default_rule=proportional),
         description="Mamba-2's chunked selective scan (MambaLRP): dt, B, C and the decays held constant, "
         "the z-rule on the linear map of x that remains",
     )
@@ -250,11 +245,8 @@ def routed_experts(call: RelevanceCall, function: Callable[..., Any], experts: A
 ROUTED_EXPERTS = register(
     Operation(
         "routed_experts",
-        Kind.AFFINE,
-        functions=_experts_functions(),
-        relevance=routed_experts,
-        weighted=True,
-        leaf=True,
+        Spelling(functions=_experts_functions(), leaf=True),
+        Affine(routed_experts, weighted=True),
         description="mixture-of-experts layer (transformers' batched_mm and grouped_mm experts): the router's "
         "top-k weights held constant (a gate), the experts run with their rules inside",
     )

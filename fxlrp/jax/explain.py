@@ -161,9 +161,10 @@ def _plan(found: list[Group], composite: Composite, program: Program) -> list[tu
             rule = Pass()
         elif group.kind == "affine":
             operation = registered_operation(group.operation)
-            candidate = composite.counts_as_first_layer(group.operation, operation.weighted)
+            weighted = operation.propagation.weighted
+            candidate = composite.counts_as_first_layer(group.operation, weighted)
             first = candidate and not any(id(var) in after_first for var in group.carrying)
-            site = Site(f"{group.operation}_{number}", group.operation, operation.weighted, None, None, first,
+            site = Site(f"{group.operation}_{number}", group.operation, weighted, None, None, first,
                         relevance_factors=len(group.carrying) if group.operation in ("mul", "matmul") else 0)
             rule = composite.resolve(site, operation)
             if rule is None:

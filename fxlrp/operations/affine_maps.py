@@ -28,7 +28,7 @@ from torch import Tensor
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine
 from fxlrp.operations.products import multilinear
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, Spelling, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
 
@@ -87,14 +87,14 @@ def _register(name: str, first: str, second: str, description: str) -> None:
     register(
         Operation(
             name,
-            Kind.AFFINE,
-            functions=(getattr(torch, name),),
-            methods=(name,),
-            relevance=added_product,
-            # at most one relevance-carrying factor: an affine map of the carriers (LRP-0: its gradient)
-            gradient_native=NATIVE_UNDER_NATIVE_RULE,
-            weighted=True,
-            factors=added_product.factors,
+            Spelling(functions=(getattr(torch, name),), methods=(name,)),
+            Affine(
+                added_product,
+                factors=added_product.factors,
+                weighted=True,
+                # at most one relevance-carrying factor: an affine map of the carriers (LRP-0: its gradient)
+                gradient_native=NATIVE_UNDER_NATIVE_RULE,
+            ),
             description=description,
         )
     )

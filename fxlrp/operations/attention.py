@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from fxlrp.operations.helpers import bind, module_as_function, never_negative
 from fxlrp.operations.products import receiving
-from fxlrp.registry import REGISTRY, Kind, Operation, register
+from fxlrp.registry import REGISTRY, Affine, Operation, Spelling, ValueFlow, register
 from fxlrp.relevance import AffineLayer
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
@@ -62,15 +62,14 @@ def softmax_dimension(function: Any, input: Tensor, args: tuple, kwargs: dict[st
 register(
     Operation(
         "softmax",
-        Kind.AFFINE,
-        non_negative=never_negative,
-        functions=(F.softmax, torch.softmax),
-        methods=("softmax",),
-        modules=(nn.Softmax,),
-        relevance=softmax,
-        role=weights_role,
-        module_function=module_as_function,
-        default_rule=SoftmaxRule,
+        Spelling(
+            functions=(F.softmax, torch.softmax),
+            methods=("softmax",),
+            modules=(nn.Softmax,),
+            module_function=module_as_function,
+        ),
+        Affine(softmax, default_rule=SoftmaxRule),
+        ValueFlow(non_negative=never_negative, role=weights_role, saturates=True),
         description="softmax: AttnLRP rule R_in = x (R - s sum R); output marked as attention weights",
     )
 )
@@ -252,7 +251,7 @@ def attention_rules(
     interpretation = call.rules_inside()
     # q k^T is the decomposition's first operation: the first layer if the call may hold it
     scores_first = interpretation.holds_first_layer and interpretation.composite.counts_as_first_layer(
-        "matmul", REGISTRY.operations["matmul"].weighted)
+        "matmul", REGISTRY.operations["matmul"].propagation.weighted)
 
     def rule(operation: str, factors: int, first: bool = False) -> Any:
         return interpretation.rule_for(REGISTRY.operations[operation], None, first, factors)
@@ -440,10 +439,8 @@ def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
 register(
     Operation(
         "attention",
-        Kind.AFFINE,
-        functions=(F.scaled_dot_product_attention,),
-        relevance=scaled_dot_product_attention,
-        default_rule=Product,
+        Spelling(functions=(F.scaled_dot_product_attention,)),
+        Affine(scaled_dot_product_attention, default_rule=Product),
         description="scaled dot-product attention: softmax rule and Product rule on its decomposition",
     )
 )
@@ -557,10 +554,8 @@ def multi_head_attention_forward(call: RelevanceCall, function: Any, *args: Any,
 register(
     Operation(
         "multihead_attention_forward",
-        Kind.AFFINE,
-        functions=(F.multi_head_attention_forward,),
-        relevance=multi_head_attention_forward,
-        weighted=True,
+        Spelling(functions=(F.multi_head_attention_forward,)),
+        Affine(multi_head_attention_forward, weighted=True),
         description="F.multi_head_attention_forward (nn.MultiheadAttention in code run eagerly): its decomposition",
     )
 )
@@ -590,11 +585,8 @@ def _evaluation_copy(module: nn.Module) -> nn.Module:
 register(
     Operation(
         "multihead_attention",
-        Kind.AFFINE,
-        modules=(nn.MultiheadAttention,),
-        relevance=multi_head_attention,
-        module_function=multi_head_attention_module,
-        weighted=True,
+        Spelling(modules=(nn.MultiheadAttention,), module_function=multi_head_attention_module),
+        Affine(multi_head_attention, weighted=True),
         description="nn.MultiheadAttention: projections by the layer rule, products by the Product rule, softmax rule",
     )
 )

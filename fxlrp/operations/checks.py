@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Native, Operation, Spelling, register
 
 register(
     Operation(
         "assert",
-        Kind.NATIVE,
-        functions=(torch._assert,),
+        Spelling(functions=(torch._assert,)),
+        Native(),
         description="torch._assert: a check, carries no relevance",
     )
 )

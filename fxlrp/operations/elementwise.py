@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fxlrp.operations.helpers import NATIVE_WITH_ONE_CARRIER, module_as_function, never_negative, passes
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Operation, Pass, RoleFrom, Routed, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.roles import ACTIVATION
@@ -46,26 +46,29 @@ def clipping(call: RelevanceCall, function: Callable[..., Tensor], input: Any, *
 register(
     Operation(
         "relu",
-        Kind.NATIVE,
-        non_negative=never_negative,
-        functions=(F.relu, torch.relu),
-        methods=("relu",),
-        modules=(nn.ReLU,),
-        relevance=rectified,
-        module_function=module_as_function,
+        Spelling(
+            functions=(F.relu, torch.relu),
+            methods=("relu",),
+            modules=(nn.ReLU,),
+            module_function=module_as_function,
+        ),
+        Routed(rectified),
+        ValueFlow(non_negative=never_negative, keeps_rank=True),
         description="ReLU: native backward passes relevance where the unit is active",
     )
 )
 register(
     Operation(
         "clip",
-        Kind.NATIVE,
-        functions=(F.relu6, F.hardtanh, F.threshold, torch.threshold, torch.clamp, torch.clip, F.hardshrink,
-                   torch.hardshrink),
-        methods=("clamp", "clip", "clamp_min", "clamp_max", "hardshrink"),
-        modules=(nn.ReLU6, nn.Hardtanh, nn.Threshold, nn.Hardshrink),
-        relevance=clipping,
-        module_function=module_as_function,
+        Spelling(
+            functions=(F.relu6, F.hardtanh, F.threshold, torch.threshold, torch.clamp, torch.clip, F.hardshrink,
+                       torch.hardshrink),
+            methods=("clamp", "clip", "clamp_min", "clamp_max", "hardshrink"),
+            modules=(nn.ReLU6, nn.Hardtanh, nn.Threshold, nn.Hardshrink),
+            module_function=module_as_function,
+        ),
+        Routed(clipping),
+        ValueFlow(keeps_rank=True),
         description="activations that clip (output = input or a constant): native backward passes "
         "relevance where the output is the input",
     )
@@ -84,22 +87,21 @@ def prelu_module(module: nn.PReLU, parameters: dict[str, Any]) -> tuple[Callable
 register(
     Operation(
         "prelu",
-        Kind.NATIVE,
-        functions=(F.prelu, torch.prelu),
-        modules=(nn.PReLU,),
-        relevance=slope_scaled,
-        module_function=prelu_module,
+        Spelling(functions=(F.prelu, torch.prelu), modules=(nn.PReLU,), module_function=prelu_module),
+        Routed(slope_scaled),
         description="parametric ReLU: native backward (relevance scaled by the slope where negative)",
     )
 )
 register(
     Operation(
         "leaky_relu",
-        Kind.PASS,
-        functions=(F.leaky_relu, torch._C._nn.leaky_relu),
-        modules=(nn.LeakyReLU,),
-        relevance=passes((0,), recomputable=True),
-        module_function=module_as_function,
+        Spelling(
+            functions=(F.leaky_relu, torch._C._nn.leaky_relu),
+            modules=(nn.LeakyReLU,),
+            module_function=module_as_function,
+        ),
+        Pass(passes((0,), recomputable=True)),
+        ValueFlow(keeps_rank=True),
         description="leaky ReLU: identity rule, R_in = R_out (its native backward would scale "
         "relevance by the negative slope; for y = a x the z-rule gives x a / y R = R)",
     )
@@ -108,11 +110,12 @@ register(
 register(
     Operation(
         "abs",
-        Kind.PASS,
-        non_negative=never_negative,
-        functions=(torch.abs, torch.absolute, operator.abs, builtins.abs),
-        methods=("abs", "absolute", "__abs__"),
-        relevance=passes((0,), recomputable=True),
+        Spelling(
+            functions=(torch.abs, torch.absolute, operator.abs, builtins.abs),
+            methods=("abs", "absolute", "__abs__"),
+        ),
+        Pass(passes((0,), recomputable=True)),
+        ValueFlow(non_negative=never_negative),
         description="absolute value, piecewise linear: identity rule, R_in = R_out (for y = sign(x) x "
         "the z-rule gives x sign(x) / |x| R = R, which is also gradient x input)",
     )
@@ -125,39 +128,38 @@ SMOOTH_ACTIVATION_MODULES = (
 register(
     Operation(
         "activation",
-        Kind.PASS,
-        functions=(
-            F.gelu, F.silu, F.tanh, F.elu, F.celu, F.selu, F.softplus, F.mish,
-            F.hardswish, F.logsigmoid, F.softsign, F.tanhshrink,
-            torch.tanh, torch.selu, torch.celu, torch.nn.functional.elu,
+        Spelling(
+            functions=(
+                F.gelu, F.silu, F.tanh, F.elu, F.celu, F.selu, F.softplus, F.mish,
+                F.hardswish, F.logsigmoid, F.softsign, F.tanhshrink,
+                torch.tanh, torch.selu, torch.celu, torch.nn.functional.elu,
+            ),
+            methods=("tanh",),
+            modules=SMOOTH_ACTIVATION_MODULES,
+            module_function=module_as_function,
         ),
-        methods=("tanh",),
-        modules=SMOOTH_ACTIVATION_MODULES,
-        relevance=passes((0,), recomputable=True),
-        role=ACTIVATION,
-        module_function=module_as_function,
+        Pass(passes((0,), recomputable=True)),
+        ValueFlow(role=ACTIVATION, keeps_rank=True),
         description="smooth activations: identity rule, R_in = R_out",
     )
 )
 register(
     Operation(
         "div",
-        Kind.PASS,
-        functions=(operator.truediv, torch.div, torch.true_divide, torch.divide),
-        methods=("div", "divide", "true_divide", "__truediv__"),
-        relevance=passes((0,)),
+        Spelling(
+            functions=(operator.truediv, torch.div, torch.true_divide, torch.divide),
+            methods=("div", "divide", "true_divide", "__truediv__"),
+        ),
+        Pass(passes((0,))),
         description="quotient: the denominator is treated as a constant, relevance passes to the numerator",
     )
 )
 register(
     Operation(
         "neg",
-        Kind.PASS,
-        functions=(operator.neg, torch.neg, torch.negative),
-        methods=("neg", "negative", "__neg__"),
-        relevance=passes((0,), linear=True),
-        gradient_native=NATIVE_WITH_ONE_CARRIER,
-        shares_role=True,
+        Spelling(functions=(operator.neg, torch.neg, torch.negative), methods=("neg", "negative", "__neg__")),
+        Pass(passes((0,), linear=True), gradient_native=NATIVE_WITH_ONE_CARRIER),
+        ValueFlow(role=RoleFrom.SHARED),
         description="negation: R_in = R_out",
     )
 )

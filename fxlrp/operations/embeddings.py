@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, Routed, Spelling, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.sources import relevance_source
@@ -48,12 +48,8 @@ def embedding_module(module: nn.Embedding, parameters: dict[str, Any]) -> tuple[
 register(
     Operation(
         "embedding",
-        Kind.NATIVE,
-        functions=(F.embedding, torch.embedding),
-        modules=(nn.Embedding,),
-        relevance=lookup,
-        module_function=embedding_module,
-        source=True,
+        Spelling(functions=(F.embedding, torch.embedding), modules=(nn.Embedding,), module_function=embedding_module),
+        Routed(lookup, source=True),
         description="embedding lookup: the input layer of token ids; relevance ends at its output",
     )
 )
@@ -142,13 +138,8 @@ def embedding_bag_module(module: nn.EmbeddingBag, parameters: dict[str, Any]):
 register(
     Operation(
         "embedding_bag",
-        Kind.AFFINE,
-        functions=(F.embedding_bag,),
-        modules=(nn.EmbeddingBag,),
-        relevance=embedding_bag,
-        module_function=embedding_bag_module,
-        source=True,
-        default_rule=proportional,
+        Spelling(functions=(F.embedding_bag,), modules=(nn.EmbeddingBag,), module_function=embedding_bag_module),
+        Affine(embedding_bag, default_rule=proportional, source=True),
         description="embedding bag: token lookups (relevance sources) summed or averaged per bag (z-rule), "
         "or their maximum (winner takes all)",
     )

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fxlrp.operations.helpers import bind, module_as_function, never_negative
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Operation, Pass, Spelling, ValueFlow, register
 from fxlrp.relevance import apply_pass
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.roles import GATE
@@ -34,14 +34,14 @@ def gate(call: RelevanceCall, function: Callable[..., Tensor], input: Any, *args
 register(
     Operation(
         "gate",
-        Kind.PASS,
-        non_negative=never_negative,
-        functions=(F.sigmoid, torch.sigmoid, F.hardsigmoid),
-        methods=("sigmoid",),
-        modules=(nn.Sigmoid, nn.Hardsigmoid),
-        relevance=gate,
-        role=GATE,
-        module_function=module_as_function,
+        Spelling(
+            functions=(F.sigmoid, torch.sigmoid, F.hardsigmoid),
+            methods=("sigmoid",),
+            modules=(nn.Sigmoid, nn.Hardsigmoid),
+            module_function=module_as_function,
+        ),
+        Pass(gate),
+        ValueFlow(non_negative=never_negative, role=GATE, keeps_rank=True, saturates=True),
         description="sigmoid, hardsigmoid: identity rule; the output is a gate (no relevance in x * gate by default)",
     )
 )
@@ -67,11 +67,8 @@ def glu_module(module: nn.GLU, parameters: dict[str, Any]) -> tuple[Callable[...
 register(
     Operation(
         "glu",
-        Kind.PASS,
-        functions=(F.glu,),
-        modules=(nn.GLU,),
-        relevance=gated_linear_unit,
-        module_function=glu_module,
+        Spelling(functions=(F.glu,), modules=(nn.GLU,), module_function=glu_module),
+        Pass(gated_linear_unit),
         description="gated linear unit a * sigmoid(b): the product, the sigmoid a gate",
     )
 )

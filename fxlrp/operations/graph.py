@@ -26,7 +26,7 @@ from torch import Tensor
 from fxlrp.operations.helpers import bind
 from fxlrp.operations.scatter_library import scatter_functions
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import AttentionAsConstant
 from fxlrp.rules.attention import GRAPH_SOFTMAX
@@ -42,11 +42,9 @@ def group_softmax(call: RelevanceCall, function: Any, src: Tensor, *args: Any, *
 register(
     Operation(
         GRAPH_SOFTMAX,
-        Kind.AFFINE,
-        functions=scatter_functions(("scatter_softmax",)),
-        index_arguments=(1,),
-        relevance=group_softmax,
-        default_rule=proportional,
+        Spelling(functions=scatter_functions(("scatter_softmax",))),
+        Affine(group_softmax, default_rule=proportional),
+        ValueFlow(index_arguments=(1,)),
         description="softmax over groups of edges (attention): AttnLRP's rule R(a) = a (R - s sum R); "
         "AttentionAsConstant gives CP-LRP",
     )

@@ -22,14 +22,14 @@ product with constants): their own call in the gradient form."""
 
 
 def never_negative(spelling: Any, args: Sequence[Any], kwargs: Mapping[str, Any], known: Callable[[Any], bool]) -> bool:
-    """:attr:`~fxlrp.registry.Operation.non_negative` of an operation whose output is never
+    """:attr:`~fxlrp.registry.ValueFlow.non_negative` of an operation whose output is never
     negative whatever its inputs (ReLU, softmax, sigmoid)."""
     return True
 
 
 def non_negative_where_arguments_are(spelling: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
                                      known: Callable[[Any], bool]) -> bool:
-    """:attr:`~fxlrp.registry.Operation.non_negative` of a sum, average, maximum, product or move
+    """:attr:`~fxlrp.registry.ValueFlow.non_negative` of a sum, average, maximum, product or move
     of values: never negative where no argument is, numbers included (``x + 1`` is not negative
     where ``x`` is not, ``x - 1`` may be). Negative numbers that are no values (a dimension of
     -1) make it unknown, which only keeps the terms a rule could have left out."""

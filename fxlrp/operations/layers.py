@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, weighted
 from fxlrp.operations.normalization import normalisation, scaled_and_shifted
-from fxlrp.registry import Kind, NativeInGradientForm, Operation, register
+from fxlrp.registry import Affine, NativeInGradientForm, Operation, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.tracing import values_read_on_host
@@ -156,13 +156,9 @@ def linear_module(module: nn.Linear, parameters: dict[str, Any]):
 register(
     Operation(
         "linear",
-        Kind.AFFINE,
-        functions=(F.linear,),
-        modules=(nn.Linear,),
-        relevance=linear,
-        gradient_native=NativeInGradientForm(call=linear_on_matrix_rows),
-        module_function=linear_module,
-        weighted=True,
+        Spelling(functions=(F.linear,), modules=(nn.Linear,), module_function=linear_module),
+        Affine(linear, weighted=True, gradient_native=NativeInGradientForm(call=linear_on_matrix_rows)),
+        ValueFlow(keeps_rank=True),
         description="y = x W^T + b",
     )
 )
@@ -197,13 +193,13 @@ def convolution_module(module: nn.modules.conv._ConvNd, parameters: dict[str, An
 register(
     Operation(
         "conv",
-        Kind.AFFINE,
-        functions=(F.conv1d, F.conv2d, F.conv3d, torch.conv1d, torch.conv2d, torch.conv3d),
-        modules=(nn.Conv1d, nn.Conv2d, nn.Conv3d),
-        relevance=weighted,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        module_function=convolution_module,
-        weighted=True,
+        Spelling(
+            functions=(F.conv1d, F.conv2d, F.conv3d, torch.conv1d, torch.conv2d, torch.conv3d),
+            modules=(nn.Conv1d, nn.Conv2d, nn.Conv3d),
+            module_function=convolution_module,
+        ),
+        Affine(weighted, weighted=True, gradient_native=NATIVE_UNDER_NATIVE_RULE),
+        ValueFlow(keeps_rank=True),
         description="convolution, any dimension, groups, stride, padding, dilation",
     )
 )
@@ -225,13 +221,13 @@ def transposed_convolution_module(module: nn.modules.conv._ConvTransposeNd, para
 register(
     Operation(
         "conv_transpose",
-        Kind.AFFINE,
-        functions=(F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d),
-        modules=(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
-        relevance=weighted,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        module_function=transposed_convolution_module,
-        weighted=True,
+        Spelling(
+            functions=(F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d),
+            modules=(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
+            module_function=transposed_convolution_module,
+        ),
+        Affine(weighted, weighted=True, gradient_native=NATIVE_UNDER_NATIVE_RULE),
+        ValueFlow(keeps_rank=True),
         description="transposed convolution",
     )
 )
@@ -321,12 +317,12 @@ def batch_norm_module(module: nn.modules.batchnorm._BatchNorm, parameters: dict[
 register(
     Operation(
         "batch_norm",
-        Kind.AFFINE,
-        functions=(F.batch_norm,),
-        modules=(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d),
-        relevance=batch_norm,
-        module_function=batch_norm_module,
-        weighted=True,
+        Spelling(
+            functions=(F.batch_norm,),
+            modules=(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d),
+            module_function=batch_norm_module,
+        ),
+        Affine(batch_norm, weighted=True),
         description="BatchNorm: with running statistics a per-channel affine map; without, by the batch's "
         "statistics with sigma constant (identity rule), centring, scale and shift as one affine map",
     )

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from fxlrp.operations.helpers import passes
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, Pass, Spelling, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.straight_through import decomposed_in_backward
@@ -266,36 +266,36 @@ def rms_norm_module(module: nn.Module, parameters: dict[str, Any]):
 register(
     Operation(
         "layer_norm",
-        Kind.AFFINE,
-        functions=(F.layer_norm, torch.layer_norm),
-        modules=(nn.LayerNorm,),
-        relevance=layer_norm,
-        module_function=layer_norm_module,
-        default_rule=proportional,
+        Spelling(
+            functions=(F.layer_norm, torch.layer_norm),
+            modules=(nn.LayerNorm,),
+            module_function=layer_norm_module,
+        ),
+        Affine(layer_norm, default_rule=proportional),
         description="LayerNorm: sigma constant (identity rule), centring, scale and shift as one affine map",
     )
 )
 register(
     Operation(
         "group_norm",
-        Kind.AFFINE,
-        functions=(F.group_norm, torch.group_norm),
-        modules=(nn.GroupNorm,),
-        relevance=group_norm,
-        module_function=group_norm_module,
-        default_rule=proportional,
+        Spelling(
+            functions=(F.group_norm, torch.group_norm),
+            modules=(nn.GroupNorm,),
+            module_function=group_norm_module,
+        ),
+        Affine(group_norm, default_rule=proportional),
         description="GroupNorm: sigma constant per group, centring, scale and shift as one affine map",
     )
 )
 register(
     Operation(
         "instance_norm",
-        Kind.AFFINE,
-        functions=(F.instance_norm,),
-        modules=(nn.modules.instancenorm._InstanceNorm,),
-        relevance=instance_norm,
-        module_function=instance_norm_module,
-        default_rule=proportional,
+        Spelling(
+            functions=(F.instance_norm,),
+            modules=(nn.modules.instancenorm._InstanceNorm,),
+            module_function=instance_norm_module,
+        ),
+        Affine(instance_norm, default_rule=proportional),
         description="InstanceNorm: sigma constant per sample and channel, centring, scale and shift as one affine map",
     )
 )
@@ -303,21 +303,16 @@ if hasattr(F, "rms_norm"):  # torch >= 2.4
     register(
         Operation(
             "rms_norm",
-            Kind.AFFINE,
-            functions=(F.rms_norm,),
-            modules=(nn.RMSNorm,),
-            relevance=rms_norm,
-            module_function=rms_norm_module,
-            default_rule=proportional,
+            Spelling(functions=(F.rms_norm,), modules=(nn.RMSNorm,), module_function=rms_norm_module),
+            Affine(rms_norm, default_rule=proportional),
             description="RMSNorm: the root mean square is constant, a per-feature rescaling",
         )
     )
 register(
     Operation(
         "normalize",
-        Kind.PASS,
-        functions=(F.normalize,),
-        relevance=passes((0,)),
+        Spelling(functions=(F.normalize,)),
+        Pass(passes((0,))),
         description="x / ||x||: the norm is treated as a constant, relevance passes unchanged",
     )
 )

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Native, Operation, Spelling, register
 
 
 def fold_module(module: nn.Fold, parameters: dict[str, Any]) -> tuple[Callable[..., Tensor], dict[str, Any]]:
@@ -39,22 +39,16 @@ def fold_module(module: nn.Fold, parameters: dict[str, Any]) -> tuple[Callable[.
 register(
     Operation(
         "unfold",
-        Kind.NATIVE,
-        functions=(F.unfold,),
-        modules=(nn.Unfold,),
+        Spelling(functions=(F.unfold,), modules=(nn.Unfold,)),
+        Native(),
         description="sliding patches gathered into columns: native backward routes relevance to the copied values",
     )
 )
 register(
     Operation(
         "fold",
-        Kind.AFFINE,
-        functions=(F.fold,),
-        modules=(nn.Fold,),
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        module_function=fold_module,
-        default_rule=proportional,
+        Spelling(functions=(F.fold,), modules=(nn.Fold,), module_function=fold_module),
+        Affine(affine, default_rule=proportional, gradient_native=NATIVE_UNDER_NATIVE_RULE),
         description="columns summed into an image (overlaps added): z-rule",
     )
 )

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Operation, Pass, Spelling, register
 from fxlrp.relevance import apply_pass
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.rule_function import carries_relevance
@@ -54,10 +54,8 @@ def power(call: RelevanceCall, function: Callable[..., Tensor], base: Any, *expo
 register(
     Operation(
         "pow",
-        Kind.PASS,
-        functions=(operator.pow, torch.pow, torch.square),
-        methods=("pow", "__pow__", "square"),
-        relevance=power,
+        Spelling(functions=(operator.pow, torch.pow, torch.square), methods=("pow", "__pow__", "square")),
+        Pass(power),
         description="x ** p by a constant exponent (squared ReLU, StarReLU): identity rule, R_in = R_out",
     )
 )

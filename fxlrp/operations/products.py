@@ -29,7 +29,7 @@ from fxlrp.operations.helpers import (
     non_negative_where_arguments_are,
 )
 from fxlrp.operations.sparse import SparseEntries, entry_product, is_sparse
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, RoleFrom, Spelling, ValueFlow, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_form_active
@@ -294,15 +294,17 @@ def _weight_equation(equation: str, ranks: tuple[int, ...], position: int) -> tu
 register(
     Operation(
         "mul",
-        Kind.AFFINE,
-        non_negative=non_negative_where_arguments_are,
-        functions=(operator.mul, torch.mul, torch.multiply),
-        methods=("mul", "multiply", "__mul__", "__rmul__"),
-        relevance=elementwise_product,
-        gradient_native=NATIVE_WITH_ONE_CARRIER,
-        default_rule=Product,
-        shares_role=True,
-        factors=leading_pair,
+        Spelling(
+            functions=(operator.mul, torch.mul, torch.multiply),
+            methods=("mul", "multiply", "__mul__", "__rmul__"),
+        ),
+        Affine(
+            elementwise_product,
+            default_rule=Product,
+            factors=leading_pair,
+            gradient_native=NATIVE_WITH_ONE_CARRIER,
+        ),
+        ValueFlow(non_negative=non_negative_where_arguments_are, role=RoleFrom.SHARED),
         description="product: a constant factor rescales (relevance passes to the other factor); "
         "relevance-carrying factors by the Product rule (gates get none by default)",
     )
@@ -310,26 +312,20 @@ register(
 register(
     Operation(
         "matmul",
-        Kind.AFFINE,
-        functions=(torch.matmul, torch.mm, torch.bmm, operator.matmul, torch.sparse.mm,
-                   *((torch._sparse_mm,) if hasattr(torch, "_sparse_mm") else ())),
-        methods=("matmul", "mm", "bmm", "__matmul__"),
-        relevance=matrix_product,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        weighted=True,
-        factors=leading_pair,
+        Spelling(
+            functions=(torch.matmul, torch.mm, torch.bmm, operator.matmul, torch.sparse.mm,
+                       *((torch._sparse_mm,) if hasattr(torch, "_sparse_mm") else ())),
+            methods=("matmul", "mm", "bmm", "__matmul__"),
+        ),
+        Affine(matrix_product, factors=leading_pair, weighted=True, gradient_native=NATIVE_UNDER_NATIVE_RULE),
         description="matrix product: a layer when one factor is constant; attention products by the Product rule",
     )
 )
 register(
     Operation(
         "einsum",
-        Kind.AFFINE,
-        functions=(torch.einsum,),
-        relevance=einsum,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        weighted=True,
-        factors=einsum_operands,
+        Spelling(functions=(torch.einsum,)),
+        Affine(einsum, factors=einsum_operands, weighted=True, gradient_native=NATIVE_UNDER_NATIVE_RULE),
         description="einsum: a layer when one operand carries relevance; attention products by the Product rule",
     )
 )
@@ -340,12 +336,8 @@ if hasattr(torch, "_grouped_mm"):
     register(
         Operation(
             "grouped_mm",
-            Kind.AFFINE,
-            functions=(torch._grouped_mm,),
-            relevance=matrix_product,
-            gradient_native=NATIVE_UNDER_NATIVE_RULE,
-            weighted=True,
-            factors=leading_pair,
+            Spelling(functions=(torch._grouped_mm,)),
+            Affine(matrix_product, factors=leading_pair, weighted=True, gradient_native=NATIVE_UNDER_NATIVE_RULE),
             description="grouped matrix product (mixture-of-experts): a layer in the factor that carries relevance",
         )
     )

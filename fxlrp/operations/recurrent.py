@@ -61,7 +61,7 @@ from torch import _VF, Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, Spelling, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.roles import GATE, mark
 from fxlrp.relevance.rule_function import carries_relevance
@@ -420,12 +420,8 @@ def _kernels(*modes: str) -> tuple[Any, ...]:
 register(
     Operation(
         "lstm",
-        Kind.AFFINE,
-        functions=_kernels(LSTM),
-        modules=(nn.LSTM, nn.LSTMCell),
-        relevance=recurrent,
-        module_function=recurrent_module,
-        weighted=True,
+        Spelling(functions=_kernels(LSTM), modules=(nn.LSTM, nn.LSTMCell), module_function=recurrent_module),
+        Affine(recurrent, weighted=True),
         description="LSTM (Arras et al.): gates constant (the signal takes all), linear maps by the layer rule, "
         "c = f c + i g by the z-rule, tanh identity",
     )
@@ -433,12 +429,8 @@ register(
 register(
     Operation(
         "gru",
-        Kind.AFFINE,
-        functions=_kernels(GRU),
-        modules=(nn.GRU, nn.GRUCell),
-        relevance=recurrent,
-        module_function=recurrent_module,
-        weighted=True,
+        Spelling(functions=_kernels(GRU), modules=(nn.GRU, nn.GRUCell), module_function=recurrent_module),
+        Affine(recurrent, weighted=True),
         description="GRU (Arras et al.'s rule): gates constant (the signal takes all), linear maps by the layer "
         "rule, sums by the z-rule, tanh identity",
     )
@@ -446,12 +438,12 @@ register(
 register(
     Operation(
         "rnn",
-        Kind.AFFINE,
-        functions=_kernels(RNN_TANH, RNN_RELU),
-        modules=(nn.RNN, nn.RNNCell),
-        relevance=recurrent,
-        module_function=recurrent_module,
-        weighted=True,
+        Spelling(
+            functions=_kernels(RNN_TANH, RNN_RELU),
+            modules=(nn.RNN, nn.RNNCell),
+            module_function=recurrent_module,
+        ),
+        Affine(recurrent, weighted=True),
         description="Elman RNN: the linear map by the layer rule, tanh identity, ReLU native",
     )
 )

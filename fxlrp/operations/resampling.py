@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from fxlrp.operations.helpers import affine
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 
 COPYING_MODES = ("nearest", "nearest-exact")
@@ -88,12 +88,12 @@ def upsample_module(module: nn.Upsample, parameters: dict[str, Any]) -> tuple[Ca
 register(
     Operation(
         "interpolate",
-        Kind.AFFINE,
-        functions=(F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear),
-        modules=(nn.Upsample,),  # UpsamplingNearest2d and UpsamplingBilinear2d keep its forward
-        relevance=resample,
-        module_function=upsample_module,
-        default_rule=proportional,
+        Spelling(
+            functions=(F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear),
+            modules=(nn.Upsample,),  # UpsamplingNearest2d and UpsamplingBilinear2d keep its forward
+            module_function=upsample_module,
+        ),
+        Affine(resample, default_rule=proportional),
         description="interpolation, a linear map: z-rule (linear, bilinear, bicubic, trilinear, area); "
         "nearest modes copy values, native backward routes relevance to the source",
     )
@@ -101,11 +101,9 @@ register(
 register(
     Operation(
         "grid_sample",
-        Kind.AFFINE,
-        functions=(F.grid_sample,),
-        relevance=sample,
-        default_rule=proportional,
-        index_arguments=(1,),
+        Spelling(functions=(F.grid_sample,)),
+        Affine(sample, default_rule=proportional),
+        ValueFlow(index_arguments=(1,)),
         description="sampling at given positions, held constant: a linear map of the input, z-rule (bilinear, "
         "bicubic); nearest copies values, native backward routes relevance to the source",
     )

@@ -27,7 +27,7 @@ from fxlrp.operations.scatter_library import (
     scatter_functions,
 )
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Native, Operation, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 
 AFFINE_REDUCTIONS = {"sum", "add", "mean"}
@@ -60,36 +60,27 @@ def reduce_by_argument(call: RelevanceCall, function: Any, *args: Any, **kwargs:
 register(
     Operation(
         "scatter_sum",
-        Kind.AFFINE,
-        functions=scatter_functions(SUM_FUNCTIONS + MEAN_FUNCTIONS),
-        index_arguments=(1,),
-        leaf=True,
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        default_rule=proportional,
+        Spelling(functions=scatter_functions(SUM_FUNCTIONS + MEAN_FUNCTIONS), leaf=True),
+        Affine(affine, default_rule=proportional, gradient_native=NATIVE_UNDER_NATIVE_RULE),
+        ValueFlow(index_arguments=(1,)),
         description="torch_scatter sum/mean aggregation",
     )
 )
 register(
     Operation(
         "scatter_reduce",
-        Kind.AFFINE,
-        functions=(torch.scatter_reduce,),
-        methods=("scatter_reduce",),
-        relevance=reduce_by_argument,
-        default_rule=proportional,
+        Spelling(functions=(torch.scatter_reduce,), methods=("scatter_reduce",)),
+        Affine(reduce_by_argument, default_rule=proportional),
+        ValueFlow(index_arguments=(2,)),
         description="scatter with a reduce argument: sum/mean proportional, max/min winner-take-all",
     )
 )
 register(
     Operation(
         "scatter",
-        Kind.AFFINE,
-        functions=scatter_functions(REDUCE_FUNCTIONS),
-        index_arguments=(1,),
-        leaf=True,
-        relevance=reduce_by_argument,
-        default_rule=proportional,
+        Spelling(functions=scatter_functions(REDUCE_FUNCTIONS), leaf=True),
+        Affine(reduce_by_argument, default_rule=proportional),
+        ValueFlow(index_arguments=(1,)),
         description="torch_scatter scatter/segment with a reduce argument: sum/mean proportional, "
         "max/min winner-take-all",
     )
@@ -97,22 +88,18 @@ register(
 register(
     Operation(
         "scatter_max",
-        Kind.NATIVE,
-        functions=scatter_functions(MAX_FUNCTIONS + INDEX_FUNCTIONS),
-        index_arguments=(1,),
-        leaf=True,
+        Spelling(functions=scatter_functions(MAX_FUNCTIONS + INDEX_FUNCTIONS), leaf=True),
+        Native(),
+        ValueFlow(index_arguments=(1,)),
         description="torch_scatter max/min (winner-take-all) and gathers",
     )
 )
 register(
     Operation(
         "index_add",
-        Kind.AFFINE,
-        functions=(torch.scatter_add, torch.index_add),
-        methods=("scatter_add", "index_add"),
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        default_rule=proportional,
+        Spelling(functions=(torch.scatter_add, torch.index_add), methods=("scatter_add", "index_add")),
+        Affine(affine, default_rule=proportional, gradient_native=NATIVE_UNDER_NATIVE_RULE),
+        ValueFlow(index_arguments=(2,)),
         description="native scatter_add/index_add (PyG's zeros(...).scatter_add_(...))",
     )
 )

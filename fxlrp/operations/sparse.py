@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Operation, RoleFrom, Routed, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.roles import give_role, role_of
 from fxlrp.relevance.rule_function import carries_relevance
@@ -203,11 +203,12 @@ def _values_role(result: Any, *args: Any, **kwargs: Any) -> str | None:
 register(
     Operation(
         "sparse_tensor",
-        Kind.NATIVE,
-        functions=(torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
-                   torch.sparse_compressed_tensor),
-        relevance=sparse_built,
-        role=_values_role,
+        Spelling(
+            functions=(torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                       torch.sparse_compressed_tensor),
+        ),
+        Routed(sparse_built),
+        ValueFlow(role=_values_role),
         description="a sparse tensor built from values at indices: relevance moves with the values (refused where "
         "a COO tensor repeats an index)",
     )
@@ -215,10 +216,11 @@ register(
 register(
     Operation(
         "sparse_layout",
-        Kind.NATIVE,
-        methods=("to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_dense", "coalesce", "values"),
-        relevance=sparse_moved,
-        moves_values=True,
+        Spelling(
+            methods=("to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_dense", "coalesce", "values"),
+        ),
+        Routed(sparse_moved),
+        ValueFlow(role=RoleFrom.FIRST_ARGUMENT),
         description="sparse layouts, to_dense, coalesce, values(): relevance moves with the values (refused where a "
         "COO tensor repeats an index)",
     )

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from fxlrp.operations.helpers import affine, held_constant
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, Routed, Spelling, register
 from fxlrp.relevance.call import RelevanceCall
 
 
@@ -52,13 +52,14 @@ def spread_and_mean(
 register(
     Operation(
         "statistic",
-        Kind.NATIVE,
-        functions=(
-            torch.norm, torch.linalg.norm, torch.linalg.vector_norm, torch.linalg.matrix_norm,
-            torch.var, torch.std, torch.sqrt, torch.rsqrt,
+        Spelling(
+            functions=(
+                torch.norm, torch.linalg.norm, torch.linalg.vector_norm, torch.linalg.matrix_norm,
+                torch.var, torch.std, torch.sqrt, torch.rsqrt,
+            ),
+            methods=("norm", "var", "std", "sqrt", "rsqrt"),
         ),
-        methods=("norm", "var", "std", "sqrt", "rsqrt"),
-        relevance=held_constant,
+        Routed(held_constant),
         description="norms, var, std, sqrt, rsqrt (normalisers): held constant, like LayerNorm's sigma; "
         "R passes through x in the product or quotient that uses them",
     )
@@ -66,10 +67,8 @@ register(
 register(
     Operation(
         "statistic_and_mean",
-        Kind.AFFINE,
-        functions=(torch.var_mean, torch.std_mean),
-        relevance=spread_and_mean,
-        default_rule=proportional,
+        Spelling(functions=(torch.var_mean, torch.std_mean)),
+        Affine(spread_and_mean, default_rule=proportional),
         description="var_mean, std_mean: the spread held constant, the mean linear (z-rule)",
     )
 )

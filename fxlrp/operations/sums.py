@@ -17,7 +17,7 @@ from fxlrp.operations.helpers import (
     module_as_function,
     non_negative_where_arguments_are,
 )
-from fxlrp.registry import Kind, Operation, register
+from fxlrp.registry import Affine, Operation, RoleFrom, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import Epsilon
 
@@ -27,72 +27,55 @@ def proportional() -> Epsilon:
     return Epsilon(0.0)
 
 
+SUM = Affine(affine, default_rule=proportional, output_free_backward=True, gradient_native=NATIVE_UNDER_NATIVE_RULE)
+"""How relevance crosses a sum: the z-rule by default, autograd's own gradient under LRP-0; its
+backward leaves its output unread."""
+
+
 register(
     Operation(
         "add",
-        Kind.AFFINE,
-        non_negative=non_negative_where_arguments_are,
-        functions=(operator.add, torch.add),
-        methods=("add", "__add__", "__radd__"),
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        default_rule=proportional,
-        shares_role=True,
-        output_free_backward=True,
+        Spelling(functions=(operator.add, torch.add), methods=("add", "__add__", "__radd__")),
+        SUM,
+        ValueFlow(non_negative=non_negative_where_arguments_are, role=RoleFrom.SHARED),
         description="a + b (broadcasting; constants act as a bias)",
     )
 )
 register(
     Operation(
         "sub",
-        Kind.AFFINE,
-        functions=(operator.sub, torch.sub, torch.subtract, torch.rsub),
-        methods=("sub", "subtract", "__sub__", "__rsub__"),
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        default_rule=proportional,
-        shares_role=True,
-        output_free_backward=True,
+        Spelling(
+            functions=(operator.sub, torch.sub, torch.subtract, torch.rsub),
+            methods=("sub", "subtract", "__sub__", "__rsub__"),
+        ),
+        SUM,
+        ValueFlow(role=RoleFrom.SHARED),
         description="a - b",
     )
 )
 register(
     Operation(
         "sum",
-        Kind.AFFINE,
-        non_negative=non_negative_where_arguments_are,
-        functions=(torch.sum,),
-        methods=("sum",),
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        default_rule=proportional,
-        output_free_backward=True,
+        Spelling(functions=(torch.sum,), methods=("sum",)),
+        SUM,
+        ValueFlow(non_negative=non_negative_where_arguments_are),
         description="sum over dimensions",
     )
 )
 register(
     Operation(
         "mean",
-        Kind.AFFINE,
-        non_negative=non_negative_where_arguments_are,
-        functions=(torch.mean,),
-        methods=("mean",),
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        default_rule=proportional,
-        output_free_backward=True,
+        Spelling(functions=(torch.mean,), methods=("mean",)),
+        SUM,
+        ValueFlow(non_negative=non_negative_where_arguments_are),
         description="mean over dimensions",
     )
 )
 register(
     Operation(
         "cumsum",
-        Kind.AFFINE,
-        functions=(torch.cumsum,),
-        methods=("cumsum",),
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        default_rule=proportional,
+        Spelling(functions=(torch.cumsum,), methods=("cumsum",)),
+        Affine(affine, default_rule=proportional, gradient_native=NATIVE_UNDER_NATIVE_RULE),
         description="cumulative sum",
     )
 )
@@ -125,35 +108,33 @@ def differences(call: RelevanceCall, function: Callable[..., Tensor], *args: Any
 register(
     Operation(
         "diff",
-        Kind.AFFINE,
-        functions=(torch.diff,),
-        methods=("diff",),
-        relevance=differences,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        default_rule=proportional,
-        output_free_backward=True,
+        Spelling(functions=(torch.diff,), methods=("diff",)),
+        Affine(
+            differences,
+            default_rule=proportional,
+            output_free_backward=True,
+            gradient_native=NATIVE_UNDER_NATIVE_RULE,
+        ),
         description="n-th differences along a dimension, with prepend/append (linear in all three)",
     )
 )
 register(
     Operation(
         "avg_pool",
-        Kind.AFFINE,
-        non_negative=non_negative_where_arguments_are,
-        functions=(
-            F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
-            F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
-            torch.avg_pool1d, torch.adaptive_avg_pool1d,
+        Spelling(
+            functions=(
+                F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
+                F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
+                torch.avg_pool1d, torch.adaptive_avg_pool1d,
+            ),
+            modules=(
+                nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+                nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+            ),
+            module_function=module_as_function,
         ),
-        modules=(
-            nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
-            nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
-        ),
-        relevance=affine,
-        gradient_native=NATIVE_UNDER_NATIVE_RULE,
-        module_function=module_as_function,
-        default_rule=proportional,
-        output_free_backward=True,
+        SUM,
+        ValueFlow(non_negative=non_negative_where_arguments_are, keeps_rank=True),
         description="average pooling (fixed and adaptive)",
     )
 )

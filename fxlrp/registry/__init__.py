@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from fxlrp.relevance.call import RelevanceCall
@@ -51,7 +52,7 @@ class RelevanceFunction(Protocol):
 
 
 class Kind(enum.Enum):
-    """How relevance crosses an operation."""
+    """How relevance crosses an operation: what its :class:`Propagation` amounts to."""
 
     AFFINE = "affine"
     """Affine in its relevance-carrying inputs; the composite picks a rule (epsilon, z+, ...)."""
@@ -89,8 +90,8 @@ def own_backward(call: Any, function: Callable[..., Any], *args: Any, **kwargs: 
     Right where that backward routes values rather than scaling them by a derivative - a
     straight-through estimator's identity (the identity rule), a gradient reversal's sign - which
     is why it is declared, never assumed: an undeclared Function is explained by the operations of
-    its ``forward``. Register it with ``register(Operation("name", Kind.PASS,
-    functions=(TheFunction,), relevance=own_backward))`` (docs/extending.md). Relevance is carried
+    its ``forward``. Register it with ``register(Operation("name",
+    Spelling(functions=(TheFunction,)), Pass(own_backward)))`` (docs/extending.md). Relevance is carried
     as itself (the relevance form), not as ``R / x``.
 
     Parameters
@@ -148,8 +149,164 @@ class NativeInGradientForm:
         return not warn_lost_relevance and (not self.needs_native_rule or gradient_is_native(rule))
 
 
+ModuleFunction = Callable[[nn.Module, dict[str, Any]], tuple[Callable[..., Any], dict[str, Any]]]
+"""``module_function(module, parameters)``: the functional form of a module instance and its
+keyword arguments, given the module's detached parameters and buffers."""
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a model spells an operation: functions, Tensor methods, module types."""
+
+    functions: tuple[Callable[..., Any], ...] = ()
+    """Functions that spell it, by identity (``torch.add``, ``operator.add``, ``F.linear``)."""
+    methods: tuple[str, ...] = ()
+    """Tensor method names that spell it (``"add"``)."""
+    modules: tuple[type[nn.Module], ...] = ()
+    """Module types that spell it (``nn.Conv2d``); subclasses that keep the type's ``forward`` too."""
+    module_bases: tuple[type[nn.Module], ...] = ()
+    """Module types whose subclasses all spell it, whatever their ``forward`` (a library's base
+    class, e.g. PyG's ``MessagePassing``, whose subclasses each define their own forward)."""
+    module_function: ModuleFunction | None = None
+    """``module_function(module, parameters)`` returns the functional form of a module instance and
+    its keyword arguments, given the module's detached parameters and buffers; by default the
+    module itself, called with no extra arguments."""
+    leaf: bool = False
+    """Whether capture records calls of :attr:`functions` as single nodes instead of tracing into
+    them (library functions with Python control flow on tensor values)."""
+
+
+class Propagation:
+    """How relevance crosses an operation: :class:`Affine`, :class:`Pass`, :class:`Native`,
+    :class:`Routed` or :class:`Decomposed`.
+
+    Each variant declares only the facts that mean something for it; what it does not declare
+    reads as the value here (a :class:`Pass` is never ``weighted``), so no variant can be given
+    a fact that contradicts it.
+    """
+
+    kind: Kind
+    relevance: RelevanceFunction | None = None
+    """``relevance(call, function, *args, **kwargs)`` (a :class:`RelevanceFunction`) replaces the
+    call: ``call`` is the :class:`~fxlrp.relevance.call.RelevanceCall` with the node's rule,
+    ``function`` the original callable of the spelling (the function itself, a caller of the
+    Tensor method with ``self`` first, or the functional form of a module) and ``args``/``kwargs``
+    the call's arguments. None (:class:`Native`): the node keeps its native operation."""
+    weighted = False
+    default_rule: Callable[[], Any] | None = None
+    factors: Callable[[Sequence[Any], Mapping[str, Any]], Sequence[Any]] | None = None
+    output_free_backward = False
+    gradient_native: NativeInGradientForm | None = None
+    source = False
+    holds_layers = False
+
+
+@dataclass(frozen=True)
+class Affine(Propagation):
+    """Affine in its relevance-carrying inputs: the composite gives each call a rule (epsilon, z+, ...)."""
+
+    kind = Kind.AFFINE
+    relevance: RelevanceFunction = field()  # (required: the base's None is for Native)
+    default_rule: Callable[[], Any] | None = None
+    """The rule where the composite names none (the z-rule for sums); None: the composite's layer rule."""
+    factors: Callable[[Sequence[Any], Mapping[str, Any]], Sequence[Any]] | None = None
+    """For a product (``a * b``, ``a @ b``, ``einsum``): its factors among a call's arguments,
+    positional and by keyword (``lambda args, kwargs: args[:2]``). Where two or more carry
+    relevance, the rule the call is given is a :class:`~fxlrp.rules.Product` rule
+    (:meth:`fxlrp.rules.composites.Composite.resolve`); which do is read from the graph at
+    conversion, from the tensors in code run eagerly."""
+    weighted: bool = False
+    """Whether it is a layer with weights, where a composite's layer rules apply."""
+    output_free_backward: bool = False
+    """Whether its vector-Jacobian product leaves its output unread (sums, pooling), so that a
+    ReLU that alone consumes it may rectify it in place. Layers with weights (:attr:`weighted`)
+    are taken to be so; a scatter_reduce's or softmax's backward reads its output."""
+    gradient_native: NativeInGradientForm | None = None
+    """Where its relevance function is a plain call in the gradient form (affine maps, layers,
+    products with one relevance-carrying factor): see :class:`NativeInGradientForm`."""
+    source: bool = False
+    """Whether relevance starts at its output although its arguments carry none (a bag of
+    embeddings of token ids): code run eagerly routes its calls to :attr:`relevance` even then."""
+
+
+@dataclass(frozen=True)
+class Pass(Propagation):
+    """Relevance passes unchanged (the identity rule, ``R_in = R_out``): smooth activations,
+    scaling by constants."""
+
+    kind = Kind.PASS
+    relevance: RelevanceFunction = field()  # (required: the base's None is for Native)
+    gradient_native: NativeInGradientForm | None = None
+    """Where its relevance function is a plain call in the gradient form (a map linear in its one
+    relevance-carrying argument): see :class:`NativeInGradientForm`."""
+
+
+@dataclass(frozen=True)
+class Native(Propagation):
+    """The model's own call, kept in the graph: its native backward routes relevance (max, pooling
+    by maximum) or it carries none (shapes, comparisons, creation)."""
+
+    kind = Kind.NATIVE
+
+
+@dataclass(frozen=True)
+class Routed(Propagation):
+    """No rule: a relevance function routes relevance the operation's own way (a ReLU's
+    rectification, a view's selection, dropout as the identity at explanation time, an embedding
+    lookup)."""
+
+    kind = Kind.NATIVE
+    relevance: RelevanceFunction = field()  # (required: the base's None is for Native)
+    source: bool = False
+    """Whether relevance starts at its output although its arguments carry none (an embedding
+    lookup of token ids, the input layer of a language model): code run eagerly routes its calls
+    to :attr:`relevance` even then."""
+
+
+@dataclass(frozen=True)
+class Decomposed(Propagation):
+    """Explained by running its own code, whose operations each take their rule: a part run
+    eagerly, a PyG message-passing layer. The composite's layer rules reach the layers inside one
+    by one, and the first layer may be among them (found as that code runs)."""
+
+    relevance: RelevanceFunction = field()  # (required: the base's None is for Native)
+    weighted: bool = False
+    """Whether it is itself a layer with weights, given the composite's layer rule for what its
+    relevance function computes outside the layers it runs (a message-passing layer's sums)."""
+    holds_layers = True
+
+    @property
+    def kind(self) -> Kind:  # type: ignore[override]
+        """:attr:`Kind.AFFINE` for a layer with weights, else :attr:`Kind.NATIVE`."""
+        return Kind.AFFINE if self.weighted else Kind.NATIVE
+
+
+class RoleFrom(enum.Enum):
+    """Where an operation's output takes its role from its arguments (:attr:`ValueFlow.role`)."""
+
+    FIRST_ARGUMENT = "first argument"
+    """Its output is its first argument's values moved, re-typed or selected (views, copies,
+    casts, indexing, the pieces of ``split``): it takes that argument's role, so that a cast or a
+    reshape between a softmax and the product it feeds keeps the product's rule; where the
+    argument can hold none (:func:`fxlrp.graph.relevance_flow.nodes_that_may_hold_roles`) the
+    native call is all there is to it."""
+    SHARED = "shared"
+    """Its output takes the role its relevance-carrying arguments share (elementwise affine maps:
+    ``1 - z`` of a gate ``z`` is a gate, as GRU's update ``(1 - z) * n + z * h`` uses it;
+    ``weights * mask`` of attention weights are attention weights)."""
+
+
+SpellingFact = bool | frozenset[Any]
+"""A fact of every spelling of an operation (True/False), or of the spellings listed (method
+names, functions and module types)."""
+
+
+def _holds_for(fact: SpellingFact, spelled: Any) -> bool:
+    return fact if isinstance(fact, bool) else spelled in fact
+
+
 class NonNegativeOutput(Protocol):
-    """An operation's :attr:`~Operation.non_negative`: whether a call's output is never negative."""
+    """A :attr:`ValueFlow.non_negative`: whether a call's output is never negative."""
 
     def __call__(self, spelling: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
                  known: Callable[[Any], bool], /) -> bool:
@@ -174,89 +331,33 @@ class NonNegativeOutput(Protocol):
         ...
 
 
-@dataclass(frozen=True, eq=False)
-class Operation:
-    """A canonical operation and every way a model can spell it.
+@dataclass(frozen=True)
+class ValueFlow:
+    """How values flow through an operation: which arguments are indices, whether its output
+    may be a view of its first argument or keeps its number of dimensions, where its output's
+    role comes from."""
 
-    Each field is documented where it is declared. How the fields depend on each other
-    (``weighted``, ``default_rule`` and ``factors`` need an
-    affine kind; ``source``, ``holds_layers`` and ``gradient_native`` a relevance function; one
-    of ``role``, ``shares_role``, ``moves_values``) is checked when an operation is made, and a
-    contradiction is refused with what to change (:data:`_FIELD_RULES`).
-    """
-
-    name: str
-    """The canonical name (``"conv"``, ``"add"``, ``"softmax"``), which composites' ``operation_rules`` use."""
-    kind: Kind
-    """How relevance crosses it."""
-    functions: tuple[Callable[..., Any], ...] = ()
-    """Functions that spell it, by identity (``torch.add``, ``operator.add``, ``F.linear``)."""
-    methods: tuple[str, ...] = ()
-    """Tensor method names that spell it (``"add"``)."""
-    modules: tuple[type[nn.Module], ...] = ()
-    """Module types that spell it (``nn.Conv2d``); subclasses that keep the type's ``forward`` too."""
-    relevance: RelevanceFunction | None = None
-    """``relevance(call, function, *args, **kwargs)`` (a :class:`RelevanceFunction`) replaces the
-    call: ``call`` is the :class:`~fxlrp.relevance.call.RelevanceCall` with the node's rule,
-    ``function`` the original callable of this spelling (the function itself, a caller of the
-    Tensor method with ``self`` first, or the functional form of a module) and ``args``/``kwargs``
-    the call's arguments. With ``relevance=None`` the node keeps its native operation."""
-    module_function: Callable[[nn.Module, dict[str, Any]], tuple[Callable[..., Any], dict[str, Any]]] | None = None
-    """``module_function(module, parameters)`` returns the functional form of a module instance and
-    its keyword arguments, given the module's detached parameters and buffers; by default the
-    module itself, called with no extra arguments."""
-    weighted: bool = False
-    """Whether it is a layer with weights, where a composite's layer rules apply."""
-    default_rule: Callable[[], Any] | None = None
-    """Rule used for an AFFINE operation when the composite names none (the z-rule for sums)."""
-    description: str = ""
-    """A line saying what the operation is, for documentation and reports."""
-    subclasses: bool = False
-    """Whether subclasses of ``modules`` belong to it too, whatever their ``forward`` (a library's
-    base class, e.g. PyG's ``MessagePassing``, whose subclasses each define their own forward)."""
-    leaf: bool = False
-    """Whether capture records calls of ``functions`` as single nodes instead of tracing into them
-    (library functions with Python control flow on tensor values)."""
-    index_arguments: tuple[int, ...] = ()
-    """Positions of the arguments of ``functions`` that are indices (``scatter(src, index)``: 1):
-    they select values but carry no relevance of their own (see :mod:`fxlrp.graph.relevance_flow`).
-    Keyword arguments named ``index``, ``indptr``, ``batch``, ... are indices whatever the entry."""
-    output_free_backward: bool = False
-    """Whether the operation's vector-Jacobian product leaves its output unread (sums, pooling), so
-    that a ReLU that alone consumes it may rectify it in place. Layers with weights (``weighted``)
-    are taken to be so; a scatter_reduce's or softmax's backward reads its output."""
-    source: bool = False
-    """Whether relevance starts at its output although its arguments carry none (an embedding
-    lookup of token ids, the input layer of a language model): code run eagerly routes its calls
-    to ``relevance`` even then."""
-    holds_layers: bool = False
-    """Whether it runs a module's own code, whose layers the composite's rules reach one by one (a
-    part run eagerly, a PyG message-passing layer): the first layer may be inside, and is found as
-    that code runs."""
-    factors: Callable[[Sequence[Any], Mapping[str, Any]], Sequence[Any]] | None = None
-    """For a product (``a * b``, ``a @ b``, ``einsum``): its factors among a call's arguments,
-    positional and by keyword (``lambda args, kwargs: args[:2]``). Where two or more carry
-    relevance, the rule the call is given is a :class:`~fxlrp.rules.Product` rule
-    (:meth:`fxlrp.rules.composites.Composite.resolve`); which do is read from the graph at conversion,
-    from the tensors in code run eagerly."""
-    role: str | Callable[..., str | None] | None = None
+    role: str | Callable[..., str | None] | RoleFrom | None = None
     """The role of its output for the products it enters (:mod:`fxlrp.relevance.roles`: a gate,
-    attention weights, a gating activation): :meth:`explained` marks its results with it. Where it
-    depends on the call, ``role(result, *args, **kwargs)`` gives it (a softmax of the scores a
-    router chose makes gates, not attention weights)."""
-    shares_role: bool = False
-    """Whether its output takes the role its relevance-carrying arguments share (elementwise
-    affine maps: ``1 - z`` of a gate ``z`` is a gate, as GRU's update ``(1 - z) * n + z * h``
-    uses it; ``weights * mask`` of attention weights are attention weights)."""
-    moves_values: bool = False
-    """Whether its output is its first argument's values moved, re-typed or selected (views,
-    copies, casts, indexing, the pieces of ``split``): it takes that argument's role, so that a
-    cast or a reshape between a softmax and the product it feeds keeps the product's rule; where
-    the argument can hold none (:func:`fxlrp.graph.relevance_flow.nodes_that_may_hold_roles`) the
-    native call is all there is to it."""
-    gradient_native: NativeInGradientForm | None = None
-    """Where its relevance function is a plain call in the gradient form (affine maps, layers,
-    products with one relevance-carrying factor): see :class:`NativeInGradientForm`."""
+    attention weights, a gating activation), which :meth:`Operation.explained` marks its results
+    with; ``role(result, *args, **kwargs)`` where it depends on the call (a softmax of the scores a
+    router chose makes gates, not attention weights); or taken from its arguments
+    (:class:`RoleFrom`)."""
+    index_arguments: tuple[int, ...] | Mapping[str, tuple[int, ...]] = ()
+    """Positions of its arguments that are indices (``scatter(src, index)``: 1; a Tensor method's
+    ``self`` is position 0): they select values but carry no relevance of their own (see
+    :mod:`fxlrp.graph.relevance_flow`). The same for every spelling, or by the name of each
+    spelling (``{"gather": (2,)}``). Keyword arguments named ``index``, ``indptr``, ``batch``, ...
+    are indices whatever the operation."""
+    aliasing: SpellingFact = False
+    """Whether its result may share memory with its first argument (a view, or the tensor
+    itself), so that an in-place write into the result writes into the argument."""
+    keeps_rank: SpellingFact = False
+    """Whether its output has as many dimensions as its input, batched or not (layers,
+    elementwise maps), which :mod:`fxlrp.explain.input_checks` follows to a BatchNorm's check."""
+    saturates: bool = False
+    """Whether it squashes into a bounded range, its derivative vanishing where it saturates
+    (softmax, sigmoid)."""
     non_negative: NonNegativeOutput | None = None
     """When its output is never negative, known from the graph without reading a value:
     ``non_negative(spelling, args, kwargs, known)`` (a :class:`NonNegativeOutput`). Rules that
@@ -264,15 +365,88 @@ class Operation:
     negative inputs of the layers it feeds (:func:`fxlrp.graph.relevance_flow.nodes_known_non_negative`).
     None: never known (convolutions, BatchNorm, ...)."""
 
-    def __post_init__(self) -> None:
-        problems = [message for holds, message in _FIELD_RULES if holds(self)]
-        if problems:
-            raise ValueError(f"operation {self.name!r}: " + "; ".join(problems))
+    @property
+    def gives_role(self) -> bool:
+        """Whether it gives its output a role of its own (:attr:`role` a role or a function), not its arguments'."""
+        return self.role is not None and not isinstance(self.role, RoleFrom)
+
+    @property
+    def moves_values(self) -> bool:
+        """Whether its output is its first argument's values moved (:attr:`RoleFrom.FIRST_ARGUMENT`)."""
+        return self.role is RoleFrom.FIRST_ARGUMENT
+
+    def index_positions(self, name: str) -> tuple[int, ...]:
+        """The positions of the index arguments of the spelling ``name`` (a method's or function's name).
+
+        Parameters
+        ----------
+        name : str
+            The spelling's name.
+
+        Returns
+        -------
+        tuple of int
+            The positions; empty where none is an index.
+        """
+        if isinstance(self.index_arguments, tuple):
+            return self.index_arguments
+        return self.index_arguments.get(name, ())
+
+    def may_alias(self, spelled: str | Callable[..., Any]) -> bool:
+        """Whether the spelling (a method's name or a function) may return a view of its first argument.
+
+        Parameters
+        ----------
+        spelled : str or callable
+            The method's name or the function.
+
+        Returns
+        -------
+        bool
+            True if its result may share memory with its first argument.
+        """
+        return _holds_for(self.aliasing, spelled)
+
+    def keeps_rank_of(self, spelled: str | Callable[..., Any] | type) -> bool:
+        """Whether the spelling (a method's name, a function or a module type) keeps the number of dimensions.
+
+        Parameters
+        ----------
+        spelled : str, callable or type
+            The method's name, the function or the module's type.
+
+        Returns
+        -------
+        bool
+            True if its output has as many dimensions as its input.
+        """
+        return _holds_for(self.keeps_rank, spelled)
+
+
+@dataclass(frozen=True, eq=False)
+class Operation:
+    """A canonical operation: how a model spells it, how relevance crosses it, how values flow through it.
+
+    Each part is a small frozen value whose variants carry only the facts that mean something for
+    them, so a registration cannot contradict itself: ``Operation("scaled", Spelling(functions=(f,)),
+    Affine(affine, default_rule=proportional))``.
+    """
+
+    name: str
+    """The canonical name (``"conv"``, ``"add"``, ``"softmax"``), which composites' ``operation_rules`` use."""
+    spelling: Spelling
+    """How a model spells it."""
+    propagation: Affine | Pass | Native | Routed | Decomposed
+    """How relevance crosses it."""
+    flow: ValueFlow = ValueFlow()
+    """How values flow through it."""
+    description: str = ""
+    """A line saying what the operation is, for documentation and reports."""
 
     def explained(self, call: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``relevance(call, function, *args, **kwargs)``, its output given its role as a product's factor.
 
-        The role comes from :attr:`role`, :attr:`shares_role` or :attr:`moves_values`.
+        The role comes from :attr:`ValueFlow.role`.
 
         Parameters
         ----------
@@ -288,37 +462,20 @@ class Operation:
         Any
             What the operation returns, marked with its role.
         """
-        result = self.relevance(call, function, *args, **kwargs)
-        if self.moves_values:
+        result = self.propagation.relevance(call, function, *args, **kwargs)
+        role = self.flow.role
+        if role is RoleFrom.FIRST_ARGUMENT:
             role = role_of(args[0]) if args else None
-        elif self.shares_role:
+        elif role is RoleFrom.SHARED:
             role = shared_role((*args, *kwargs.values()))
-        else:
-            role = self.role(result, *args, **kwargs) if callable(self.role) else self.role
+        elif callable(role):
+            role = role(result, *args, **kwargs)
         return give_role(result, role)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled by name (an explainer saved with torch.save): its functions may be closures, and
         # code compares operations by identity (``operation is EAGER``).
         return (REGISTRY.find_by_name, (self.name,))
-
-
-_FIELD_RULES: tuple[tuple[Callable[[Operation], bool], str], ...] = (
-    (lambda op: op.weighted and op.kind is not Kind.AFFINE,
-     "weighted=True needs kind=Kind.AFFINE (a composite's layer rules apply to affine maps only)"),
-    (lambda op: op.default_rule is not None and op.kind is not Kind.AFFINE,
-     "default_rule needs kind=Kind.AFFINE (only affine operations take a rule)"),
-    (lambda op: op.factors is not None and op.kind is not Kind.AFFINE,
-     "factors needs kind=Kind.AFFINE (a product of relevance-carrying factors takes a Product rule)"),
-    (lambda op: op.subclasses and not op.modules,
-     "subclasses=True describes module types: give modules=(...)"),
-    (lambda op: (op.source or op.holds_layers or op.gradient_native is not None) and op.relevance is None,
-     "source, holds_layers and gradient_native describe a relevance function: give relevance=..."),
-    (lambda op: sum((op.role is not None, op.shares_role, op.moves_values)) > 1,
-     "role, shares_role and moves_values each give the output's role: choose one"),
-)
-"""How :class:`Operation`'s fields depend on each other: a registration breaking one of these
-is refused with its message."""
 
 
 class Registry:
@@ -340,7 +497,7 @@ class Registry:
         self.find_by_name: Callable[[str], Operation] = registered_operation
         """``find_by_name(name)``, the registered operation ``name``: what a pickled operation
         names, to be found again in the process that loads it. :func:`registered_operation`; the
-        loader (:mod:`fxlrp.explain.loader`) sets its own, which first loads what registers it."""
+        loader (:mod:`fxlrp.explain.loader`) sets it with the loading of what registers it."""
 
     def register(self, operation: Operation) -> Operation:
         """Add an operation.
@@ -394,21 +551,23 @@ class Registry:
             raise ValueError(f"no operation {name!r} is registered to add spellings to; register it first "
                              "(fxlrp's own operations are registered once fxlrp.convert is imported)")
         operation = self.operations[name]
-        return self._index(replace(operation, functions=operation.functions + functions,
-                                   modules=operation.modules + modules))
+        spelling = operation.spelling
+        return self._index(replace(operation, spelling=replace(
+            spelling, functions=spelling.functions + functions, modules=spelling.modules + modules)))
 
     def _index(self, operation: Operation) -> Operation:
         self.operations[operation.name] = operation
         self.version += 1
-        for function in operation.functions:
+        spelling = operation.spelling
+        for function in spelling.functions:
             self._by_function[id(function)] = operation
             self._functions[id(function)] = function  # keeps the id valid
-        for method in operation.methods:
+        for method in spelling.methods:
             self._by_method[method] = operation
-        for module_type in operation.modules:
+        for module_type in (*spelling.modules, *spelling.module_bases):
             self._by_module[module_type] = operation
-            if operation.subclasses:
-                self._by_base_module[module_type] = operation
+        for module_type in spelling.module_bases:
+            self._by_base_module[module_type] = operation
         return operation
 
     def for_function(self, function: Callable[..., Any]) -> Operation | None:
@@ -516,9 +675,29 @@ class Registry:
         tuple of callable
             The functions.
         """
-        return tuple(
-            function for operation in self.operations.values() if operation.leaf for function in operation.functions
-        )
+        return tuple(function for operation in self.operations.values() if operation.spelling.leaf
+                     for function in operation.spelling.functions)
+
+    def callables_where(self, holds: Callable[[Operation], bool]) -> frozenset[Callable[..., Any]]:
+        """The functions and Tensor methods (as ``torch.Tensor.name``) that spell operations for which ``holds``.
+
+        What a ``__torch_function__`` handler is handed: a question about an operation asked of
+        the callables it sees (``registry.callables_where(lambda operation: operation.flow.saturates)``).
+
+        Parameters
+        ----------
+        holds : callable
+            ``holds(operation)``: whether an operation is wanted.
+
+        Returns
+        -------
+        frozenset of callable
+            Its functions, and the Tensor methods of its method names that torch has.
+        """
+        wanted = [operation.spelling for operation in self.operations.values() if holds(operation)]
+        methods = (getattr(torch.Tensor, name, None) for spelling in wanted for name in spelling.methods)
+        return frozenset((*(function for spelling in wanted for function in spelling.functions),
+                          *(method for method in methods if method is not None)))
 
 
 
@@ -543,13 +722,17 @@ def register(operation: Operation) -> Operation:
     return REGISTRY.register(operation)
 
 
-def registered_operation(name: str) -> Operation:
+def registered_operation(name: str, load: Callable[[str], None] | None = None) -> Operation:
     """The registered operation ``name``.
 
     Parameters
     ----------
     name : str
         The operation's name.
+    load : callable, optional
+        ``load(name)``, called first where ``name`` is not registered: imports what may register
+        it (the loader's, :mod:`fxlrp.explain.loader`, imports the integrations of installed
+        libraries).
 
     Returns
     -------
@@ -561,6 +744,8 @@ def registered_operation(name: str) -> Operation:
     ValueError
         If nothing loaded registers ``name``.
     """
+    if name not in REGISTRY.operations and load is not None:
+        load(name)
     if name not in REGISTRY.operations:
         raise ValueError(
             f"no part of fxlrp loaded in this process registers the operation {name!r} (an explainer being loaded "

@@ -160,7 +160,8 @@ class Composite:
         bool
             True if the call is, or may hold, a first layer.
         """
-        return operation.holds_layers or self.counts_as_first_layer(operation.name, operation.weighted)
+        propagation = operation.propagation
+        return propagation.holds_layers or self.counts_as_first_layer(operation.name, propagation.weighted)
 
     def may_choose_first_layer(self) -> bool:
         """Whether the first layer can get a rule of its own.
@@ -217,16 +218,17 @@ class Composite:
             uniform epsilon rule with its epsilon, a rule with no meaning on a product (z+, ...)
             as ``Product()``, with a warning.
         """
-        if operation.kind is not Kind.AFFINE:
+        propagation = operation.propagation
+        if propagation.kind is not Kind.AFFINE:
             return None
         rule = self.rule_for(site)
         if rule is None:
-            if operation.default_rule is None:
+            if propagation.default_rule is None:
                 rule = self.layer_rule
             else:
                 rule = self._defaults.get(operation.name)
                 if rule is None:
-                    rule = self._defaults[operation.name] = operation.default_rule()
+                    rule = self._defaults[operation.name] = propagation.default_rule()
         if site.relevance_factors > 1:
             return self._as_product(rule, site)
         return rule

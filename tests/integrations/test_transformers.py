@@ -413,6 +413,32 @@ def _clip() -> nn.Module:
     return transformers.CLIPModel(config)
 
 
+IMAGE_TOKEN = VOCABULARY - 1
+"""LLaVA's image placeholder: the ids hold one per image feature (16 patches of a 16 x 16 image)."""
+
+
+def _llava() -> nn.Module:
+    """A LLaVA-style vision-language model: a CLIP vision tower, a two-layer projector, a Llama."""
+    config = transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(image_size=16, patch_size=4, **SMALL),
+        text_config=transformers.LlamaConfig(**DECODER), image_token_index=IMAGE_TOKEN, vision_feature_layer=-1)
+    return transformers.LlavaForConditionalGeneration(config)
+
+
+def _image_and_text() -> tuple[Tensor, Tensor]:
+    """Text ids with the image's 16 placeholders after two tokens, and the image."""
+    ids = _ids(batch=1, length=24)
+    ids[:, 2:18] = IMAGE_TOKEN
+    return ids, _floats(1, 3, 16, 16)
+
+
+def _mixtral(experts: str | None = None) -> nn.Module:
+    config = transformers.MixtralConfig(**DECODER, num_local_experts=4, num_experts_per_tok=2)
+    if experts is not None:
+        config._experts_implementation = experts
+    return transformers.MixtralForCausalLM(config)
+
+
 def _whisper() -> nn.Module:
     config = transformers.WhisperConfig(
         vocab_size=VOCABULARY, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=2,
@@ -606,6 +632,13 @@ CASES = {
     "MambaForCausalLM": Case(  # its selective scan computes in float32 (.float()) whatever the dtype
         lambda: _mamba(), lambda: (_ids(),), _next_token, dtype=torch.float32, reference_forwards=_mamba_lrp_scan(),
         outputs_round=True),
+    "LlavaForConditionalGeneration": Case(  # the next token after text and an image: ids and pixels explained
+        # (not replayed: transformers checks the count of image placeholders, a value of the ids, in Python)
+        _llava, _image_and_text, _next_token, replays=False, float64_forwards=_in_float64("llama", "LlamaRMSNorm")),
+    "MixtralForCausalLM-batched_mm": Case(  # batched experts (float64; the default grouped product is float32)
+        lambda: _mixtral("batched_mm"), lambda: (_ids(),), _next_token, replays=False,
+        float64_forwards=_in_float64("mixtral", "MixtralRMSNorm"),
+        reference_forwards=_router_held_constant("mixtral", "MixtralTopKRouter")),
 }
 
 
@@ -639,8 +672,7 @@ MORE_CASES = {  # families beyond the issue's list, each as a user brings it
     "StableLmForCausalLM": Case(_built("StableLmForCausalLM", "StableLmConfig", **DECODER), lambda: (_ids(),),
                                 _next_token),
     "MixtralForCausalLM": Case(  # the default experts: a grouped matrix product (float32 only)
-        _built("MixtralForCausalLM", "MixtralConfig", **DECODER, num_local_experts=4, num_experts_per_tok=2),
-        lambda: (_ids(),), _next_token, dtype=torch.float32, replays=False,
+        _mixtral, lambda: (_ids(),), _next_token, dtype=torch.float32, replays=False,
         reference_forwards=_router_held_constant("mixtral", "MixtralTopKRouter")),
     "Qwen2MoeForCausalLM": Case(  # a shared expert behind a sigmoid gate as well
         _built("Qwen2MoeForCausalLM", "Qwen2MoeConfig", **DECODER, num_experts=4, num_experts_per_tok=2,
@@ -977,7 +1009,7 @@ def test_inputs_by_name_name_what_is_missing() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["LlamaForCausalLM", "GPT2LMHeadModel", "BertForSequenceClassification",
-                                  "MambaForCausalLM"])
+                                  "MambaForCausalLM", "LlavaForConditionalGeneration", "MixtralForCausalLM-batched_mm"])
 def test_low_precision_relevance_is_finite_and_near_float64(name: str, dtype: torch.dtype) -> None:
     """A model in bfloat16 or float16, as language models are often loaded, is explained in its
     precision: finite relevance of its dtype, as close to the reference run in float64 on the
@@ -990,15 +1022,21 @@ def test_low_precision_relevance_is_finite_and_near_float64(name: str, dtype: to
     model, inputs = _model(case)
     low = model.to(dtype)
     high = copy.deepcopy(low).double()
+    # (an image in the model's precision, as a processor hands it; the float64 reference gets the same values)
+    inputs = tuple(value.to(dtype) if isinstance(value, Tensor) and value.is_floating_point() else value
+                   for value in inputs)
+    high_inputs = tuple(value.double() if isinstance(value, Tensor) and value.is_floating_point() else value
+                        for value in inputs)
     relevance = fxlrp.attribute(fxlrp.convert(low, AttnLRP(epsilon=0.0)), inputs, target=1, output=case.pick)
     with pytest.MonkeyPatch.context() as patch:
         for module, attribute, function in case.reference_forwards() if case.reference_forwards is not None else ():
             patch.setattr(module, attribute, function)
-        [expected] = reference_relevance(high, inputs, case.pick, target=1)
-        [own] = reference_relevance(copy.deepcopy(low), inputs, case.pick, target=1)
-    assert relevance[0].dtype == dtype and bool(relevance[0].isfinite().all())
-    error, own_error = relative_error(relevance[0].double(), expected), relative_error(own.double(), expected)
-    assert error <= 4 * own_error, (error, own_error)
+        expected = reference_relevance(high, high_inputs, case.pick, target=1)
+        own = reference_relevance(copy.deepcopy(low), inputs, case.pick, target=1)
+    for ours, theirs, their_own in zip(relevance, expected, own, strict=True):
+        assert ours.dtype == dtype and bool(ours.isfinite().all())
+        error, own_error = relative_error(ours.double(), theirs), relative_error(their_own.double(), theirs)
+        assert error <= 4 * own_error, (error, own_error)
 
 
 def test_the_reference_tells_attnlrp_from_gradient_times_input() -> None:

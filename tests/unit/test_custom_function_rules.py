@@ -15,7 +15,7 @@ from support.references import LRP0, relative_error
 from torch import nn
 
 import fxlrp
-from fxlrp.registry import REGISTRY, Kind, Operation, own_backward, register
+from fxlrp.registry import REGISTRY, Operation, Pass, Spelling, own_backward, register
 
 
 class RoundedStraightThrough(torch.autograd.Function):
@@ -55,8 +55,11 @@ class Quantised(nn.Module):
 @pytest.fixture(scope="module")
 def declared():
     if "rounded_straight_through" not in REGISTRY.operations:
-        register(Operation("rounded_straight_through", Kind.PASS, functions=(RoundedStraightThrough,),
-                           relevance=own_backward))
+        register(Operation(
+                     "rounded_straight_through",
+                     Spelling(functions=(RoundedStraightThrough,)),
+                     Pass(own_backward),
+                 ))
     return REGISTRY.operations["rounded_straight_through"]
 
 

@@ -17,7 +17,7 @@ from fxlrp.eager.runner import LayerRunner, layer_runner
 from fxlrp.integrations.pyg.messages import given_edges, messages_of
 from fxlrp.operations.scatter import reduce_by_argument
 from fxlrp.operations.sums import proportional
-from fxlrp.registry import REGISTRY, Kind, Operation, register
+from fxlrp.registry import REGISTRY, Affine, Decomposed, Native, Operation, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules.attention import GRAPH_SOFTMAX
 
@@ -33,37 +33,26 @@ def message_passing(call: RelevanceCall, runner: LayerRunner, *args: Any, **kwar
 register(
     Operation(
         "message_passing",
-        Kind.AFFINE,
-        modules=(MessagePassing,),
-        subclasses=True,
-        relevance=message_passing,
-        module_function=layer_runner,
-        weighted=True,
-        holds_layers=True,
+        Spelling(module_bases=(MessagePassing,), module_function=layer_runner),
+        Decomposed(message_passing, weighted=True),
         description="PyG message-passing layer (any MessagePassing subclass), run with its parts explained",
     )
 )
 register(
     Operation(
         "pyg_scatter",
-        Kind.AFFINE,
-        functions=(scatter,),
-        index_arguments=(1,),
-        relevance=reduce_by_argument,
-        default_rule=proportional,
-        leaf=True,
+        Spelling(functions=(scatter,), leaf=True),
+        Affine(reduce_by_argument, default_rule=proportional),
+        ValueFlow(index_arguments=(1,)),
         description="torch_geometric.utils.scatter: sum/mean proportional, max/min winner-take-all",
     )
 )
 register(
     Operation(
         "global_pool",
-        Kind.AFFINE,
-        functions=(global_add_pool, global_mean_pool, global_max_pool),
-        index_arguments=(1,),
-        relevance=interpret,
-        default_rule=proportional,
-        leaf=True,
+        Spelling(functions=(global_add_pool, global_mean_pool, global_max_pool), leaf=True),
+        Affine(interpret, default_rule=proportional),
+        ValueFlow(index_arguments=(1,)),
         description="PyG global add/mean/max pooling over the nodes of each graph",
     )
 )
@@ -80,9 +69,8 @@ if _pyg_index_select is not None:
     register(
         Operation(
             "pyg_index_select",
-            Kind.NATIVE,
-            functions=(_pyg_index_select,),
-            leaf=True,
+            Spelling(functions=(_pyg_index_select,), leaf=True),
+            Native(),
             description="torch.index_select as patched by torch_geometric: native",
         )
     )
