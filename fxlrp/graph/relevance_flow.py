@@ -302,6 +302,62 @@ def nodes_that_may_hold_roles(graph: fx.Graph, operation_of: Callable[[fx.Node],
     return holding
 
 
+NEUTRAL_ARGUMENTS = (type(None), str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+"""Arguments that are no values (a dtype, a device, a mode's name): they cannot make an output negative."""
+
+
+def nodes_known_non_negative(graph: fx.Graph, operation_of: Callable[[fx.Node], Operation | None],
+                             modules: dict[str, nn.Module]) -> set[fx.Node]:
+    """Nodes whose values are never negative, known from the graph alone, without reading a value.
+
+    A node is if its registered operation says so of the call
+    (:attr:`~fxlrp.registry.ValueFlow.non_negative`) given what is known of its arguments: a
+    ReLU's, softmax's or sigmoid's output; a pooling, sum, product, concatenation or view of such
+    values. The graph is in canonical form (every value written once), so a value known here is
+    the value every later reader sees, unless code the graph does not show may write into it: a
+    value read by a call without a registered operation or by a part that runs code of its own
+    (a propagation that ``holds_layers``) is not known. The graph's inputs and
+    constants are not known either.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The graph, in canonical form.
+    operation_of : callable
+        The registered operation of a node, or None.
+    modules : dict of str to nn.Module
+        The modules its call_module nodes name.
+
+    Returns
+    -------
+    set of fx.Node
+        The nodes known never to be negative.
+    """
+    known_nodes: set[fx.Node] = set()
+
+    def known(value: Any) -> bool:
+        if isinstance(value, fx.Node):
+            return value in known_nodes
+        if isinstance(value, (bool, int, float)):
+            return value >= 0
+        if isinstance(value, (list, tuple)):
+            return all(known(item) for item in value)
+        return isinstance(value, NEUTRAL_ARGUMENTS)
+
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        operation = operation_of(node)
+        if operation is None or operation.propagation.holds_layers:
+            known_nodes.difference_update(node.all_input_nodes)  # (it may write into them)
+            continue
+        spelling = modules[node.target] if node.op == "call_module" else node.target
+        non_negative = operation.flow.non_negative
+        if non_negative is not None and non_negative(spelling, node.args, node.kwargs, known):
+            known_nodes.add(node)
+    return known_nodes
+
+
 def relevance_factors(node: fx.Node, operation: Operation, carrying: set[fx.Node]) -> int:
     """How many factors of a product node relevance may reach.
 

@@ -26,6 +26,7 @@ from fxlrp.graph.nodes import (
 )
 from fxlrp.graph.relevance_flow import (
     find_operation,
+    nodes_known_non_negative,
     nodes_relevance_returns_to,
     nodes_that_may_carry_relevance,
     nodes_that_may_hold_roles,
@@ -33,6 +34,7 @@ from fxlrp.graph.relevance_flow import (
     relevance_factors,
     unreached,
     unreached_message,
+    value_arguments,
 )
 from fxlrp.graph.report import NodeReport, handling_of
 from fxlrp.registry import REGISTRY, Kind, Operation, called
@@ -230,6 +232,9 @@ class Rewriter:
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
         factors = {node: relevance_factors(node, operation, carrying)
                    for node in nodes if (operation := self._operation_of(node)) is not None}
+        non_negative = nodes_known_non_negative(self.graph, self._operation_of, self.modules)
+        inputs_non_negative = {node for node in factors if _inputs_known_non_negative(
+            node, self._operation_of(node), carrying, non_negative)}
         if not self.options.named_nodes:
             self.holding = nodes_that_may_hold_roles(self.graph, self._operation_of, carrying)
         for node in nodes:
@@ -267,7 +272,7 @@ class Rewriter:
                 # norm's statistic: no relevance passes through it, so it runs as the model does.
                 self._keep_native(node, operation, handling="no relevance")
             else:
-                self._substitute(node, operation, node in first_layers, factors[node])
+                self._substitute(node, operation, node in first_layers, factors[node], node in inputs_non_negative)
         if unsupported:
             self._unsupported(unsupported)
         self.graph.lint()
@@ -328,15 +333,18 @@ class Rewriter:
         handling = handling or ("native" if operation is not None else "gradient")
         self._report(node, operation.name if operation else "?", handling)
 
-    def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool, factors: int) -> None:
+    def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool, factors: int,
+                    inputs_non_negative: bool) -> None:
         """Install the node's relevance function with the rule the composite resolves for it;
-        ``factors``: how many factors of a product may carry relevance."""
+        ``factors``: how many factors of a product may carry relevance; ``inputs_non_negative``:
+        whether those that may carry relevance are known never to be negative."""
         module_name, module_type = enclosing_module(node, self.modules)
         site = Site(node.name, operation.name, operation.propagation.weighted, module_name, module_type,
                     is_first_layer, is_module_call=node.op == "call_module", relevance_factors=factors)
         rule = self.composite.resolve(site, operation)
         call = RelevanceCall(rule, self.options.warn_lost_relevance, site=site, composite=self.composite,
-                             strict=self.options.strict, sole_consumer=self._sole_consumer_of_rule_output(node))
+                             strict=self.options.strict, sole_consumer=self._sole_consumer_of_rule_output(node),
+                             inputs_non_negative=inputs_non_negative)
         if node.op == "call_module":
             module = out_of_place(self.modules[node.target])
             to_function = operation.spelling.module_function or (lambda module, state: (module, {}))
@@ -440,6 +448,14 @@ class Rewriter:
             f"rule (strict=False):\n{listing}",
             stacklevel=3,
         )
+
+
+def _inputs_known_non_negative(node: fx.Node, operation: Operation, carrying: set[fx.Node],
+                               non_negative: set[fx.Node]) -> bool:
+    """Whether every argument of ``node`` that may carry relevance is known never to be negative
+    (:func:`~fxlrp.graph.relevance_flow.nodes_known_non_negative`), and some may."""
+    carried = [source for source in value_arguments(node, operation) if source in carrying]
+    return bool(carried) and all(source in non_negative for source in carried)
 
 
 def _arguments_by_name(node: fx.Node) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import bind, module_as_function
+from fxlrp.operations.helpers import bind, module_as_function, never_negative
 from fxlrp.operations.products import receiving
 from fxlrp.registry import REGISTRY, Affine, Operation, Spelling, ValueFlow, register
 from fxlrp.relevance import AffineLayer
@@ -69,7 +69,7 @@ register(
             module_function=module_as_function,
         ),
         Affine(softmax, default_rule=SoftmaxRule),
-        ValueFlow(role=weights_role, saturates=True),
+        ValueFlow(non_negative=never_negative, role=weights_role, saturates=True),
         description="softmax: AttnLRP rule R_in = x (R - s sum R); output marked as attention weights",
     )
 )

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import NATIVE_WITH_ONE_CARRIER, module_as_function, passes
+from fxlrp.operations.helpers import NATIVE_WITH_ONE_CARRIER, module_as_function, never_negative, passes
 from fxlrp.registry import Operation, Pass, RoleFrom, Routed, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
@@ -53,7 +53,7 @@ register(
             module_function=module_as_function,
         ),
         Routed(rectified),
-        ValueFlow(keeps_rank=True),
+        ValueFlow(non_negative=never_negative, keeps_rank=True),
         description="ReLU: native backward passes relevance where the unit is active",
     )
 )
@@ -115,6 +115,7 @@ register(
             methods=("abs", "absolute", "__abs__"),
         ),
         Pass(passes((0,), recomputable=True)),
+        ValueFlow(non_negative=never_negative),
         description="absolute value, piecewise linear: identity rule, R_in = R_out (for y = sign(x) x "
         "the z-rule gives x sign(x) / |x| R = R, which is also gradient x input)",
     )

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import bind, module_as_function
+from fxlrp.operations.helpers import bind, module_as_function, never_negative
 from fxlrp.registry import Operation, Pass, Spelling, ValueFlow, register
 from fxlrp.relevance import apply_pass
 from fxlrp.relevance.call import RelevanceCall
@@ -41,7 +41,7 @@ register(
             module_function=module_as_function,
         ),
         Pass(gate),
-        ValueFlow(role=GATE, keeps_rank=True, saturates=True),
+        ValueFlow(non_negative=never_negative, role=GATE, keeps_rank=True, saturates=True),
         description="sigmoid, hardsigmoid: identity rule; the output is a gate (no relevance in x * gate by default)",
     )
 )

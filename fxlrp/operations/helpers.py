@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -19,6 +19,21 @@ LRP-0 or the z-rule."""
 NATIVE_WITH_ONE_CARRIER = NativeInGradientForm(needs_native_rule=False)
 """Maps linear in their one relevance-carrying argument under the identity rule (a negation, a
 product with constants): their own call in the gradient form."""
+
+
+def never_negative(spelling: Any, args: Sequence[Any], kwargs: Mapping[str, Any], known: Callable[[Any], bool]) -> bool:
+    """:attr:`~fxlrp.registry.ValueFlow.non_negative` of an operation whose output is never
+    negative whatever its inputs (ReLU, softmax, sigmoid)."""
+    return True
+
+
+def non_negative_where_arguments_are(spelling: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                                     known: Callable[[Any], bool]) -> bool:
+    """:attr:`~fxlrp.registry.ValueFlow.non_negative` of a sum, average, maximum, product or move
+    of values: never negative where no argument is, numbers included (``x + 1`` is not negative
+    where ``x`` is not, ``x - 1`` may be). Negative numbers that are no values (a dimension of
+    -1) make it unknown, which only keeps the terms a rule could have left out."""
+    return all(known(value) for value in args) and all(known(value) for value in kwargs.values())
 
 
 def bind(function: Callable[..., Tensor], kwargs: dict[str, Any]) -> Callable[..., Tensor]:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxlrp.operations.helpers import held_constant, identity, native
+from fxlrp.operations.helpers import held_constant, identity, native, non_negative_where_arguments_are
 from fxlrp.operations.sparse import selected
 from fxlrp.registry import Native, Operation, RoleFrom, Routed, Spelling, ValueFlow, register
 from fxlrp.registry.writes import (
@@ -70,12 +70,25 @@ VIEW_MODULES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.PixelShuffle, nn.Pixel
                 nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReplicationPad1d, nn.ReplicationPad2d)
 
 
+
+def moved_non_negative(spelling: Any, args: Any, kwargs: Any, known: Any) -> bool:
+    """The entry's :attr:`~fxlrp.registry.ValueFlow.non_negative`: values moved, selected or
+    concatenated are never negative where none of the moved ones is, and the values a call
+    writes or pads with are not (a fill value, a padding module's ``value``). Indexing selects:
+    its index adds no values (its negative positions count from the end)."""
+    if spelling is operator.getitem:
+        return known(args[0])
+    if isinstance(spelling, nn.Module) and not known(getattr(spelling, "value", 0)):
+        return False
+    return non_negative_where_arguments_are(spelling, args, kwargs, known)
+
 register(
     Operation(
         "view",
         Spelling(functions=VIEW_FUNCTIONS, methods=VIEW_METHODS, modules=VIEW_MODULES),
         Routed(selected),
         ValueFlow(
+            non_negative=moved_non_negative,
             role=RoleFrom.FIRST_ARGUMENT,
             # an index selects values but contributes none of its own
             index_arguments={"getitem": (1,), "index_select": (2,), "gather": (2,), "scatter": (2,),
@@ -117,7 +130,8 @@ register(
             ),
         ),
         Native(),
-        ValueFlow(keeps_rank=frozenset({nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d})),
+        ValueFlow(non_negative=non_negative_where_arguments_are,
+                  keeps_rank=frozenset({nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d})),
         description="max and min: winner-take-all",
     )
 )
@@ -142,7 +156,7 @@ register(
         "largest",
         Spelling(functions=(torch.topk, torch.max), methods=("topk", "max")),
         Routed(native),
-        ValueFlow(role=largest_role),
+        ValueFlow(non_negative=non_negative_where_arguments_are, role=largest_role),
         description="topk and max: winner-take-all; the largest of a softmax or sigmoid (a router's weights) are "
         "gates",
     )
@@ -157,7 +171,7 @@ register(
             modules=(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout),
         ),
         Routed(identity),
-        ValueFlow(keeps_rank=True),
+        ValueFlow(non_negative=non_negative_where_arguments_are, keeps_rank=True),
         description="dropout: the identity at explanation time",
     )
 )

@@ -22,7 +22,12 @@ import torch
 from torch import Tensor
 
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, NATIVE_WITH_ONE_CARRIER, bind
+from fxlrp.operations.helpers import (
+    NATIVE_UNDER_NATIVE_RULE,
+    NATIVE_WITH_ONE_CARRIER,
+    bind,
+    non_negative_where_arguments_are,
+)
 from fxlrp.operations.sparse import SparseEntries, entry_product, is_sparse
 from fxlrp.registry import Affine, Operation, RoleFrom, Spelling, ValueFlow, register
 from fxlrp.relevance import AffineLayer, apply_pass, apply_rule
@@ -299,7 +304,7 @@ register(
             factors=leading_pair,
             gradient_native=NATIVE_WITH_ONE_CARRIER,
         ),
-        ValueFlow(role=RoleFrom.SHARED),
+        ValueFlow(non_negative=non_negative_where_arguments_are, role=RoleFrom.SHARED),
         description="product: a constant factor rescales (relevance passes to the other factor); "
         "relevance-carrying factors by the Product rule (gates get none by default)",
     )

@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, affine, module_as_function
+from fxlrp.operations.helpers import (
+    NATIVE_UNDER_NATIVE_RULE,
+    affine,
+    module_as_function,
+    non_negative_where_arguments_are,
+)
 from fxlrp.registry import Affine, Operation, RoleFrom, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.rules import Epsilon
@@ -32,7 +37,7 @@ register(
         "add",
         Spelling(functions=(operator.add, torch.add), methods=("add", "__add__", "__radd__")),
         SUM,
-        ValueFlow(role=RoleFrom.SHARED),
+        ValueFlow(non_negative=non_negative_where_arguments_are, role=RoleFrom.SHARED),
         description="a + b (broadcasting; constants act as a bias)",
     )
 )
@@ -53,6 +58,7 @@ register(
         "sum",
         Spelling(functions=(torch.sum,), methods=("sum",)),
         SUM,
+        ValueFlow(non_negative=non_negative_where_arguments_are),
         description="sum over dimensions",
     )
 )
@@ -61,6 +67,7 @@ register(
         "mean",
         Spelling(functions=(torch.mean,), methods=("mean",)),
         SUM,
+        ValueFlow(non_negative=non_negative_where_arguments_are),
         description="mean over dimensions",
     )
 )
@@ -127,7 +134,7 @@ register(
             module_function=module_as_function,
         ),
         SUM,
-        ValueFlow(keeps_rank=True),
+        ValueFlow(non_negative=non_negative_where_arguments_are, keeps_rank=True),
         description="average pooling (fixed and adaptive)",
     )
 )

@@ -305,6 +305,32 @@ def _holds_for(fact: SpellingFact, spelled: Any) -> bool:
     return fact if isinstance(fact, bool) else spelled in fact
 
 
+class NonNegativeOutput(Protocol):
+    """A :attr:`ValueFlow.non_negative`: whether a call's output is never negative."""
+
+    def __call__(self, spelling: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                 known: Callable[[Any], bool], /) -> bool:
+        """Whether the call's output is never negative, given what is known of its arguments.
+
+        Parameters
+        ----------
+        spelling : Any
+            What the call calls: the function, the Tensor method's name or the module.
+        args, kwargs
+            The call's arguments, as the captured graph holds them (its values are graph nodes).
+        known : callable
+            ``known(argument)``: whether an argument is known never to be negative (a node so
+            known, a number ``>= 0``, a list or tuple of such, None, a string, a dtype); False
+            for anything else.
+
+        Returns
+        -------
+        bool
+            True only if no value of the output can be negative.
+        """
+        ...
+
+
 @dataclass(frozen=True)
 class ValueFlow:
     """How values flow through an operation: which arguments are indices, whether its output
@@ -332,6 +358,12 @@ class ValueFlow:
     saturates: bool = False
     """Whether it squashes into a bounded range, its derivative vanishing where it saturates
     (softmax, sigmoid)."""
+    non_negative: NonNegativeOutput | None = None
+    """When its output is never negative, known from the graph without reading a value:
+    ``non_negative(spelling, args, kwargs, known)`` (a :class:`NonNegativeOutput`). Rules that
+    treat positive and negative inputs apart (z+, alpha-beta, gamma) then leave out the terms of
+    negative inputs of the layers it feeds (:func:`fxlrp.graph.relevance_flow.nodes_known_non_negative`).
+    None: never known (convolutions, BatchNorm, ...)."""
 
     @property
     def gives_role(self) -> bool:

@@ -74,11 +74,15 @@ class RelevanceCall:
     sole_consumer : bool, default False
         Whether the node is the only consumer of its first argument's value (known from the
         graph; False where it is unknown).
+    inputs_non_negative : bool, default False
+        Whether the node's relevance-carrying arguments are known never to be negative (from the
+        graph: the outputs of ReLUs, poolings of them, ...; False where it is unknown). The layers
+        of the call (:meth:`layer`) say so to their rules.
     """
 
     def __init__(
         self, rule: AffineRule | None, warn_lost_relevance: bool = False, *, site: Any = None, composite: Any = None,
-        strict: bool = True, sole_consumer: bool = False,
+        strict: bool = True, sole_consumer: bool = False, inputs_non_negative: bool = False,
     ) -> None:
         self.rule = rule
         self.warn_lost_relevance = warn_lost_relevance
@@ -86,6 +90,7 @@ class RelevanceCall:
         self.composite = composite
         self.strict = strict
         self.sole_consumer = sole_consumer
+        self.inputs_non_negative = inputs_non_negative
         self._cache: dict[Hashable, tuple[tuple[Any, ...], Any, tuple[Any, ...]]] = {}
         self.inner_calls: dict[tuple[int, str, bool, bool], tuple[Any, RelevanceCall]] = {}
         """Calls of the operations inside a part run eagerly, by module, operation, first-layer flag
@@ -127,10 +132,10 @@ class RelevanceCall:
         Returns
         -------
         AffineLayer
-            The layer, with this call's ``warn_lost_relevance``.
+            The layer, with this call's ``warn_lost_relevance`` and ``inputs_non_negative``.
         """
         return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable, softmax_dim,
-                           input_gradient)
+                           input_gradient, self.inputs_non_negative)
 
     def runs_natively(self) -> bool:
         """Whether the operation's own call is this call's relevance function at this moment.

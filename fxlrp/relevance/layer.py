@@ -41,6 +41,10 @@ class AffineLayer:
     ``g @ W``): a rule that uses the layer's own parameters then builds no inner autograd graph
     in forward and runs no nested ``torch.autograd.grad`` in backward (see
     :func:`fxlrp.relevance.terms.output_and_root`)."""
+    inputs_non_negative: bool = False
+    """Whether its relevance-carrying inputs are known never to be negative, from the graph (a
+    ReLU's output, a pooling of it): rules that treat positive and negative inputs apart leave
+    out the terms of negative inputs, exact zeros, without reading a value."""
 
     def __call__(
         self, inputs: Sequence[Any], weight: Tensor | None = None, bias: Tensor | None = None

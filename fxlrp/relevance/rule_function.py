@@ -245,7 +245,12 @@ class RuleFunction(torch.autograd.Function):
         ctx.recomputed = () if ctx.reusable else _release_recomputable(inputs, leaves)
         if layer.recomputable and not ctx.reusable:
             _recompute_from_input(ctx, layer, inputs)
-        return output.detach()
+        if output.requires_grad or ctx.kept is not None or output._is_view() or any(
+                output is value for value in (*inputs, *leaves)):
+            # Cut from the rule's inner graph, and another object than the one kept (the Function's
+            # output refers to its node, which would refer back to it: neither would be freed).
+            return output.detach()
+        return output  # computed outside autograd and kept by nobody: the Function's output as it is
 
     @staticmethod
     def backward(ctx, relevance: Tensor) -> tuple[Tensor | None, ...]:

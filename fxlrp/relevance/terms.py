@@ -361,9 +361,16 @@ def total(terms: Sequence[Tensor]) -> Tensor:
     Returns
     -------
     Tensor
-        Their detached sum.
+        Their sum, out of autograd's records: the term itself for a single term in a backward
+        that records nothing (the rule then writes its stabiliser and quotient into it, which
+        the term's own gradient does not read), else detached.
     """
-    return terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
+    if torch.is_grad_enabled():  # (a backward that records, create_graph=True)
+        return terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
+    summed = terms[0]
+    for term in terms[1:]:
+        summed = summed + term
+    return summed
 
 
 def output_and_root(layer: AffineLayer, inputs: Sequence[Any]) -> tuple[Tensor, Root]:
@@ -461,8 +468,10 @@ def scaled(
         stabilised = stabiliser(denominator)
     else:
         stabilised = denominator.add_(sign * epsilon) if owned else denominator + sign * epsilon
-    if (stabilised.shape != relevance.shape or stabilised.dtype != relevance.dtype or stabilised.requires_grad
-            or values_are_traced()):  # a compiler plans buffers itself, and out= keeps layouts it may not infer
+    # (out= is not recorded by autograd; a compiler plans buffers itself, and out= keeps layouts it
+    # may not infer)
+    if (stabilised.shape != relevance.shape or stabilised.dtype != relevance.dtype
+            or stabilised.requires_grad and torch.is_grad_enabled() or values_are_traced()):
         return relevance / stabilised
     # The denominator is a fresh tensor: the quotient overwrites it, so that backward's peak holds
     # one activation-sized buffer fewer (the largest layers set the peak).

@@ -2,8 +2,10 @@
 (:func:`fxlrp.compile`), and not on a GPU.
 
 Some rules skip work that the values of one input make unnecessary: z+ and alpha-beta skip the
-``x-`` terms behind a ReLU (no input is negative), gamma the half of output signs that do not
-occur, a linear layer's backward the rows and columns of a gradient that are all 0. Reading a
+``x-`` terms where no input is negative, gamma the half of output signs that do not occur, a
+linear layer's backward the rows and columns of a gradient that are all 0. (Where the graph shows
+that no input can be negative - a ReLU before the layer - the ``x-`` terms are left out on every
+device without a read: :attr:`fxlrp.relevance.AffineLayer.inputs_non_negative`.) Reading a
 value on the host is a synchronisation on a GPU (the host waits until the device has computed
 it, and the device then idles until the host queues the next kernels), which a trace cannot
 record either, and a skip decided for the traced input would be wrong for the next one. So these

@@ -80,7 +80,10 @@ class Rule:
         Returns
         -------
         output : Tensor
-            The layer's output, as the layer computes it.
+            The layer's output, as the layer computes it. Computed outside autograd (under
+            ``torch.no_grad``) and not kept (:meth:`keeps_output`), it becomes the relevance
+            Function's output itself, so ``state`` must not hold it (a root of the rule's inner
+            graph is held by its gradient edge, :func:`~fxlrp.relevance.rule_function.gradient_root`).
         state : Any
             What :meth:`backward` receives as ``state``.
         """

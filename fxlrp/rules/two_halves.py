@@ -40,13 +40,18 @@ class TwoHalves(StabilisedRule):
         """
         raise NotImplementedError
 
-    def half_weights(self, output: Tensor | None) -> tuple[float | Tensor | None, float | Tensor | None]:
+    def half_weights(
+        self, output: Tensor | None, sign: float | None = None
+    ) -> tuple[float | Tensor | None, float | Tensor | None]:
         """Weights of the first and second half given the layer's output.
 
         Parameters
         ----------
         output : Tensor or None
             The layer's kept output; None unless the rule keeps its output.
+        sign : float, optional
+            The sign every value of the kept output has, where known (``+1.0`` once a ReLU that
+            alone reads it rectified it: relevance reaches none of the outputs that were negative).
 
         Returns
         -------
@@ -64,13 +69,14 @@ class TwoHalves(StabilisedRule):
         })
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        return terms.original_output(layer, inputs), (inputs, prepared, terms.has_negative_inputs(inputs))
+        has_negative = not layer.inputs_non_negative and terms.has_negative_inputs(inputs)
+        return terms.original_output(layer, inputs), (inputs, prepared, has_negative)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs, variants, has_negative = state
         # Behind a ReLU the kept output is the rectified one the next layer keeps anyway, and the
         # half of negative outputs, which receive no relevance there, is skipped.
-        weights = self.half_weights(None if output is None else output.take())
+        weights = self.half_weights(None, None) if output is None else self.half_weights(output.take(), output.sign)
         split = terms.split_inputs(inputs, has_negative)
         outputs, scaled = [], []
         for weight, sign, for_positive_inputs, for_negative_inputs in zip(
@@ -134,7 +140,7 @@ class AlphaBeta(TwoHalves):
     def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
         return terms.positive_part, terms.negative_part
 
-    def half_weights(self, output: Tensor | None) -> tuple[float, float | None]:
+    def half_weights(self, output: Tensor | None, sign: float | None = None) -> tuple[float, float | None]:
         return self.alpha, (-self.beta if self.beta != 0 else None)
 
 
@@ -201,8 +207,13 @@ class Gamma(TwoHalves):
     def keeps_output(self, prepared: Any) -> bool:
         return True  # which half explains an output depends on its sign
 
-    def half_weights(self, output: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    def half_weights(self, output: Tensor | None, sign: float | None = None) -> tuple[Tensor | float | None,
+                                                                                     Tensor | None]:
         # An output sign that never occurs receives no relevance: its half is not computed.
+        if sign == 1.0:
+            # Rectified by the ReLU that alone reads it, whose backward gave the outputs that were
+            # not positive no relevance: the first half alone, unmasked (its shares there are 0).
+            return 1.0, None
         positive, negative = output > 0, output < 0
         if not values_read_on_host(output):  # a half without outputs gets zero weights: its terms add zeros
             return positive, negative
