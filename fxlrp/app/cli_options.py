@@ -14,7 +14,7 @@ HF_PREFIX = "hf:"
 
 COMPOSITE_NAMES = ("epsilon", "lrp0", "epsilon_plus", "epsilon_plus_flat", "epsilon_alpha2_beta1",
                    "epsilon_alpha2_beta1_flat", "epsilon_gamma_box", "attnlrp", "cplrp")
-"""The composite names the command line accepts (:func:`fxlrp.app.cli_inputs.composite_by_name`)."""
+"""The composite names the command line accepts (:func:`fxlrp.app.composites.composite_by_name`)."""
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 """``--dtype`` of a data-set run."""
@@ -22,6 +22,15 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 class InputError(FxlrpError):
     """A command-line input (model, weights, composite, image) that cannot be used."""
+
+
+def _first_sentence(error: Exception) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.split(". ")[0][:160]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def add_dataset_options(parser: argparse.ArgumentParser, explain: bool = True) -> None:

@@ -14,24 +14,8 @@ import numpy as np
 import torch
 
 import fxlrp
-from fxlrp.app.cli_inputs import (
-    InputError,
-    Preprocessing,
-    Pretrained,
-    _first_sentence,
-    _preprocessing,
-    _run_model,
-    _targets,
-    check_inputs,
-    composite_by_name,
-    explained_output,
-    load_model,
-    open_pretrained,
-    probe_model,
-    stack_inputs,
-    unexplainable,
-)
-from fxlrp.app.cli_options import HF_PREFIX
+from fxlrp.app.cli_options import HF_PREFIX, InputError, _first_sentence
+from fxlrp.app.composites import composite_by_name
 from fxlrp.app.explain_dataset import (
     autocast,
     device_of,
@@ -40,6 +24,11 @@ from fxlrp.app.explain_dataset import (
     prepare_model,
     run_dataset,
 )
+from fxlrp.app.models.huggingface import Pretrained, open_pretrained
+from fxlrp.app.models.spec import _preprocessing, load_model
+from fxlrp.app.outputs import _run_model, _targets, explained_output, probe_model, unexplainable
+from fxlrp.app.preprocessing import Preprocessing
+from fxlrp.app.readers import check_inputs, stack_inputs
 from fxlrp.explain.attribute import attribute
 from fxlrp.explain.compiled import compile as fxlrp_compile
 from fxlrp.viz import generation as generation_pictures

@@ -25,14 +25,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 import fxlrp
-from fxlrp.app.cli_inputs import (
-    InputError,
-    _preprocessing,
-    composite_by_name,
-    explained_output,
-    load_model,
-    probe_model,
-)
+from fxlrp.app.cli_options import InputError
+from fxlrp.app.composites import composite_by_name
 from fxlrp.app.datasets import NO_LABEL, Item, as_list, open_data
 from fxlrp.app.distributed import Processes, processes_from_environment
 from fxlrp.app.explain_dataset import (
@@ -47,6 +41,8 @@ from fxlrp.app.explain_dataset import (
     target_of,
 )
 from fxlrp.app.explanations_store import SHARDS, ExplanationWriter, ShardRows, shard_name, write_json
+from fxlrp.app.models.spec import _preprocessing, load_model
+from fxlrp.app.outputs import explained_output, probe_model
 from fxlrp.evaluate import EvaluationInputError, image_curves, ranked, table
 from fxlrp.explain.attribute import attribute
 

@@ -33,21 +33,14 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 
 import fxlrp
-from fxlrp.app.cli_inputs import (
-    InputError,
-    Preprocessing,
-    _preprocessing,
-    _targets,
-    class_scores,
-    composite_by_name,
-    explained_output,
-    load_model,
-    probe_model,
-    unexplainable,
-)
+from fxlrp.app.cli_options import InputError
+from fxlrp.app.composites import composite_by_name
 from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
 from fxlrp.app.distributed import Processes, processes_from_environment
 from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, ShardRows, write_atomic
+from fxlrp.app.models.spec import _preprocessing, load_model
+from fxlrp.app.outputs import _targets, class_scores, explained_output, probe_model, unexplainable
+from fxlrp.app.preprocessing import Preprocessing
 from fxlrp.concepts import ChannelConcept, ReferenceSamples, concept_atlas, conditional_relevance, with_boxes
 from fxlrp.concepts.files import references_arrays, references_of_arrays, save_references
 from fxlrp.explain.attribute import attribute
