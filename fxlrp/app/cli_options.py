@@ -24,12 +24,15 @@ class InputError(FxlrpError):
     """A command-line input (model, weights, composite, image) that cannot be used."""
 
 
-def _first_sentence(error: Exception) -> str:
+def first_sentence(error: Exception) -> str:
+    """A library's error as the end of a one-line message: its first sentence on one line, at
+    most 160 characters (its type's name where it has no text)."""
     text = " ".join(str(error).split()) or type(error).__name__
     return text.split(". ")[0][:160]
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """``text`` on one line, its runs of white space made single spaces."""
     return " ".join(str(text).split())
 
 

@@ -41,7 +41,7 @@ from fxlrp.app.explain_dataset import (
     target_of,
 )
 from fxlrp.app.explanations_store import SHARDS, ExplanationWriter, ShardRows, shard_name, write_json
-from fxlrp.app.models.spec import _preprocessing, load_model
+from fxlrp.app.models.spec import load_model, preprocessing_from_options
 from fxlrp.app.outputs import explained_output, probe_model
 from fxlrp.evaluate import EvaluationInputError, image_curves, ranked, table
 from fxlrp.explain.attribute import attribute
@@ -193,7 +193,7 @@ def _evaluate_data_set(args: argparse.Namespace, device: torch.device, processes
     if RANDOM in names:
         raise InputError(f"--composite {RANDOM!r}: the random map is always evaluated; name composites only")
     model = load_model(args.model, args.weights)
-    preprocessing = _preprocessing(args, model)
+    preprocessing = preprocessing_from_options(args, model)
     composites = {name: composite_by_name(name, preprocessing) for name in names}
     source = open_data(args.data, preprocessing)
     first = _first_explainable(source, args.on_error)

@@ -38,8 +38,8 @@ from fxlrp.app.composites import composite_by_name
 from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
 from fxlrp.app.distributed import Processes, processes_from_environment
 from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, ShardRows, write_atomic
-from fxlrp.app.models.spec import _preprocessing, load_model
-from fxlrp.app.outputs import _targets, class_scores, explained_output, probe_model, unexplainable
+from fxlrp.app.models.spec import load_model, preprocessing_from_options
+from fxlrp.app.outputs import checked_targets, class_scores, explained_output, probe_model, unexplainable
 from fxlrp.app.preprocessing import Preprocessing
 from fxlrp.concepts import ChannelConcept, ReferenceSamples, concept_atlas, conditional_relevance, with_boxes
 from fxlrp.concepts.files import references_arrays, references_of_arrays, save_references
@@ -527,7 +527,7 @@ def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: So
 def _explain_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
     torch.manual_seed(0)  # a model without --weights gets the same random weights in every process
     model = load_model(args.model, args.weights)
-    preprocessing = _preprocessing(args, model)
+    preprocessing = preprocessing_from_options(args, model)
     composite = composite_by_name(args.composite, preprocessing)
     if args.png:
         from fxlrp.viz import image
@@ -557,7 +557,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
             concepts = _probe_concepts(explain, prepare_inputs(first.values[None], device, args.dtype), nodes,
                                        args.concepts_top)
     if isinstance(args.target, int):
-        _targets(args.target, logits)
+        checked_targets(args.target, logits)
     elif args.target == "label" and source.classes is None and first.label == NO_LABEL:
         raise InputError(f"--target label: {source.description} has no labels")
 

@@ -91,12 +91,12 @@ def probe_model(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[
     return class_scores(output), output.dim() > 2
 
 
-def _run_model(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[str]) -> torch.Tensor:
+def model_scores(explain: torch.nn.Module, inputs: torch.Tensor, paths: Sequence[str]) -> torch.Tensor:
     """The ``[batch, classes]`` scores of ``inputs`` (:func:`class_scores`), without relevance."""
     return probe_model(explain, inputs, paths)[0]
 
 
-def _targets(target: int | tuple[int, int] | None, logits: torch.Tensor) -> torch.Tensor:
+def checked_targets(target: int | tuple[int, int] | None, logits: torch.Tensor) -> torch.Tensor:
     """Each sample's class: ``target``'s (a contrast's first class), or the predicted one; checked to exist."""
     classes = logits.shape[1]
     if target is None:

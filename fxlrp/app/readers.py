@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fxlrp.app.cli_options import InputError, _first_sentence
+from fxlrp.app.cli_options import InputError, first_sentence
 from fxlrp.app.preprocessing import Preprocessing
 
 TENSOR_SUFFIXES = (".pt", ".pth", ".npy")
@@ -23,7 +23,7 @@ def _read_tensor_file(path: Path) -> Tensor:
         else:
             values = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001
-        raise InputError(f"cannot read tensor file {str(path)!r}: {_first_sentence(error)}") from None
+        raise InputError(f"cannot read tensor file {str(path)!r}: {first_sentence(error)}") from None
     if not isinstance(values, Tensor):
         raise InputError(f"{str(path)!r} holds a {type(values).__name__}, not a tensor")
     return values.float()
@@ -48,7 +48,7 @@ def _read_image_file(path: Path, preprocessing: Preprocessing) -> Tensor:
     except UnidentifiedImageError:
         raise InputError(f"{str(path)!r} is not an image pillow can read (or a .pt/.npy tensor)") from None
     except (OSError, ValueError, SyntaxError) as error:  # a damaged file: pillow fails while decoding it
-        raise InputError(f"{str(path)!r} cannot be decoded: {_first_sentence(error)}") from None
+        raise InputError(f"{str(path)!r} cannot be decoded: {first_sentence(error)}") from None
     if pixels.ndim == 2:
         pixels = pixels[None]
     else:

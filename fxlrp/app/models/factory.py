@@ -25,7 +25,8 @@ def imported_object(spec: str, kind: type, what: str) -> Any:
     return factory if isinstance(factory, kind) else factory()
 
 
-def _imported_model(spec: str) -> nn.Module:
+def factory_model(spec: str) -> nn.Module:
+    """The ``nn.Module`` a ``package.module:FACTORY`` spec names (:func:`imported_object`)."""
     model = imported_object(spec, nn.Module, "model")
     if not isinstance(model, nn.Module):
         raise InputError(f"{spec!r} gives a {type(model).__name__}, not a torch.nn.Module")

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fxlrp.app.cli_options import InputError, _first_sentence, _one_line
+from fxlrp.app.cli_options import InputError, first_sentence, one_line
 from fxlrp.app.preprocessing import Preprocessing
 
 _HF_MODELS = (("ForSequenceClassification", "AutoModelForSequenceClassification"),
@@ -58,7 +58,7 @@ class Pretrained:
         try:
             model = getattr(transformers, self.loader).from_pretrained(self.directory, local_files_only=True)
         except Exception as error:  # noqa: BLE001 - any unreadable model gets the same one-line answer
-            raise InputError(f"cannot load the model in {str(self.directory)!r}: {_first_sentence(error)}") from None
+            raise InputError(f"cannot load the model in {str(self.directory)!r}: {first_sentence(error)}") from None
         finally:
             if quiet:
                 logging.enable_progress_bar()
@@ -96,7 +96,7 @@ def open_pretrained(directory: str) -> Pretrained:
     try:
         config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as error:  # noqa: BLE001
-        raise InputError(f"cannot read {str(path / 'config.json')!r}: {_first_sentence(error)}") from None
+        raise InputError(f"cannot read {str(path / 'config.json')!r}: {first_sentence(error)}") from None
     architectures = list(getattr(config, "architectures", None) or [])
     found = next(((name, auto) for name in architectures for suffix, auto in _HF_MODELS if name.endswith(suffix)),
                  None)
@@ -111,7 +111,7 @@ def open_pretrained(directory: str) -> Pretrained:
             try:
                 processor = transformers.AutoImageProcessor.from_pretrained(path, local_files_only=True)
             except Exception as error:  # noqa: BLE001
-                raise InputError(f"cannot read the image processor in {directory!r}: {_first_sentence(error)}") \
+                raise InputError(f"cannot read the image processor in {directory!r}: {first_sentence(error)}") \
                     from None
         return Pretrained(path, config, loader, None, architecture, processor)
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
@@ -119,7 +119,7 @@ def open_pretrained(directory: str) -> Pretrained:
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as error:  # noqa: BLE001
-        raise InputError(f"cannot read the tokenizer in {directory!r}: {_first_sentence(error)}") from None
+        raise InputError(f"cannot read the tokenizer in {directory!r}: {first_sentence(error)}") from None
     return Pretrained(path, config, loader, tokenizer, architecture)
 
 
@@ -134,7 +134,7 @@ class _ImageProcessorTransform:
         return self.processor(images=picture, return_tensors="pt")["pixel_values"][0].float()
 
 
-def _hf_preprocessing(directory: str, channels: int) -> Preprocessing:
+def huggingface_preprocessing(directory: str, channels: int) -> Preprocessing:
     """A Hugging Face image model's preprocessing: its saved image processor; without one, a
     resize to the config's ``image_size`` and pixels in [0, 1]."""
     pretrained = open_pretrained(directory)
@@ -146,5 +146,5 @@ def _hf_preprocessing(directory: str, channels: int) -> Preprocessing:
     normalises = getattr(processor, "do_normalize", True) and getattr(processor, "image_mean", None) is not None
     mean = tuple(float(value) for value in processor.image_mean) if normalises else (0.0,) * channels
     std = tuple(float(value) for value in processor.image_std) if normalises else (1.0,) * channels
-    described = f"image processor {_one_line(processor.to_json_string())}"
+    described = f"image processor {one_line(processor.to_json_string())}"
     return Preprocessing(size, channels, mean, std, _ImageProcessorTransform(processor), described)

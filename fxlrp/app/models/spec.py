@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from fxlrp.app.cli_options import InputError
-from fxlrp.app.models.factory import _imported_model
-from fxlrp.app.models.huggingface import _hf_preprocessing, open_pretrained
-from fxlrp.app.models.timm import _timm_model, _timm_preprocessing
-from fxlrp.app.models.torchvision import _torchvision_model, _torchvision_preprocessing
+from fxlrp.app.models.factory import factory_model
+from fxlrp.app.models.huggingface import huggingface_preprocessing, open_pretrained
+from fxlrp.app.models.timm import timm_model, timm_preprocessing
+from fxlrp.app.models.torchvision import torchvision_model, torchvision_preprocessing
 from fxlrp.app.models.weights import classes_of, read_state_dict
 from fxlrp.app.preprocessing import Preprocessing
 
@@ -51,11 +51,11 @@ def load_model(spec: str, weights: str | Path | None = None) -> nn.Module:
         return pretrained.load_model()
     state_dict = read_state_dict(weights) if weights is not None else None
     if source == "torchvision":
-        model = _torchvision_model(name, state_dict)
+        model = torchvision_model(name, state_dict)
     elif source == "timm":
-        model = _timm_model(name, classes_of(state_dict) if state_dict is not None else None)
+        model = timm_model(name, classes_of(state_dict) if state_dict is not None else None)
     else:
-        model = _imported_model(spec)
+        model = factory_model(spec)
     if state_dict is not None:
         try:
             model.load_state_dict(state_dict)
@@ -93,15 +93,15 @@ def model_preprocessing(spec: str, model: nn.Module) -> Preprocessing:
     channels = first_layer_channels(model)
     source, _, name = spec.partition(":")
     if source == "torchvision":
-        return _torchvision_preprocessing(name, model, channels)
+        return torchvision_preprocessing(name, model, channels)
     if source == "timm" or isinstance(getattr(model, "pretrained_cfg", None), Mapping):
-        return _timm_preprocessing(model, channels)
+        return timm_preprocessing(model, channels)
     if source == "hf":
-        return _hf_preprocessing(name, channels)
+        return huggingface_preprocessing(name, channels)
     return Preprocessing(None, channels, (0.0,) * channels, (1.0,) * channels)
 
 
-def _preprocessing(args: argparse.Namespace, model: torch.nn.Module) -> Preprocessing:
+def preprocessing_from_options(args: argparse.Namespace, model: torch.nn.Module) -> Preprocessing:
     """The model's own preprocessing (:func:`model_preprocessing`), or, with ``--size``, ``--mean``
     or ``--std``, a resize to SIZE x SIZE (default: the model's input size) and ``(x - mean) / std``
     (defaults: the model's)."""

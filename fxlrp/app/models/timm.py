@@ -11,7 +11,7 @@ from fxlrp.app.cli_options import InputError
 from fxlrp.app.preprocessing import Preprocessing
 
 
-def _timm_model(name: str, classes: int | None) -> nn.Module:
+def timm_model(name: str, classes: int | None) -> nn.Module:
     """A timm model with random weights (``pretrained=False``: no download)."""
     try:
         import timm
@@ -25,7 +25,7 @@ def _timm_model(name: str, classes: int | None) -> nn.Module:
     return timm.create_model(name, pretrained=False, **options)
 
 
-def _timm_preprocessing(model: nn.Module, channels: int) -> Preprocessing:
+def timm_preprocessing(model: nn.Module, channels: int) -> Preprocessing:
     """A timm model's preprocessing from its own data config: input size, interpolation, mean,
     std, crop (``timm.data.resolve_model_data_config``), applied by timm's eval transform."""
     import timm.data

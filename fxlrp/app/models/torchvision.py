@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fxlrp.app.cli_options import InputError, _one_line
+from fxlrp.app.cli_options import InputError, one_line
 from fxlrp.app.models.weights import classes_of
 from fxlrp.app.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 
@@ -44,7 +44,7 @@ def torchvision_family(name: str) -> str | None:
                  if name in torchvision.models.list_models(module=module)), None)
 
 
-def _torchvision_model(name: str, state_dict: dict[str, Tensor] | None) -> nn.Module:
+def torchvision_model(name: str, state_dict: dict[str, Tensor] | None) -> nn.Module:
     """A torchvision classification, segmentation or video model with random weights (no download:
     neither the model's nor its backbone's pretrained weights), with the number of classes (and the
     auxiliary head of a segmentation model) of ``state_dict`` if given."""
@@ -75,7 +75,7 @@ def _torchvision_model(name: str, state_dict: dict[str, Tensor] | None) -> nn.Mo
         return torchvision.models.get_model(name, weights=None, **options)
 
 
-def _torchvision_preprocessing(name: str, model: nn.Module, channels: int) -> Preprocessing:
+def torchvision_preprocessing(name: str, model: nn.Module, channels: int) -> Preprocessing:
     """A torchvision model's preprocessing from its weights' ``transforms()`` (which downloads
     nothing): the default weights', or, where the model fixes its input size (a ViT built without
     weights takes 224 x 224), those of the weights of that size. Video models take clips as
@@ -96,7 +96,7 @@ def _torchvision_preprocessing(name: str, model: nn.Module, channels: int) -> Pr
         if isinstance(fixed, int) and crop and set(crop) != {fixed}:
             continue
         mean, std = tuple(float(value) for value in transform.mean), tuple(float(value) for value in transform.std)
-        described = f"torchvision {type(member).__name__}.{member.name}.transforms(): {_one_line(repr(transform))}"
+        described = f"torchvision {type(member).__name__}.{member.name}.transforms(): {one_line(repr(transform))}"
         if family == "video":
             return Preprocessing(None, channels, mean, std, None, f"taken as given: preprocess the clips with "
                                  f"{type(member).__name__}.{member.name}.transforms()", dims=4)

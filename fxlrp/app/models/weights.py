@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from fxlrp.app.cli_options import InputError, _first_sentence
+from fxlrp.app.cli_options import InputError, first_sentence
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
@@ -18,7 +18,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise InputError(f"cannot read weights {str(path)!r}: {_first_sentence(error)}; expected a file written by "
+        raise InputError(f"cannot read weights {str(path)!r}: {first_sentence(error)}; expected a file written by "
                          f"torch.save(model.state_dict(), path)") from None
     if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
         loaded = loaded["state_dict"]
