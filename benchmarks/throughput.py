@@ -108,8 +108,8 @@ def worker(rank: int, world: int, method: str, model_name: str, folder: str, bat
     from torch.utils.data import DataLoader
 
     from fxlrp.app.datasets import ImageFolder, as_list
-    from fxlrp.app.explain_dataset import ShardBatches
     from fxlrp.app.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+    from fxlrp.app.sharded_run import ShardBatches
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)

@@ -29,20 +29,11 @@ from fxlrp.app.cli_options import InputError
 from fxlrp.app.composites import composite_by_name
 from fxlrp.app.datasets import NO_LABEL, Item, as_list, open_data
 from fxlrp.app.distributed import Processes, processes_from_environment
-from fxlrp.app.explain_dataset import (
-    ShardBatches,
-    _file_hash,
-    _first_explainable,
-    autocast,
-    device_of,
-    prepare_inputs,
-    prepare_model,
-    progress_bar,
-    target_of,
-)
+from fxlrp.app.explain_dataset import autocast, device_of, prepare_inputs, prepare_model
 from fxlrp.app.explanations_store import SHARDS, ExplanationWriter, ShardRows, shard_name, write_json
 from fxlrp.app.models.spec import load_model, preprocessing_from_options
 from fxlrp.app.outputs import explained_output, probe_model
+from fxlrp.app.sharded_run import ShardBatches, _file_hash, _first_explainable, progress_bar, target_of
 from fxlrp.evaluate import EvaluationInputError, image_curves, ranked, table
 from fxlrp.explain.attribute import attribute
 

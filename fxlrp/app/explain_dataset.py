@@ -17,11 +17,10 @@ receptive region of each reference sample and writes ``concepts/NODE.npz``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 import fxlrp
 from fxlrp.app.cli_options import InputError
@@ -41,6 +40,7 @@ from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, ShardRo
 from fxlrp.app.models.spec import load_model, preprocessing_from_options
 from fxlrp.app.outputs import checked_targets, class_scores, explained_output, probe_model, unexplainable
 from fxlrp.app.preprocessing import Preprocessing
+from fxlrp.app.sharded_run import ShardBatches, _file_hash, _first_explainable, progress_bar, target_of
 from fxlrp.concepts import ChannelConcept, ReferenceSamples, concept_atlas, conditional_relevance, with_boxes
 from fxlrp.concepts.files import references_arrays, references_of_arrays, save_references
 from fxlrp.explain.attribute import attribute
@@ -49,17 +49,6 @@ AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 STORED = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16, "float64": np.float64}
 """The dtype relevance is stored in per ``--dtype`` (numpy has no bfloat16: its relevance is
 stored as float32, which holds every bfloat16 value exactly)."""
-
-
-def target_of(text: int | str | None) -> int | str | None:
-    """``--target`` in data-set mode: None (each sample's prediction), a class index, or ``label``
-    (each sample's label from the data set)."""
-    if text is None or isinstance(text, int) or text == "label":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise InputError(f"--target {text!r} is neither a class index nor 'label'") from None
 
 
 def explains_data_set(args: argparse.Namespace) -> bool:
@@ -125,62 +114,7 @@ def autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# progress
-
-
-class _PlainProgress:
-    """A progress line on stderr when tqdm is not installed: samples, samples/s, time left."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.start = self.shown = time.monotonic()
-
-    def update(self, count: int) -> None:
-        self.done += count
-        now = time.monotonic()
-        if self.enabled and (now - self.shown >= 1.0 or self.done >= self.total):
-            self.shown = now
-            rate = self.done / max(now - self.start, 1e-9)
-            left = (self.total - self.done) / rate if rate > 0 else float("inf")
-            end = "\n" if self.done >= self.total else ""
-            print(f"\rexplaining: {self.done}/{self.total} samples, {rate:.1f} samples/s, {left:.0f} s left",
-                  end=end, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled and 0 < self.done < self.total:
-            print(file=sys.stderr)
-
-
-def progress_bar(total: int, enabled: bool) -> Any:
-    """tqdm's bar (samples/s and time left) if tqdm is installed, else a plain line."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _PlainProgress(total, enabled)
-    return tqdm(total=total, unit="sample", desc="explaining", file=sys.stderr, disable=None if enabled else True,
-                smoothing=0.1)
-
-
-# ---------------------------------------------------------------------------------------------
 # batches
-
-
-class ShardBatches(Sampler[list[int]]):
-    """Batches of ``batch_size`` consecutive samples within each shard (the last batch of a shard
-    may be shorter): a batch never spans two shards, and a shard's batches are the same whichever
-    process computes it."""
-
-    def __init__(self, shards: Sequence[range], batch_size: int) -> None:
-        self.shards = list(shards)
-        self.batch_size = batch_size
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for shard in self.shards:
-            for start in range(shard.start, shard.stop, self.batch_size):
-                yield list(range(start, min(start + self.batch_size, shard.stop)))
-
-    def __len__(self) -> int:
-        return sum(-(-len(shard) // self.batch_size) for shard in self.shards)
 
 
 @dataclass
@@ -481,28 +415,6 @@ def run_dataset(args: argparse.Namespace) -> int:
         return _explain_data_set(args, device, processes)
     finally:
         processes.close()
-
-
-def _file_hash(path: str | None) -> str | None:
-    if path is None:
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def _first_explainable(source: Source, on_error: str) -> Item:
-    """The first sample that can be read (which fixes the sample shape)."""
-    for index in range(len(source)):
-        item = source[index]
-        if item.error is None:
-            return item
-        if on_error == "stop":
-            raise InputError(f"sample {index} ({source.names[index]!r}) cannot be read: {item.error}; fix or "
-                             f"remove it, or pass --on-error skip")
-    raise InputError(f"no sample of {source.description} can be read")
 
 
 def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: Source,
