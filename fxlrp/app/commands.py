@@ -16,14 +16,8 @@ import torch
 import fxlrp
 from fxlrp.app.cli_options import HF_PREFIX, InputError, first_sentence
 from fxlrp.app.composites import composite_by_name
-from fxlrp.app.explain_dataset import (
-    autocast,
-    device_of,
-    explains_data_set,
-    prepare_inputs,
-    prepare_model,
-    run_dataset,
-)
+from fxlrp.app.devices import autocast, device_of, prepare_inputs, prepare_model
+from fxlrp.app.explain_dataset import explains_data_set, run_dataset
 from fxlrp.app.models.huggingface import Pretrained, open_pretrained
 from fxlrp.app.models.spec import load_model, preprocessing_from_options
 from fxlrp.app.outputs import checked_targets, explained_output, model_scores, probe_model, unexplainable

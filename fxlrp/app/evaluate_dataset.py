@@ -28,8 +28,8 @@ import fxlrp
 from fxlrp.app.cli_options import InputError
 from fxlrp.app.composites import composite_by_name
 from fxlrp.app.datasets import NO_LABEL, Item, as_list, open_data
+from fxlrp.app.devices import autocast, device_of, prepare_inputs, prepare_model
 from fxlrp.app.distributed import Processes, processes_from_environment
-from fxlrp.app.explain_dataset import autocast, device_of, prepare_inputs, prepare_model
 from fxlrp.app.explanations_store import SHARDS, ExplanationWriter, ShardRows, shard_name, write_json
 from fxlrp.app.models.spec import load_model, preprocessing_from_options
 from fxlrp.app.outputs import explained_output, probe_model

@@ -21,7 +21,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,6 +34,7 @@ import fxlrp
 from fxlrp.app.cli_options import InputError
 from fxlrp.app.composites import composite_by_name
 from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
+from fxlrp.app.devices import autocast, device_of, prepare_inputs, prepare_model
 from fxlrp.app.distributed import Processes, processes_from_environment
 from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, ShardRows, write_atomic
 from fxlrp.app.models.spec import load_model, preprocessing_from_options
@@ -45,7 +45,6 @@ from fxlrp.concepts import ChannelConcept, ReferenceSamples, concept_atlas, cond
 from fxlrp.concepts.files import references_arrays, references_of_arrays, save_references
 from fxlrp.explain.attribute import attribute
 
-AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 STORED = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16, "float64": np.float64}
 """The dtype relevance is stored in per ``--dtype`` (numpy has no bfloat16: its relevance is
 stored as float32, which holds every bfloat16 value exactly)."""
@@ -72,45 +71,6 @@ def explains_data_set(args: argparse.Namespace) -> bool:
         option = "--" + given[0].replace("_", "-")
         raise InputError(f"{option} applies to data sets (--data), not to image files")
     return False
-
-
-# ---------------------------------------------------------------------------------------------
-# devices and precision
-
-
-def device_of(name: str) -> torch.device:
-    """``--device`` as a torch device, checked to exist on this machine."""
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise InputError(f"unknown --device {name!r}; use cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {name}: CUDA is not available on this machine")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise InputError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise InputError(f"--device {name}: MPS is not available on this machine")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise InputError(f"--device {name}: use cpu, cuda, cuda:N or mps")
-    return device
-
-
-def prepare_model(model: nn.Module, device: torch.device, dtype: str) -> nn.Module:
-    """The model on ``device``, in float64 for ``--dtype float64`` (autocast dtypes keep float32
-    parameters)."""
-    model = model.to(device)
-    return model.double() if dtype == "float64" else model
-
-
-def prepare_inputs(inputs: Tensor, device: torch.device, dtype: str) -> Tensor:
-    return inputs.to(device, torch.float64 if dtype == "float64" else torch.float32)
-
-
-def autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
-    """Autocast to bfloat16 / float16 on ``device``; nothing for float32 and float64."""
-    if dtype not in AUTOCAST:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=AUTOCAST[dtype])
 
 
 # ---------------------------------------------------------------------------------------------
