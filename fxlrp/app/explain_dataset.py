@@ -22,25 +22,33 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
 import fxlrp
 from fxlrp.app.cli_options import InputError
 from fxlrp.app.composites import composite_by_name
-from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
-from fxlrp.app.devices import autocast, device_of, prepare_inputs, prepare_model
-from fxlrp.app.distributed import Processes, processes_from_environment
-from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, ShardRows, write_atomic
+from fxlrp.app.datasets import NO_LABEL, Item, Source, open_data
+from fxlrp.app.devices import autocast, prepare_inputs, prepare_model
+from fxlrp.app.distributed import Processes
+from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, write_atomic
 from fxlrp.app.models.spec import load_model, preprocessing_from_options
 from fxlrp.app.outputs import checked_targets, class_scores, explained_output, probe_model, unexplainable
 from fxlrp.app.preprocessing import Preprocessing
-from fxlrp.app.sharded_run import ShardBatches, _file_hash, _first_explainable, progress_bar, target_of
+from fxlrp.app.sharded_run import (
+    Shard,
+    ShardedRun,
+    check_counts,
+    data_settings,
+    file_hash,
+    first_explainable,
+    on_processes,
+)
 from fxlrp.concepts import ChannelConcept, ReferenceSamples, concept_atlas, conditional_relevance, with_boxes
 from fxlrp.concepts.files import references_arrays, references_of_arrays, save_references
 from fxlrp.explain.attribute import attribute
@@ -78,20 +86,12 @@ def explains_data_set(args: argparse.Namespace) -> bool:
 
 
 @dataclass
-class _Shard:
-    """A shard being filled batch by batch."""
+class _Shard(Shard):
+    """A shard being filled batch by batch: ``values`` holds its samples' relevance."""
 
-    number: int
-    span: range
-    relevance: np.ndarray
-    rows: ShardRows = field(default_factory=ShardRows)
     inputs: dict[int, Tensor] = field(default_factory=dict)
     references: dict[str, ReferenceSamples] = field(default_factory=dict)
     """With ``--concepts``: the reference samples of each node among the shard's samples so far."""
-
-    @property
-    def full(self) -> bool:
-        return len(self.rows.names) == len(self.span)
 
 
 @dataclass
@@ -281,7 +281,7 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
                     _refuse(run, shard, item, problem)
             good = [item for item, problem in zip(good, problems, strict=True) if problem is None]
             continue
-        stored = relevance.float().cpu().numpy().astype(shard.relevance.dtype, copy=False) if run.dtype != "float64" \
+        stored = relevance.float().cpu().numpy().astype(shard.values.dtype, copy=False) if run.dtype != "float64" \
             else relevance.cpu().numpy()
         for row, item in enumerate(good):
             results[item.index] = (stored[row], int(predictions[row]), int(targets[row]), float(scores[row]))
@@ -299,14 +299,14 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
         rows.names.append(run.source.names[item.index])
         rows.labels.append(item.label)
         if item.index not in results:
-            shard.relevance[item.index - shard.span.start] = np.nan
+            shard.values[item.index - shard.span.start] = np.nan
             rows.predictions.append(NO_LABEL)
             rows.targets.append(NO_LABEL)
             rows.scores.append(None)
             rows.relevance_sums.append(None)
             continue
         values, prediction, target, score = results[item.index]
-        shard.relevance[item.index - shard.span.start] = values
+        shard.values[item.index - shard.span.start] = values
         rows.predictions.append(prediction)
         rows.targets.append(target)
         rows.scores.append(score)
@@ -340,7 +340,7 @@ def _write_pngs(run: _Run, directory: Path, shard: _Shard) -> None:
     from fxlrp.viz import image
 
     for index, values in shard.inputs.items():
-        relevance = shard.relevance[index - shard.span.start]
+        relevance = shard.values[index - shard.span.start]
         flat = relevance.ndim == 2
         pictures = {"heatmap": image.heatmap(relevance, run.cmap, reduction="none" if flat else "sum")}
         if not flat and values.shape[0] in (1, 3):
@@ -359,35 +359,19 @@ def _write_pngs(run: _Run, directory: Path, shard: _Shard) -> None:
 
 def run_dataset(args: argparse.Namespace) -> int:
     """``fxlrp explain --data``: returns the exit code; bad input raises :class:`InputError`."""
-    for option, value, low in (("--batch-size", args.batch_size, 1), ("--shard-size", args.shard_size, 1),
-                               ("--workers", args.workers, 0)):
-        if value < low:
-            raise InputError(f"{option} must be at least {low}, got {value}")
+    check_counts(args)
     if args.out is None:
         raise InputError("the following arguments are required: --out (the directory for the explanations)")
-    args.target = target_of(args.target)
     args.composite = args.composite or "epsilon"
-    device = device_of(args.device)
-    processes = processes_from_environment(device.type)
-    try:
-        if processes.joined and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", processes.local_rank)
-        return _explain_data_set(args, device, processes)
-    finally:
-        processes.close()
+    return on_processes(args, _explain_data_set)
 
 
 def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: Source,
               device: torch.device) -> dict[str, Any]:
     """What the relevance depends on; a restart with other settings is refused."""
     settings = {
-        "model": args.model, "weights_sha256": _file_hash(args.weights), "composite": args.composite,
-        "target": args.target,
-        "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
-                          "mean": list(preprocessing.mean), "std": list(preprocessing.std),
-                          "transform": preprocessing.description},
-        "data": source.description, "samples": len(source), "names_sha256": source.fingerprint(),
-        "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
+        "model": args.model, "weights_sha256": file_hash(args.weights), "composite": args.composite,
+        "target": args.target, **data_settings(args, preprocessing, source, device),
         "png": args.cmap if args.png else None,
     }
     nodes = _concept_nodes(args)
@@ -410,7 +394,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
             raise InputError(str(error)) from None
     nodes = _concept_nodes(args)
     source = open_data(args.data, preprocessing)
-    first = _first_explainable(source, args.on_error)
+    first = first_explainable(source, args.on_error)
     assert first.values is not None
     sample_shape = tuple(first.values.shape)
     if args.png and len(sample_shape) not in (2, 3):
@@ -433,64 +417,43 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
     elif args.target == "label" and source.classes is None and first.label == NO_LABEL:
         raise InputError(f"--target label: {source.description} has no labels")
 
-    writer = ExplanationWriter(Path(args.out), _settings(args, preprocessing, source, device), len(source),
-                               args.shard_size)
-    conflict = writer.conflict()
-    if conflict is not None:
-        raise InputError(conflict)
-    missing = writer.missing_shards()  # every process sees the same files: nothing is written yet
-    processes.barrier()
-    if processes.is_main:
-        writer.prepare()
-    processes.barrier()
+    sharded = ShardedRun(Path(args.out), _settings(args, preprocessing, source, device), len(source),
+                         args.shard_size, processes)
+    writer = sharded.writer
 
     run = _Run(explain, source, sample_shape, classes, args.target, device, args.dtype, args.on_error, args.png,
                args.cmap, image_shaped=image_shaped, concepts=concepts,
                picture_names=picture_names(source.names) if args.png else [],
                compiled=fxlrp.compile(explain, output=explained_output) if getattr(args, "compile", False) else None)
-    mine = processes.share(missing)
-    spans = [writer.ranges[shard] for shard in mine]
-    loader = DataLoader(source, batch_sampler=ShardBatches(spans, args.batch_size), num_workers=args.workers,
-                        collate_fn=as_list)
     stored = STORED[args.dtype]
-    progress = progress_bar(sum(len(span) for span in spans), processes.is_main)
-    shards = iter(zip(mine, spans, strict=True))
-    shard: _Shard | None = None
-    start = time.monotonic()
-    try:
-        for batch in loader:
-            if shard is None:
-                number, span = next(shards)
-                shard = _Shard(number, span, np.zeros((len(span), *sample_shape), dtype=stored))
-                if concepts is not None:
-                    shard.references = concepts.empty(_score_dtype(args.dtype))
-            _fill(run, shard, batch)
-            if shard.full:
-                if args.png:
-                    _write_pngs(run, writer.directory, shard)
-                if concepts is not None:  # before the shard's rows, which mark it complete
-                    _write_shard_references(writer, shard)
-                writer.write_shard(shard.number, shard.relevance, shard.rows)
-                shard = None
-            progress.update(len(batch))
-    finally:
-        progress.close()
+
+    def start(number: int, span: range) -> _Shard:
+        shard = _Shard(number, span, np.zeros((len(span), *sample_shape), dtype=stored))
+        if concepts is not None:
+            shard.references = concepts.empty(_score_dtype(args.dtype))
+        return shard
+
+    def finish(shard: _Shard) -> None:
+        if args.png:
+            _write_pngs(run, writer.directory, shard)
+        if concepts is not None:  # before the shard's rows, which mark it complete
+            _write_shard_references(writer, shard)
+        writer.write_shard(shard.number, shard.values, shard.rows)
+
+    began = time.monotonic()
+    shards, count = sharded.compute(source, args.batch_size, args.workers, start, partial(_fill, run), finish)
     if processes.world_size > 1:
-        seconds = time.monotonic() - start
-        count = sum(len(span) for span in spans)
-        print(f"fxlrp: process {processes.rank} of {processes.world_size}: {len(mine)} shard(s), {count} samples "
+        seconds = time.monotonic() - began
+        print(f"fxlrp: process {processes.rank} of {processes.world_size}: {shards} shard(s), {count} samples "
               f"in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f} samples/s)", file=sys.stderr)
-    processes.barrier()
-    if processes.is_main:
+    if sharded.finished():
         written = {} if concepts is None else _finish_references(run, writer, args, sample_shape)
         index = writer.write_index(sample_shape, source.classes, written or None)
         skipped = len(index["skipped"])
-        resumed = len(writer.ranges) - len(missing)
-        note = f"; {resumed} of {len(writer.ranges)} shards were already complete" if resumed else ""
         skips = f" ({skipped} skipped: listed in index.json)" if skipped else ""
         print(f"explained {len(source) - skipped} of {len(source)} samples{skips} into {writer.directory}: "
               f"{len(writer.ranges)} shard(s) of relevance [{len(source)}, {', '.join(map(str, sample_shape))}] "
-              f"{np.dtype(stored).name}{note}; read them with fxlrp.read_explanations")
+              f"{np.dtype(stored).name}{sharded.resumed()}; read them with fxlrp.read_explanations")
         if concepts is not None:
             listed = ", ".join(f"{node} ({concepts.counts[node]} concepts)" for node in concepts.nodes)
             print(f"reference samples of {listed}, {concepts.top} per concept, in {writer.directory / CONCEPTS}; "

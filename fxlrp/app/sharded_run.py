@@ -9,16 +9,25 @@ gives what it computes per batch and what it writes.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
 
-from torch.utils.data import Sampler
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
 
 from fxlrp.app.cli_options import InputError
-from fxlrp.app.datasets import Item, Source
+from fxlrp.app.datasets import Item, Source, as_list
+from fxlrp.app.devices import device_of
+from fxlrp.app.distributed import Processes, processes_from_environment
+from fxlrp.app.explanations_store import ExplanationWriter, ShardRows
+from fxlrp.app.preprocessing import Preprocessing
 
 
 def target_of(text: int | str | None) -> int | str | None:
@@ -83,7 +92,8 @@ class ShardBatches(Sampler[list[int]]):
         return sum(-(-len(shard) // self.batch_size) for shard in self.shards)
 
 
-def _file_hash(path: str | None) -> str | None:
+def file_hash(path: str | None) -> str | None:
+    """The first 16 hex digits of a file's SHA-256 (``--weights``, recorded in the settings), or None."""
     if path is None:
         return None
     digest = hashlib.sha256()
@@ -93,7 +103,7 @@ def _file_hash(path: str | None) -> str | None:
     return digest.hexdigest()[:16]
 
 
-def _first_explainable(source: Source, on_error: str) -> Item:
+def first_explainable(source: Source, on_error: str) -> Item:
     """The first sample that can be read (which fixes the sample shape)."""
     for index in range(len(source)):
         item = source[index]
@@ -103,3 +113,161 @@ def _first_explainable(source: Source, on_error: str) -> Item:
             raise InputError(f"sample {index} ({source.names[index]!r}) cannot be read: {item.error}; fix or "
                              f"remove it, or pass --on-error skip")
     raise InputError(f"no sample of {source.description} can be read")
+
+
+def check_counts(args: argparse.Namespace, *more: tuple[str, int, int]) -> None:
+    """``--batch-size``, ``--shard-size`` and ``--workers`` (and ``more``: ``(option, value,
+    lowest)``) checked to be at least their lowest value."""
+    for option, value, low in (("--batch-size", args.batch_size, 1), ("--shard-size", args.shard_size, 1),
+                               ("--workers", args.workers, 0), *more):
+        if value < low:
+            raise InputError(f"{option} must be at least {low}, got {value}")
+
+
+def on_processes(args: argparse.Namespace,
+                 command: Callable[[argparse.Namespace, torch.device, Processes], int]) -> int:
+    """Run a data-set command in this process's place among those ``torchrun`` started (alone
+    when started otherwise).
+
+    Parameters
+    ----------
+    args
+        The parsed command line; its ``--target`` is read first (:func:`target_of`).
+    command
+        ``command(args, device, processes)``: the command's work, on ``--device`` (under torchrun
+        without a device index, CUDA device ``LOCAL_RANK``).
+
+    Returns
+    -------
+    int
+        What ``command`` returns; the process group is left however it ends.
+    """
+    args.target = target_of(args.target)
+    device = device_of(args.device)
+    processes = processes_from_environment(device.type)
+    try:
+        if processes.joined and device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", processes.local_rank)
+        return command(args, device, processes)
+    finally:
+        processes.close()
+
+
+def data_settings(args: argparse.Namespace, preprocessing: Preprocessing, source: Source,
+                  device: torch.device) -> dict[str, Any]:
+    """The settings every data-set run records (a restart with others is refused): the
+    preprocessing, the data, batch and shard size, device and precision."""
+    return {
+        "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
+                          "mean": list(preprocessing.mean), "std": list(preprocessing.std),
+                          "transform": preprocessing.description},
+        "data": source.description, "samples": len(source), "names_sha256": source.fingerprint(),
+        "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
+    }
+
+
+@dataclass
+class Shard:
+    """A shard being filled batch by batch: its number, its samples, what is computed per sample
+    (``values``, one row per sample) and its rows."""
+
+    number: int
+    span: range
+    values: np.ndarray
+    rows: ShardRows = field(default_factory=ShardRows)
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows.names) == len(self.span)
+
+
+AnyShard = TypeVar("AnyShard", bound=Shard)
+
+
+class ShardedRun:
+    """A data-set run's directory, opened by every process: refused if it holds another run's
+    settings, prepared by the first process (a killed run's temporaries removed) while the others
+    wait, the shards still missing found before any is written.
+
+    Parameters
+    ----------
+    out
+        ``--out``.
+    settings
+        What the results depend on (:func:`data_settings` and the command's own).
+    samples
+        The number of samples.
+    shard_size
+        ``--shard-size``.
+    processes
+        This process's place among those started together.
+    """
+
+    def __init__(self, out: Path, settings: dict[str, Any], samples: int, shard_size: int,
+                 processes: Processes) -> None:
+        self.writer = ExplanationWriter(out, settings, samples, shard_size)
+        self.processes = processes
+        conflict = self.writer.conflict()
+        if conflict is not None:
+            raise InputError(conflict)
+        self.missing = self.writer.missing_shards()  # every process sees the same files: nothing is written yet
+        processes.barrier()
+        if processes.is_main:
+            self.writer.prepare()
+        processes.barrier()
+
+    @property
+    def directory(self) -> Path:
+        return self.writer.directory
+
+    def compute(self, source: Source, batch_size: int, workers: int, start: Callable[[int, range], AnyShard],
+                fill: Callable[[AnyShard, list[Item]], None], finish: Callable[[AnyShard], None]) -> tuple[int, int]:
+        """Compute this process's share of the missing shards, batch by batch in data-set order.
+
+        Parameters
+        ----------
+        source
+            The data, read by a ``DataLoader`` with ``workers`` processes in batches of at most
+            ``batch_size`` samples that never cross a shard.
+        start
+            ``start(number, span)``: an empty shard.
+        fill
+            ``fill(shard, batch)``: a batch's results into its shard, one row per sample.
+        finish
+            ``finish(shard)``: write a full shard (its rows last, which mark it complete).
+
+        Returns
+        -------
+        tuple
+            The number of shards and of samples this process computed.
+        """
+        mine = self.processes.share(self.missing)
+        spans = [self.writer.ranges[shard] for shard in mine]
+        loader = DataLoader(source, batch_sampler=ShardBatches(spans, batch_size), num_workers=workers,
+                            collate_fn=as_list)
+        progress = progress_bar(sum(len(span) for span in spans), self.processes.is_main)
+        shards = iter(zip(mine, spans, strict=True))
+        shard: AnyShard | None = None
+        try:
+            for batch in loader:
+                if shard is None:
+                    shard = start(*next(shards))
+                fill(shard, batch)
+                if shard.full:
+                    finish(shard)
+                    shard = None
+                progress.update(len(batch))
+        finally:
+            progress.close()
+        return len(mine), sum(len(span) for span in spans)
+
+    def finished(self) -> bool:
+        """Wait for every process to finish its shards; True in the first process, which then
+        writes the index."""
+        self.processes.barrier()
+        return self.processes.is_main
+
+    def resumed(self) -> str:
+        """``"; K of N shards were already complete"`` when a restart found K shards done, else ``""``."""
+        resumed = len(self.writer.ranges) - len(self.missing)
+        return f"; {resumed} of {len(self.writer.ranges)} shards were already complete" if resumed else ""
