@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,15 +114,8 @@ def _fill(args: argparse.Namespace, model: torch.nn.Module, explainers: dict[str
           sample_shape: tuple[int, ...], source: Any, device: torch.device, shard: Shard, batch: list[Item]) -> None:
     """A batch's scores into its shard's array and rows; samples that cannot be read or explained
     stop the run or are skipped (``--on-error``), their scores NaN."""
-    scores, span, rows = shard.values, shard.span, shard.rows
-
     def refuse(item: Item, problem: str) -> None:
-        name = source.names[item.index]
-        if args.on_error == "stop":
-            raise InputError(f"sample {item.index} ({name!r}) cannot be evaluated: {problem}; fix or remove it, "
-                             f"or pass --on-error skip")
-        print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
-        rows.skipped.append({"index": item.index, "name": name, "reason": problem})
+        shard.refuse(item, source.names[item.index], problem, args.on_error, "evaluated")
 
     good = []
     for item in batch:
@@ -145,14 +137,7 @@ def _fill(args: argparse.Namespace, model: torch.nn.Module, explainers: dict[str
             else:
                 results[item.index] = (found[row], int(predictions[row]), int(targets[row]))
     for item in batch:
-        rows.names.append(source.names[item.index])
-        rows.labels.append(item.label)
-        values, prediction, target = results.get(item.index, (np.nan, NO_LABEL, NO_LABEL))
-        scores[item.index - span.start] = values
-        rows.predictions.append(prediction)
-        rows.targets.append(target)
-        rows.scores.append(None)
-        rows.relevance_sums.append(None)
+        shard.add(item, source.names[item.index], *results.get(item.index, ()))
 
 
 def read_scores(directory: Path, methods: list[str]) -> dict[str, np.ndarray]:

@@ -108,7 +108,6 @@ class _Run:
     on_error: str
     png: bool
     cmap: str
-    skipped: int = 0
     compiled: Any = None
     """``fxlrp.compile(explain)`` with ``--compile``."""
     image_shaped: bool = False
@@ -248,18 +247,6 @@ def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor
     return relevance.detach(), predictions.cpu(), targets.cpu(), scores.cpu(), problems, nodes
 
 
-def _refuse(run: _Run, shard: _Shard, item: Item, problem: str) -> None:
-    """A sample that cannot be explained: stop the run with one line naming it (``--on-error
-    stop``), or name it on stderr and list it in the shard's rows as skipped."""
-    name = run.source.names[item.index]
-    if run.on_error == "stop":
-        raise InputError(f"sample {item.index} ({name!r}) cannot be explained: {problem}; fix or remove it, "
-                         f"or pass --on-error skip")
-    print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
-    shard.rows.skipped.append({"index": item.index, "name": name, "reason": problem})
-    run.skipped += 1
-
-
 def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
     """Explain a batch into its shard; samples that cannot be read or explained are named and
     skipped, or stop the run (``--on-error``). A sample whose explanation comes out NaN or Inf is
@@ -271,14 +258,14 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
         if problem is None:
             good.append(item)
         else:
-            _refuse(run, shard, item, problem)
+            shard.refuse(item, run.source.names[item.index], problem, run.on_error, "explained")
     results: dict[int, tuple[Tensor, int, int, float]] = {}
     while good:
         relevance, predictions, targets, scores, problems, nodes = _explain_batch(run, good)
         if any(problem is not None for problem in problems):
             for item, problem in zip(good, problems, strict=True):
                 if problem is not None:
-                    _refuse(run, shard, item, problem)
+                    shard.refuse(item, run.source.names[item.index], problem, run.on_error, "explained")
             good = [item for item, problem in zip(good, problems, strict=True) if problem is None]
             continue
         stored = relevance.float().cpu().numpy().astype(shard.values.dtype, copy=False) if run.dtype != "float64" \
@@ -295,22 +282,12 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
                 ReferenceSamples.of_batch(node, ChannelConcept(), *scored, samples))
         break
     for item in batch:
-        rows = shard.rows
-        rows.names.append(run.source.names[item.index])
-        rows.labels.append(item.label)
+        name = run.source.names[item.index]
         if item.index not in results:
-            shard.values[item.index - shard.span.start] = np.nan
-            rows.predictions.append(NO_LABEL)
-            rows.targets.append(NO_LABEL)
-            rows.scores.append(None)
-            rows.relevance_sums.append(None)
+            shard.add(item, name)
             continue
         values, prediction, target, score = results[item.index]
-        shard.values[item.index - shard.span.start] = values
-        rows.predictions.append(prediction)
-        rows.targets.append(target)
-        rows.scores.append(score)
-        rows.relevance_sums.append(float(np.sum(values, dtype=np.float64)))
+        shard.add(item, name, values, prediction, target, score, float(np.sum(values, dtype=np.float64)))
 
 
 def picture_names(names: Sequence[str]) -> list[str]:

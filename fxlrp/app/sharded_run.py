@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from fxlrp.app.cli_options import InputError
-from fxlrp.app.datasets import Item, Source, as_list
+from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list
 from fxlrp.app.devices import device_of
 from fxlrp.app.distributed import Processes, processes_from_environment
 from fxlrp.app.explanations_store import ExplanationWriter, ShardRows
@@ -179,6 +179,25 @@ class Shard:
     @property
     def full(self) -> bool:
         return len(self.rows.names) == len(self.span)
+
+    def add(self, item: Item, name: str, values: Any = np.nan, prediction: int = NO_LABEL, target: int = NO_LABEL,
+            score: float | None = None, relevance_sum: float | None = None) -> None:
+        """A sample's results: its row of ``values`` and its entry in every column of the rows
+        (by default those of a skipped sample: NaN, no prediction or target, no score)."""
+        self.values[item.index - self.span.start] = values
+        for column, value in zip(ShardRows.COLUMNS, (name, item.label, prediction, target, score, relevance_sum),
+                                 strict=True):
+            getattr(self.rows, column).append(value)
+
+    def refuse(self, item: Item, name: str, problem: str, on_error: str, failed: str) -> None:
+        """A sample that cannot be used: stop the run with one line naming it and what to do
+        (``--on-error stop``; ``failed``: what it cannot be, e.g. ``"explained"``), or name it on
+        stderr and list it in the rows as skipped."""
+        if on_error == "stop":
+            raise InputError(f"sample {item.index} ({name!r}) cannot be {failed}: {problem}; fix or remove it, "
+                             f"or pass --on-error skip")
+        print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
+        self.rows.skipped.append({"index": item.index, "name": name, "reason": problem})
 
 
 AnyShard = TypeVar("AnyShard", bound=Shard)
