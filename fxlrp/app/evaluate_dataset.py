@@ -5,7 +5,7 @@ Each sample is explained with every composite (and a random map, the floor every
 should clear) and perturbed along MoRF and LeRF curves (:func:`fxlrp.evaluate.image_curves`);
 each shard keeps, per sample and method, the area under the MoRF curve, under the LeRF curve and
 their difference ABPC. The data-set machinery is ``fxlrp explain --data``'s
-(:mod:`fxlrp.app.explain_dataset`): the same sources, batches within shards, atomic shard files, a
+(:mod:`fxlrp.app.sharded_run`): the same sources, batches within shards, atomic shard files, a
 restart that computes only the missing shards, and torchrun processes sharing the shards. When
 all are done the first process writes ``index.json`` and ``evaluation.json`` and prints the table:
 mean ABPC per method with its 95% percentile bootstrap interval over the samples.

@@ -1,10 +1,11 @@
 """``fxlrp explain --data SOURCE --out DIR``: explain a whole data set into resumable shards.
 
-The data (:mod:`fxlrp.app.datasets`) is read by a ``DataLoader`` (``--workers``) in batches that never
-cross a shard; each process (``torchrun``, :mod:`fxlrp.app.distributed`) computes its share of the
-shards still missing and writes them atomically (:mod:`fxlrp.app.explanations_store`); the first
-process writes the index when all are done. A run killed at any moment and started again with
-the same command computes only the missing shards and ends with the files of an uninterrupted run.
+The data (:mod:`fxlrp.app.datasets`) is read by a ``DataLoader`` (``--workers``) in batches that
+never cross a shard; each process (``torchrun``, :mod:`fxlrp.app.distributed`) computes its share
+of the shards still missing and writes them atomically (:mod:`fxlrp.app.explanations_store`); the
+first process writes the index when all are done. A run killed at any moment and started again
+with the same command computes only the missing shards and ends with the files of an
+uninterrupted run. That loop is :mod:`fxlrp.app.sharded_run`'s, which ``fxlrp evaluate`` shares.
 
 With ``--concepts NODE[,NODE]`` each batch's explanation also records the relevance and the output
 of those nodes (one forward and one backward pass still), and each shard keeps the top
