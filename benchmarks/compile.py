@@ -32,7 +32,8 @@ from torch import Tensor, nn
 
 import fxlrp
 from benchmarks.table import machine
-from fxlrp.app.cli_inputs import Preprocessing, composite_by_name
+from fxlrp.app.composites import composite_by_name
+from fxlrp.app.preprocessing import Preprocessing
 
 
 def gradient_times_input(model: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:

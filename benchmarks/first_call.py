@@ -33,7 +33,8 @@ if kind == "gradient":
         return leaf.grad * leaf
 else:
     import fxlrp
-    from fxlrp.app.cli_inputs import Preprocessing, composite_by_name
+    from fxlrp.app.composites import composite_by_name
+    from fxlrp.app.preprocessing import Preprocessing
     explain = fxlrp.convert(model, composite_by_name(composite, Preprocessing(224, 3, (0.5,) * 3, (0.5,) * 3)))
     def call():
         return fxlrp.attribute(explain, x, target=0)

@@ -107,9 +107,9 @@ def worker(rank: int, world: int, method: str, model_name: str, folder: str, bat
     """One process's share of the batches; puts ``(images, seconds)`` or an error into ``results``."""
     from torch.utils.data import DataLoader
 
-    from fxlrp.app.cli_inputs import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
     from fxlrp.app.datasets import ImageFolder, as_list
-    from fxlrp.app.explain_dataset import ShardBatches
+    from fxlrp.app.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+    from fxlrp.app.sharded_run import ShardBatches
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)

@@ -14,7 +14,7 @@ HF_PREFIX = "hf:"
 
 COMPOSITE_NAMES = ("epsilon", "lrp0", "epsilon_plus", "epsilon_plus_flat", "epsilon_alpha2_beta1",
                    "epsilon_alpha2_beta1_flat", "epsilon_gamma_box", "attnlrp", "cplrp")
-"""The composite names the command line accepts (:func:`fxlrp.app.cli_inputs.composite_by_name`)."""
+"""The composite names the command line accepts (:func:`fxlrp.app.composites.composite_by_name`)."""
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 """``--dtype`` of a data-set run."""
@@ -22,6 +22,18 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 class InputError(FxlrpError):
     """A command-line input (model, weights, composite, image) that cannot be used."""
+
+
+def first_sentence(error: Exception) -> str:
+    """A library's error as the end of a one-line message: its first sentence on one line, at
+    most 160 characters (its type's name where it has no text)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.split(". ")[0][:160]
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line, its runs of white space made single spaces."""
+    return " ".join(str(text).split())
 
 
 def add_dataset_options(parser: argparse.ArgumentParser, explain: bool = True) -> None:

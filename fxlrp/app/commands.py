@@ -14,32 +14,15 @@ import numpy as np
 import torch
 
 import fxlrp
-from fxlrp.app.cli_inputs import (
-    InputError,
-    Preprocessing,
-    Pretrained,
-    _first_sentence,
-    _preprocessing,
-    _run_model,
-    _targets,
-    check_inputs,
-    composite_by_name,
-    explained_output,
-    load_model,
-    open_pretrained,
-    probe_model,
-    stack_inputs,
-    unexplainable,
-)
-from fxlrp.app.cli_options import HF_PREFIX
-from fxlrp.app.explain_dataset import (
-    autocast,
-    device_of,
-    explains_data_set,
-    prepare_inputs,
-    prepare_model,
-    run_dataset,
-)
+from fxlrp.app.cli_options import HF_PREFIX, InputError, first_sentence
+from fxlrp.app.composites import composite_by_name
+from fxlrp.app.devices import autocast, device_of, prepare_inputs, prepare_model
+from fxlrp.app.explain_dataset import explains_data_set, run_dataset
+from fxlrp.app.models.huggingface import Pretrained, open_pretrained
+from fxlrp.app.models.spec import load_model, preprocessing_from_options
+from fxlrp.app.outputs import checked_targets, explained_output, model_scores, probe_model, unexplainable
+from fxlrp.app.preprocessing import Preprocessing
+from fxlrp.app.readers import check_inputs, stack_inputs
 from fxlrp.explain.attribute import attribute
 from fxlrp.explain.compiled import compile as fxlrp_compile
 from fxlrp.viz import generation as generation_pictures
@@ -67,7 +50,7 @@ def run_report(args: argparse.Namespace) -> int:
         print(_report_of_pretrained(args))
         return 0
     model = load_model(args.model, args.weights)
-    composite = composite_by_name(args.composite, _preprocessing(args, model))
+    composite = composite_by_name(args.composite, preprocessing_from_options(args, model))
     print(_convert(model, composite).report())
     return 0
 
@@ -166,7 +149,7 @@ def run_explain(args: argparse.Namespace) -> int:
         raise InputError(f"--batch-size must be positive, got {args.batch_size}")
     device = device_of(args.device)
     model = load_model(args.model, args.weights)
-    preprocessing = _preprocessing(args, model)
+    preprocessing = preprocessing_from_options(args, model)
     composite = composite_by_name(args.composite or "epsilon", preprocessing)
     model = prepare_model(model, device, args.dtype)
     try:
@@ -176,7 +159,7 @@ def run_explain(args: argparse.Namespace) -> int:
     check_inputs(args.images, preprocessing)
     explain = _convert(model, composite)
     compiled = fxlrp_compile(explain, output=explained_output) if args.compile else None
-    out = Path(args.out)  # (the first batch's _run_model fails before anything is written)
+    out = Path(args.out)  # (the first batch's model_scores fails before anything is written)
     names = _output_names(args.images)
     lines = []
     image_shaped = False
@@ -192,7 +175,7 @@ def run_explain(args: argparse.Namespace) -> int:
                         raise InputError(f"--region takes a region of a segmentation model's output [batch, classes, "
                                          f"height, width]; this model's output has no height and width (its scores "
                                          f"have shape {list(logits.shape)}): leave --region out to explain a class")
-                    _targets(target, logits)
+                    checked_targets(target, logits)
                     if isinstance(target, tuple) and image_shaped:
                         raise InputError(f"--target {args.target} (a contrast of two logits) explains a classifier; "
                                          f"for this model's image-shaped output give one class")
@@ -202,16 +185,16 @@ def run_explain(args: argparse.Namespace) -> int:
                 if compiled is not None:  # one pass gives the scores and the relevance
                     given = None if target is None else torch.full((len(paths),), target, device=device)
                     relevance, logits = compiled(inputs, given, return_output=True)
-                    targets = _targets(target, logits)
+                    targets = checked_targets(target, logits)
                 elif region is not None:  # the class's logits summed over the region
                     logits, scaled = _region_scores(explain, inputs, paths, region)
                     where = scaled.mask
-                    targets = _targets(target, logits)
+                    targets = checked_targets(target, logits)
                     relevance = attribute(explain, inputs, target=fxlrp.Region(targets, mask=scaled.mask),
                                           output=explained_output, check_finite=False)
                 else:
-                    logits = _run_model(explain, inputs, paths)
-                    targets = _targets(target, logits)
+                    logits = model_scores(explain, inputs, paths)
+                    targets = checked_targets(target, logits)
                     relevance = attribute(explain, inputs, target=target if isinstance(target, tuple) else targets,
                                           output=explained_output, check_finite=False)
             for path, problem in zip(paths, unexplainable(logits, relevance, args.dtype), strict=True):
@@ -445,7 +428,7 @@ def run_explain_text(args: argparse.Namespace) -> int:
             with torch.no_grad():
                 logits = model(input_ids=ids).logits
         except (RuntimeError, IndexError, ValueError) as error:
-            raise InputError(f"the model cannot take the text {sentence[:30]!r}: {_first_sentence(error)}") from None
+            raise InputError(f"the model cannot take the text {sentence[:30]!r}: {first_sentence(error)}") from None
         logits = logits[0, -1] if logits.dim() == 3 else logits[0]
         explained = int(logits.argmax()) if target is None else target
         relevance = attribute(explain, ids, target=explained)[0]
@@ -501,7 +484,7 @@ def _run_explain_generation(args: argparse.Namespace, pretrained: Pretrained, in
                 sequences = model.generate(ids, **settings)
         except (RuntimeError, IndexError, ValueError) as error:
             raise InputError(f"the model cannot generate after the text {sentence[:30]!r}: "
-                             f"{_first_sentence(error)}") from None
+                             f"{first_sentence(error)}") from None
         explanation = fxlrp.explain_generation(explain, sequences, ids.shape[1])
         tokens = text.tokens_of(tokenizer, sequences[0])
         continuation = tokenizer.decode(sequences[0, ids.shape[1]:])

@@ -25,7 +25,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
-from fxlrp.app.cli_inputs import TENSOR_SUFFIXES, InputError, Preprocessing, imported_object, non_finite, read_input
+from fxlrp.app.cli_options import InputError
+from fxlrp.app.models.factory import imported_object
+from fxlrp.app.preprocessing import Preprocessing
+from fxlrp.app.readers import TENSOR_SUFFIXES, non_finite, read_input
 
 NO_LABEL = -1
 """The label of a sample that has none (a file directly in the folder, a tensor file without labels)."""

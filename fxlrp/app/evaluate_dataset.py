@@ -5,7 +5,7 @@ Each sample is explained with every composite (and a random map, the floor every
 should clear) and perturbed along MoRF and LeRF curves (:func:`fxlrp.evaluate.image_curves`);
 each shard keeps, per sample and method, the area under the MoRF curve, under the LeRF curve and
 their difference ABPC. The data-set machinery is ``fxlrp explain --data``'s
-(:mod:`fxlrp.app.explain_dataset`): the same sources, batches within shards, atomic shard files, a
+(:mod:`fxlrp.app.sharded_run`): the same sources, batches within shards, atomic shard files, a
 restart that computes only the missing shards, and torchrun processes sharing the shards. When
 all are done the first process writes ``index.json`` and ``evaluation.json`` and prints the table:
 mean ABPC per method with its 95% percentile bootstrap interval over the samples.
@@ -15,38 +15,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
 import fxlrp
-from fxlrp.app.cli_inputs import (
-    InputError,
-    _preprocessing,
-    composite_by_name,
-    explained_output,
-    load_model,
-    probe_model,
+from fxlrp.app.cli_options import InputError
+from fxlrp.app.composites import composite_by_name
+from fxlrp.app.datasets import NO_LABEL, Item, open_data
+from fxlrp.app.devices import autocast, prepare_inputs, prepare_model
+from fxlrp.app.distributed import Processes
+from fxlrp.app.explanations_store import SHARDS, shard_name, write_json
+from fxlrp.app.models.spec import load_model, preprocessing_from_options
+from fxlrp.app.outputs import explained_output, probe_model
+from fxlrp.app.sharded_run import (
+    Shard,
+    ShardedRun,
+    check_counts,
+    data_settings,
+    file_hash,
+    first_explainable,
+    on_processes,
 )
-from fxlrp.app.datasets import NO_LABEL, Item, as_list, open_data
-from fxlrp.app.distributed import Processes, processes_from_environment
-from fxlrp.app.explain_dataset import (
-    ShardBatches,
-    _file_hash,
-    _first_explainable,
-    autocast,
-    device_of,
-    prepare_inputs,
-    prepare_model,
-    progress_bar,
-    target_of,
-)
-from fxlrp.app.explanations_store import SHARDS, ExplanationWriter, ShardRows, shard_name, write_json
 from fxlrp.evaluate import EvaluationInputError, image_curves, ranked, table
 from fxlrp.explain.attribute import attribute
 
@@ -69,13 +62,8 @@ def _settings(args: argparse.Namespace, methods: list[str], preprocessing: Any, 
               device: torch.device) -> dict[str, Any]:
     """What the scores depend on; a restart with other settings is refused."""
     return {
-        "command": "evaluate", "model": args.model, "weights_sha256": _file_hash(args.weights), "methods": methods,
-        "target": args.target,
-        "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
-                          "mean": list(preprocessing.mean), "std": list(preprocessing.std),
-                          "transform": preprocessing.description},
-        "data": source.description, "samples": len(source), "names_sha256": source.fingerprint(),
-        "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
+        "command": "evaluate", "model": args.model, "weights_sha256": file_hash(args.weights), "methods": methods,
+        "target": args.target, **data_settings(args, preprocessing, source, device),
         "curves": {"patch": args.patch, "steps": args.steps, "baseline": args.baseline, "score": args.score,
                    "seed": args.seed},
     }
@@ -123,17 +111,11 @@ def _evaluate_batch(args: argparse.Namespace, model: torch.nn.Module, explainers
 
 
 def _fill(args: argparse.Namespace, model: torch.nn.Module, explainers: dict[str, torch.nn.Module],
-          sample_shape: tuple[int, ...], source: Any, device: torch.device, scores: np.ndarray, span: range,
-          rows: ShardRows, batch: list[Item]) -> None:
+          sample_shape: tuple[int, ...], source: Any, device: torch.device, shard: Shard, batch: list[Item]) -> None:
     """A batch's scores into its shard's array and rows; samples that cannot be read or explained
     stop the run or are skipped (``--on-error``), their scores NaN."""
     def refuse(item: Item, problem: str) -> None:
-        name = source.names[item.index]
-        if args.on_error == "stop":
-            raise InputError(f"sample {item.index} ({name!r}) cannot be evaluated: {problem}; fix or remove it, "
-                             f"or pass --on-error skip")
-        print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
-        rows.skipped.append({"index": item.index, "name": name, "reason": problem})
+        shard.refuse(item, source.names[item.index], problem, args.on_error, "evaluated")
 
     good = []
     for item in batch:
@@ -155,14 +137,7 @@ def _fill(args: argparse.Namespace, model: torch.nn.Module, explainers: dict[str
             else:
                 results[item.index] = (found[row], int(predictions[row]), int(targets[row]))
     for item in batch:
-        rows.names.append(source.names[item.index])
-        rows.labels.append(item.label)
-        values, prediction, target = results.get(item.index, (np.nan, NO_LABEL, NO_LABEL))
-        scores[item.index - span.start] = values
-        rows.predictions.append(prediction)
-        rows.targets.append(target)
-        rows.scores.append(None)
-        rows.relevance_sums.append(None)
+        shard.add(item, source.names[item.index], *results.get(item.index, ()))
 
 
 def read_scores(directory: Path, methods: list[str]) -> dict[str, np.ndarray]:
@@ -176,19 +151,8 @@ def read_scores(directory: Path, methods: list[str]) -> dict[str, np.ndarray]:
 def run_evaluate(args: argparse.Namespace) -> int:
     """``fxlrp evaluate``: the ranked table of composites; returns the exit code (bad input raises
     :class:`InputError`)."""
-    for option, value, low in (("--batch-size", args.batch_size, 1), ("--shard-size", args.shard_size, 1),
-                               ("--workers", args.workers, 0), ("--patch", args.patch, 1), ("--steps", args.steps, 1)):
-        if value < low:
-            raise InputError(f"{option} must be at least {low}, got {value}")
-    args.target = target_of(args.target)
-    device = device_of(args.device)
-    processes = processes_from_environment(device.type)
-    try:
-        if processes.joined and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", processes.local_rank)
-        return _evaluate_data_set(args, device, processes)
-    finally:
-        processes.close()
+    check_counts(args, ("--patch", args.patch, 1), ("--steps", args.steps, 1))
+    return on_processes(args, _evaluate_data_set)
 
 
 def _evaluate_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
@@ -197,10 +161,10 @@ def _evaluate_data_set(args: argparse.Namespace, device: torch.device, processes
     if RANDOM in names:
         raise InputError(f"--composite {RANDOM!r}: the random map is always evaluated; name composites only")
     model = load_model(args.model, args.weights)
-    preprocessing = _preprocessing(args, model)
+    preprocessing = preprocessing_from_options(args, model)
     composites = {name: composite_by_name(name, preprocessing) for name in names}
     source = open_data(args.data, preprocessing)
-    first = _first_explainable(source, args.on_error)
+    first = first_explainable(source, args.on_error)
     assert first.values is not None
     sample_shape = tuple(first.values.shape)
     if len(sample_shape) != 3:
@@ -217,41 +181,22 @@ def _evaluate_data_set(args: argparse.Namespace, device: torch.device, processes
     if isinstance(args.target, int) and not 0 <= args.target < logits.shape[1]:
         raise InputError(f"--target {args.target} is out of range: the model has {logits.shape[1]} classes")
     methods = [*names, RANDOM]
-    writer = ExplanationWriter(Path(args.out), _settings(args, methods, preprocessing, source, device), len(source),
-                               args.shard_size)
-    conflict = writer.conflict()
-    if conflict is not None:
-        raise InputError(conflict)
-    missing = writer.missing_shards()
-    processes.barrier()
-    if processes.is_main:
-        writer.prepare()
-    processes.barrier()
-    mine = processes.share(missing)
-    spans = [writer.ranges[shard] for shard in mine]
-    loader = DataLoader(source, batch_sampler=ShardBatches(spans, args.batch_size), num_workers=args.workers,
-                        collate_fn=as_list)
-    progress = progress_bar(sum(len(span) for span in spans), processes.is_main)
-    shards = iter(zip(mine, spans, strict=True))
-    current: tuple[int, range, np.ndarray, ShardRows] | None = None
-    try:
-        for batch in loader:
-            if current is None:
-                number, span = next(shards)
-                current = (number, span, np.zeros((len(span), len(methods), len(SUMMARIES))), ShardRows())
-            number, span, scores, rows = current
-            try:
-                _fill(args, model, explainers, sample_shape, source, device, scores, span, rows, batch)
-            except EvaluationInputError as error:
-                raise InputError(str(error)) from None
-            if len(rows.names) == len(span):
-                writer.write_shard(number, scores, rows)
-                current = None
-            progress.update(len(batch))
-    finally:
-        progress.close()
-    processes.barrier()
-    if processes.is_main:
+    sharded = ShardedRun(Path(args.out), _settings(args, methods, preprocessing, source, device), len(source),
+                         args.shard_size, processes)
+    writer = sharded.writer
+
+    def start(number: int, span: range) -> Shard:
+        return Shard(number, span, np.zeros((len(span), len(methods), len(SUMMARIES))))
+
+    def fill(shard: Shard, batch: list[Item]) -> None:
+        try:
+            _fill(args, model, explainers, sample_shape, source, device, shard, batch)
+        except EvaluationInputError as error:
+            raise InputError(str(error)) from None
+
+    sharded.compute(source, args.batch_size, args.workers, start, fill,
+                    lambda shard: writer.write_shard(shard.number, shard.values, shard.rows))
+    if sharded.finished():
         index = writer.write_index([len(methods), len(SUMMARIES)], source.classes)
         by_method = read_scores(writer.directory, methods)
         rows_ranked = ranked({name: values[:, 2] for name, values in by_method.items()})
@@ -261,13 +206,11 @@ def _evaluate_data_set(args: argparse.Namespace, device: torch.device, processes
                                "auc_morf": float(by_method[name][:, 0].mean()),
                                "auc_lerf": float(by_method[name][:, 1].mean())} for name, interval in rows_ranked]}
         write_json(writer.directory / "evaluation.json", summary)
-        resumed = len(writer.ranges) - len(missing)
-        note = f"; {resumed} of {len(writer.ranges)} shards were already complete" if resumed else ""
         skipped = f", {len(index['skipped'])} skipped (listed in index.json)" if index["skipped"] else ""
         print(f"ABPC = AUC(LeRF) - AUC(MoRF) of the {args.score} of the explained class, {args.baseline} baseline, "
               f"{args.steps} steps of {'pixels' if args.patch == 1 else f'{args.patch}x{args.patch} patches'}; "
               f"mean over {len(source) - len(index['skipped'])} samples{skipped} with its 95% bootstrap interval "
-              f"(larger is more faithful){note}")
+              f"(larger is more faithful){sharded.resumed()}")
         print(table(rows_ranked))
         print(f"-> {writer.directory / 'evaluation.json'}; per-sample scores in {writer.directory / SHARDS}/"
               f"{shard_name(0)}.npy ... [samples, methods, ({', '.join(SUMMARIES)})]")

@@ -1,10 +1,11 @@
 """``fxlrp explain --data SOURCE --out DIR``: explain a whole data set into resumable shards.
 
-The data (:mod:`fxlrp.app.datasets`) is read by a ``DataLoader`` (``--workers``) in batches that never
-cross a shard; each process (``torchrun``, :mod:`fxlrp.app.distributed`) computes its share of the
-shards still missing and writes them atomically (:mod:`fxlrp.app.explanations_store`); the first
-process writes the index when all are done. A run killed at any moment and started again with
-the same command computes only the missing shards and ends with the files of an uninterrupted run.
+The data (:mod:`fxlrp.app.datasets`) is read by a ``DataLoader`` (``--workers``) in batches that
+never cross a shard; each process (``torchrun``, :mod:`fxlrp.app.distributed`) computes its share
+of the shards still missing and writes them atomically (:mod:`fxlrp.app.explanations_store`); the
+first process writes the index when all are done. A run killed at any moment and started again
+with the same command computes only the missing shards and ends with the files of an
+uninterrupted run. That loop is :mod:`fxlrp.app.sharded_run`'s, which ``fxlrp evaluate`` shares.
 
 With ``--concepts NODE[,NODE]`` each batch's explanation also records the relevance and the output
 of those nodes (one forward and one backward pass still), and each shard keeps the top
@@ -17,56 +18,45 @@ receptive region of each reference sample and writes ``concepts/NODE.npz``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Sampler
 
 import fxlrp
-from fxlrp.app.cli_inputs import (
-    InputError,
-    Preprocessing,
-    _preprocessing,
-    _targets,
-    class_scores,
-    composite_by_name,
-    explained_output,
-    load_model,
-    probe_model,
-    unexplainable,
+from fxlrp.app.cli_options import InputError
+from fxlrp.app.composites import composite_by_name
+from fxlrp.app.datasets import NO_LABEL, Item, Source, open_data
+from fxlrp.app.devices import autocast, prepare_inputs, prepare_model
+from fxlrp.app.distributed import Processes
+from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, write_atomic
+from fxlrp.app.models.spec import load_model, preprocessing_from_options
+from fxlrp.app.outputs import checked_targets, class_scores, explained_output, probe_model, unexplainable
+from fxlrp.app.preprocessing import Preprocessing
+from fxlrp.app.sharded_run import (
+    Shard,
+    ShardedRun,
+    check_counts,
+    data_settings,
+    file_hash,
+    first_explainable,
+    on_processes,
 )
-from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
-from fxlrp.app.distributed import Processes, processes_from_environment
-from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, ShardRows, write_atomic
 from fxlrp.concepts import ChannelConcept, ReferenceSamples, concept_atlas, conditional_relevance, with_boxes
 from fxlrp.concepts.files import references_arrays, references_of_arrays, save_references
 from fxlrp.explain.attribute import attribute
 
-AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 STORED = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16, "float64": np.float64}
 """The dtype relevance is stored in per ``--dtype`` (numpy has no bfloat16: its relevance is
 stored as float32, which holds every bfloat16 value exactly)."""
-
-
-def target_of(text: int | str | None) -> int | str | None:
-    """``--target`` in data-set mode: None (each sample's prediction), a class index, or ``label``
-    (each sample's label from the data set)."""
-    if text is None or isinstance(text, int) or text == "label":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise InputError(f"--target {text!r} is neither a class index nor 'label'") from None
 
 
 def explains_data_set(args: argparse.Namespace) -> bool:
@@ -93,118 +83,16 @@ def explains_data_set(args: argparse.Namespace) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# devices and precision
-
-
-def device_of(name: str) -> torch.device:
-    """``--device`` as a torch device, checked to exist on this machine."""
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise InputError(f"unknown --device {name!r}; use cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {name}: CUDA is not available on this machine")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise InputError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise InputError(f"--device {name}: MPS is not available on this machine")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise InputError(f"--device {name}: use cpu, cuda, cuda:N or mps")
-    return device
-
-
-def prepare_model(model: nn.Module, device: torch.device, dtype: str) -> nn.Module:
-    """The model on ``device``, in float64 for ``--dtype float64`` (autocast dtypes keep float32
-    parameters)."""
-    model = model.to(device)
-    return model.double() if dtype == "float64" else model
-
-
-def prepare_inputs(inputs: Tensor, device: torch.device, dtype: str) -> Tensor:
-    return inputs.to(device, torch.float64 if dtype == "float64" else torch.float32)
-
-
-def autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
-    """Autocast to bfloat16 / float16 on ``device``; nothing for float32 and float64."""
-    if dtype not in AUTOCAST:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=AUTOCAST[dtype])
-
-
-# ---------------------------------------------------------------------------------------------
-# progress
-
-
-class _PlainProgress:
-    """A progress line on stderr when tqdm is not installed: samples, samples/s, time left."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.start = self.shown = time.monotonic()
-
-    def update(self, count: int) -> None:
-        self.done += count
-        now = time.monotonic()
-        if self.enabled and (now - self.shown >= 1.0 or self.done >= self.total):
-            self.shown = now
-            rate = self.done / max(now - self.start, 1e-9)
-            left = (self.total - self.done) / rate if rate > 0 else float("inf")
-            end = "\n" if self.done >= self.total else ""
-            print(f"\rexplaining: {self.done}/{self.total} samples, {rate:.1f} samples/s, {left:.0f} s left",
-                  end=end, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled and 0 < self.done < self.total:
-            print(file=sys.stderr)
-
-
-def progress_bar(total: int, enabled: bool) -> Any:
-    """tqdm's bar (samples/s and time left) if tqdm is installed, else a plain line."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _PlainProgress(total, enabled)
-    return tqdm(total=total, unit="sample", desc="explaining", file=sys.stderr, disable=None if enabled else True,
-                smoothing=0.1)
-
-
-# ---------------------------------------------------------------------------------------------
 # batches
 
 
-class ShardBatches(Sampler[list[int]]):
-    """Batches of ``batch_size`` consecutive samples within each shard (the last batch of a shard
-    may be shorter): a batch never spans two shards, and a shard's batches are the same whichever
-    process computes it."""
-
-    def __init__(self, shards: Sequence[range], batch_size: int) -> None:
-        self.shards = list(shards)
-        self.batch_size = batch_size
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for shard in self.shards:
-            for start in range(shard.start, shard.stop, self.batch_size):
-                yield list(range(start, min(start + self.batch_size, shard.stop)))
-
-    def __len__(self) -> int:
-        return sum(-(-len(shard) // self.batch_size) for shard in self.shards)
-
-
 @dataclass
-class _Shard:
-    """A shard being filled batch by batch."""
+class _Shard(Shard):
+    """A shard being filled batch by batch: ``values`` holds its samples' relevance."""
 
-    number: int
-    span: range
-    relevance: np.ndarray
-    rows: ShardRows = field(default_factory=ShardRows)
     inputs: dict[int, Tensor] = field(default_factory=dict)
     references: dict[str, ReferenceSamples] = field(default_factory=dict)
     """With ``--concepts``: the reference samples of each node among the shard's samples so far."""
-
-    @property
-    def full(self) -> bool:
-        return len(self.rows.names) == len(self.span)
 
 
 @dataclass
@@ -221,7 +109,6 @@ class _Run:
     on_error: str
     png: bool
     cmap: str
-    skipped: int = 0
     compiled: Any = None
     """``fxlrp.compile(explain)`` with ``--compile``."""
     image_shaped: bool = False
@@ -361,18 +248,6 @@ def _explain_batch(run: _Run, items: list[Item]) -> tuple[Tensor, Tensor, Tensor
     return relevance.detach(), predictions.cpu(), targets.cpu(), scores.cpu(), problems, nodes
 
 
-def _refuse(run: _Run, shard: _Shard, item: Item, problem: str) -> None:
-    """A sample that cannot be explained: stop the run with one line naming it (``--on-error
-    stop``), or name it on stderr and list it in the shard's rows as skipped."""
-    name = run.source.names[item.index]
-    if run.on_error == "stop":
-        raise InputError(f"sample {item.index} ({name!r}) cannot be explained: {problem}; fix or remove it, "
-                         f"or pass --on-error skip")
-    print(f"fxlrp: skipped sample {item.index} ({name!r}): {problem}", file=sys.stderr)
-    shard.rows.skipped.append({"index": item.index, "name": name, "reason": problem})
-    run.skipped += 1
-
-
 def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
     """Explain a batch into its shard; samples that cannot be read or explained are named and
     skipped, or stop the run (``--on-error``). A sample whose explanation comes out NaN or Inf is
@@ -384,17 +259,17 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
         if problem is None:
             good.append(item)
         else:
-            _refuse(run, shard, item, problem)
+            shard.refuse(item, run.source.names[item.index], problem, run.on_error, "explained")
     results: dict[int, tuple[Tensor, int, int, float]] = {}
     while good:
         relevance, predictions, targets, scores, problems, nodes = _explain_batch(run, good)
         if any(problem is not None for problem in problems):
             for item, problem in zip(good, problems, strict=True):
                 if problem is not None:
-                    _refuse(run, shard, item, problem)
+                    shard.refuse(item, run.source.names[item.index], problem, run.on_error, "explained")
             good = [item for item, problem in zip(good, problems, strict=True) if problem is None]
             continue
-        stored = relevance.float().cpu().numpy().astype(shard.relevance.dtype, copy=False) if run.dtype != "float64" \
+        stored = relevance.float().cpu().numpy().astype(shard.values.dtype, copy=False) if run.dtype != "float64" \
             else relevance.cpu().numpy()
         for row, item in enumerate(good):
             results[item.index] = (stored[row], int(predictions[row]), int(targets[row]), float(scores[row]))
@@ -408,22 +283,12 @@ def _fill(run: _Run, shard: _Shard, batch: list[Item]) -> None:
                 ReferenceSamples.of_batch(node, ChannelConcept(), *scored, samples))
         break
     for item in batch:
-        rows = shard.rows
-        rows.names.append(run.source.names[item.index])
-        rows.labels.append(item.label)
+        name = run.source.names[item.index]
         if item.index not in results:
-            shard.relevance[item.index - shard.span.start] = np.nan
-            rows.predictions.append(NO_LABEL)
-            rows.targets.append(NO_LABEL)
-            rows.scores.append(None)
-            rows.relevance_sums.append(None)
+            shard.add(item, name)
             continue
         values, prediction, target, score = results[item.index]
-        shard.relevance[item.index - shard.span.start] = values
-        rows.predictions.append(prediction)
-        rows.targets.append(target)
-        rows.scores.append(score)
-        rows.relevance_sums.append(float(np.sum(values, dtype=np.float64)))
+        shard.add(item, name, values, prediction, target, score, float(np.sum(values, dtype=np.float64)))
 
 
 def picture_names(names: Sequence[str]) -> list[str]:
@@ -453,7 +318,7 @@ def _write_pngs(run: _Run, directory: Path, shard: _Shard) -> None:
     from fxlrp.viz import image
 
     for index, values in shard.inputs.items():
-        relevance = shard.relevance[index - shard.span.start]
+        relevance = shard.values[index - shard.span.start]
         flat = relevance.ndim == 2
         pictures = {"heatmap": image.heatmap(relevance, run.cmap, reduction="none" if flat else "sum")}
         if not flat and values.shape[0] in (1, 3):
@@ -472,57 +337,19 @@ def _write_pngs(run: _Run, directory: Path, shard: _Shard) -> None:
 
 def run_dataset(args: argparse.Namespace) -> int:
     """``fxlrp explain --data``: returns the exit code; bad input raises :class:`InputError`."""
-    for option, value, low in (("--batch-size", args.batch_size, 1), ("--shard-size", args.shard_size, 1),
-                               ("--workers", args.workers, 0)):
-        if value < low:
-            raise InputError(f"{option} must be at least {low}, got {value}")
+    check_counts(args)
     if args.out is None:
         raise InputError("the following arguments are required: --out (the directory for the explanations)")
-    args.target = target_of(args.target)
     args.composite = args.composite or "epsilon"
-    device = device_of(args.device)
-    processes = processes_from_environment(device.type)
-    try:
-        if processes.joined and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", processes.local_rank)
-        return _explain_data_set(args, device, processes)
-    finally:
-        processes.close()
-
-
-def _file_hash(path: str | None) -> str | None:
-    if path is None:
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def _first_explainable(source: Source, on_error: str) -> Item:
-    """The first sample that can be read (which fixes the sample shape)."""
-    for index in range(len(source)):
-        item = source[index]
-        if item.error is None:
-            return item
-        if on_error == "stop":
-            raise InputError(f"sample {index} ({source.names[index]!r}) cannot be read: {item.error}; fix or "
-                             f"remove it, or pass --on-error skip")
-    raise InputError(f"no sample of {source.description} can be read")
+    return on_processes(args, _explain_data_set)
 
 
 def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: Source,
               device: torch.device) -> dict[str, Any]:
     """What the relevance depends on; a restart with other settings is refused."""
     settings = {
-        "model": args.model, "weights_sha256": _file_hash(args.weights), "composite": args.composite,
-        "target": args.target,
-        "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
-                          "mean": list(preprocessing.mean), "std": list(preprocessing.std),
-                          "transform": preprocessing.description},
-        "data": source.description, "samples": len(source), "names_sha256": source.fingerprint(),
-        "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
+        "model": args.model, "weights_sha256": file_hash(args.weights), "composite": args.composite,
+        "target": args.target, **data_settings(args, preprocessing, source, device),
         "png": args.cmap if args.png else None,
     }
     nodes = _concept_nodes(args)
@@ -534,7 +361,7 @@ def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: So
 def _explain_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
     torch.manual_seed(0)  # a model without --weights gets the same random weights in every process
     model = load_model(args.model, args.weights)
-    preprocessing = _preprocessing(args, model)
+    preprocessing = preprocessing_from_options(args, model)
     composite = composite_by_name(args.composite, preprocessing)
     if args.png:
         from fxlrp.viz import image
@@ -545,7 +372,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
             raise InputError(str(error)) from None
     nodes = _concept_nodes(args)
     source = open_data(args.data, preprocessing)
-    first = _first_explainable(source, args.on_error)
+    first = first_explainable(source, args.on_error)
     assert first.values is not None
     sample_shape = tuple(first.values.shape)
     if args.png and len(sample_shape) not in (2, 3):
@@ -564,68 +391,47 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
             concepts = _probe_concepts(explain, prepare_inputs(first.values[None], device, args.dtype), nodes,
                                        args.concepts_top)
     if isinstance(args.target, int):
-        _targets(args.target, logits)
+        checked_targets(args.target, logits)
     elif args.target == "label" and source.classes is None and first.label == NO_LABEL:
         raise InputError(f"--target label: {source.description} has no labels")
 
-    writer = ExplanationWriter(Path(args.out), _settings(args, preprocessing, source, device), len(source),
-                               args.shard_size)
-    conflict = writer.conflict()
-    if conflict is not None:
-        raise InputError(conflict)
-    missing = writer.missing_shards()  # every process sees the same files: nothing is written yet
-    processes.barrier()
-    if processes.is_main:
-        writer.prepare()
-    processes.barrier()
+    sharded = ShardedRun(Path(args.out), _settings(args, preprocessing, source, device), len(source),
+                         args.shard_size, processes)
+    writer = sharded.writer
 
     run = _Run(explain, source, sample_shape, classes, args.target, device, args.dtype, args.on_error, args.png,
                args.cmap, image_shaped=image_shaped, concepts=concepts,
                picture_names=picture_names(source.names) if args.png else [],
                compiled=fxlrp.compile(explain, output=explained_output) if getattr(args, "compile", False) else None)
-    mine = processes.share(missing)
-    spans = [writer.ranges[shard] for shard in mine]
-    loader = DataLoader(source, batch_sampler=ShardBatches(spans, args.batch_size), num_workers=args.workers,
-                        collate_fn=as_list)
     stored = STORED[args.dtype]
-    progress = progress_bar(sum(len(span) for span in spans), processes.is_main)
-    shards = iter(zip(mine, spans, strict=True))
-    shard: _Shard | None = None
-    start = time.monotonic()
-    try:
-        for batch in loader:
-            if shard is None:
-                number, span = next(shards)
-                shard = _Shard(number, span, np.zeros((len(span), *sample_shape), dtype=stored))
-                if concepts is not None:
-                    shard.references = concepts.empty(_score_dtype(args.dtype))
-            _fill(run, shard, batch)
-            if shard.full:
-                if args.png:
-                    _write_pngs(run, writer.directory, shard)
-                if concepts is not None:  # before the shard's rows, which mark it complete
-                    _write_shard_references(writer, shard)
-                writer.write_shard(shard.number, shard.relevance, shard.rows)
-                shard = None
-            progress.update(len(batch))
-    finally:
-        progress.close()
+
+    def start(number: int, span: range) -> _Shard:
+        shard = _Shard(number, span, np.zeros((len(span), *sample_shape), dtype=stored))
+        if concepts is not None:
+            shard.references = concepts.empty(_score_dtype(args.dtype))
+        return shard
+
+    def finish(shard: _Shard) -> None:
+        if args.png:
+            _write_pngs(run, writer.directory, shard)
+        if concepts is not None:  # before the shard's rows, which mark it complete
+            _write_shard_references(writer, shard)
+        writer.write_shard(shard.number, shard.values, shard.rows)
+
+    began = time.monotonic()
+    shards, count = sharded.compute(source, args.batch_size, args.workers, start, partial(_fill, run), finish)
     if processes.world_size > 1:
-        seconds = time.monotonic() - start
-        count = sum(len(span) for span in spans)
-        print(f"fxlrp: process {processes.rank} of {processes.world_size}: {len(mine)} shard(s), {count} samples "
+        seconds = time.monotonic() - began
+        print(f"fxlrp: process {processes.rank} of {processes.world_size}: {shards} shard(s), {count} samples "
               f"in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f} samples/s)", file=sys.stderr)
-    processes.barrier()
-    if processes.is_main:
+    if sharded.finished():
         written = {} if concepts is None else _finish_references(run, writer, args, sample_shape)
         index = writer.write_index(sample_shape, source.classes, written or None)
         skipped = len(index["skipped"])
-        resumed = len(writer.ranges) - len(missing)
-        note = f"; {resumed} of {len(writer.ranges)} shards were already complete" if resumed else ""
         skips = f" ({skipped} skipped: listed in index.json)" if skipped else ""
         print(f"explained {len(source) - skipped} of {len(source)} samples{skips} into {writer.directory}: "
               f"{len(writer.ranges)} shard(s) of relevance [{len(source)}, {', '.join(map(str, sample_shape))}] "
-              f"{np.dtype(stored).name}{note}; read them with fxlrp.read_explanations")
+              f"{np.dtype(stored).name}{sharded.resumed()}; read them with fxlrp.read_explanations")
         if concepts is not None:
             listed = ", ".join(f"{node} ({concepts.counts[node]} concepts)" for node in concepts.nodes)
             print(f"reference samples of {listed}, {concepts.top} per concept, in {writer.directory / CONCEPTS}; "

@@ -254,7 +254,7 @@ def test_two_processes_with_torchrun_write_the_files_of_one(tmp_path: Path, file
 
 def test_progress_without_tqdm_is_a_plain_line(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from fxlrp.app.explain_dataset import progress_bar
+    from fxlrp.app.sharded_run import progress_bar
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now fails
     progress = progress_bar(10, enabled=True)

@@ -459,15 +459,17 @@ def test_the_command_line_parses_and_prints_help_without_torch() -> None:
         "        main(arguments)\n"
         "    except SystemExit as exit_:\n"
         "        assert exit_.code == 0, exit_.code\n"
-        "print(sorted(name for name in ('numpy', 'PIL', 'fxlrp.app.cli_inputs') if name in sys.modules))\n"
+        "print(sorted(name for name in ('numpy', 'PIL', 'fxlrp.app.models.spec', 'fxlrp.app.readers',\n"
+        "                               'fxlrp.app.composites') if name in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], env=ENVIRONMENT, cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert "usage: fxlrp explain" in result.stdout and "--on-error {stop,skip}" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "[]"
-    from fxlrp.app.cli_inputs import Preprocessing, composite_by_name
     from fxlrp.app.cli_options import COMPOSITE_NAMES
+    from fxlrp.app.composites import composite_by_name
+    from fxlrp.app.preprocessing import Preprocessing
 
     for name in COMPOSITE_NAMES:  # each name --help lists is one the commands know
         composite_by_name(name, Preprocessing(None, 3, (0.0,) * 3, (1.0,) * 3))
