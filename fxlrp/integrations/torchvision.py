@@ -769,11 +769,8 @@ if GeneralizedRCNNTransform is not None:
     register(
         Operation(
             "image_transform",
-            Kind.AFFINE,
-            functions=(GeneralizedRCNNTransform.forward,),
-            relevance=transformed_images,
-            default_rule=proportional,
-            leaf=True,
+            Spelling(functions=(GeneralizedRCNNTransform.forward,), leaf=True),
+            Affine(transformed_images, default_rule=proportional),
             description="a detector's normalisation, resizing and batching (GeneralizedRCNNTransform): an affine map "
             "of the raw images, z-rule; without its mean under a first layer's flat, w^2 or z^B rule",
         )
