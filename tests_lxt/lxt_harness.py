@@ -25,6 +25,7 @@ from lxt.efficient import monkey_patch
 from lxt.efficient.patches import patch_method
 from lxt.efficient.rules import identity_rule_implicit_fn, stop_gradient
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 import fxlrp
 import fxlrp.integrations.transformers  # noqa: F401  (transformers' activation modules: GPT-2's gelu_new)
@@ -151,6 +152,26 @@ def norms_in_input_dtype(family: Family) -> Iterator[None]:
         yield
     finally:
         norm.forward = saved
+
+
+class _SoftmaxInInputDtype(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SOFTMAXES and kwargs.get("dtype") == torch.float32 and args[0].dtype == torch.float64:
+            kwargs = {**kwargs, "dtype": torch.float64}
+        return func(*args, **kwargs)
+
+
+SOFTMAXES = (torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax)
+
+
+@contextmanager
+def softmax_in_input_dtype() -> Iterator[None]:
+    """Softmaxes asked for in float32 computed in the input's dtype where it is float64 (the Llama
+    family's eager attention takes its softmax in float32 whatever the model's dtype), in fxlrp's
+    run and LXT's alike."""
+    with _SoftmaxInInputDtype():
+        yield
 
 
 def lxt_map_in_input_dtype(family: Family, method: str) -> dict[Any, Callable[[Any], bool]]:

@@ -11,6 +11,7 @@ import torch
 
 import fxlrp
 from fxlrp.app import cli
+from fxlrp.app.cli_inputs import Preprocessing, composite_by_name
 from fxlrp.toys.digits import DigitsCNN, load_digits_split, train_classifier
 
 MODEL = "fxlrp.toys.digits:DigitsCNN"
@@ -39,44 +40,34 @@ def correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a.astype(np.float64).ravel(), b.astype(np.float64).ravel())[0, 1])
 
 
-def model_gradient_times_input(trained: dict[str, Path], dtype: str | None) -> np.ndarray:
-    """The model's own gradient x input for each digit's label, in the command's batches of 16,
-    under autocast to ``dtype`` (``None``: float32)."""
+def attribute_under_autocast(trained: dict[str, Path], dtype: str, composite: str) -> np.ndarray:
+    """``fxlrp.attribute`` of the digits CNN for each digit's label, in the command's batches of
+    16, under autocast to ``dtype``, stored as the command stores relevance (float16 as float16,
+    bfloat16 as float32, which holds it exactly)."""
     model = DigitsCNN()
     model.load_state_dict(torch.load(trained["weights"], weights_only=True))
+    explain = fxlrp.convert(model.eval(), composite_by_name(composite, Preprocessing(None, 1, (0.0,), (1.0,))))
     inputs, labels = torch.load(trained["data"], weights_only=True)
     relevance = []
     for images, targets in zip(inputs.split(16), labels.split(16), strict=True):
-        leaf = images.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=getattr(torch, dtype or "float32"), enabled=dtype is not None):
-            logits = model.eval()(leaf)
-        (gradient,) = torch.autograd.grad(logits.gather(1, targets[:, None]).sum(), leaf)
-        relevance.append((leaf * gradient).detach().float())
-    return torch.cat(relevance).numpy()
+        with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+            relevance.append(fxlrp.attribute(explain, images, target=targets))
+    return torch.cat(relevance).numpy().astype(np.float16 if dtype == "float16" else np.float32)
 
 
 @pytest.mark.parametrize("composite", ["epsilon", "epsilon_plus_flat"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_autocast_on_the_cpu_gives_finite_relevance_close_to_float32(trained: dict[str, Path], dtype: str,
-                                                                     composite: str) -> None:
-    """Relevance under autocast loses no more agreement with float32 relevance than the model's
-    own gradient x input loses under the same autocast, on this machine's kernels (how much
-    bfloat16 and float16 arithmetic rounds depends on the CPU: a CPU with AMX multiplies bfloat16
-    natively): ``1 - correlation <= 2 (1 - correlation of the model's gradient x input)``, over
-    all digits and for the worst digit. Measured here: 0.42x to 1.0x over all digits, 0.56x to
-    1.18x for the worst one."""
-    reference = explain(trained, f"float32_{composite}", "--composite", composite)
+def test_autocast_on_the_cpu_gives_finite_relevance_the_apis(trained: dict[str, Path], dtype: str,
+                                                            composite: str) -> None:
+    """``--dtype bfloat16`` / ``float16``: the command's relevance is finite, stored in its dtype,
+    and bit for bit ``fxlrp.attribute``'s under the same autocast on the same batches (the same
+    kernels on the same values: how much 16-bit arithmetic rounds depends on the CPU, but not
+    between two runs of it). How far 16-bit relevance is from float32's is a measurement, not a
+    bound: ``benchmarks/low_precision.py`` (docs/benchmarks.md)."""
     lower = explain(trained, f"{dtype}_{composite}", "--composite", composite, "--dtype", dtype)
     assert lower.relevance.dtype == (np.float16 if dtype == "float16" else np.float32)
-    assert np.isfinite(lower.relevance).all()
-    # stored as the command stores relevance (float16 rounds it once more)
-    own, own_lower = (model_gradient_times_input(trained, None),
-                      model_gradient_times_input(trained, dtype).astype(lower.relevance.dtype))
-    assert 1 - correlation(lower.relevance, reference.relevance) <= 2 * (1 - correlation(own_lower, own))
-    worst = min(correlation(a, b) for a, b in zip(lower.relevance, reference.relevance, strict=True))
-    own_worst = min(correlation(a, b) for a, b in zip(own_lower, own, strict=True))
-    assert 1 - worst <= 2 * (1 - own_worst)
-    assert (lower.targets == reference.targets).all()
+    assert np.isfinite(lower.relevance).all() and np.abs(lower.relevance).sum() > 0
+    assert np.array_equal(lower.relevance, attribute_under_autocast(trained, dtype, composite))
 
 
 def test_float64_equals_attribute_in_float64(trained: dict[str, Path]) -> None:

@@ -2,8 +2,8 @@
 optical flow, and the quantized models' clear refusal.
 
 ``support.zoo.check`` converts each model with random weights at its smallest input (strict, the
-default composite), compares its outputs with the model's own (bit for bit, or within twice the
-model's own float32 rounding, both against the model in float64) and checks the relevance of its
+default composite), compares its outputs with the model's own (bit for bit in float32, or else
+both in float64 within 1e-9 relative: ``OUTPUT_TOLERANCE``) and checks the relevance of its
 explained output against a reference in float64: LRP-0 = gradient x input on piecewise-linear
 paths, conservation with biases zeroed on the others. The sweep over every model of
 ``torchvision.models.list_models()`` is ``benchmarks/torchvision_sweep.py``

@@ -11,7 +11,6 @@ test (float64, the model's own rounding), never a number from one machine.
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 import io
 import pickle
@@ -257,83 +256,80 @@ def test_channels_last_and_strided_inputs_give_the_relevance_of_contiguous_ones(
 # -- float16 and bfloat16 --------------------------------------------------------------------
 
 
-def correlation(relevance: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Pearson correlation per sample."""
-    a, b = relevance.double().flatten(1), reference.double().flatten(1)
-    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
-    return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
-
-
 COMPOSITES_LOW_PRECISION = {"epsilon": lambda: None, "EpsilonPlusFlat": EpsilonPlusFlat}
-
-
-@functools.cache
-def float32_case(name: str, composite: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """Model, inputs and float32 relevance, made once for the four precisions."""
-    model = resnet18(10).float() if name == "resnet18" else small_vit()
-    torch.manual_seed(5)
-    x = torch.randn(2, 3, 32, 32)
-    return model, x, fxlrp.attribute(fxlrp.convert(model, COMPOSITES_LOW_PRECISION[composite]()), x, target=1)
-
-
-def _low_precision_gradient_times_input(model: nn.Module, x: torch.Tensor, dtype: torch.dtype, how: str) -> Tensor:
-    """The model's own gradient x input for class 1, computed the way the explanation is: with the
-    model cast to ``dtype`` or under autocast."""
-    pick, relevance = (lambda out: out), (lambda out: onehot_relevance(out, 1))
-    if how == "model":
-        return gradient_times_input(copy.deepcopy(model).to(dtype), [x.to(dtype)], pick, relevance)[0]
-    with torch.autocast("cpu", dtype=dtype):
-        return gradient_times_input(model, [x], pick, relevance)[0]
-
-
-@functools.cache
-def rounding_loss(name: str, composite: str, dtype: torch.dtype) -> float:
-    """What the rules lose to the rounding of a forward in ``dtype`` on any machine: the largest
-    ``1 - correlation`` with float32 relevance over 4 float32 explanations whose every layer's
-    output is off by a random relative error of up to one unit in the last place of ``dtype``
-    (a layer's kernel rounds more than once). Rules that divide by a sum (LRP's z-rule on a
-    residual add) amplify the error of a sum that nearly cancels: for resnet18 under the default
-    composite in float16, 0.005 to 0.048 over the 4, and how a machine's kernels round lands
-    anywhere in that range (0.0033 with AVX-512 kernels, 0.038 with ATen's unvectorised ones)."""
-    model, x, reference = float32_case(name, composite)
-    unit = torch.finfo(dtype).eps
-    losses = []
-    for seed in range(4):
-        generator = torch.Generator().manual_seed(seed)
-        perturbed = copy.deepcopy(model)
-        for module in perturbed.modules():
-            if not any(module.children()):
-                module.register_forward_hook(lambda module, inputs, output, generator=generator: output * (
-                    1 + unit * (2 * torch.rand(output.shape, generator=generator) - 1)))
-        relevance = fxlrp.attribute(fxlrp.convert(perturbed, COMPOSITES_LOW_PRECISION[composite]()), x, target=1)
-        losses.append(float(1 - correlation(relevance, reference).min()))
-    return max(losses)
 
 
 @pytest.mark.parametrize("name", ["resnet18", "vit"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("how", ["model", "autocast"])
-def test_low_precision_relevance_is_finite_and_agrees_with_float32(name: str, dtype: torch.dtype, how: str) -> None:
-    """Low-precision relevance loses no more agreement with float32 relevance (``1 - correlation``,
-    the lowest of 2 samples) than twice what is lost anyway: by the model's own gradient x input
-    in that precision on this machine's kernels, or by the rules to rounding errors of that
-    precision (:func:`rounding_loss`); docs/faq.md."""
+def test_low_precision_relevance_is_finite_in_its_dtype(name: str, dtype: torch.dtype, how: str) -> None:
+    """A model cast to float16 / bfloat16, or run under autocast, gives finite relevance, not all
+    zero, in the model's dtype (autocast: the input's, float32), under the default composite and
+    EpsilonPlusFlat. Across a whole network 16-bit relevance has no bound against float32 that
+    holds on every CPU (how a kernel rounds, and where a ReLU flips, depend on it): how far it is
+    is measured by ``benchmarks/low_precision.py`` (docs/benchmarks.md);
+    :func:`test_low_precision_lrp0_is_within_its_rounding_bound` bounds it where a bound exists."""
+    model = resnet18(10).float() if name == "resnet18" else small_vit()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     for composite, make in COMPOSITES_LOW_PRECISION.items():
-        model, x, reference = float32_case(name, composite)
         if how == "model":
             relevance = fxlrp.attribute(fxlrp.convert(copy.deepcopy(model).to(dtype), make()), x.to(dtype), target=1)
-            assert relevance.dtype == dtype
         else:
-            explain = fxlrp.convert(model, make())
             with torch.autocast("cpu", dtype=dtype):
-                relevance = fxlrp.attribute(explain, x, target=1)
-            assert relevance.dtype == torch.float32
-        assert bool(relevance.isfinite().all())
-        [model_float32] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
-        model_loss = float(1 - correlation(_low_precision_gradient_times_input(model, x, dtype, how),
-                                           model_float32).min())
-        lost = float(1 - correlation(relevance, reference).min())
-        assert lost <= 2 * max(model_loss, rounding_loss(name, composite, dtype)), composite
+                relevance = fxlrp.attribute(fxlrp.convert(model, make()), x, target=1)
+        assert relevance.dtype == (dtype if how == "model" else torch.float32), composite
+        assert bool(relevance.isfinite().all()) and bool((relevance != 0).any()), composite
+
+
+def gamma(k: int, unit: float) -> float:
+    """``gamma_k = k u / (1 - k u)``: the relative error of a product or sum of k factors or terms,
+    each operation rounded to unit roundoff ``u``, in any order (Higham, Accuracy and Stability of
+    Numerical Algorithms, lemma 3.1 and eq. 3.5)."""
+    assert k * unit < 1
+    return k * unit / (1 - k * unit)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("how", ["model", "autocast"])
+def test_low_precision_lrp0_is_within_its_rounding_bound(dtype: torch.dtype, how: str) -> None:
+    """LRP-0 of a 16-bit ``Linear(16, 8) - ReLU - Linear(8, 5)`` against fxlrp's float64 LRP-0 of
+    the same model with the weights and inputs its 16-bit run uses (rounded to ``dtype``), within
+    a bound derived from the unit roundoff ``u`` of ``dtype`` (2^-11 float16, 2^-8 bfloat16).
+
+    Exact: ``R_i = x_i g_i``, ``g_i = sum_j W1_ji m_j W2_tj`` with ``R_out = z_t`` and the ReLU's
+    mask ``m_j = [z1_j > 0]`` (biases cancel out of LRP-0's quotients). The 16-bit run computes
+    the same mask where ``|z1_j|`` exceeds the forward error of ``z1_j``, at most
+    ``gamma_(n+1) (sum_i |W1_ji x_i| + |b_j|)`` (asserted; the biases make it so); then
+    each of the 8 terms of ``g_i`` is a product of ``W1_ji``, ``W2_tj`` and the rules' quotients
+    ``R / z`` (each 1 in exact arithmetic, at most two roundings each), the 8 terms are summed and
+    the sum times ``x_i``: at most 8 + 4 roundings of ``u`` on each term's path, so
+    ``|R_i - exact R_i| <= gamma_12 |x_i| sum_j |W1_ji W2_tj| m_j``. Kernels that accumulate in
+    float32 (as oneDNN's do) round less, never more."""
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 5)).eval()
+    x = torch.randn(1, 16, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():  # biases that keep each ReLU input as far from 0 as its terms' magnitude
+        model[0].bias.copy_(torch.sign(x @ model[0].weight.T)[0] * (x.abs() @ model[0].weight.abs().T)[0])
+    unit = torch.finfo(dtype).eps / 2
+    low = copy.deepcopy(model).to(dtype)
+    if how == "model":
+        relevance = fxlrp.attribute(fxlrp.convert(low, Epsilon(0.0)), x.to(dtype), target=1)
+        assert relevance.dtype == dtype
+    else:
+        with torch.autocast("cpu", dtype=dtype):
+            relevance = fxlrp.attribute(fxlrp.convert(model, Epsilon(0.0)), x, target=1)
+        assert relevance.dtype == torch.float32
+    exact_model, exact_x = low.double(), x.to(dtype).double()  # what the 16-bit run multiplies
+    expected = fxlrp.attribute(fxlrp.convert(exact_model, Epsilon(0.0)), exact_x, target=1)
+    first, _, second = exact_model
+    z1 = first(exact_x)
+    forward_error = gamma(17, unit) * (exact_x.abs() @ first.weight.abs().T + first.bias.abs())
+    assert bool((z1.abs() > forward_error).all()) and bool((z1 < 0).any())
+    terms = first.weight.abs().T * second.weight[1].abs() * (z1 > 0)[:, None, :]  # |W1_ji W2_tj| m_j
+    bound = gamma(12, unit) * exact_x.abs() * terms.sum(-1)
+    assert bool(((relevance.double() - expected).abs() <= bound).all()), float(
+        ((relevance.double() - expected).abs() / bound).max())
+    assert bool((bound < 0.1 * expected.abs().max()).all())  # (the bound says something)
 
 
 def test_a_forward_under_autocast_may_go_backward_outside_it() -> None:
