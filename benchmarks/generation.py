@@ -49,13 +49,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.llama_cost import CONFIG, LxtPatch, _cpu_name, _model  # noqa: E402
+from benchmarks.llama_cost import CONFIG, QUICK, LxtPatch, _cpu_name, _model  # noqa: E402
 from benchmarks.workers import LXT_PYTHON, add_worker_arguments, ran_as_worker, spawn, timed_rounds  # noqa: E402
 
 LARGE = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=1024)
-QUICK = dict(CONFIG, num_hidden_layers=2, hidden_size=128, intermediate_size=344, num_attention_heads=4,
-             num_key_value_heads=4, vocab_size=1000)
 MAIN = ("gxi", "fxlrp")
 LXT = ("lxt_gxi", "lxt_fxlrp", "lxt")
 FULL_MATRIX = ("fxlrp", "lxt_fxlrp")

@@ -507,10 +507,8 @@ def _run_explain_generation(args: argparse.Namespace, pretrained: Pretrained, in
             np.save(matrix, explanation.relevance[0].numpy())  # (in the model's float32 or float64)
             if explanation.source_relevance is not None:  # (an encoder-decoder model: over its input too)
                 np.save(out / f"generation-{index}.source.npy", explanation.source_relevance[0].numpy())
-            page = out / f"generation-{index}.html"
-            shown = generation_pictures.html_page(explanation, tokens, source_tokens=source,
-                                                  title=f"fxlrp: {sentence[:60]}")
-            page.write_text(shown, encoding="utf-8")
+            page = generation_pictures.save_html(out / f"generation-{index}.html", explanation, tokens,
+                                                 source_tokens=source, title=f"fxlrp: {sentence[:60]}")
             picture = generation_pictures.save_png(out / f"generation-{index}.png", explanation, tokens, sample=0,
                                                    source_tokens=source)
             lines.append(f"-> {matrix}, {page}, {picture}")
