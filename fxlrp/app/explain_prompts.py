@@ -60,6 +60,12 @@ def run_prompt_data_set(args: argparse.Namespace, pretrained: Pretrained, compos
     :class:`InputError`."""
     if args.out is None:
         raise InputError("the following arguments are required: --out (the directory for the explanations)")
+    defaults = {"workers": 0, "on_error": "stop", "png": False, "concepts": None, "device": "cpu", "compile": False}
+    given = [name for name, value in defaults.items() if getattr(args, name, value) != value]
+    if given:
+        option = "--" + given[0].replace("_", "-")
+        raise InputError(f"{option} is not taken with a file of prompts (--data with --generate): it explains each "
+                         f"prompt in turn on the CPU, into --out; leave {option} out")
     if args.shard_size < 1:
         raise InputError(f"--shard-size must be at least 1, got {args.shard_size}")
     prompts = read_prompts(args.data)

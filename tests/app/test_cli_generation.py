@@ -153,7 +153,8 @@ def test_a_bad_file_of_prompts_gives_one_line(saved: Path, capsys: pytest.Captur
     data.write_text("the movie was\n\nbad\n", encoding="utf-8")
     cases = [(["--data", str(data), "--generate", "2"], f"line 2 of {str(data)!r} is blank"),
              (["--data", str(data)], "give --generate N too"),
-             (["--data", str(tmp_path / "none.txt"), "--generate", "2"], "is not a file")]
+             (["--data", str(tmp_path / "none.txt"), "--generate", "2"], "is not a file"),
+             (["--data", str(data), "--generate", "2", "--png"], "--png is not taken with a file of prompts")]
     for arguments, message in cases:
         code, stdout, stderr = run(["explain", "--model", f"hf:{saved}", *arguments, "--out", str(tmp_path / "o")],
                                    capsys)
