@@ -17,15 +17,20 @@ matrix ``[generated, length]``):
 - ``lxt``: LXT 2.1's efficient mode (``monkey_patch(modeling_llama)``), gradient x input of the
   patched model on each prefix, step by step as LXT explains a generation (``.venv-lxt``).
 
-Both environments load one saved ``state_dict``. Time: per process one warm-up call of each
-configuration, then ``--repeats`` calls each, the order rotating; medians, and the ratio to the
-gradient x input of the same environment. Memory: in a fresh process per configuration, after a
-warm-up call, the peak of the bytes torch's allocator handed out during one call
-(``benchmarks/allocator.py``). The check: fxlrp's matrix against LXT's (scaled by the logit, as
-LXT seeds with it), relative error.
+Both environments load one saved ``state_dict``. Time: per process ``--warm-up`` calls of each
+configuration (default 2: fxlrp runs a part it cannot trace eagerly at the first call of an input
+signature, records it at the second and replays the recorded graph from the third on), then
+``--repeats`` calls each, the order rotating; medians, and the ratio to the gradient x input of
+the same environment. Memory: in a fresh process per configuration, after the warm-up calls, the
+peak of the bytes torch's allocator handed out during one call (``benchmarks/allocator.py``).
+The check: fxlrp's matrix against LXT's (scaled by the logit, as LXT seeds with it), relative
+error. For sizes where explaining every step one by one takes too long, ``--subset K`` has the
+per-prefix methods explain ``K`` of the steps (evenly spread, the longest prefix among them) and
+extrapolates their time to all steps; ``--single`` measures one call per configuration, time and
+memory of the same call, each in its own process.
 
     python benchmarks/generation.py --threads 2 [--repeats 2]
-    python benchmarks/generation.py --threads 16 --large --prompt 512 --generated 64   # the issue's size
+    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --warm-up 0 --subset 4
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,23 +49,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.llama_cost import CONFIG, LXT_PYTHON, LxtPatch, _cpu_name, _model  # noqa: E402
+from benchmarks.llama_cost import CONFIG, QUICK, LxtPatch, _cpu_name, _model  # noqa: E402
+from benchmarks.workers import LXT_PYTHON, add_worker_arguments, ran_as_worker, spawn, timed_rounds  # noqa: E402
 
 LARGE = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=1024)
-QUICK = dict(CONFIG, num_hidden_layers=2, hidden_size=128, intermediate_size=344, num_attention_heads=4,
-             num_key_value_heads=4, vocab_size=1000)
 MAIN = ("gxi", "fxlrp")
 LXT = ("lxt_gxi", "lxt_fxlrp", "lxt")
+FULL_MATRIX = ("fxlrp", "lxt_fxlrp")
+"""The configurations that explain every step in each call (the others: the measured subset)."""
 BASE = {"fxlrp": "gxi", "gxi": "gxi", "lxt_fxlrp": "lxt_gxi", "lxt": "lxt_gxi", "lxt_gxi": "lxt_gxi"}
 
 
 # -- inside a worker process -----------------------------------------------------------------------
 
 
-def _runner(name: str, model: Any, sequence: Any, start: int, patch: LxtPatch | None) -> Any:
+def subset_steps(generated: int, subset: int | None) -> list[int]:
+    """The steps the per-prefix methods explain: all, or ``subset`` of them evenly spread, the
+    last (the longest prefix, the highest peak) among them."""
+    if subset is None or subset >= generated:
+        return list(range(generated))
+    return sorted({round(index * (generated - 1) / max(subset - 1, 1)) for index in range(subset)})
+
+
+def _runner(name: str, model: Any, sequence: Any, start: int, patch: LxtPatch | None, steps: list[int]) -> Any:
     """A call of configuration ``name``: the matrix ``[generated, length]`` (gradient x input and
-    LXT seed each step with 1 and with the logit: relevance times the logit for LXT)."""
+    LXT seed each step with 1 and with the logit: relevance times the logit for LXT; they explain
+    only ``steps``, their other rows 0)."""
     import torch
 
     if name in ("fxlrp", "lxt_fxlrp"):
@@ -74,9 +88,12 @@ def _runner(name: str, model: Any, sequence: Any, start: int, patch: LxtPatch | 
     embedding = model.get_input_embeddings()
     length = sequence.shape[1]
 
-    def steps(seed_with_logit: bool) -> torch.Tensor:
+    def per_prefix(seed_with_logit: bool) -> torch.Tensor:
         rows = []
         for position in range(start, length):
+            if position - start not in steps:
+                rows.append(torch.zeros(length, dtype=embedding.weight.dtype))
+                continue
             embeddings = embedding(sequence[:, :position]).detach().requires_grad_()
             logit = model(inputs_embeds=embeddings, logits_to_keep=1).logits[0, -1, sequence[0, position]]
             logit.backward(logit.detach() if seed_with_logit else None)
@@ -87,10 +104,10 @@ def _runner(name: str, model: Any, sequence: Any, start: int, patch: LxtPatch | 
     if name == "lxt":
         def lxt() -> torch.Tensor:
             with patch:
-                return steps(seed_with_logit=True)
+                return per_prefix(seed_with_logit=True)
 
         return lxt
-    return lambda: steps(seed_with_logit=False)
+    return lambda: per_prefix(seed_with_logit=False)
 
 
 def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
@@ -101,6 +118,8 @@ def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
     model = _model(config, arguments.state)
     length = arguments.prompt + arguments.generated
     sequence = torch.randint(3, config["vocab_size"], (1, length), generator=torch.Generator().manual_seed(1))
+    if arguments.dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
     return model, sequence, arguments.prompt
 
 
@@ -109,44 +128,45 @@ def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
 
     model, sequence, start = _setup(arguments)
     patch = LxtPatch() if "lxt" in arguments.names else None
-    runs = {name: _runner(name, model, sequence, start, patch) for name in arguments.names}
-    matrices = {name: run().tolist() for name, run in runs.items()}  # (the warm-up call)
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    order = list(runs)
-    for repeat in range(arguments.repeats):
-        for name in order[repeat % len(order):] + order[:repeat % len(order)]:
-            begin = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - begin)
+    steps = subset_steps(arguments.generated, arguments.subset)
+    runs = {name: _runner(name, model, sequence, start, patch, steps) for name in arguments.names}
+    for _ in range(arguments.warm_up - 1):
+        for run in runs.values():
+            run()
+    matrices = {name: run().float().tolist() for name, run in runs.items()}  # (the last warm-up call)
+    times = timed_rounds(runs, arguments.repeats)
     with torch.no_grad():  # each step's logit, to scale fxlrp's rows to LXT's seeding
         logits = model(input_ids=sequence).logits[0, start - 1:-1].gather(1, sequence[0, start:, None])[:, 0]
-    return {"times": times, "matrices": matrices, "logits": logits.tolist(),
+    return {"times": times, "matrices": matrices, "logits": logits.float().tolist(), "steps": steps,
             "versions": f"torch {torch.__version__}, transformers {__import__('transformers').__version__}"}
 
 
 def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
     from benchmarks.allocator import allocated_peak_of_call
 
     model, sequence, start = _setup(arguments)
     patch = LxtPatch() if "lxt" in arguments.names else None
-    run = _runner(arguments.names[0], model, sequence, start, patch)
-    run()
-    return {"allocated_mb": allocated_peak_of_call(run)}
+    steps = subset_steps(arguments.generated, arguments.subset)
+    run = _runner(arguments.names[0], model, sequence, start, patch, steps)
+    for _ in range(arguments.warm_up):
+        run()
+    begin = time.perf_counter()
+    peak = allocated_peak_of_call(run)
+    return {"allocated_mb": peak, "seconds": time.perf_counter() - begin,
+            "versions": f"torch {torch.__version__}, transformers {__import__('transformers').__version__}"}
 
 
 # -- the driver ------------------------------------------------------------------------------------
 
 
 def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.Namespace, state: str) -> dict:
-    command = [python, os.path.abspath(__file__), "--worker", mode, "--names", *names, "--state", state,
-               "--threads", str(arguments.threads), "--repeats", str(arguments.repeats),
-               "--prompt", str(arguments.prompt), "--generated", str(arguments.generated)]
-    command += ["--quick"] if arguments.quick else ["--large"] if arguments.large else []
-    environment = dict(os.environ, PYTHONPATH=ROOT, TRANSFORMERS_VERBOSITY="error")
-    completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(names)} ({mode}) failed:\n{completed.stderr[-3000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    options = ["--prompt", str(arguments.prompt), "--generated", str(arguments.generated), "--warm-up",
+               str(arguments.warm_up), "--dtype", arguments.dtype]
+    options += ["--large"] if arguments.large else []
+    options += ["--subset", str(arguments.subset)] if arguments.subset else []
+    return spawn(__file__, python, mode, names, arguments, state, options)
 
 
 def _relative_error(ours: Any, theirs: Any) -> float:
@@ -158,6 +178,7 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
     import transformers
 
     config = QUICK if arguments.quick else LARGE if arguments.large else CONFIG
+    steps = subset_steps(arguments.generated, arguments.subset)
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as directory:
         state = os.path.join(directory, "llama.pt")
@@ -166,27 +187,38 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
         parameters = sum(parameter.numel() for parameter in model.parameters())
         torch.save(model.state_dict(), state)
         del model
-        main = _spawn(sys.executable, "time", MAIN, arguments, state)
-        lxt = _spawn(LXT_PYTHON, "time", LXT, arguments, state) if not arguments.no_lxt else None
-        names = MAIN + (LXT if lxt is not None else ())
+        main = lxt = None
+        if not arguments.single:
+            main = _spawn(sys.executable, "time", MAIN, arguments, state)
+            lxt = _spawn(LXT_PYTHON, "time", LXT, arguments, state) if not arguments.no_lxt else None
+        names = MAIN + (() if arguments.no_lxt else LXT)
         memory = {name: _spawn(LXT_PYTHON if name.startswith("lxt") else sys.executable, "memory", (name,),
-                               arguments, state)["allocated_mb"] for name in names}
-    times = {**main["times"], **(lxt["times"] if lxt is not None else {})}
+                               arguments, state) for name in names}
+    if arguments.single:  # (one call each, timed where its memory was measured)
+        times = {name: [found["seconds"]] for name, found in memory.items()}
+    else:
+        times = {**main["times"], **(lxt["times"] if lxt is not None else {})}
+    # The per-prefix methods explained len(steps) of the steps: their time for all, extrapolated.
+    scale = {name: 1.0 if name in FULL_MATRIX else arguments.generated / len(steps) for name in times}
     report = {
         "config": config, "parameters": parameters, "prompt": arguments.prompt, "generated": arguments.generated,
-        "threads": arguments.threads, "seconds": {name: statistics.median(values) for name, values in times.items()},
-        "times": times, "allocated_mb": memory,
-        "versions": {"main": main["versions"], **({"lxt": lxt["versions"]} if lxt is not None else {})},
+        "dtype": arguments.dtype, "warm_up": arguments.warm_up, "single": arguments.single,
+        "steps_measured": steps, "threads": arguments.threads,
+        "seconds": {name: statistics.median(values) * scale[name] for name, values in times.items()},
+        "times": times, "allocated_mb": {name: found["allocated_mb"] for name, found in memory.items()},
+        "versions": {name: found["versions"] for name, found in (("main", main or memory["fxlrp"]),
+                                                                 ("lxt", lxt or memory.get("lxt"))) if found},
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
     }
-    fxlrp_matrix = torch.tensor(main["matrices"]["fxlrp"])
     if lxt is not None:
-        scale = torch.tensor(lxt["logits"])[:, None]
-        report["fxlrp_vs_lxt_relative_error"] = _relative_error(fxlrp_matrix * scale,
-                                                                torch.tensor(lxt["matrices"]["lxt"]))
+        rows = torch.tensor(steps)
+        scale = torch.tensor(lxt["logits"])[rows, None]
+        theirs = torch.tensor(lxt["matrices"]["lxt"])[rows]
+        report["fxlrp_vs_lxt_relative_error"] = _relative_error(torch.tensor(main["matrices"]["fxlrp"])[rows] * scale,
+                                                                theirs)
         report["same_environment_relative_error"] = _relative_error(
-            torch.tensor(lxt["matrices"]["lxt_fxlrp"]) * scale, torch.tensor(lxt["matrices"]["lxt"]))
+            torch.tensor(lxt["matrices"]["lxt_fxlrp"])[rows] * scale, theirs)
     return report
 
 
@@ -205,26 +237,32 @@ def table(report: dict[str, Any]) -> str:
             base = BASE[name]
             lines.append(f"| {label} | {seconds[name]:.2f} | {seconds[name] / seconds[base]:.2f}x | "
                          f"{memory[name]:.1f} | {memory[name] / memory[base]:.2f}x |")
+    for name, label in (("fxlrp", "transformers 5"), ("lxt_fxlrp", "transformers 4.54.1")):
+        if name in seconds and "lxt" in seconds:
+            lines.append(f"\nfxlrp ({label}) / LXT: time {seconds[name] / seconds['lxt']:.2f}x, allocated peak "
+                         f"{memory[name] / memory['lxt']:.2f}x")
+    if len(report["steps_measured"]) < report["generated"]:
+        lines.append(f"\n(per-prefix methods: {len(report['steps_measured'])} of {report['generated']} steps measured, "
+                     "time extrapolated to all)")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2)
+    add_worker_arguments(parser)
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     parser.add_argument("--generated", type=int, default=16, help="generated tokens explained (default 16)")
     parser.add_argument("--large", action="store_true", help="the ~1B-parameter configuration")
-    parser.add_argument("--quick", action="store_true", help="a tiny model, to check the script")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--warm-up", type=int, default=2,
+                        help="calls before the measured ones (default 2: the second records fxlrp's eager parts)")
+    parser.add_argument("--subset", type=int, help="the per-prefix methods explain this many of the steps (evenly "
+                        "spread, the last among them); their time for all steps is extrapolated")
+    parser.add_argument("--single", action="store_true", help="one measured call per method, in its own process: "
+                        "time and memory of that call (for the large sizes)")
     parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
-    parser.add_argument("--json", help="also write the report here")
-    parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
-    parser.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--state", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
-    if arguments.worker:
-        work = worker_time if arguments.worker == "time" else worker_memory
-        print(json.dumps(work(arguments)))
+    if ran_as_worker(arguments, worker_time, worker_memory):
         return
     report = drive(arguments)
     if arguments.json:

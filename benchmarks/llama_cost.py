@@ -49,14 +49,16 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LXT_PYTHON = os.path.join(ROOT, ".venv-lxt", "bin", "python")
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.workers import LXT_PYTHON, add_worker_arguments, ran_as_worker, spawn, timed_rounds  # noqa: E402
+
 CONFIG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
               num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024)
 QUICK = dict(CONFIG, num_hidden_layers=2, hidden_size=128, intermediate_size=344, num_attention_heads=4,
@@ -195,14 +197,7 @@ def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
     for run in runs.values():
         run()
     relevance = {name: run().tolist() for name, run in runs.items()}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    order = list(runs)
-    for repeat in range(arguments.repeats):
-        for name in order[repeat % len(order):] + order[:repeat % len(order)]:
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    return {"times": times, "relevance": relevance, "torch": torch.__version__,
+    return {"times": timed_rounds(runs, arguments.repeats), "relevance": relevance, "torch": torch.__version__,
             "transformers": __import__("transformers").__version__}
 
 
@@ -221,16 +216,8 @@ def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
 
 
 def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.Namespace, state: str) -> dict:
-    command = [python, os.path.abspath(__file__), "--worker", mode, "--names", *names, "--state", state,
-               "--threads", str(arguments.threads), "--repeats", str(arguments.repeats),
-               "--length", str(arguments.length)] + (["--quick"] if arguments.quick else [])
-    environment = dict(os.environ, PYTHONPATH=ROOT, TRANSFORMERS_VERBOSITY="error")
-    if arguments.keep_heap:
-        environment.update(KEPT_HEAP)
-    completed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(names)} ({mode}) failed:\n{completed.stderr[-3000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return spawn(__file__, python, mode, names, arguments, state, ["--length", str(arguments.length)],
+                 KEPT_HEAP if arguments.keep_heap else None)
 
 
 def _ratios(times: dict[str, list[float]], name: str, base: str) -> list[float]:
@@ -338,26 +325,18 @@ def table(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+    add_worker_arguments(parser)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--quick", action="store_true", help="a tiny model, to check the script")
     parser.add_argument("--isolated", action="store_true", help="time each configuration in a process of its own")
     parser.add_argument("--keep-heap", action="store_true", help="glibc keeps freed memory (no trimming)")
-    parser.add_argument("--json", help="also write the report here")
     parser.add_argument("--table", help="print the table of a report written with --json, and stop")
-    parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
-    parser.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--state", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.table:
         with open(arguments.table) as file:
             print(table(json.load(file)))
         return
-    if arguments.worker:
-        work = worker_time if arguments.worker == "time" else worker_memory
-        print(json.dumps(work(arguments)))
+    if ran_as_worker(arguments, worker_time, worker_memory):
         return
     report = drive(arguments)
     if arguments.json:

@@ -99,11 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
                               "and the heatmap side by side, the box outlined")
     explain.add_argument("--text", action="append", help="text to explain with an hf: model (repeat for several)")
     explain.add_argument("--generate", type=int, metavar="N",
-                         help="text with an hf: causal language model: generate N tokens after each --text (greedy "
-                              "unless --sample) and explain each generated token over the tokens before it (prompt "
-                              "and continuation: fxlrp.explain_generation); prints each token's strongest context "
-                              "tokens, and with --out writes generation-I.npy (the matrix [generated, length]), "
-                              "generation-I.html and generation-I.png per text I")
+                         help="text with an hf: causal or encoder-decoder language model: generate N tokens after "
+                              "each --text (greedy unless --sample) and explain each generated token over the tokens "
+                              "before it (prompt and continuation: fxlrp.explain_generation); prints each token's "
+                              "strongest context tokens, and with --out writes generation-I.npy (the matrix "
+                              "[generated, length]; an encoder-decoder model's over its input: "
+                              "generation-I.source.npy), generation-I.html and generation-I.png per text I; with "
+                              "--data PROMPTS.txt (one prompt per line) the matrices of every prompt into resumable "
+                              "shards in --out")
     explain.add_argument("--sample", action="store_true",
                          help="with --generate: sample the tokens (the model's generation config: temperature, "
                               "top-k, top-p) instead of greedy decoding")

@@ -389,13 +389,18 @@ def run_explain_text(args: argparse.Namespace) -> int:
     """
     if not args.model.startswith(HF_PREFIX):
         raise InputError(f"--text needs a Hugging Face model, --model hf:DIR (got {args.model!r})")
-    if not args.text:
+    if args.data is not None and args.generate is None:
+        raise InputError("--data with an hf: text model is a file of prompts, one per line, whose continuations "
+                         "are explained: give --generate N too")
+    if args.data is not None and args.text:
+        raise InputError("give --text or --data (a file of prompts), not both")
+    if not args.text and args.data is None:
         raise InputError("hf: models explain text: pass --text TEXT")
     if args.images:
         raise InputError(f"give --text or image files, not both (got {args.images[0]!r})")
     if args.weights is not None:
         raise InputError("--weights is for torchvision, timm and factory models; hf:DIR has its weights in DIR")
-    if any(not sentence.strip() for sentence in args.text):
+    if any(not sentence.strip() for sentence in args.text or []):
         raise InputError("--text is empty")
     if args.generate is None and (args.sample or args.seed is not None):
         raise InputError(f"{'--sample' if args.sample else '--seed'} chooses how --generate N generates; give "
@@ -409,6 +414,16 @@ def run_explain_text(args: argparse.Namespace) -> int:
     if pretrained.image:
         raise InputError(f"the model in {str(pretrained.directory)!r} is an image classifier "
                          f"({pretrained.architecture}); give it image files or --data, not --text")
+    if args.data is not None:
+        _check_generation(args, pretrained)
+        from fxlrp.app.explain_prompts import run_prompt_data_set
+
+        return run_prompt_data_set(args, pretrained, composite, composite_name,
+                                   lambda model, explain, ids, prompt: explained_generation(
+                                       args, model, explain, pretrained, ids, prompt))
+    if pretrained.seq2seq and args.generate is None:
+        raise InputError(f"the model in {str(pretrained.directory)!r} is an encoder-decoder model "
+                         f"({pretrained.architecture}): fxlrp explains what it generates; give --generate N")
     tokenizer, limit = pretrained.tokenizer, getattr(pretrained.config, "max_position_embeddings", None)
     inputs = [tokenizer(sentence, return_tensors="pt")["input_ids"] for sentence in args.text]
     added = 0 if args.generate is None else max(args.generate, 0)
@@ -454,54 +469,86 @@ def _run_explain_generation(args: argparse.Namespace, pretrained: Pretrained, in
     and explain each over the tokens before it (:func:`fxlrp.explain_generation`); print the
     continuation with each token's strongest context tokens, and with ``--out`` write the matrix
     (``generation-I.npy``), the page and the matrix picture of each text ``I``."""
-    if not pretrained.causal:
-        raise InputError(f"--generate needs a causal language model; the model in {str(pretrained.directory)!r} is "
-                         f"{pretrained.architecture}")
-    if args.generate < 1:
-        raise InputError(f"--generate takes the number of tokens to generate, at least 1; got {args.generate}")
+    _check_generation(args, pretrained)
+    tokenizer = pretrained.tokenizer
+    model = pretrained.load_model().to(torch.float64 if args.dtype == "float64" else torch.float32)
+    explain = _convert(model, composite)
+    out = None if args.out is None else Path(args.out)
+    lines = []
+    for index, (sentence, ids) in enumerate(zip(args.text, inputs, strict=True)):
+        explanation = explained_generation(args, model, explain, pretrained, ids, sentence)
+        sequences = explanation.sequences
+        tokens = text.tokens_of(tokenizer, sequences[0])
+        # (an encoder-decoder model's rows reach its input too)
+        source = None if explanation.source_ids is None else text.tokens_of(tokenizer, explanation.source_ids[0])
+        continuation = tokenizer.decode(sequences[0, explanation.start:], skip_special_tokens=explanation.source_ids
+                                        is not None)
+        how = "sampled" if args.sample else "greedy"
+        lines.append(f"{sentence!r} + {args.generate} tokens ({how}): {continuation!r}, {composite_name}")
+        lines.append(generation_pictures.terminal(explanation, tokens, source_tokens=source).rstrip("\n"))
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            matrix = out / f"generation-{index}.npy"
+            np.save(matrix, explanation.relevance[0].numpy())  # (in the model's float32 or float64)
+            if explanation.source_relevance is not None:  # (an encoder-decoder model: over its input too)
+                np.save(out / f"generation-{index}.source.npy", explanation.source_relevance[0].numpy())
+            page = generation_pictures.save_html(out / f"generation-{index}.html", explanation, tokens,
+                                                 source_tokens=source, title=f"fxlrp: {sentence[:60]}")
+            picture = generation_pictures.save_png(out / f"generation-{index}.png", explanation, tokens, sample=0,
+                                                   source_tokens=source)
+            lines.append(f"-> {matrix}, {page}, {picture}")
+    print("\n".join(lines))
+    return 0
+
+
+def _check_generation(args: argparse.Namespace, pretrained: Pretrained) -> None:
+    """``--generate N`` and the options that go with it checked (for ``--text`` and ``--data`` alike)."""
+    if not (pretrained.causal or pretrained.seq2seq):
+        raise InputError(f"--generate needs a causal language model or an encoder-decoder model; the model in "
+                         f"{str(pretrained.directory)!r} is {pretrained.architecture}")
     if args.target is not None:
         raise InputError("--target explains one next token; with --generate each generated token is explained "
                          "(leave --target out)")
     if args.merge_subwords:
         raise InputError("--merge-subwords shows the words of one explained text; with --generate each generated "
                          "token is listed with its context tokens (leave --merge-subwords out)")
+    if args.generate < 1:
+        raise InputError(f"--generate takes the number of tokens to generate, at least 1; got {args.generate}")
+    if args.dtype not in ("float32", "float64"):
+        raise InputError(f"--dtype {args.dtype}: explaining generated text runs the model in float32 or float64")
     if args.seed is not None and not args.sample:
         raise InputError("--seed seeds --sample; greedy generation (the default) draws nothing")
-    tokenizer = pretrained.tokenizer
-    model = pretrained.load_model()
-    explain = _convert(model, composite)
-    out = None if args.out is None else Path(args.out)
-    lines = []
-    for index, (sentence, ids) in enumerate(zip(args.text, inputs, strict=True)):
-        if args.sample:
-            torch.manual_seed(0 if args.seed is None else args.seed)
-        settings = {"do_sample": args.sample, "max_new_tokens": args.generate, "min_new_tokens": args.generate,
-                    "attention_mask": torch.ones_like(ids)}
-        if tokenizer.pad_token_id is None and getattr(model.generation_config, "pad_token_id", None) is None:
-            settings["pad_token_id"] = tokenizer.eos_token_id  # (one sequence: nothing is padded)
-        try:
-            with torch.no_grad():
-                sequences = model.generate(ids, **settings)
-        except (RuntimeError, IndexError, ValueError) as error:
-            raise InputError(f"the model cannot generate after the text {sentence[:30]!r}: "
-                             f"{first_sentence(error)}") from None
-        explanation = fxlrp.explain_generation(explain, sequences, ids.shape[1])
-        tokens = text.tokens_of(tokenizer, sequences[0])
-        continuation = tokenizer.decode(sequences[0, ids.shape[1]:])
-        how = "sampled" if args.sample else "greedy"
-        lines.append(f"{sentence!r} + {args.generate} tokens ({how}): {continuation!r}, {composite_name}")
-        lines.append(generation_pictures.terminal(explanation, tokens).rstrip("\n"))
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            matrix = out / f"generation-{index}.npy"
-            np.save(matrix, explanation.relevance[0].float().numpy())
-            page = out / f"generation-{index}.html"
-            shown = generation_pictures.html_page(explanation, tokens, title=f"fxlrp: {sentence[:60]}")
-            page.write_text(shown, encoding="utf-8")
-            picture = generation_pictures.save_png(out / f"generation-{index}.png", explanation, tokens, sample=0)
-            lines.append(f"-> {matrix}, {page}, {picture}")
-    print("\n".join(lines))
-    return 0
+
+
+def explained_generation(args: argparse.Namespace, model: torch.nn.Module, explain: torch.nn.Module,
+                         pretrained: Pretrained, ids: torch.Tensor, prompt: str) -> fxlrp.GenerationExplanation:
+    """Generate after one prompt (``ids`` [1, length]) and explain each generated token
+    (:func:`fxlrp.explain_generation`): over the prompt and the tokens before it for a causal
+    language model; for an encoder-decoder model, over the prompt (the encoder's input,
+    ``source_relevance``) and the decoder's tokens before it, from the decoder's start token."""
+    sequences = generated_sequences(args, model, pretrained.tokenizer, ids, prompt)
+    if pretrained.seq2seq:
+        return fxlrp.explain_generation(explain, sequences, 1, source=ids, source_mask=torch.ones_like(ids))
+    return fxlrp.explain_generation(explain, sequences, ids.shape[1])
+
+
+def generated_sequences(args: argparse.Namespace, model: torch.nn.Module, tokenizer: object, ids: torch.Tensor,
+                        sentence: str) -> torch.Tensor:
+    """``model.generate`` of ``--generate N`` tokens after one prompt's ``ids`` [1, length]
+    (greedy, or sampled after seeding with ``--seed``): prompt and continuation."""
+    if args.sample:
+        torch.manual_seed(0 if args.seed is None else args.seed)
+    settings = {"do_sample": args.sample, "max_new_tokens": args.generate, "min_new_tokens": args.generate,
+                "attention_mask": torch.ones_like(ids)}
+    if getattr(tokenizer, "pad_token_id", None) is None and getattr(model.generation_config, "pad_token_id",
+                                                                    None) is None:
+        settings["pad_token_id"] = tokenizer.eos_token_id  # (one sequence: nothing is padded)
+    try:
+        with torch.no_grad():
+            return model.generate(ids, **settings)
+    except (RuntimeError, IndexError, ValueError) as error:
+        raise InputError(f"the model cannot generate after the text {sentence[:30]!r}: "
+                         f"{first_sentence(error)}") from None
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -128,8 +129,10 @@ class Recorder(TorchFunctionMode):
                              for name, module in root.named_modules(remove_duplicate=False)}
         self.attributes: dict[int, str] | None = None
         self.constants: dict[str, Tensor] = {}
-        self.values: dict[int, tuple[Tensor, fx.Node]] = {}
-        """Tensors of the run by id (kept alive, so that ids stay unique) and their nodes."""
+        self.values: dict[int, tuple[weakref.ref[Tensor], fx.Node]] = {}
+        """Tensors of the run by id, held weakly, and their nodes. An entry whose tensor is gone
+        names nothing (a later tensor may get its id): the run frees what it no longer uses as it
+        would unrecorded, instead of keeping every value of the forward alive at once."""
         self.variable: set[fx.Node] = set()
         """Nodes whose values may differ between runs of one signature: computed from the inputs
         or from the module's parameters, buffers and tensor attributes (values that may be
@@ -137,6 +140,8 @@ class Recorder(TorchFunctionMode):
         self.written: set[int] = set()
         """Storages (by address) such values were written into: every tensor on them - the
         written one, its base, its other views - holds values of the run."""
+        self.written_tensors: list[Tensor] = []
+        """The tensors written into, kept alive: no other tensor takes their storages' addresses."""
         self.module_stack: dict[str, tuple[str, type]] = {}
         self.paused = False
         self.thread = threading.get_ident()
@@ -159,7 +164,7 @@ class Recorder(TorchFunctionMode):
         self._keep(tensor, self.graph.placeholder(name), variable=True)
 
     def _keep(self, tensor: Tensor, node: fx.Node, variable: bool) -> None:
-        self.values[id(tensor)] = (tensor, node)
+        self.values[id(tensor)] = (weakref.ref(tensor), node)
         if variable:
             self.variable.add(node)
 
@@ -182,7 +187,7 @@ class Recorder(TorchFunctionMode):
             If the tensor came from outside the module's inputs, parameters and buffers.
         """
         known = self.values.get(id(tensor))
-        if known is not None and known[0] is tensor:
+        if known is not None and known[0]() is tensor:
             return known[1]
         if self.attributes is None:
             # (made here, inside the run, which may hold detached twins of the parameters)
@@ -234,7 +239,7 @@ class Recorder(TorchFunctionMode):
         """Name the tensors of ``value`` (a call's result) by ``node`` and ``getitem`` nodes of it."""
         if isinstance(value, Tensor):
             known = self.values.get(id(value))
-            if known is not None and known[0] is value:
+            if known is not None and known[0]() is value:
                 # An in-place call returns its target: later uses read the target's node, which
                 # canonicalisation redirects to the written value, as in a traced graph.
                 return
@@ -277,6 +282,7 @@ class Recorder(TorchFunctionMode):
             written = kwargs.get("out", args[0] if args else None)
             if isinstance(written, Tensor):
                 self.written.add(_storage(written))
+                self.written_tensors.append(written)
 
     def __torch_function__(self, function, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 import torch
@@ -445,42 +445,34 @@ def html_page(
     str
         The document.
     """
-    return text.html_page(*_fragments(explanation, tokens, source_tokens, convention), title=title)
-
-
-def _fragments(explanation: GenerationExplanation, tokens: Tokens, source_tokens: Tokens | None,
-               convention: str | None) -> list[str]:
-    """:func:`html` of every sequence, titled by its number when there are several."""
     batch = len(explanation)
-    return [html(explanation, tokens, sample=sample, source_tokens=source_tokens, convention=convention,
-                 title=f"sequence {sample}" if batch > 1 else None)
-            for sample in range(batch)]
+    fragments = [html(explanation, tokens, sample=sample, source_tokens=source_tokens, convention=convention,
+                      title=f"sequence {sample}" if batch > 1 else None)
+                 for sample in range(batch)]
+    return text.html_page(*fragments, title=title)
 
 
-def save_html(
-    path: str | Path,
-    explanation: GenerationExplanation,
-    tokens: Tokens,
-    *,
-    source_tokens: Tokens | None = None,
-    convention: str | None = None,
-    title: str = DEFAULT_TITLE,
-) -> Path:
+def save_html(path: str | Path, explanation: GenerationExplanation, tokens: Tokens, **options: Any) -> Path:
     """Write :func:`html_page` to ``path`` (folders are made).
 
     Parameters
     ----------
     path : str or Path
         The file.
-    explanation, tokens, source_tokens, convention, title
+    explanation, tokens
         As for :func:`html_page`.
+    **options
+        ``source_tokens``, ``convention``, ``title``: as for :func:`html_page`.
 
     Returns
     -------
     Path
         The path.
     """
-    return text.save_html(path, *_fragments(explanation, tokens, source_tokens, convention), title=title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html_page(explanation, tokens, **options), encoding="utf-8")
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -590,33 +582,25 @@ def matrix_figure(
     return figure
 
 
-def save_png(
-    path: str | Path,
-    explanation: GenerationExplanation,
-    tokens: Tokens,
-    *,
-    sample: int = 0,
-    source_tokens: Tokens | None = None,
-    convention: str | None = None,
-    title: str | None = None,
-    dpi: int = 100,
-) -> Path:
+def save_png(path: str | Path, explanation: GenerationExplanation, tokens: Tokens, *, dpi: int = 100,
+             **options: Any) -> Path:
     """Save :func:`matrix_figure` of one sequence as a PNG file (folders are made).
 
     Parameters
     ----------
     path : str or Path
         The file.
-    explanation, tokens, sample, source_tokens, convention, title, dpi
+    explanation, tokens, dpi
         As for :func:`matrix_figure`.
+    **options
+        ``sample``, ``source_tokens``, ``convention``, ``title``: as for :func:`matrix_figure`.
 
     Returns
     -------
     Path
         The path.
     """
-    figure = matrix_figure(explanation, tokens, sample=sample, source_tokens=source_tokens,
-                           convention=convention, title=title, dpi=dpi)
+    figure = matrix_figure(explanation, tokens, dpi=dpi, **options)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():

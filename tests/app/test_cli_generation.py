@@ -101,3 +101,95 @@ def test_bad_generation_options_give_one_line_and_exit_code_2(saved: Path, capsy
         assert len(lines) == 1 and lines[0].startswith("fxlrp: error: ") and message in lines[0], (message, stderr)
         assert stdout == ""
     assert not list(tmp_path.iterdir())
+
+
+def _reference_of(directory: Path, prompt: str, new: int) -> fxlrp.GenerationExplanation:
+    """explain_generation in float64 of the greedy continuation of ``prompt``, from Python."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory).double().eval()
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        sequences = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                                   do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    return fxlrp.explain_generation(fxlrp.convert(model, fxlrp.composites.AttnLRP()), sequences, ids.shape[1])
+
+
+def test_a_file_of_prompts_is_explained_into_resumable_shards(saved: Path, capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    """``--data prompts.txt --generate N``: each prompt's stored matrix (and token ids) is
+    explain_generation's for its greedy continuation (float64, within 1e-10); a run killed after
+    its first shard and started again writes the same files as the uninterrupted run."""
+    prompts = ["the movie was", "a plot", "it is not bad at all"]
+    data = tmp_path / "prompts.txt"
+    data.write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    command = ["explain", "--model", f"hf:{saved}", "--data", str(data), "--generate", "3", "--out", str(out),
+               "--shard-size", "2", "--dtype", "float64"]
+    code, stdout, stderr = run(command, capsys)
+    assert code == 0, stderr
+    found = fxlrp.read_explanations(out)
+    assert found.names == prompts and found.relevance.dtype == np.float64
+    tokens = np.concatenate([np.load(out / "shards" / f"tokens-{shard:06d}.npy") for shard in (0, 1)])
+    for index, prompt in enumerate(prompts):
+        expected = _reference_of(saved, prompt, 3)
+        length = expected.sequences.shape[1]
+        reference = expected.relevance[0].numpy()
+        assert np.abs(found.relevance[index, :, :length] - reference).max() <= 1e-10 * np.abs(reference).max()
+        assert not found.relevance[index, :, length:].any()
+        assert tokens[index, :length].tolist() == expected.sequences[0].tolist()
+        assert (tokens[index, length:] == -1).all()
+    written = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    for path in (out / "index.json", out / "shards" / "relevance-000001.json", out / "shards" / "relevance-000001.npy",
+                 out / "shards" / "tokens-000001.npy"):
+        path.unlink()  # (a run killed while its second shard was computed)
+    code, stdout, stderr = run(command, capsys)
+    assert code == 0, stderr
+    assert "1 of 2 shards were already complete" in stdout
+    assert {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()} == written
+
+
+def test_a_bad_file_of_prompts_gives_one_line(saved: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    data = tmp_path / "prompts.txt"
+    data.write_text("the movie was\n\nbad\n", encoding="utf-8")
+    cases = [(["--data", str(data), "--generate", "2"], f"line 2 of {str(data)!r} is blank"),
+             (["--data", str(data)], "give --generate N too"),
+             (["--data", str(tmp_path / "none.txt"), "--generate", "2"], "is not a file"),
+             (["--data", str(data), "--generate", "2", "--png"], "--png is not taken with a file of prompts")]
+    for arguments, message in cases:
+        code, stdout, stderr = run(["explain", "--model", f"hf:{saved}", *arguments, "--out", str(tmp_path / "o")],
+                                   capsys)
+        lines = stderr.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and message in lines[0], (message, stderr)
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_encoder_decoder_model_explains_each_decoder_step_over_its_input(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A tiny T5 (``--generate`` on an encoder-decoder model): the matrices over the decoder's
+    tokens and over the encoder's input (``.source.npy``) are explain_generation's with
+    ``source=`` for the continuation generate gives (float64, within 1e-10)."""
+    folder = tmp_path / "t5"
+    tokenizer = bytelevel_tokenizer()
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=16, d_ff=32, d_kv=8, num_layers=1, num_decoder_layers=1, num_heads=2,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    code, stdout, stderr = run(["explain", "--model", f"hf:{folder}", "--text", PROMPT, "--generate", "3",
+                                "--dtype", "float64", "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, stderr
+    model = model.double()
+    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        sequences = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
+                                   do_sample=False)
+    expected = fxlrp.explain_generation(fxlrp.convert(model, fxlrp.composites.AttnLRP()), sequences, 1, source=ids,
+                                        source_mask=torch.ones_like(ids))
+    continuation = tokenizer.decode(sequences[0, 1:], skip_special_tokens=True)
+    assert stdout.startswith(f"{PROMPT!r} + 3 tokens (greedy): {continuation!r}, attnlrp\n")
+    for name, reference in (("generation-0.npy", expected.relevance[0]),
+                            ("generation-0.source.npy", expected.source_relevance[0])):
+        matrix = np.load(tmp_path / "out" / name)
+        assert matrix.shape == tuple(reference.shape) and matrix.dtype == np.float64
+        assert np.abs(matrix - reference.numpy()).max() <= 1e-10 * reference.abs().max().item()

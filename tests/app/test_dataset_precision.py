@@ -11,7 +11,8 @@ import torch
 
 import fxlrp
 from fxlrp.app import cli
-from fxlrp.app.cli_inputs import Preprocessing, composite_by_name
+from fxlrp.app.composites import composite_by_name
+from fxlrp.app.preprocessing import Preprocessing
 from fxlrp.toys.digits import DigitsCNN, load_digits_split, train_classifier
 
 MODEL = "fxlrp.toys.digits:DigitsCNN"

@@ -9,6 +9,7 @@ took on values (an input's, a parameter's) or hand back a stale object.
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import pytest
 import torch
@@ -170,6 +171,46 @@ def test_a_recording_does_not_write_into_the_callers_tensors() -> None:
     with torch.no_grad():
         for _ in range(3):  # (the model writes into the tensor it is given, so each call gets a copy)
             assert torch.equal(explain(x.clone()), model(x.clone()))
+
+
+KEPT_STEPS: list[int] = []
+"""Per run of :class:`DropsItsSteps`, how many of its dropped tensors were still alive at the end
+(outside the model: fxlrp gives the model's state back as it was after each run)."""
+
+
+class DropsItsSteps(nn.Module):
+    """A loop over the tokens whose per-step tensors the code drops once added (no backward
+    keeps them: a product with a number, a sum): weak references say which the run kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        total, steps = torch.zeros_like(x[:, 0]), []
+        for index in range(x.shape[1]):
+            step = x[:, index] * 2.0 + 1.0
+            steps.append(weakref.ref(step))
+            total = total + step
+        KEPT_STEPS.append(sum(step() is not None for step in steps[:-1]))
+        return self.head(total)
+
+
+def test_a_recording_frees_what_the_run_drops() -> None:
+    """The recorded run (the signature's second call) frees the tensors the code no longer uses,
+    as an unrecorded run does, instead of keeping every value of the forward alive; the replay's
+    relevance is gradient x input's (LRP-0)."""
+    torch.manual_seed(0)
+    model = DropsItsSteps().double().eval()
+    explain = fxlrp.convert(model, LRP0)
+    x = torch.randn(2, 6, 4, dtype=torch.float64)
+    [expected] = gradient_times_input(model, [x], lambda out: out, lambda out: onehot_relevance(out, 1))
+    KEPT_STEPS.clear()
+    for _ in range(3):
+        assert relative_error(fxlrp.attribute(explain, x, target=1), expected) < 1e-12
+    [recorded] = recordings(explain)
+    assert len(recorded.replays) == 1
+    assert KEPT_STEPS == [0, 0]  # (the first run's, then the recorded run's; the replay runs no code)
 
 
 class Noisy(PerToken):

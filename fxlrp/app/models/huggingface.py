@@ -15,7 +15,8 @@ from fxlrp.app.preprocessing import Preprocessing
 
 _HF_MODELS = (("ForSequenceClassification", "AutoModelForSequenceClassification"),
               ("ForCausalLM", "AutoModelForCausalLM"), ("LMHeadModel", "AutoModelForCausalLM"),
-              ("ForImageClassification", "AutoModelForImageClassification"))
+              ("ForImageClassification", "AutoModelForImageClassification"),
+              ("ForConditionalGeneration", "AutoModelForSeq2SeqLM"))
 _IMAGE_LOADERS = ("AutoModelForImageClassification",)
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model",
                     "spiece.model", "sentencepiece.bpe.model")
@@ -40,13 +41,18 @@ class Pretrained:
         return self.loader == "AutoModelForCausalLM"
 
     @property
+    def seq2seq(self) -> bool:
+        """An encoder-decoder language model (T5, BART): text in, text generated."""
+        return self.loader == "AutoModelForSeq2SeqLM"
+
+    @property
     def image(self) -> bool:
         return self.loader in _IMAGE_LOADERS
 
     @property
     def outputs(self) -> int:
         """Number of logits: classes of a classifier, the vocabulary of a language model."""
-        return int(self.config.vocab_size if self.causal else self.config.num_labels)
+        return int(self.config.vocab_size if self.causal or self.seq2seq else self.config.num_labels)
 
     def load_model(self) -> nn.Module:
         """The model in float32 and eval mode (transformers' loading progress bar kept quiet)."""
@@ -103,7 +109,8 @@ def open_pretrained(directory: str) -> Pretrained:
     if found is None:
         raise InputError(f"the model in {directory!r} is {', '.join(architectures) or 'of no named architecture'}; "
                          f"fxlrp explain takes sequence classifiers (...ForSequenceClassification), causal language "
-                         f"models (...ForCausalLM) and image classifiers (...ForImageClassification)")
+                         f"models (...ForCausalLM), encoder-decoder language models (...ForConditionalGeneration, "
+                         f"with --generate) and image classifiers (...ForImageClassification)")
     architecture, loader = found
     if loader in _IMAGE_LOADERS:
         processor = None
