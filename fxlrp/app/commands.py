@@ -18,6 +18,7 @@ from fxlrp.app.cli_options import HF_PREFIX, InputError, first_sentence
 from fxlrp.app.composites import composite_by_name
 from fxlrp.app.devices import autocast, device_of, prepare_inputs, prepare_model
 from fxlrp.app.explain_dataset import explains_data_set, run_dataset
+from fxlrp.app.explain_prompts import run_prompt_data_set
 from fxlrp.app.models.huggingface import Pretrained, open_pretrained
 from fxlrp.app.models.spec import load_model, preprocessing_from_options
 from fxlrp.app.outputs import checked_targets, explained_output, model_scores, probe_model, unexplainable
@@ -416,8 +417,6 @@ def run_explain_text(args: argparse.Namespace) -> int:
                          f"({pretrained.architecture}); give it image files or --data, not --text")
     if args.data is not None:
         _check_generation(args, pretrained)
-        from fxlrp.app.explain_prompts import run_prompt_data_set
-
         return run_prompt_data_set(args, pretrained, composite, composite_name,
                                    lambda model, explain, ids, prompt: explained_generation(
                                        args, model, explain, pretrained, ids, prompt))
