@@ -171,6 +171,7 @@ def test_bad_data_set_inputs_give_one_line_and_exit_code_2(files: dict[str, Path
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_way_resumes_and_ends_identical(tmp_path: Path, files: dict[str, Path]) -> None:
     """SIGKILL after the first shard is complete; the restart computes only the missing shards
     (complete ones are not rewritten) and the directory ends byte-identical to an uninterrupted run.

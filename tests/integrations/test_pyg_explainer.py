@@ -64,6 +64,7 @@ def test_graph_level_phenomenon_and_regression():
     assert explanation.node_mask.abs().sum() > 0
 
 
+@pytest.mark.slow  # (a fresh interpreter that hides torch_scatter: ~10 s of imports)
 def test_without_torch_scatter():
     """PyG falls back to native scatter_add_/scatter_reduce_; LRP-0 still equals gradient x input."""
     script = textwrap.dedent(f"""
