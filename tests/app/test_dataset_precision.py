@@ -82,12 +82,14 @@ def test_float64_equals_attribute_in_float64(trained: dict[str, Path]) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cuda_gives_the_relevance_of_the_cpu(trained: dict[str, Path], dtype: str) -> None:
-    reference = explain(trained, f"cpu_{dtype}", "--dtype", dtype)
-    on_gpu = explain(trained, f"cuda_{dtype}", "--dtype", dtype, "--device", "cuda")
+def test_cuda_gives_the_relevance_of_the_cpu(trained: dict[str, Path]) -> None:
+    """``--device cuda`` against the CPU, both in float64: other kernels, each rounding at ~1e-16,
+    so 1e-10 of the largest value holds by construction. (How far 16-bit relevance is from
+    float32's on a device is a measurement: ``benchmarks/low_precision.py``.)"""
+    reference = explain(trained, "cpu_float64", "--dtype", "float64")
+    on_gpu = explain(trained, "cuda_float64", "--dtype", "float64", "--device", "cuda")
     assert np.isfinite(on_gpu.relevance).all()
-    assert correlation(on_gpu.relevance, reference.relevance) > (0.999 if dtype == "float32" else 0.9)
+    assert np.abs(on_gpu.relevance - reference.relevance).max() < 1e-10 * np.abs(reference.relevance).max()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
