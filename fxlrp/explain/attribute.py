@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.graph import get_gradient_edge
 
 from fxlrp.errors import ExplanationInputError, FxlrpError
+from fxlrp.explain.explained_inputs import ExplainedInputs, explained_inputs, is_explained_leaf, may_be_token_ids
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.input_checks import (
     FAILURES,
@@ -24,11 +24,8 @@ from fxlrp.explain.input_checks import (
     one_vanishing_warning,
     raised_by_fxlrp,
     raised_from_the_call,
-    refuse_inputs_without_values,
-    refuse_non_finite_inputs,
     refuse_non_finite_output,
     refuse_non_finite_relevance,
-    refuse_ranks_the_model_refuses,
     refuse_unusable_inputs,
     vanished_relevance,
 )
@@ -274,21 +271,11 @@ def _attribute_checked(
     if many and repeat > 0:
         return _attribute_repeated(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
                                    check_finite=check_finite)
-    single = isinstance(inputs, Tensor)
-    refuse_ranks_the_model_refuses(explain, (inputs,) if single else inputs)
     finite = FiniteChecks() if check_finite else None
-    if finite is not None:
-        finite.check(inputs, lambda: refuse_non_finite_inputs(explain, inputs))
-    leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
-    # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
-    # eagerly) leaves the Python object holding the written values (fxlrp.eager.in_place.replace_values);
-    # relevance belongs to the input as given, which the edge still names.
-    explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
+    walked = explained_inputs(explain, inputs, finite)
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute_nodes needs the explainer returned by fxlrp.convert")
-    values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
-    request = _Request(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many,
-                       listed=listed or many, finite=finite,
+    request = _Request(explain, walked, target, output, nodes, many, listed=listed or many, finite=finite,
                        gradient=nodes is None and getattr(explain, "gradient_form", False))
     try:
         results = _backward(request)
@@ -310,14 +297,8 @@ class _Request:
     """One explanation :func:`attribute` asks of the explainer's passes."""
 
     explain: nn.Module
-    inputs: Tensor | Sequence[Any]
-    """The inputs as given."""
-    leaves: list[Any]
-    """The inputs the explainer runs on: explained ones as leaves of autograd."""
-    explained_leaves: list[Any]
-    """The gradient edges of the explained leaves, taken before the forward."""
-    values: list[Tensor]
-    """The explained leaves' values, taken before the forward."""
+    inputs: ExplainedInputs
+    """The inputs, walked once: as given, and what the explainer runs on."""
     target: Any
     output: Callable[[Any], Tensor] | None
     nodes: Sequence[str] | None
@@ -344,7 +325,7 @@ def _backward(request: _Request) -> list[Any]:
         return _passes(request)
     except _ForwardFailed as failed:
         error, ids_looked_up = failed.error, failed.ids_looked_up
-    explain, inputs = request.explain, request.inputs
+    explain, inputs = request.explain, request.inputs.given
     model = model_of(explain)
     single = isinstance(inputs, Tensor)
     rejection = input_rejection(explain, model, (inputs,) if single else tuple(inputs), {}, error)
@@ -373,9 +354,10 @@ def _passes(request: _Request) -> list[Any]:
     The relevance each target starts from is made when its backward pass runs, and what reaches
     an embedding lookup is summed per token as soon as it has (one output-sized tensor and one
     lookup-sized one at a time, however many targets)."""
-    explain, inputs, leaves, nodes, many = request.explain, request.inputs, request.leaves, request.nodes, request.many
-    target, output, gradient, values = request.target, request.output, request.gradient, request.values
-    with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
+    explain, walked, nodes, many = request.explain, request.inputs, request.nodes, request.many
+    leaves, values = walked.leaves, walked.values
+    target, output, gradient = request.target, request.output, request.gradient
+    with (torch.enable_grad(), sources_collected(walked.token_ids) as lookups,
           reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
         try:
@@ -389,17 +371,18 @@ def _passes(request: _Request) -> list[Any]:
             if raised_by_fxlrp(error):
                 raise
             raise _ForwardFailed(error, bool(lookups.sources) or lookups.of_copied_ids()) from None
-        refuse_inputs_without_values(explain, leaves)
+        walked.refuse_without_values(explain)
         if request.listed and output is None and logits_per_position(result):
             raise ExplanationInputError(LISTED_PER_POSITION)
-        explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
+        explained = (output(result) if output is not None
+                     else default_output(result, padding_mask(explain, walked.given)))
         if not isinstance(explained, Tensor):
             raise TypeError(
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
             )
         intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
         looked_up = [_looked_up(leaf, lookups.sources) for leaf in leaves]
-        wanted = request.explained_leaves + [value for value in intermediate if value is not None]
+        wanted = walked.edges + [value for value in intermediate if value is not None]
         wanted += [source.edge for found in looked_up for source in found]
         if not wanted and lookups.of_copied_ids():
             raise ValueError(
@@ -425,8 +408,7 @@ def _passes(request: _Request) -> list[Any]:
             )
         if request.finite is not None:
             request.finite.check(explained, lambda: refuse_non_finite_output(explained))
-        samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
-        starts = (output_relevance(explained, one, samples) for one in (target if many else [target]))
+        starts = (output_relevance(explained, one, walked.samples) for one in (target if many else [target]))
         request.output_totals.clear()  # (of a pass in the relevance form after one in the gradient form failed)
         if request.finite is not None:
             starts = (_totalled(start, request.output_totals) for start in starts)
@@ -439,8 +421,8 @@ def _passes(request: _Request) -> list[Any]:
             with torch.no_grad():  # (values the relevance is computed from, not a graph to keep)
                 if gradient:
                     grads = tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
-                return _assembled(iter(grads), leaves, looked_up, recorded, intermediate,
-                                  isinstance(inputs, Tensor), nodes is None)
+                return _assembled(iter(grads), leaves, looked_up, recorded, intermediate, walked.single,
+                                  nodes is None)
 
         return [assembled(torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many))
                 for start in starts]
@@ -463,7 +445,7 @@ def _assembled(
 ) -> Any:
     """:func:`attribute`'s result from the gradients of one backward pass."""
     input_relevance = tuple(
-        _zero_if_none(next(relevance), leaf) if _is_explained_leaf(leaf) else None for leaf in leaves
+        _zero_if_none(next(relevance), leaf) if is_explained_leaf(leaf) else None for leaf in leaves
     )
     node_relevance = {
         name: torch.zeros_like(value) if carrier is None else _zero_if_none(next(relevance), value)
@@ -548,18 +530,9 @@ def inputs_by_position(explain: nn.Module, inputs: Mapping[str, Any]) -> tuple[t
     return by_position, {name: names.index(name) for name in inputs}
 
 
-def _may_be_token_ids(value: Any) -> bool:
-    """A tensor neither floating-point nor complex."""
-    return isinstance(value, Tensor) and not value.is_floating_point() and not value.is_complex()
-
-
-def _token_ids(inputs: Sequence[Any]) -> list[Tensor]:
-    return [value for value in inputs if _may_be_token_ids(value)]
-
-
 def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:
     """The embedding lookups made with the token ids ``value`` (none for other inputs)."""
-    if not _may_be_token_ids(value):
+    if not may_be_token_ids(value):
         return []
     return [source for source in sources if same_values(source.indices, value)]
 
@@ -572,20 +545,6 @@ def _token_relevance(ids: Tensor, found: list[RelevanceSource], relevance: Itera
         if share is not None:
             total += share.reshape(ids.numel(), -1).sum(dim=1).reshape(ids.shape)
     return total
-
-
-def _leaf_if_explained(value: Any) -> Any:
-    """A floating-point tensor becomes a fresh leaf that collects relevance; the rest stays (a
-    tensor made in inference mode, which autograd cannot keep, as a copy)."""
-    if isinstance(value, Tensor) and value.is_inference():
-        value = value.clone()
-    if isinstance(value, Tensor) and value.is_floating_point():
-        return value.detach().requires_grad_()
-    return value
-
-
-def _is_explained_leaf(value: Any) -> bool:
-    return isinstance(value, Tensor) and value.requires_grad
 
 
 def _relevance_carrier(name: str, value: Any) -> Tensor | None:

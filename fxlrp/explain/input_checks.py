@@ -28,7 +28,10 @@ machinery. Three checks, none of which costs an explanation of valid inputs a fo
   against the parameters', a missing batch dimension), raised from the model's own error; if the
   model takes the inputs, the explanation's error is raised as it was. An input on the meta device
   that the model takes (an embedding looks meta ids up without complaint) holds nothing to explain
-  (:func:`refuse_inputs_without_values`).
+  (:func:`refuse_input_without_values`).
+
+After the check of what the inputs are, :func:`fxlrp.attribute` visits them once, by position
+(:func:`fxlrp.explain.explained_inputs.explained_inputs`), asking the checks here of each.
 
 These errors are :class:`~fxlrp.errors.ExplanationInputError`; the public functions raise them
 from their own call (:func:`raised_from_the_call`), without the frames of fxlrp that found them.
@@ -79,14 +82,14 @@ class FiniteChecks:
     def check(self, values: Any, refusal: Callable[[], None]) -> None:
         """Check the floating-point (and complex) tensors in ``values`` (a tensor, or tuples, lists
         and dicts of them); ``refusal`` raises their error."""
-        with torch.no_grad():
-            # The sum of the values times 0 is NaN exactly where one value is NaN or Inf (0 * Inf
-            # is NaN), else 0: three operations, where torch.isfinite(value).all() dispatches five.
-            flags = [value.mul(0).sum().isnan() for value in _tensors(values)
-                     if (value.is_floating_point() or value.is_complex()) and value.device.type != "meta"]
+        flags = non_finite_flags(values)
         if flags:
-            self._flags += flags
-            self._refusals.append(refusal)
+            self.add(flags, refusal)
+
+    def add(self, flags: list[Tensor], refusal: Callable[[], None]) -> None:
+        """Add flags made by :func:`non_finite_flags` (at least one); ``refusal`` raises their error."""
+        self._flags += flags
+        self._refusals.append(refusal)
 
     def warn(self, flag: Tensor | None, warning: Callable[[], None]) -> None:
         """Call ``warning`` at :meth:`refuse` where the one-element ``flag`` is set (read with the
@@ -114,6 +117,27 @@ class FiniteChecks:
                 warning()
 
 
+def non_finite_flags(values: Any) -> list[Tensor]:
+    """Per floating-point (or complex) tensor in ``values`` (a tensor, or tuples, lists and dicts of
+    them), a one-element flag on its device: whether any of its values is NaN or Inf.
+
+    Parameters
+    ----------
+    values
+        The values checked; tensors on the meta device hold none and are left out.
+
+    Returns
+    -------
+    list of Tensor
+        The flags, for :meth:`FiniteChecks.add`.
+    """
+    with torch.no_grad():
+        # The sum of the values times 0 is NaN exactly where one value is NaN or Inf (0 * Inf
+        # is NaN), else 0: three operations, where torch.isfinite(value).all() dispatches five.
+        return [value.mul(0).sum().isnan() for value in _tensors(values)
+                if (value.is_floating_point() or value.is_complex()) and value.device.type != "meta"]
+
+
 def refuse_non_finite_inputs(explain: Any, inputs: Tensor | Sequence[Any]) -> None:
     """A :class:`ValueError` naming the first floating-point input with NaN or Inf."""
     single = isinstance(inputs, Tensor)
@@ -138,21 +162,34 @@ def refuse_non_finite_inputs(explain: Any, inputs: Tensor | Sequence[Any]) -> No
         )
 
 
-def refuse_inputs_without_values(explain: Any, inputs: Sequence[Any]) -> None:
+def refuse_input_without_values(explain: Any, position: int, value: Tensor) -> None:
     """An :class:`~fxlrp.errors.ExplanationInputError` for an input on the meta device that the
     model took (an embedding looks meta ids up in a CPU table without complaint): it holds no
     values, so neither does its explanation. (Where the model refuses such an input, its own
-    message is raised instead, see :func:`input_rejection`.)"""
-    for position, value in enumerate(inputs):
-        if isinstance(value, Tensor) and value.device.type == "meta":
-            names = _model_names(explain)
-            name = names[position] if position < len(names) else f"inputs[{position}]"
-            _, devices = _model_placements(explain, model_of(explain))
-            device = sorted(str(device) for device in devices if device.type != "meta")
-            where = f": pass {name}.to({device[0]!r})" if device else ""
-            raise ExplanationInputError(f"input {name!r} (shape {list(value.shape)}) is on the meta device, which "
-                                        f"holds no values to explain; give it on the device of the model's "
-                                        f"parameters{where}")
+    message is raised instead, see :func:`input_rejection`.)
+
+    Parameters
+    ----------
+    explain
+        The explainer (its model's input names and parameters make the advice concrete).
+    position
+        The input's position in the model's ``forward``.
+    value
+        The input.
+
+    Raises
+    ------
+    ExplanationInputError
+        Always: naming the input and the device to give it on.
+    """
+    names = _model_names(explain)
+    name = names[position] if position < len(names) else f"inputs[{position}]"
+    _, devices = _model_placements(explain, model_of(explain))
+    device = sorted(str(device) for device in devices if device.type != "meta")
+    where = f": pass {name}.to({device[0]!r})" if device else ""
+    raise ExplanationInputError(f"input {name!r} (shape {list(value.shape)}) is on the meta device, which "
+                                f"holds no values to explain; give it on the device of the model's "
+                                f"parameters{where}")
 
 
 def refuse_non_finite_output(output: Tensor) -> None:
