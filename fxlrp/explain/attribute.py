@@ -355,7 +355,7 @@ def _passes(request: _Request) -> list[Any]:
     an embedding lookup is summed per token as soon as it has (one output-sized tensor and one
     lookup-sized one at a time, however many targets)."""
     explain, walked, nodes, many = request.explain, request.inputs, request.nodes, request.many
-    leaves, values = walked.leaves, walked.values
+    inputs, leaves, values = walked.given, walked.leaves, walked.values
     target, output, gradient = request.target, request.output, request.gradient
     with (torch.enable_grad(), sources_collected(walked.token_ids) as lookups,
           reusable_graph() if many else nullcontext(),
@@ -374,8 +374,7 @@ def _passes(request: _Request) -> list[Any]:
         walked.refuse_without_values(explain)
         if request.listed and output is None and logits_per_position(result):
             raise ExplanationInputError(LISTED_PER_POSITION)
-        explained = (output(result) if output is not None
-                     else default_output(result, padding_mask(explain, walked.given)))
+        explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
         if not isinstance(explained, Tensor):
             raise TypeError(
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
@@ -408,7 +407,8 @@ def _passes(request: _Request) -> list[Any]:
             )
         if request.finite is not None:
             request.finite.check(explained, lambda: refuse_non_finite_output(explained))
-        starts = (output_relevance(explained, one, walked.samples) for one in (target if many else [target]))
+        samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
+        starts = (output_relevance(explained, one, samples) for one in (target if many else [target]))
         request.output_totals.clear()  # (of a pass in the relevance form after one in the gradient form failed)
         if request.finite is not None:
             starts = (_totalled(start, request.output_totals) for start in starts)
@@ -421,8 +421,8 @@ def _passes(request: _Request) -> list[Any]:
             with torch.no_grad():  # (values the relevance is computed from, not a graph to keep)
                 if gradient:
                     grads = tuple(relevance_at(value, share) for value, share in zip(values, grads, strict=True))
-                return _assembled(iter(grads), leaves, looked_up, recorded, intermediate, walked.single,
-                                  nodes is None)
+                return _assembled(iter(grads), leaves, looked_up, recorded, intermediate,
+                                  isinstance(inputs, Tensor), nodes is None)
 
         return [assembled(torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many))
                 for start in starts]

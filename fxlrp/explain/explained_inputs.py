@@ -4,10 +4,9 @@
 :func:`~fxlrp.explain.attribute.inputs_by_position`) and :func:`explained_inputs` visits each one
 once: the NaN and Inf flags (:class:`~fxlrp.explain.input_checks.FiniteChecks`, read at the end of
 the call), the fresh leaf of autograd an explained input becomes, its gradient edge and values
-(taken before the forward), the token ids an embedding may look up, the batch size, and an input
-on the meta device (refused after the forward, where the model did not refuse it first). The
-result, :class:`ExplainedInputs`, is the inputs' part of the one request the explanation's passes
-read.
+(taken before the forward), the token ids an embedding may look up, and an input on the meta
+device (refused after the forward, where the model did not refuse it first). The result,
+:class:`ExplainedInputs`, is the inputs' part of the one request the explanation's passes read.
 """
 
 from __future__ import annotations
@@ -47,16 +46,9 @@ class ExplainedInputs:
     token_ids: list[Tensor]
     """The inputs that may be token ids an embedding looks up (tensors neither floating-point nor
     complex)."""
-    samples: int | None
-    """The first dimension of the first input with more than one (the batch), None where none has."""
     without_values: int | None
     """The position of the first input on the meta device, which holds no values to explain; None
     where none is."""
-
-    @property
-    def single(self) -> bool:
-        """Whether the inputs are one tensor given alone."""
-        return isinstance(self.given, Tensor)
 
     def refuse_without_values(self, explain: Any) -> None:
         """Refuse an input on the meta device (see :func:`~fxlrp.explain.input_checks.refuse_input_without_values`),
@@ -82,7 +74,7 @@ def explained_inputs(explain: Any, inputs: Tensor | Sequence[Any], finite: Finit
     First the numbers of dimensions the model's BatchNorms check (a look at each checked input's
     ``dim()``, :func:`~fxlrp.explain.input_checks.refuse_ranks_the_model_refuses`); then, per
     input, its NaN and Inf flags (read with the other checks' at the end of the call), its leaf,
-    edge and values, whether it may be token ids, the batch size and the meta device.
+    edge and values, whether it may be token ids and whether it is on the meta device.
 
     Parameters
     ----------
@@ -106,7 +98,7 @@ def explained_inputs(explain: Any, inputs: Tensor | Sequence[Any], finite: Finit
     given = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
     refuse_ranks_the_model_refuses(explain, given)
     leaves, edges, values, token_ids, flags = [], [], [], [], []
-    samples = without_values = None
+    without_values = None
     for position, value in enumerate(given):
         if finite is not None:
             flags += non_finite_flags(value)
@@ -119,13 +111,11 @@ def explained_inputs(explain: Any, inputs: Tensor | Sequence[Any], finite: Finit
             values.append(leaf.detach())
         elif may_be_token_ids(leaf):
             token_ids.append(leaf)
-        if samples is None and leaf.dim() > 1:
-            samples = leaf.shape[0]
         if without_values is None and leaf.device.type == "meta":
             without_values = position
     if finite is not None and flags:
         finite.add(flags, lambda: refuse_non_finite_inputs(explain, inputs))
-    return ExplainedInputs(inputs, leaves, edges, values, token_ids, samples, without_values)
+    return ExplainedInputs(inputs, leaves, edges, values, token_ids, without_values)
 
 
 def _leaf_if_explained(value: Any) -> Any:
