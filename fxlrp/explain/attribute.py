@@ -15,20 +15,15 @@ from torch import Tensor, nn
 from fxlrp.errors import ExplanationInputError, FxlrpError
 from fxlrp.explain.explained_inputs import ExplainedInputs, explained_inputs, is_explained_leaf, may_be_token_ids
 from fxlrp.explain.explainer import Explainer
-from fxlrp.explain.input_checks import (
-    FAILURES,
+from fxlrp.explain.finite_checks import (
     FiniteChecks,
-    input_rejection,
-    model_of,
-    no_floating_input_error,
     one_vanishing_warning,
-    raised_by_fxlrp,
-    raised_from_the_call,
     refuse_non_finite_output,
     refuse_non_finite_relevance,
-    refuse_unusable_inputs,
     vanished_relevance,
 )
+from fxlrp.explain.input_checks import no_floating_input_error, refuse_unusable_inputs
+from fxlrp.explain.model_rejection import FAILURES, input_rejection, model_of, raised_by_fxlrp, raised_from_the_call
 from fxlrp.explain.targets import (
     LISTED_PER_POSITION,
     FromOutput,
@@ -99,15 +94,16 @@ def attribute(
     ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
     finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
     is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
-    :mod:`fxlrp.explain.input_checks`); and relevance reaching the inputs that is a negligible
+    :mod:`fxlrp.explain.finite_checks`); and relevance reaching the inputs that is a negligible
     share of the output's (under a millionth, absolute values summed: the rules absorbed it, as
     biases that make up nearly all of a randomly initialised model's output do) is a
     :class:`fxlrp.VanishedRelevanceWarning`, once per call (see
-    :func:`~fxlrp.explain.input_checks.warn_of_vanished_relevance` for why a millionth). False
+    :func:`~fxlrp.explain.finite_checks.warn_of_vanished_relevance` for why a millionth). False
     returns whatever comes out, without these checks' synchronisations with the device.
 
-    Inputs and targets are checked before the explanation runs (:mod:`fxlrp.explain.input_checks`):
-    inputs the model itself would not take are refused in its own words (see Raises).
+    Inputs and targets are checked before the explanation runs (:mod:`fxlrp.explain.input_checks`,
+    :mod:`fxlrp.explain.rank_checks`): inputs the model itself would not take are refused in its own
+    words (see Raises; :mod:`fxlrp.explain.model_rejection`).
 
     Parameters
     ----------
@@ -314,7 +310,7 @@ class _Request:
     to relevance at the end."""
     output_totals: list[Tensor] = dataclasses.field(default_factory=list)
     """Per target, the summed absolute relevance its backward pass starts from (under
-    ``check_finite``): what :func:`~fxlrp.explain.input_checks.warn_of_vanished_relevance` compares."""
+    ``check_finite``): what :func:`~fxlrp.explain.finite_checks.warn_of_vanished_relevance` compares."""
 
 
 def _backward(request: _Request) -> list[Any]:

@@ -2,7 +2,7 @@
 
 :func:`fxlrp.attribute` puts the inputs by position (a mapping by name through
 :func:`~fxlrp.explain.attribute.inputs_by_position`) and :func:`explained_inputs` visits each one
-once: the NaN and Inf flags (:class:`~fxlrp.explain.input_checks.FiniteChecks`, read at the end of
+once: the NaN and Inf flags (:class:`~fxlrp.explain.finite_checks.FiniteChecks`, read at the end of
 the call), the fresh leaf of autograd an explained input becomes, its gradient edge and values
 (taken before the forward), the token ids an embedding may look up, and an input on the meta
 device (refused after the forward, where the model did not refuse it first). The result,
@@ -18,13 +18,9 @@ from typing import Any
 from torch import Tensor
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from fxlrp.explain.input_checks import (
-    FiniteChecks,
-    non_finite_flags,
-    refuse_input_without_values,
-    refuse_non_finite_inputs,
-    refuse_ranks_the_model_refuses,
-)
+from fxlrp.explain.finite_checks import FiniteChecks, non_finite_flags, refuse_non_finite_inputs
+from fxlrp.explain.input_checks import refuse_input_without_values
+from fxlrp.explain.rank_checks import refuse_ranks_the_model_refuses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +68,7 @@ def explained_inputs(explain: Any, inputs: Tensor | Sequence[Any], finite: Finit
     """Visit the inputs once: check them and make what the explainer runs on.
 
     First the numbers of dimensions the model's BatchNorms check (a look at each checked input's
-    ``dim()``, :func:`~fxlrp.explain.input_checks.refuse_ranks_the_model_refuses`); then, per
+    ``dim()``, :func:`~fxlrp.explain.rank_checks.refuse_ranks_the_model_refuses`); then, per
     input, its NaN and Inf flags (read with the other checks' at the end of the call), its leaf,
     edge and values, whether it may be token ids and whether it is on the meta device.
 

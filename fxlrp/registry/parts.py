@@ -351,7 +351,7 @@ class ValueFlow:
     itself), so that an in-place write into the result writes into the argument."""
     keeps_rank: SpellingFact = False
     """Whether its output has as many dimensions as its input, batched or not (layers,
-    elementwise maps), which :mod:`fxlrp.explain.input_checks` follows to a BatchNorm's check."""
+    elementwise maps), which :mod:`fxlrp.explain.rank_checks` follows to a BatchNorm's check."""
     saturates: bool = False
     """Whether it squashes into a bounded range, its derivative vanishing where it saturates
     (softmax, sigmoid)."""

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from fxlrp.capture.interception import module_calls_followed
 from fxlrp.eager.rule_choice import operations_observed
-from fxlrp.explain.input_checks import vanished_relevance
+from fxlrp.explain.finite_checks import vanished_relevance
 from fxlrp.explain.targets import box_pixels
 from fxlrp.integrations.torchvision.logit_positions import logit_positions, reached_positions
 
