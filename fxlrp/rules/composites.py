@@ -366,7 +366,7 @@ detector's normalisation, resizing and batching, registered by
 INPUT_OFFSETS = ("add", "sub")
 """Sums that may add a constant to the model's raw input before its first layer: a normalisation
 written in the model's own code (torchvision's ``transform_input`` of Inception v3 and GoogLeNet,
-``2 * (x - 0.5)`` in Gemma 4's vision encoder); see :attr:`Site.before_first_layer`."""
+``2 * (x - 0.5)`` in timm's Gemma 4 vision encoder); see :attr:`Site.before_first_layer`."""
 SUMS = ("add", "sub", "sum", "mean", "avg_pool")
 """Parameterless sums; zennit's composites give its ``Sum`` and ``AvgPool`` modules ``Norm``."""
 
