@@ -310,7 +310,7 @@ def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: i
     start = torch.zeros_like(scores)
     start[index, keypoint] = scores[index, keypoint].detach()
     relevance = torch.autograd.grad(scores, leaves, start, allow_unused=True)
-    x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2])
+    x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2].detach())
     around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *_size(leaves, image, as_list), leaves[0].device)
     return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
                                 detections["scores"][index].item(), start.sum().item(), None, around)
