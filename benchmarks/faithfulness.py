@@ -32,8 +32,8 @@ on an edge mask) and Captum's own LRP (a failure is printed with its first line)
 (EpsilonPlusFlat) on the CNN; autoLRP (``BASE``; ``ATTNLRP`` on the transformers) when it is
 importable; a Gaussian random map.
 
-Run: ``python benchmarks/faithfulness.py [--models digits,vit,text,graph,detection] [--samples 200]
-[--markdown]`` (the detector's row alone: ``--models detection --samples 64``).
+Run: ``python benchmarks/faithfulness.py [--models digits,vit,text,graph,detection] [--samples N]
+[--markdown]`` (``--samples``: 200 per model, 64 for the detector, by default).
 """
 
 from __future__ import annotations
@@ -416,19 +416,23 @@ STEPS_DETECTOR = 600
 
 
 WORKLOADS = {"digits": digits, "vit": vit, "text": text, "graph": graph, "detection": detection}
+SAMPLES = {"detection": 64}
+"""Explained inputs of the models whose default is not 200 (the detector's curves cost a second per
+image and method on a shared core: its row takes about 15 minutes at 64)."""
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(WORKLOADS))
-    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=None,
+                        help="explained inputs per model (default 200; the detector 64)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)  # small models run fastest on one thread of the shared cores
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}")
     for name in args.models.split(","):
-        heading, results = WORKLOADS[name](args.samples)
+        heading, results = WORKLOADS[name](args.samples or SAMPLES.get(name, 200))
         rows = ranked(results)
         print(heading)
         if args.markdown:
