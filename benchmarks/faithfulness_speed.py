@@ -22,7 +22,11 @@ these models' cost does not depend on the pixels) in each library's batches, fxl
 forward of the 64 images per step plus the unperturbed batch. ``bound`` = Quantus's total over
 fxlrp's forwards: the speed-up fxlrp would reach if everything but its forwards took no time.
 
-Run: ``python benchmarks/faithfulness_speed.py [--repeats 5] [--device cpu]``.
+On CUDA (``--device cuda``) the models, images and attributions live on the GPU, fxlrp's curves
+run there, Quantus is given ``device="cuda"`` (it moves each step's NumPy batch there), and every
+timed run ends when the device has finished. ``benchmarks/gpu_checks.sh`` runs it so.
+
+Run: ``python benchmarks/faithfulness_speed.py [--repeats 5] [--device cpu|cuda]``.
 """
 
 from __future__ import annotations
@@ -59,24 +63,30 @@ def workloads(device: torch.device) -> dict[str, tuple[nn.Module, torch.Tensor, 
             "cifar-sized [3, 32, 32]": (cifar_cnn().eval().to(device), cifar.to(device), 64, 4)}
 
 
-def interleaved_medians(runs: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median seconds of each run, the runs alternating (a machine busier for a while slows both)."""
+def interleaved_medians(runs: list[Callable[[], object]], repeats: int, device: torch.device) -> list[float]:
+    """Median seconds of each run, the runs alternating (a machine busier for a while slows both); on
+    CUDA each run's time ends when the device has finished its work (a run returns before it)."""
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(repeats):
         for run, found in zip(runs, times, strict=True):
+            synchronize(device)
             start = time.perf_counter()
             run()
+            synchronize(device)
             found.append(time.perf_counter() - start)
     return [statistics.median(found) for found in times]
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def forwards(model: nn.Module, images: torch.Tensor, batch: int) -> None:
-    """The model on ``images`` in batches of ``batch`` (without gradients), waiting for the device."""
+    """The model on ``images`` in batches of ``batch`` (without gradients)."""
     with torch.no_grad():
         for start in range(0, len(images), batch):
             model(images[start:start + batch])
-    if images.is_cuda:
-        torch.cuda.synchronize()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             quantus_seconds, quantus_forwards, fxlrp_seconds, fxlrp_forwards = interleaved_medians(
                 [theirs, lambda: forwards(model, perturbed, len(images)),
                  ours, lambda: (forwards(model, perturbed, ROWS), forwards(model, images, len(images)))],
-                args.repeats)
+                args.repeats, device)
             print(f"{name:<26} {metric:<22} {quantus_seconds:>10.3f} {quantus_forwards:>9.3f} {fxlrp_seconds:>9.3f} "
                   f"{fxlrp_forwards:>9.3f} {quantus_seconds / fxlrp_seconds:>8.1f}x "
                   f"{quantus_seconds / fxlrp_forwards:>6.1f}x")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA device, in one go: the CUDA tests (each explains on the GPU and on
 # the CPU in float64 and compares), the JAX tests on JAX's default device (the GPU where jaxlib
-# has CUDA), and the GPU benchmarks (benchmarks/run.py --device cuda, benchmarks/jax_cost.py).
+# has CUDA), and the GPU benchmarks (benchmarks/run.py --device cuda, benchmarks/jax_cost.py,
+# benchmarks/faithfulness_speed.py --device cuda: fxlrp.evaluate against Quantus, which the test extra installs).
 # Logs go to the folder given as the first argument (default out/gpu).
 #   bash benchmarks/gpu_checks.sh [OUT] [BATCH]
 set -u
@@ -22,3 +23,4 @@ timeout 220 $python benchmarks/run.py --device cuda --batch "$batch" --repeats 7
 timeout 130 $python -m pytest -q -p no:cacheprovider tests/integrations/test_jax.py 2>&1 \
     | tee "$out/jax_tests.txt"
 timeout 80 $python benchmarks/jax_cost.py --repeats 20 2>&1 | tee "$out/jax_cost.txt"
+timeout 240 $python benchmarks/faithfulness_speed.py --device cuda --repeats 3 2>&1 | tee "$out/faithfulness_speed.txt"

@@ -9,6 +9,8 @@ on the inputs' device; the relevance can come from fxlrp, Captum, zennit or a Nu
   baselines zeros, the mean, blur, noise (seeded);
 - :func:`token_curves`: tokens, deleted or inserted with a baseline token;
 - :func:`graph_curves`: edges or nodes of a graph, for a node's class;
+- :class:`DetectionScore`: a detector's score of an explained box (the detection of its class
+  that overlaps it most, 0 once none does), the target of :func:`image_curves` for detectors;
 - :class:`PerturbationCurves`: the curves with ``auc``, ``abpc`` (area between LeRF and MoRF)
   and ``aopc`` per sample; :func:`mean_interval` and :func:`ranked` summarise them over samples.
 
@@ -16,12 +18,14 @@ This package builds on the explainer and is not imported by it.
 """
 
 from fxlrp.evaluate.curves import EvaluationInputError, PerturbationCurves
+from fxlrp.evaluate.detections import DetectionScore
 from fxlrp.evaluate.graphs import graph_curves
 from fxlrp.evaluate.images import gaussian_blur, image_baseline, image_curves, patch_grid
 from fxlrp.evaluate.summaries import Interval, mean_interval, ranked, table
 from fxlrp.evaluate.tokens import token_curves
 
 __all__ = [
+    "DetectionScore",
     "EvaluationInputError",
     "Interval",
     "PerturbationCurves",

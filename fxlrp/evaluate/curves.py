@@ -155,9 +155,12 @@ def trapezoid(values: Tensor, positions: Tensor) -> Tensor:
 # inputs
 
 
-def as_relevance(relevance: Any, device: torch.device, what: str = "relevance") -> Tensor:
+def as_relevance(relevance: Any, device: torch.device, what: str = "relevance",
+                 remedy: str = "explain again (in float64, or with a larger epsilon) or replace them before "
+                               "evaluating") -> Tensor:
     """Relevance from anywhere (a torch tensor of any device and dtype, a NumPy array, a list) as
-    a float64 tensor on ``device``, checked to be finite."""
+    a float64 tensor on ``device``, checked to be finite (``what`` and ``remedy`` name the values
+    and what to do in the errors)."""
     if isinstance(relevance, Tensor):
         values = relevance.detach()
     else:
@@ -170,8 +173,7 @@ def as_relevance(relevance: Any, device: torch.device, what: str = "relevance") 
         raise EvaluationInputError(f"{what} must hold real numbers, got dtype {values.dtype}")
     values = values.to(device=device, dtype=torch.float64)
     if not bool(torch.isfinite(values).all()):
-        raise EvaluationInputError(f"{what} holds NaN or Inf values; explain again (in float64, or with a larger "
-                                   f"epsilon) or replace them before evaluating")
+        raise EvaluationInputError(f"{what} holds NaN or Inf values; {remedy}")
     return values
 
 
@@ -391,6 +393,36 @@ def check_targets(target: Any, logits: Tensor) -> Tensor:
     return targets
 
 
+def score_reader(target: Any, output: Any, score: str, samples: int,
+                 device: torch.device) -> Callable[[Any, Tensor], Tensor]:
+    """How the curves read each row's score from the model's output on a batch: the target class's
+    logit or probability (``target`` an int, one per sample or None, checked against ``output``, the
+    model's output on the unperturbed samples), or what a callable ``target(output, samples)``
+    returns. The reader takes an output and the sample of each of its rows and returns ``[rows]``
+    float64 scores."""
+    if callable(target):
+        if score != "logit":
+            raise EvaluationInputError(f"score={score!r} applies to a classifier's scores; a callable target "
+                                       f"returns the score itself: leave score at 'logit' and compute a "
+                                       f"probability in the target")
+        return lambda output, rows: called_scores(target, output, rows, device)
+    logits = output if isinstance(output, Tensor) else getattr(output, "logits", output)
+    explained_scores(logits, torch.zeros(samples, dtype=torch.int64, device=device), "logit")  # (its shape)
+    targets = check_targets(target, logits.detach())
+    return lambda output, rows: explained_scores(output, targets[rows], score)
+
+
+def called_scores(target: Callable[[Any, Tensor], Any], output: Any, samples: Tensor, device: torch.device) -> Tensor:
+    """A callable target's scores of a batch ``[rows]`` (``samples``: the sample each row perturbs),
+    checked to be one finite number per row, as float64 on ``device``."""
+    values = as_relevance(target(output, samples), device, what="the target's scores",
+                          remedy="the target must return a finite score for every input")
+    if tuple(values.shape) != (len(samples),):
+        raise EvaluationInputError(f"the target returned scores of shape {list(values.shape)} for a batch of "
+                                   f"{len(samples)} inputs; it must return one score per input, [{len(samples)}]")
+    return values
+
+
 @contextmanager
 def progress_bar(total: int, enabled: bool, description: str) -> Iterator[Callable[[int], None]]:
     """tqdm's bar on stderr when tqdm is installed, ``enabled`` and stderr a terminal; else none.
@@ -466,11 +498,8 @@ def tensor_curves(run: Callable[..., Any], inputs: Tensor, relevance: Tensor, fe
     counts = curve_counts(counted, features_per_step, steps)
     layout = Rows(len(orders), samples, counts.shape[1], inputs.device)
     with torch.no_grad():
-        logits = run(inputs, **extra)
-    if not isinstance(logits, Tensor):
-        logits = getattr(logits, "logits", logits)
-    explained_scores(logits, torch.zeros(samples, dtype=torch.int64, device=inputs.device), "logit")  # (its shape)
-    targets = check_targets(target, logits.detach())
+        output = run(inputs, **extra)
+    read_scores = score_reader(target, output, score, samples, inputs.device)
     ranks = torch.stack([feature_ranks(relevance, order, valid) for order in orders])
     baseline = baseline.expand_as(inputs)
     flat_feature = feature_of.expand(inputs.shape[1:]).reshape(-1)
@@ -485,8 +514,9 @@ def tensor_curves(run: Callable[..., Any], inputs: Tensor, relevance: Tensor, fe
                                                                       for name, value in extra.items()}
 
     def read(output: Any, rows: Tensor) -> Tensor:
-        return explained_scores(output, targets[layout.locate(rows)[1]], score)
+        return read_scores(output, layout.locate(rows)[1])
 
-    found = score_rows(layout, counts, counted, mode, explained_scores(logits, targets, score), batch_size,
-                       make_batch, lambda batch: run(batch[0], **batch[1]), read, progress, f"{mode} curves")
+    unperturbed = read_scores(output, torch.arange(samples, device=inputs.device))
+    found = score_rows(layout, counts, counted, mode, unperturbed, batch_size, make_batch,
+                       lambda batch: run(batch[0], **batch[1]), read, progress, f"{mode} curves")
     return layout.curves(found, orders, counts, counted, mode)

@@ -118,16 +118,21 @@ def image_curves(model: Callable[[Tensor], Any], inputs: Tensor, relevance: Any,
     ----------
     model : callable
         The model (in evaluation mode; it is not changed), or any function of a batch
-        ``[batch, channels, height, width]`` returning scores ``[batch, classes]``.
+        ``[batch, channels, height, width]`` returning scores ``[batch, classes]`` (or, with a
+        callable ``target``, whatever that target reads: a detector's detections).
     inputs : Tensor
         ``[samples, channels, height, width]``.
     relevance : Tensor, numpy.ndarray or array-like
         ``[samples, channels, height, width]``, ``[samples, 1, height, width]`` or
         ``[samples, height, width]``, from fxlrp, Captum, zennit or anywhere; a pixel's relevance
         is the sum over its channels, a patch's the sum over its pixels.
-    target : int, Tensor or None
+    target : int, Tensor, callable or None
         The class whose score the curves follow, one for all or one per image; None: each
-        image's predicted class (on the unperturbed image).
+        image's predicted class (on the unperturbed image). A callable
+        ``target(output, samples)`` reads the scores itself: given the model's output on a batch
+        and the image each of its inputs perturbs (``[batch]`` int64), it returns one score per
+        input ``[batch]`` (e.g. :class:`~fxlrp.evaluate.DetectionScore`, the score of a detection
+        matched to the explained box); ``score`` then stays ``"logit"``.
     patch : int
         1: pixels; ``p``: ``p x p`` patches (:func:`patch_grid`).
     per_channel : bool
@@ -143,7 +148,7 @@ def image_curves(model: Callable[[Tensor], Any], inputs: Tensor, relevance: Any,
     blur_sigma, seed : float, int
         The blur's standard deviation in pixels; the noise's seed.
     score : str
-        ``"logit"`` or ``"probability"`` (the softmax of the output).
+        ``"logit"`` or ``"probability"`` (the softmax of the output) of the target class.
     features_per_step : int or None
         Features perturbed per step (the last step takes the rest); default 1.
     steps : int or None

@@ -41,8 +41,9 @@ def token_curves(model: Callable[..., Any], input_ids: Tensor, relevance: Any, t
     relevance : Tensor, numpy.ndarray or array-like
         ``[samples, length]`` per token, or ``[samples, length, dims]`` per embedding value
         (summed over ``dims``).
-    target : int, Tensor or None
-        The class followed, one for all or per sequence; None: the predicted class.
+    target : int, Tensor, callable or None
+        The class followed, one for all or per sequence; None: the predicted class; a callable
+        reads each input's score from the model's output (as in :func:`~fxlrp.evaluate.image_curves`).
     baseline_token : int
         The token id a perturbed token becomes (a ``[MASK]``, ``[UNK]`` or padding token).
     attention_mask : Tensor or None

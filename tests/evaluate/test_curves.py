@@ -323,3 +323,36 @@ def test_the_unperturbed_input_is_run_once_not_once_per_curve(mode: str) -> None
     end = 0 if mode == "deletion" else -1
     for order in ("morf", "lerf"):
         assert torch.allclose(curves.scores[order][:, end], unperturbed, rtol=0, atol=BOUND)
+
+
+@pytest.mark.parametrize("kind", ["images", "tokens"])
+def test_a_callable_target_reading_the_class_score_gives_the_class_targets_curves(kind: str) -> None:
+    """A callable target that reads each row's class logit from the output, by the sample it
+    perturbs, gives the curves of the per-sample class targets bit for bit (the same batches and
+    values, read by indexing instead of gather); one class for all samples gives other curves."""
+    classes = torch.tensor([0, 2, 1])
+
+    def read(output: Tensor, samples: Tensor) -> Tensor:
+        return output[torch.arange(len(samples)), classes[samples]]
+
+    generator = torch.Generator().manual_seed(12)
+    if kind == "images":
+        model = small_model()
+        images = torch.rand(3, 2, 6, 6, dtype=torch.float64, generator=generator)
+        relevance = torch.randn(3, 2, 6, 6, dtype=torch.float64, generator=generator)
+
+        def curves(target: object) -> object:
+            return image_curves(model, images, relevance, target, patch=2, batch_size=4, progress=False)
+    else:
+        torch.manual_seed(5)
+        embedding, readout = nn.Embedding(7, 4).double(), nn.Linear(4, 3).double()
+        ids = torch.randint(1, 7, (3, 5), generator=generator)
+        relevance = torch.randn(3, 5, dtype=torch.float64, generator=generator)
+
+        def curves(target: object) -> object:
+            return token_curves(lambda batch: readout(torch.tanh(embedding(batch)).sum(dim=1)), ids, relevance,
+                                target, baseline_token=0, batch_size=4, progress=False)
+    by_class, by_callable = curves(classes), curves(read)
+    for order in ("morf", "lerf"):
+        assert torch.equal(by_class.scores[order], by_callable.scores[order])
+    assert not torch.equal(by_callable.morf, curves(0).morf)
