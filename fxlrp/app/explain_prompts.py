@@ -112,8 +112,9 @@ def _explain_prompts(args: argparse.Namespace, processes: Processes, pretrained:
         span = writer.ranges[shard]
         relevance = np.zeros((len(span), args.generate, width), dtype=STORED[args.dtype])
         tokens = np.full((len(span), width), -1, dtype=np.int64)
-        source = np.zeros((len(span), args.generate, longest), dtype=STORED[args.dtype])
-        source_tokens = np.full((len(span), longest), -1, dtype=np.int64)
+        over_inputs = longest if pretrained.seq2seq else 0  # (the encoder's input: the prompts)
+        source = np.zeros((len(span), args.generate, over_inputs), dtype=STORED[args.dtype])
+        source_tokens = np.full((len(span), over_inputs), -1, dtype=np.int64)
         rows = ShardRows()
         for row, index in enumerate(span):
             explanation = explain_one(model, explain, inputs[index], prompts[index])
@@ -140,9 +141,9 @@ def _explain_prompts(args: argparse.Namespace, processes: Processes, pretrained:
     if not sharded.finished():
         return 0
     writer.write_index((args.generate, width), None)
-    over_input = (f", and over each prompt's tokens [{len(prompts)}, {args.generate}, {longest}] in "
+    source_note = (f", and over each prompt's tokens [{len(prompts)}, {args.generate}, {longest}] in "
                   f"shards/source-relevance-*.npy" if pretrained.seq2seq else "")
     print(f"explained {args.generate} generated tokens after each of {len(prompts)} prompts into {writer.directory}: "
-          f"{len(writer.ranges)} shard(s) of relevance [{len(prompts)}, {args.generate}, {width}]{over_input}"
+          f"{len(writer.ranges)} shard(s) of relevance [{len(prompts)}, {args.generate}, {width}]{source_note}"
           f"{sharded.resumed()}; read them with fxlrp.read_explanations")
     return 0
