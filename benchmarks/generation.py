@@ -27,10 +27,15 @@ The check: fxlrp's matrix against LXT's (scaled by the logit, as LXT seeds with 
 error. For sizes where explaining every step one by one takes too long, ``--subset K`` has the
 per-prefix methods explain ``K`` of the steps (evenly spread, the longest prefix among them) and
 extrapolates their time to all steps; ``--single`` measures one call per configuration, time and
-memory of the same call, each in its own process.
+memory of the same call, each in its own process, and with ``--subset`` fxlrp too explains only
+those steps: its forward (from the call's beginning to its first row's backward pass) counts once
+and the rest of the call is extrapolated to all steps (each backward pass goes through the whole
+sequence, so they cost alike; the peak is that of any number of rows, the forward's graph being
+the same). ``--without`` leaves configurations out of a ``--single`` run.
 
     python benchmarks/generation.py --threads 2 [--repeats 2]
-    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --warm-up 0 --subset 4
+    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --warm-up 0 --subset 3 \
+        --dtype bfloat16 --without lxt_fxlrp
 """
 
 from __future__ import annotations
@@ -72,21 +77,38 @@ def subset_steps(generated: int, subset: int | None) -> list[int]:
     return sorted({round(index * (generated - 1) / max(subset - 1, 1)) for index in range(subset)})
 
 
-def _runner(name: str, model: Any, sequence: Any, start: int, patch: LxtPatch | None, steps: list[int]) -> Any:
+def _runner(name: str, model: Any, sequence: Any, start: int, patch: LxtPatch | None, steps: list[int],
+            whole_matrix: bool = True, row_starts: list[float] | None = None) -> Any:
     """A call of configuration ``name``: the matrix ``[generated, length]`` (gradient x input and
     LXT seed each step with 1 and with the logit: relevance times the logit for LXT; they explain
-    only ``steps``, their other rows 0)."""
+    only ``steps``, their other rows 0). fxlrp explains every step where ``whole_matrix``, else
+    only ``steps`` too; ``row_starts`` (a list) gets the time at which each of its rows' backward
+    pass begins (its target, the generated token's logit, given as a function of the logits, which
+    is called there)."""
     import torch
 
+    length = sequence.shape[1]
     if name in ("fxlrp", "lxt_fxlrp"):
         import fxlrp
         from fxlrp.rules.composites import AttnLRP
 
         explain = fxlrp.convert(model, AttnLRP(0.0))
-        return lambda: fxlrp.explain_generation(explain, sequence, start).relevance[0]
+        rows = None if whole_matrix else steps
+
+        def logit(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            if row_starts is not None:
+                row_starts.append(time.perf_counter())
+            return logits.gather(1, tokens[:, None])[:, 0]
+
+        def matrix() -> torch.Tensor:
+            found = fxlrp.explain_generation(explain, sequence, start, steps=rows, target=logit).relevance[0]
+            if rows is None:
+                return found
+            return torch.zeros(length - start, length, dtype=found.dtype).index_copy_(0, torch.tensor(rows), found)
+
+        return matrix
 
     embedding = model.get_input_embeddings()
-    length = sequence.shape[1]
 
     def per_prefix(seed_with_logit: bool) -> torch.Tensor:
         rows = []
@@ -149,12 +171,18 @@ def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
     model, sequence, start = _setup(arguments)
     patch = LxtPatch() if "lxt" in arguments.names else None
     steps = subset_steps(arguments.generated, arguments.subset)
-    run = _runner(arguments.names[0], model, sequence, start, patch, steps)
+    row_starts: list[float] = []
+    run = _runner(arguments.names[0], model, sequence, start, patch, steps, whole_matrix=not arguments.single,
+                  row_starts=row_starts)
     for _ in range(arguments.warm_up):
         run()
+    row_starts.clear()
     begin = time.perf_counter()
     peak = allocated_peak_of_call(run)
-    return {"allocated_mb": peak, "seconds": time.perf_counter() - begin,
+    seconds = time.perf_counter() - begin
+    # (fxlrp's forward: from the call's beginning to its first row's backward pass)
+    forward = row_starts[0] - begin if row_starts else None
+    return {"allocated_mb": peak, "seconds": seconds, "forward_seconds": forward,
             "versions": f"torch {torch.__version__}, transformers {__import__('transformers').__version__}"}
 
 
@@ -191,20 +219,26 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
         if not arguments.single:
             main = _spawn(sys.executable, "time", MAIN, arguments, state)
             lxt = _spawn(LXT_PYTHON, "time", LXT, arguments, state) if not arguments.no_lxt else None
-        names = MAIN + (() if arguments.no_lxt else LXT)
+        names = tuple(name for name in MAIN + (() if arguments.no_lxt else LXT) if name not in arguments.without)
         memory = {name: _spawn(LXT_PYTHON if name.startswith("lxt") else sys.executable, "memory", (name,),
                                arguments, state) for name in names}
     if arguments.single:  # (one call each, timed where its memory was measured)
         times = {name: [found["seconds"]] for name, found in memory.items()}
     else:
         times = {**main["times"], **(lxt["times"] if lxt is not None else {})}
-    # The per-prefix methods explained len(steps) of the steps: their time for all, extrapolated.
-    scale = {name: 1.0 if name in FULL_MATRIX else arguments.generated / len(steps) for name in times}
+    # The per-prefix methods explained len(steps) of the steps: their time for all, extrapolated;
+    # so did fxlrp under --single: its forward once, its backward passes extrapolated.
+    scale = {name: 1.0 if name in FULL_MATRIX and not arguments.single else arguments.generated / len(steps)
+             for name in times}
+    forward = {name: memory[name]["forward_seconds"] or 0.0 if arguments.single and name in FULL_MATRIX else 0.0
+               for name in times}
     report = {
         "config": config, "parameters": parameters, "prompt": arguments.prompt, "generated": arguments.generated,
         "dtype": arguments.dtype, "warm_up": arguments.warm_up, "single": arguments.single,
         "steps_measured": steps, "threads": arguments.threads,
-        "seconds": {name: statistics.median(values) * scale[name] for name, values in times.items()},
+        "seconds": {name: forward[name] + (statistics.median(values) - forward[name]) * scale[name]
+                    for name, values in times.items()},
+        "forward_seconds": {name: value for name, value in forward.items() if value},
         "times": times, "allocated_mb": {name: found["allocated_mb"] for name, found in memory.items()},
         "versions": {name: found["versions"] for name, found in (("main", main or memory["fxlrp"]),
                                                                  ("lxt", lxt or memory.get("lxt"))) if found},
@@ -242,8 +276,11 @@ def table(report: dict[str, Any]) -> str:
             lines.append(f"\nfxlrp ({label}) / LXT: time {seconds[name] / seconds['lxt']:.2f}x, allocated peak "
                          f"{memory[name] / memory['lxt']:.2f}x")
     if len(report["steps_measured"]) < report["generated"]:
-        lines.append(f"\n(per-prefix methods: {len(report['steps_measured'])} of {report['generated']} steps measured, "
-                     "time extrapolated to all)")
+        which = "every method" if report["single"] else "per-prefix methods"
+        lines.append(f"\n({which}: {len(report['steps_measured'])} of {report['generated']} steps measured, time "
+                     "extrapolated to all" + ("; fxlrp: its forward once and its backward passes times "
+                                              f"{report['generated'] / len(report['steps_measured']):g}"
+                                              if report["single"] else "") + ")")
     return "\n".join(lines)
 
 
@@ -261,9 +298,13 @@ def main() -> None:
     parser.add_argument("--single", action="store_true", help="one measured call per method, in its own process: "
                         "time and memory of that call (for the large sizes)")
     parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
+    parser.add_argument("--without", nargs="+", default=[], choices=MAIN + LXT,
+                        help="with --single: leave out these configurations")
     arguments = parser.parse_args()
     if ran_as_worker(arguments, worker_time, worker_memory):
         return
+    if arguments.without and not arguments.single:
+        parser.error("--without leaves configurations out of --single runs only")
     report = drive(arguments)
     if arguments.json:
         with open(arguments.json, "w") as file:

@@ -81,7 +81,7 @@ def _model(config: dict[str, Any], state: str) -> Any:
     import transformers
 
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
-    model.load_state_dict(torch.load(state, weights_only=True))
+    model.load_state_dict(torch.load(state, weights_only=True, mmap=True))  # (not a second copy in memory)
     return model.eval().requires_grad_(False)
 
 

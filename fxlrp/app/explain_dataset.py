@@ -18,7 +18,6 @@ receptive region of each reference sample and writes ``concepts/NODE.npz``
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -400,10 +399,7 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
 
     began = time.monotonic()
     shards, count = sharded.compute(source, args.batch_size, args.workers, start, partial(_fill, run), finish)
-    if processes.world_size > 1:
-        seconds = time.monotonic() - began
-        print(f"fxlrp: process {processes.rank} of {processes.world_size}: {shards} shard(s), {count} samples "
-              f"in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f} samples/s)", file=sys.stderr)
+    sharded.report(shards, count, time.monotonic() - began)
     if sharded.finished():
         written = {} if concepts is None else _finish_references(run, writer, args, sample_shape)
         index = writer.write_index(sample_shape, source.classes, written or None)

@@ -9,13 +9,19 @@ shards), as relevance ``[prompts, N, L]`` with ``L`` the longest prompt's tokens
 ``i``'s matrix ``[N, length_i]`` in its first ``length_i`` columns, 0 after them; its token ids
 (``-1`` after them) in ``shards/tokens-*.npy`` beside each shard, written before the shard's rows
 that mark it complete. Each row records the prompt (``names``) and the summed explained logits
-(``scores``).
+(``scores``). An encoder-decoder model's matrices are over the decoder's tokens (from its start
+token), and each prompt's relevance over the encoder's input, the prompt itself, goes beside them:
+``shards/source-relevance-*.npy`` ``[prompts, N, S]`` with ``S`` the longest prompt's tokens (0
+after a prompt's), its token ids in ``shards/source-tokens-*.npy`` (-1 after them). Under
+``torchrun`` each process computes its share of the missing shards (:mod:`fxlrp.app.sharded_run`);
+the files do not depend on the number of processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +30,10 @@ import torch
 
 import fxlrp
 from fxlrp.app.cli_options import InputError
-from fxlrp.app.explanations_store import SHARDS, ExplanationWriter, ShardRows, shard_name, write_npy
+from fxlrp.app.distributed import Processes
+from fxlrp.app.explanations_store import SHARDS, ShardRows, shard_name, write_npy
 from fxlrp.app.models.huggingface import Pretrained
+from fxlrp.app.sharded_run import ShardedRun, on_processes
 
 STORED = {"float32": np.float32, "float64": np.float64}
 """The dtype the matrices are stored in per ``--dtype`` (the model runs in it)."""
@@ -48,9 +56,11 @@ def read_prompts(path: str) -> list[str]:
     return lines
 
 
-def tokens_path(directory: Path, shard: int) -> Path:
-    """Where the token ids of a shard's prompts and continuations are stored."""
-    return directory / SHARDS / f"{shard_name(shard).replace('relevance', 'tokens')}.npy"
+def tokens_path(directory: Path, shard: int, kind: str = "tokens") -> Path:
+    """Where the token ids of a shard's prompts and continuations are stored (``kind="tokens"``),
+    or for an encoder-decoder model the encoder's input ids (``"source-tokens"``) and the
+    relevance over them (``"source-relevance"``)."""
+    return directory / SHARDS / f"{shard_name(shard).replace('relevance', kind)}.npy"
 
 
 def run_prompt_data_set(args: argparse.Namespace, pretrained: Pretrained, composite: Any, composite_name: str,
@@ -77,42 +87,63 @@ def run_prompt_data_set(args: argparse.Namespace, pretrained: Pretrained, compos
         if limit is not None and ids.shape[1] + args.generate > limit:
             raise InputError(f"line {number} of {args.data!r} has {ids.shape[1]} tokens and {args.generate} generated "
                              f"ones; the model takes at most {limit}")
-    width = max(ids.shape[1] for ids in inputs) + args.generate
+    return on_processes(args, lambda args, device, processes: _explain_prompts(
+        args, processes, pretrained, composite, composite_name, explain_one, prompts, inputs))
+
+
+def _explain_prompts(args: argparse.Namespace, processes: Processes, pretrained: Pretrained, composite: Any,
+                     composite_name: str, explain_one: Any, prompts: list[str], inputs: list[torch.Tensor]) -> int:
+    """:func:`run_prompt_data_set` in this process's place among those ``torchrun`` started: its
+    share of the missing shards; the first process writes the index when all are done."""
+    longest = max(ids.shape[1] for ids in inputs)
+    width = longest + args.generate
     settings = {"model": args.model, "composite": composite_name, "generate": args.generate, "sample": args.sample,
                 "seed": args.seed, "data": str(args.data), "samples": len(prompts),
                 "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:16],
                 "shard_size": args.shard_size, "dtype": args.dtype}
-    writer = ExplanationWriter(Path(args.out), settings, len(prompts), args.shard_size)
-    conflict = writer.conflict()
-    if conflict is not None:
-        raise InputError(conflict)
-    missing = writer.missing_shards()
-    writer.prepare()
+    sharded = ShardedRun(Path(args.out), settings, len(prompts), args.shard_size, processes)
+    writer = sharded.writer
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     model = pretrained.load_model().to(dtype)
     explain = fxlrp.convert(model, composite)
-    for shard in missing:
+    mine = processes.share(sharded.missing)
+    began = time.monotonic()
+    for shard in mine:
         span = writer.ranges[shard]
         relevance = np.zeros((len(span), args.generate, width), dtype=STORED[args.dtype])
         tokens = np.full((len(span), width), -1, dtype=np.int64)
+        over_inputs = longest if pretrained.seq2seq else 0  # (the encoder's input: the prompts)
+        source = np.zeros((len(span), args.generate, over_inputs), dtype=STORED[args.dtype])
+        source_tokens = np.full((len(span), over_inputs), -1, dtype=np.int64)
         rows = ShardRows()
         for row, index in enumerate(span):
             explanation = explain_one(model, explain, inputs[index], prompts[index])
             matrix = explanation.relevance[0].detach().cpu().numpy()
             relevance[row, :, :matrix.shape[1]] = matrix
             tokens[row, :matrix.shape[1]] = explanation.sequences[0].cpu().numpy()
+            if explanation.source_relevance is not None:
+                over_input = explanation.source_relevance[0].detach().cpu().numpy()
+                source[row, :, :over_input.shape[1]] = over_input
+                source_tokens[row, :over_input.shape[1]] = explanation.source_ids[0].cpu().numpy()
             rows.names.append(prompts[index])
             rows.labels.append(-1)
             rows.predictions.append(-1)
             rows.targets.append(-1)
             rows.scores.append(float(explanation.scores[0].sum()))
             rows.relevance_sums.append(float(np.sum(matrix, dtype=np.float64)))
-        write_npy(tokens_path(writer.directory, shard), tokens)  # (before the rows, which mark the shard complete)
+        # (before the rows, which mark the shard complete)
+        write_npy(tokens_path(writer.directory, shard), tokens)
+        if pretrained.seq2seq:
+            write_npy(tokens_path(writer.directory, shard, "source-tokens"), source_tokens)
+            write_npy(tokens_path(writer.directory, shard, "source-relevance"), source)
         writer.write_shard(shard, relevance, rows)
+    sharded.report(len(mine), sum(len(writer.ranges[shard]) for shard in mine), time.monotonic() - began, "prompts")
+    if not sharded.finished():
+        return 0
     writer.write_index((args.generate, width), None)
-    resumed = len(writer.ranges) - len(missing)
-    note = f"; {resumed} of {len(writer.ranges)} shards were already complete" if resumed else ""
+    source_note = (f", and over each prompt's tokens [{len(prompts)}, {args.generate}, {longest}] in "
+                  f"shards/source-relevance-*.npy" if pretrained.seq2seq else "")
     print(f"explained {args.generate} generated tokens after each of {len(prompts)} prompts into {writer.directory}: "
-          f"{len(writer.ranges)} shard(s) of relevance [{len(prompts)}, {args.generate}, {width}]{note}; read them "
-          f"with fxlrp.read_explanations")
+          f"{len(writer.ranges)} shard(s) of relevance [{len(prompts)}, {args.generate}, {width}]{source_note}"
+          f"{sharded.resumed()}; read them with fxlrp.read_explanations")
     return 0

@@ -375,6 +375,13 @@ class ShardedRun:
             progress.close()
         return len(mine), sum(len(span) for span in spans)
 
+    def report(self, shards: int, count: int, seconds: float, unit: str = "samples") -> None:
+        """Under torchrun, what this process computed on stderr: ``shards`` shards of ``count``
+        samples (``unit``) in ``seconds``; nothing when alone."""
+        if self.processes.world_size > 1:
+            print(f"fxlrp: process {self.processes.rank} of {self.processes.world_size}: {shards} shard(s), {count} "
+                  f"{unit} in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f} {unit}/s)", file=sys.stderr)
+
     def finished(self) -> bool:
         """Wait for every process to finish its shards; True in the first process, which then
         writes the index."""

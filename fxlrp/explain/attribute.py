@@ -29,6 +29,7 @@ from fxlrp.explain.targets import (
     FromOutput,
     default_output,
     logits_per_position,
+    made_for_the_call,
     output_relevance,
     padding_mask,
     per_copy,
@@ -404,12 +405,17 @@ def _passes(request: _Request) -> list[Any]:
         if request.finite is not None:
             request.finite.check(explained, lambda: refuse_non_finite_output(explained))
         samples = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.dim() > 1), None)
-        starts = (output_relevance(explained, one, samples) for one in (target if many else [target]))
         request.output_totals.clear()  # (of a pass in the relevance form after one in the gradient form failed)
-        if request.finite is not None:
-            starts = (_totalled(start, request.output_totals) for start in starts)
-        if gradient:  # g = R / y at the output
-            starts = (divide_dropping_zeros(start, explained.detach()) for start in starts)
+
+        def start_of(one: Any) -> Tensor:
+            start = output_relevance(explained, one, samples)
+            if request.finite is not None:  # (the 1-norm reduces without an absolute value of the output's size)
+                accumulated = torch.promote_types(start.dtype, torch.float32)
+                request.output_totals.append(torch.linalg.vector_norm(start.detach(), 1, dtype=accumulated).float())
+            if gradient:  # g = R / y at the output, into the relevance where it is fxlrp's own
+                start = divide_dropping_zeros(start, explained.detach(), in_place=made_for_the_call(one))
+            return start
+
         if gradient:  # R = x g at the inputs and the lookups' outputs
             values = values + [source.embedding for found_here in looked_up for source in found_here]
 
@@ -420,14 +426,11 @@ def _passes(request: _Request) -> list[Any]:
                 return _assembled(iter(grads), leaves, looked_up, recorded, intermediate,
                                   isinstance(inputs, Tensor), nodes is None)
 
-        return [assembled(torch.autograd.grad(explained, wanted, start, allow_unused=True, retain_graph=many))
-                for start in starts]
-
-
-def _totalled(start: Tensor, totals: list[Tensor]) -> Tensor:
-    """``start``, its summed absolute value appended to ``totals``."""
-    totals.append(start.detach().abs().float().sum())
-    return start
+        # Each pass's starting relevance is made as its argument, so that nothing here holds it once
+        # the pass has returned: one output-sized tensor beside the output, however many targets.
+        return [assembled(torch.autograd.grad(explained, wanted, start_of(one), allow_unused=True,
+                                              retain_graph=many))
+                for one in (target if many else [target])]
 
 
 def _assembled(

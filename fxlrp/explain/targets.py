@@ -276,6 +276,25 @@ class Region:
         return output_relevance(output, self.target) * where.unsqueeze(1).to(output.dtype)
 
 
+def made_for_the_call(target: Any) -> bool:
+    """Whether :func:`output_relevance` makes a new tensor for ``target`` (one the explanation may
+    overwrite, as the gradient form divides it by the output in place), rather than returning a
+    relevance the user gave as a tensor or an array, which stays as it was given.
+
+    Parameters
+    ----------
+    target
+        A target :func:`output_relevance` takes.
+
+    Returns
+    -------
+    bool
+        False for a tensor or a NumPy array (the relevance itself, or class indices), else True.
+    """
+    numpy = sys.modules.get("numpy")
+    return not isinstance(target, Tensor) and not (numpy is not None and isinstance(target, numpy.ndarray))
+
+
 @dataclasses.dataclass(frozen=True)
 class FromOutput:
     """A target computed from the explained output: ``relevance(output)`` is the relevance to

@@ -143,9 +143,10 @@ def carrying_rows_and_columns(matrix: Tensor, inner: int) -> tuple[Tensor | None
             or (matrix[0, 0].item() != 0 and matrix[count // 2, width // 2].item() != 0
                 and matrix[-1, -1].item() != 0)):
         return None, None
-    magnitude = matrix.abs()
-    rows = magnitude.amax(1).nonzero().squeeze(1)
-    columns = magnitude.amax(0).nonzero().squeeze(1)
+    # (the largest absolute value per row and column, reduced without a copy of ``matrix``'s size:
+    # at an LM head, the gradient of every explained position's logits)
+    rows = torch.linalg.vector_norm(matrix, float("inf"), dim=1).nonzero().squeeze(1)
+    columns = torch.linalg.vector_norm(matrix, float("inf"), dim=0).nonzero().squeeze(1)
     return (rows if 2 * len(rows) <= count else None), (columns if 16 * len(columns) <= width else None)
 
 

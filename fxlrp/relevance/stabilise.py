@@ -61,7 +61,8 @@ def _step(denominator: Tensor, epsilon: float) -> Tensor:
     return step
 
 
-def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = False) -> Tensor:
+def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = False,
+                          in_place: bool = False) -> Tensor:
     """``relevance / denominator`` with 0 wherever the denominator is 0.
 
     Relevance that reaches an output of 0 has no contributions to be shared among, so it is
@@ -75,16 +76,19 @@ def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = F
         The denominator.
     warn : bool, default False
         Whether to warn when relevance that is not 0 is dropped.
+    in_place : bool, default False
+        Whether the quotient is written into ``relevance`` (a tensor the caller owns and no longer
+        needs: no second tensor of its size), instead of a new tensor.
 
     Returns
     -------
     Tensor
         The quotient, 0 where the denominator is 0.
     """
-    quotient = relevance / denominator
     zero = denominator == 0
     if warn and not values_are_traced() and bool((zero & (relevance != 0)).any()):
         warnings.warn(LOST_RELEVANCE_MESSAGE, stacklevel=2)
+    quotient = relevance.div_(denominator) if in_place else relevance / denominator
     # The quotient's Inf and NaN at zero denominators are overwritten in place: three operations
     # and no read on the host (whether there are any zeros would be a device synchronisation).
     return quotient.masked_fill_(zero, 0.0)

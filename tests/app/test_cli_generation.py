@@ -7,11 +7,14 @@ relevance in that matrix."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from support.command_line import ENVIRONMENT, ROOT, snapshot
 
 import fxlrp
 from app.test_cli_text import bytelevel_tokenizer, run
@@ -163,12 +166,9 @@ def test_a_bad_file_of_prompts_gives_one_line(saved: Path, capsys: pytest.Captur
     assert not (tmp_path / "o").exists()
 
 
-def test_an_encoder_decoder_model_explains_each_decoder_step_over_its_input(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """A tiny T5 (``--generate`` on an encoder-decoder model): the matrices over the decoder's
-    tokens and over the encoder's input (``.source.npy``) are explain_generation's with
-    ``source=`` for the continuation generate gives (float64, within 1e-10)."""
-    folder = tmp_path / "t5"
+@pytest.fixture(scope="module")
+def saved_t5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("hf") / "t5"
     tokenizer = bytelevel_tokenizer()
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(transformers.T5Config(
@@ -176,20 +176,104 @@ def test_an_encoder_decoder_model_explains_each_decoder_step_over_its_input(
         decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)).eval()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    code, stdout, stderr = run(["explain", "--model", f"hf:{folder}", "--text", PROMPT, "--generate", "3",
+    return folder
+
+
+def _seq2seq_references(directory: Path, prompts: list[str], new: int) -> list[fxlrp.GenerationExplanation]:
+    """explain_generation with ``source=`` in float64 of the greedy continuation of each prompt by
+    an encoder-decoder model, from Python."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.T5ForConditionalGeneration.from_pretrained(directory).double().eval()
+    explain = fxlrp.convert(model, fxlrp.composites.AttnLRP())
+    found = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            sequences = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                       min_new_tokens=new, do_sample=False)
+        found.append(fxlrp.explain_generation(explain, sequences, 1, source=ids, source_mask=torch.ones_like(ids)))
+    return found
+
+
+def test_an_encoder_decoder_model_explains_each_decoder_step_over_its_input(
+        saved_t5: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A tiny T5 (``--generate`` on an encoder-decoder model): the matrices over the decoder's
+    tokens and over the encoder's input (``.source.npy``) are explain_generation's with
+    ``source=`` for the continuation generate gives (float64, within 1e-10)."""
+    code, stdout, stderr = run(["explain", "--model", f"hf:{saved_t5}", "--text", PROMPT, "--generate", "3",
                                 "--dtype", "float64", "--out", str(tmp_path / "out")], capsys)
     assert code == 0, stderr
-    model = model.double()
-    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        sequences = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
-                                   do_sample=False)
-    expected = fxlrp.explain_generation(fxlrp.convert(model, fxlrp.composites.AttnLRP()), sequences, 1, source=ids,
-                                        source_mask=torch.ones_like(ids))
-    continuation = tokenizer.decode(sequences[0, 1:], skip_special_tokens=True)
+    [expected] = _seq2seq_references(saved_t5, [PROMPT], 3)
+    sequences = expected.sequences
+    continuation = transformers.AutoTokenizer.from_pretrained(saved_t5).decode(sequences[0, 1:],
+                                                                               skip_special_tokens=True)
     assert stdout.startswith(f"{PROMPT!r} + 3 tokens (greedy): {continuation!r}, attnlrp\n")
     for name, reference in (("generation-0.npy", expected.relevance[0]),
                             ("generation-0.source.npy", expected.source_relevance[0])):
         matrix = np.load(tmp_path / "out" / name)
         assert matrix.shape == tuple(reference.shape) and matrix.dtype == np.float64
         assert np.abs(matrix - reference.numpy()).max() <= 1e-10 * reference.abs().max().item()
+
+
+def test_a_file_of_prompts_for_an_encoder_decoder_model_stores_the_matrix_over_each_prompt(
+        saved_t5: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--data prompts.txt --generate N`` on a T5: per prompt, the matrix over the decoder's tokens
+    (and their ids) and the one over the prompt, the encoder's input (``source-relevance-K.npy``,
+    its ids in ``source-tokens-K.npy``), are explain_generation's with ``source=`` (float64, within
+    1e-10); 0 and -1 after each prompt's tokens."""
+    prompts = ["the movie was", "a plot"]
+    data = tmp_path / "prompts.txt"
+    data.write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    code, stdout, stderr = run(["explain", "--model", f"hf:{saved_t5}", "--data", str(data), "--generate", "3",
+                                "--out", str(out), "--shard-size", "1", "--dtype", "float64"], capsys)
+    assert code == 0, stderr
+    found = fxlrp.read_explanations(out)
+    assert found.names == prompts
+
+    def stored(kind: str) -> np.ndarray:
+        return np.concatenate([np.load(out / "shards" / f"{kind}-{shard:06d}.npy") for shard in (0, 1)])
+
+    tokens, source, source_tokens = stored("tokens"), stored("source-relevance"), stored("source-tokens")
+    assert source.dtype == np.float64 and source.shape[:2] == (2, 3)
+    for index, expected in enumerate(_seq2seq_references(saved_t5, prompts, 3)):
+        for matrix, ids, reference, reference_ids in (
+                (found.relevance[index], tokens[index], expected.relevance[0], expected.sequences[0]),
+                (source[index], source_tokens[index], expected.source_relevance[0], expected.source_ids[0])):
+            length = reference.shape[1]
+            assert np.abs(matrix[:, :length] - reference.numpy()).max() <= 1e-10 * reference.abs().max().item()
+            assert not matrix[:, length:].any()
+            assert ids[:length].tolist() == reference_ids.tolist() and (ids[length:] == -1).all()
+    assert f"over each prompt's tokens [2, 3, {source.shape[2]}]" in stdout
+
+
+@pytest.mark.slow  # (three interpreters importing transformers: about 30 s)
+def test_two_processes_with_torchrun_write_the_files_of_one_for_a_file_of_prompts(saved: Path,
+                                                                                   tmp_path: Path) -> None:
+    """torchrun --nproc-per-node 2 (gloo, CPU) with ``--data prompts.txt --generate N``: 5 prompts in
+    3 shards, shards 0 and 2 (3 prompts) for the first process and shard 1 (2) for the second; the
+    directory is byte for byte that of one process."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.is_file():
+        pytest.skip("torchrun is not installed beside this Python")
+    data = tmp_path / "prompts.txt"
+    data.write_text("the movie was\na plot\nit is not bad at all\nwell\nso it goes\n", encoding="utf-8")
+
+    def command(out: Path) -> list[str]:
+        return ["-m", "fxlrp", "explain", "--model", f"hf:{saved}", "--data", str(data), "--generate", "2", "--out",
+                str(out), "--shard-size", "2", "--dtype", "float64"]
+
+    two = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", *command(tmp_path / "two")],
+                         env=ENVIRONMENT, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr
+    assert "process 0 of 2: 2 shard(s), 3 prompts" in two.stderr, two.stderr
+    assert "process 1 of 2: 1 shard(s), 2 prompts" in two.stderr, two.stderr
+    one = subprocess.run([sys.executable, *command(tmp_path / "one")], env=ENVIRONMENT, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr
+    assert "process" not in one.stderr
+    files = snapshot(tmp_path / "two")
+    assert files == snapshot(tmp_path / "one")
+    assert sorted(name for name in files if name.startswith("shards/tokens-")) == [
+        f"shards/tokens-{shard:06d}.npy" for shard in range(3)]
+    assert fxlrp.read_explanations(tmp_path / "two").names == data.read_text(encoding="utf-8").splitlines()

@@ -19,6 +19,8 @@ import pytest
 import torch
 from support.references import relative_error
 from torch import Tensor, nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxlrp
 from fxlrp.rules.composites import AttnLRP
@@ -245,6 +247,52 @@ def test_generation_with_the_cache_is_explained_at_the_logits_it_generated_from(
     assert relative_error(explained.scores, chosen.double()) <= torch.finfo(torch.float32).eps
     assert torch.equal(fxlrp.explain_generation(explain, uncached, 6, attention_mask=mask).relevance,
                        explained.relevance)
+
+
+class _LargeStoragesAlive(TorchDispatchMode):
+    """Counts, after each operation, the storages of at least ``size`` bytes that operations made
+    and that are still alive (held weakly, so counting keeps none alive); the parameters' are
+    left out. ``most``: the highest count seen."""
+
+    def __init__(self, size: int, parameters: list[Tensor]) -> None:
+        super().__init__()
+        self.size, self.most = size, 0
+        self.parameters = {parameter.untyped_storage().data_ptr() for parameter in parameters}
+        self.alive: dict[int, StorageWeakRef] = {}
+
+    def __torch_dispatch__(self, function: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = function(*args, **(kwargs or {}))
+        for value in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(value, Tensor) and value.untyped_storage().nbytes() >= self.size:
+                storage = value.untyped_storage()
+                if storage.data_ptr() not in self.parameters:
+                    self.alive.setdefault(storage.data_ptr(), StorageWeakRef(storage))
+        self.alive = {address: weak for address, weak in self.alive.items() if not weak.expired()}
+        self.most = max(self.most, len(self.alive))
+        return result
+
+
+def test_the_rows_hold_the_logits_and_one_starting_relevance_beside_them() -> None:
+    """Memory beside the model's own (issue 55: explain_generation peaked above LXT's per-prefix
+    explanation at 128 + 16 tokens): each row's backward pass starts from a relevance of the
+    logits' size, and at no time are more than two tensors of that size alive - the logits and
+    the current row's starting relevance (divided by the logits in place in the gradient form,
+    freed when its pass returns; the LM head finds the positions and tokens that carry relevance
+    without an absolute value of it). The vocabulary is the largest dimension, so nothing else the
+    call makes is as large; every call of an input signature is counted (run eagerly, recorded,
+    replayed)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=2000, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                      num_attention_heads=4, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    sequences = torch.randint(3, 2000, (1, 12), generator=torch.Generator().manual_seed(0))
+    explain = fxlrp.convert(model, AttnLRP(epsilon=0.0))
+    logits_bytes = 5 * 2000 * 4  # (the 5 positions that predicted the 4 generated tokens, float32)
+    for _ in range(3):
+        with _LargeStoragesAlive(logits_bytes, list(model.parameters())) as counted:
+            explained = fxlrp.explain_generation(explain, sequences, 8)
+        assert counted.most == 2  # (what the rows hold: tests above)
+    assert explained.relevance.shape == (1, 4, 12)
 
 
 def test_a_list_of_targets_on_per_position_logits_names_the_generation_api() -> None:

@@ -125,6 +125,23 @@ def test_silu_identity_rule_over_its_whole_range(dtype) -> None:
     assert (x_gradient[-3:] == 0).all()
 
 
+def test_a_relevance_given_as_the_target_is_left_as_it_was_given() -> None:
+    """The gradient form divides the relevance it starts from by the output in place where fxlrp
+    made it (a class index's), never where the user gave it: a tensor and a NumPy array of the
+    output's shape (the array shares its memory with the tensor made of it) keep their values, and
+    explain what the relevance form does with them."""
+    torch.manual_seed(0)
+    model = Residual().double().eval()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    given = torch.randn(2, 4, dtype=torch.float64)
+    array = given.numpy().copy()
+    for target in (given, array):
+        kept = torch.as_tensor(target).clone()
+        gradient, relevance = _forms(fxlrp.convert(model, Epsilon(0.0)), x, target)
+        assert torch.equal(torch.as_tensor(target), kept)
+        assert relative_error(gradient, relevance) <= 1e-10
+
+
 def test_gradient_form_for_token_ids_and_several_targets() -> None:
     """GPT-2 (run eagerly; its LayerNorm computes in float64, where Llama's RMSNorm would upcast to
     float32) explained per token for three candidates of the next token at once, AttnLRP(0) (a list
