@@ -239,6 +239,7 @@ class RuleFunction(torch.autograd.Function):
         with torch.enable_grad():
             output, state = rule.forward(layer, leaves, prepared)
         ctx.layer, ctx.rule, ctx.state = layer, rule, state
+        ctx.rectified = False  # (set by rectify_in_place: this backward then runs the ReLU's gate)
         ctx.carrying = tuple(carries_relevance(value) for value in inputs)
         ctx.kept = KeptOutput(output, output._version) if rule.keeps_output(prepared) else None
         ctx.reusable = _reusable.get()
@@ -285,6 +286,8 @@ class RuleFunction(torch.autograd.Function):
         if ctx.kept is not None and ctx.kept.values is not None:
             _check_unchanged(ctx.kept.values, ctx.kept.version, "the output of a layer",
                              "its relevance rule would divide by changed values")
+        if ctx.rectified:  # the ReLU rectify_in_place ran unrecorded: its gradient's own gate, same kernel
+            relevance = torch.ops.aten.threshold_backward(relevance, ctx.kept.values, 0)
         recomputed = _restore_recomputed(ctx.recomputed)
         # The restored values live as long as the rule's state (taken below), not as long as the
         # whole graph: held here too, every recomputed input of the model would be alive at once
@@ -495,6 +498,12 @@ def rectify_in_place(output: Tensor) -> bool:
     :func:`hand_over_activation` without allocating a second tensor. The kept output is then
     known to be ``>= 0`` (``KeptOutput.sign``).
 
+    Where the rule keeps the output itself, the ReLU is not recorded by autograd: the rule's
+    Function applies the ReLU's gradient (``threshold_backward`` of the relevance by the kept
+    values, the kernel ReLU's own backward runs) before its rule, so a layer and its ReLU are one
+    node of the backward graph, not two (each node costs its Python and the saving and
+    unpacking of the ReLU's output).
+
     Parameters
     ----------
     output : Tensor
@@ -509,9 +518,15 @@ def rectify_in_place(output: Tensor) -> bool:
     node = output.grad_fn
     if _outputs_recorded.get() or not isinstance(node, RuleFunction._backward_cls):
         return False
-    torch.relu_(output)
-    if node.kept is not None and node.kept.values is not None:  # the kept tensor shares storage and version
-        node.kept = KeptOutput(node.kept.values, node.kept.values._version, sign=1.0)
+    kept = node.kept.values if node.kept is not None else None
+    if kept is not None and storage_identity(kept) == storage_identity(output):
+        with torch.no_grad():
+            torch.relu_(output)
+        node.rectified = True
+    else:
+        torch.relu_(output)
+    if kept is not None:  # the kept tensor shares storage and version
+        node.kept = KeptOutput(kept, kept._version, sign=1.0)
     return True
 
 
