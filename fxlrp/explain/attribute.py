@@ -5,6 +5,7 @@ for a target, by one forward and one backward pass of an explainer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -30,7 +31,7 @@ from fxlrp.explain.input_checks import (
     refuse_non_finite_relevance,
     refuse_ranks_the_model_refuses,
     refuse_unusable_inputs,
-    vanished_relevance,
+    relevance_totals,
 )
 from fxlrp.explain.targets import (
     LISTED_PER_POSITION,
@@ -286,10 +287,11 @@ def _attribute_checked(
     explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute_nodes needs the explainer returned by fxlrp.convert")
-    values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)]  # before a write, as the edges
+    gradient = nodes is None and getattr(explain, "gradient_form", False)
+    # Taken before a write, as the edges; only the gradient form reads them (R = x g).
+    values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)] if gradient else []
     request = _Request(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many,
-                       listed=listed or many, finite=finite,
-                       gradient=nodes is None and getattr(explain, "gradient_form", False))
+                       listed=listed or many, finite=finite, gradient=gradient)
     try:
         results = _backward(request)
     except GradientFormUnavailable:
@@ -298,9 +300,16 @@ def _attribute_checked(
         explain.keep_to_relevance_form()
         results = _backward(dataclasses.replace(request, gradient=False))
     if finite is not None:
-        finite.check(results, lambda: refuse_non_finite_relevance(results))
-        finite.warn(*vanished_relevance(request.output_totals,
-                                        [result if nodes is None else result[0] for result in results]))
+        input_relevance = [result if nodes is None else result[0] for result in results]
+        refusal = functools.partial(refuse_non_finite_relevance, results)
+        if request.output_totals:
+            totals = relevance_totals(input_relevance, request.output_totals[0].device)
+            finite.check_sums(totals, refusal)  # (not finite where the relevance is not)
+            finite.compare_totals(request.output_totals, totals)
+        else:
+            finite.check(input_relevance, refusal)
+        if nodes is not None:
+            finite.check([result[1:] for result in results], refusal)
         finite.refuse()
     return _merged(results, torch.stack) if many else results[0]
 
@@ -317,7 +326,8 @@ class _Request:
     explained_leaves: list[Any]
     """The gradient edges of the explained leaves, taken before the forward."""
     values: list[Tensor]
-    """The explained leaves' values, taken before the forward."""
+    """The explained leaves' values, taken before the forward in the gradient form (which alone reads
+    them); empty in the relevance form."""
     target: Any
     output: Callable[[Any], Tensor] | None
     nodes: Sequence[str] | None
@@ -447,8 +457,9 @@ def _passes(request: _Request) -> list[Any]:
 
 
 def _totalled(start: Tensor, totals: list[Tensor]) -> Tensor:
-    """``start``, its summed absolute value appended to ``totals``."""
-    totals.append(start.detach().abs().float().sum())
+    """``start``, its summed absolute value appended to ``totals`` (in float32 or wider)."""
+    with torch.no_grad():
+        totals.append(start.abs().sum(dtype=torch.float32 if start.element_size() < 4 else None))
     return start
 
 

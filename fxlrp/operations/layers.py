@@ -113,6 +113,8 @@ def linear_input_gradient(gradient: Tensor, weight: Tensor) -> Tensor:
     causal LM explained at its last token, the LM head's whole weight read and the last layer's
     MLP and projections multiplied in full. The rows and columns left out contribute exact zeros,
     so the result is the dense product's, up to the order of summation."""
+    if not may_skip_zeros(gradient, gradient.numel() * weight.shape[1]):
+        return gradient.matmul(weight)  # (no reshape: an operation per layer on a GPU's path)
     matrix = gradient.reshape(-1, gradient.shape[-1])
     rows, columns = carrying_rows_and_columns(matrix, weight.shape[1])
     if rows is None and columns is None:
