@@ -390,10 +390,9 @@ def output_and_root(layer: AffineLayer, inputs: Sequence[Any]) -> tuple[Tensor, 
     output : Tensor
         The layer's output.
     root : Root
-        The layer's own vector-Jacobian product (:class:`LayerGradient`) where it has one in
-        closed form and the first input is the only one carrying relevance (the output is then
-        computed without an inner graph), else the output's gradient edge. Not under autocast,
-        whose casts the inner graph records.
+        The layer's own vector-Jacobian product (:class:`LayerGradient`) where
+        :func:`has_layer_gradient` (the output is then computed without an inner graph), else the
+        output's gradient edge.
     """
     if has_layer_gradient(layer, inputs):
         with torch.no_grad():
