@@ -25,21 +25,12 @@ from torch import Tensor
 import fxlrp
 from fxlrp.app.cli_options import InputError
 from fxlrp.app.composites import composite_by_name
-from fxlrp.app.datasets import NO_LABEL, Item, open_data
+from fxlrp.app.datasets import NO_LABEL, Item
 from fxlrp.app.devices import autocast, prepare_inputs, prepare_model
 from fxlrp.app.distributed import Processes
 from fxlrp.app.explanations_store import SHARDS, shard_name, write_json
-from fxlrp.app.models.spec import load_model, preprocessing_from_options
-from fxlrp.app.outputs import explained_output, probe_model
-from fxlrp.app.sharded_run import (
-    Shard,
-    ShardedRun,
-    check_counts,
-    data_settings,
-    file_hash,
-    first_explainable,
-    on_processes,
-)
+from fxlrp.app.outputs import explained_output
+from fxlrp.app.sharded_run import DataSet, Shard, check_counts, loaded_model, on_processes
 from fxlrp.evaluate import EvaluationInputError, image_curves, ranked, table
 from fxlrp.explain.attribute import attribute
 
@@ -58,15 +49,13 @@ def _methods(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _settings(args: argparse.Namespace, methods: list[str], preprocessing: Any, source: Any,
+def _settings(args: argparse.Namespace, methods: list[str], preprocessing: Any, data: DataSet,
               device: torch.device) -> dict[str, Any]:
     """What the scores depend on; a restart with other settings is refused."""
-    return {
-        "command": "evaluate", "model": args.model, "weights_sha256": file_hash(args.weights), "methods": methods,
-        "target": args.target, **data_settings(args, preprocessing, source, device),
-        "curves": {"patch": args.patch, "steps": args.steps, "baseline": args.baseline, "score": args.score,
-                   "seed": args.seed},
-    }
+    curves = {"patch": args.patch, "steps": args.steps, "baseline": args.baseline, "score": args.score,
+              "seed": args.seed}
+    return {"command": "evaluate",
+            **data.settings(args, preprocessing, device, chosen={"methods": methods}, more={"curves": curves})}
 
 
 def _random_maps(indices: list[int], shape: tuple[int, ...], seed: int) -> Tensor:
@@ -156,33 +145,26 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def _evaluate_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
-    torch.manual_seed(0)  # a model without --weights gets the same random weights in every process
     names = _methods(args.composite or DEFAULT_COMPOSITES)
     if RANDOM in names:
         raise InputError(f"--composite {RANDOM!r}: the random map is always evaluated; name composites only")
-    model = load_model(args.model, args.weights)
-    preprocessing = preprocessing_from_options(args, model)
+    model, preprocessing = loaded_model(args)
     composites = {name: composite_by_name(name, preprocessing) for name in names}
-    source = open_data(args.data, preprocessing)
-    first = first_explainable(source, args.on_error)
-    assert first.values is not None
-    sample_shape = tuple(first.values.shape)
+    data = DataSet.opened(args, preprocessing)
+    source, sample_shape = data.source, data.sample_shape
     if len(sample_shape) != 3:
         raise InputError(f"fxlrp evaluate perturbs images [channels, height, width]; these samples are "
                          f"{list(sample_shape)}")
     model = prepare_model(model, device, args.dtype).eval()
     explainers = {name: fxlrp.convert(model, composite) for name, composite in composites.items()}
-    with autocast(device, args.dtype):
-        logits, image_shaped = probe_model(model, prepare_inputs(first.values[None], device, args.dtype),
-                                           [source.names[first.index]])
+    logits, image_shaped = data.probe(model, device, args.dtype)
     if image_shaped:
         raise InputError("fxlrp evaluate follows a class score along perturbation curves: it takes classifiers "
                          "([batch, classes] outputs), not segmentation models")
     if isinstance(args.target, int) and not 0 <= args.target < logits.shape[1]:
         raise InputError(f"--target {args.target} is out of range: the model has {logits.shape[1]} classes")
     methods = [*names, RANDOM]
-    sharded = ShardedRun(Path(args.out), _settings(args, methods, preprocessing, source, device), len(source),
-                         args.shard_size, processes)
+    sharded = data.sharded(args, _settings(args, methods, preprocessing, data, device), processes)
     writer = sharded.writer
 
     def start(number: int, span: range) -> Shard:

@@ -34,22 +34,13 @@ from torch import Tensor, nn
 import fxlrp
 from fxlrp.app.cli_options import InputError
 from fxlrp.app.composites import composite_by_name
-from fxlrp.app.datasets import NO_LABEL, Item, Source, open_data
+from fxlrp.app.datasets import NO_LABEL, Item, Source
 from fxlrp.app.devices import autocast, prepare_inputs, prepare_model
 from fxlrp.app.distributed import Processes
 from fxlrp.app.explanations_store import PNG, SHARDS, ExplanationWriter, write_atomic
-from fxlrp.app.models.spec import load_model, preprocessing_from_options
-from fxlrp.app.outputs import checked_targets, class_scores, explained_output, probe_model, unexplainable
+from fxlrp.app.outputs import checked_targets, class_scores, explained_output, unexplainable
 from fxlrp.app.preprocessing import Preprocessing
-from fxlrp.app.sharded_run import (
-    Shard,
-    ShardedRun,
-    check_counts,
-    data_settings,
-    file_hash,
-    first_explainable,
-    on_processes,
-)
+from fxlrp.app.sharded_run import DataSet, Shard, check_counts, loaded_model, on_processes
 from fxlrp.concepts import ChannelConcept, ReferenceSamples, concept_atlas, conditional_relevance, with_boxes
 from fxlrp.concepts.files import references_arrays, references_of_arrays, save_references
 from fxlrp.explain.attribute import attribute
@@ -344,14 +335,11 @@ def run_dataset(args: argparse.Namespace) -> int:
     return on_processes(args, _explain_data_set)
 
 
-def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: Source,
+def _settings(args: argparse.Namespace, preprocessing: Preprocessing, data: DataSet,
               device: torch.device) -> dict[str, Any]:
     """What the relevance depends on; a restart with other settings is refused."""
-    settings = {
-        "model": args.model, "weights_sha256": file_hash(args.weights), "composite": args.composite,
-        "target": args.target, **data_settings(args, preprocessing, source, device),
-        "png": args.cmap if args.png else None,
-    }
+    settings = data.settings(args, preprocessing, device, chosen={"composite": args.composite},
+                             more={"png": args.cmap if args.png else None})
     nodes = _concept_nodes(args)
     if nodes is not None:  # (runs without --concepts keep the settings they always had)
         settings["concepts"] = {"nodes": nodes, "top": args.concepts_top}
@@ -359,9 +347,7 @@ def _settings(args: argparse.Namespace, preprocessing: Preprocessing, source: So
 
 
 def _explain_data_set(args: argparse.Namespace, device: torch.device, processes: Processes) -> int:
-    torch.manual_seed(0)  # a model without --weights gets the same random weights in every process
-    model = load_model(args.model, args.weights)
-    preprocessing = preprocessing_from_options(args, model)
+    model, preprocessing = loaded_model(args)
     composite = composite_by_name(args.composite, preprocessing)
     if args.png:
         from fxlrp.viz import image
@@ -371,16 +357,12 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
         except ValueError as error:
             raise InputError(str(error)) from None
     nodes = _concept_nodes(args)
-    source = open_data(args.data, preprocessing)
-    first = first_explainable(source, args.on_error)
-    assert first.values is not None
-    sample_shape = tuple(first.values.shape)
+    data = DataSet.opened(args, preprocessing)
+    source, first, sample_shape = data.source, data.first, data.sample_shape
     if args.png and len(sample_shape) not in (2, 3):
         raise InputError(f"--png needs image-shaped samples [channels, height, width]; these are {sample_shape}")
     explain = fxlrp.convert(prepare_model(model, device, args.dtype), composite)
-    with autocast(device, args.dtype):
-        logits, image_shaped = probe_model(explain, prepare_inputs(first.values[None], device, args.dtype),
-                                           [source.names[first.index]])
+    logits, image_shaped = data.probe(explain, device, args.dtype)
     if image_shaped and getattr(args, "compile", False):
         raise InputError("--compile explains classifiers ([batch, classes] outputs); explain a segmentation model "
                          "without it")
@@ -388,15 +370,13 @@ def _explain_data_set(args: argparse.Namespace, device: torch.device, processes:
     concepts = None
     if nodes is not None:
         with autocast(device, args.dtype):
-            concepts = _probe_concepts(explain, prepare_inputs(first.values[None], device, args.dtype), nodes,
-                                       args.concepts_top)
+            concepts = _probe_concepts(explain, data.first_inputs(device, args.dtype), nodes, args.concepts_top)
     if isinstance(args.target, int):
         checked_targets(args.target, logits)
     elif args.target == "label" and source.classes is None and first.label == NO_LABEL:
         raise InputError(f"--target label: {source.description} has no labels")
 
-    sharded = ShardedRun(Path(args.out), _settings(args, preprocessing, source, device), len(source),
-                         args.shard_size, processes)
+    sharded = data.sharded(args, _settings(args, preprocessing, data, device), processes)
     writer = sharded.writer
 
     run = _Run(explain, source, sample_shape, classes, args.target, device, args.dtype, args.on_error, args.png,

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from fxlrp.app.cli_options import InputError
 from fxlrp.errors import ExplanationInputError
-from fxlrp.explain.input_checks import model_consulted, model_of
+from fxlrp.explain.model_rejection import model_consulted, model_of
 
 
 def explained_output(result: Any) -> Tensor:

@@ -5,6 +5,10 @@ missing and writes them atomically (:mod:`fxlrp.app.explanations_store`); the fi
 the index when all are done. A run killed at any moment and started again with the same command
 computes only the missing shards and ends with the files of an uninterrupted run. Each command
 gives what it computes per batch and what it writes.
+
+Both start alike (:func:`loaded_model`, :class:`DataSet`): the model and its preprocessing, the
+data and its first readable sample (which fixes the sample shape and is the probe of the model),
+the settings every run records.
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 
 from fxlrp.app.cli_options import InputError
-from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list
-from fxlrp.app.devices import device_of
+from fxlrp.app.datasets import NO_LABEL, Item, Source, as_list, open_data
+from fxlrp.app.devices import autocast, device_of, prepare_inputs
 from fxlrp.app.distributed import Processes, processes_from_environment
 from fxlrp.app.explanations_store import ExplanationWriter, ShardRows
+from fxlrp.app.models.spec import load_model, preprocessing_from_options
+from fxlrp.app.outputs import probe_model
 from fxlrp.app.preprocessing import Preprocessing
 
 
@@ -153,17 +160,105 @@ def on_processes(args: argparse.Namespace,
         processes.close()
 
 
-def data_settings(args: argparse.Namespace, preprocessing: Preprocessing, source: Source,
-                  device: torch.device) -> dict[str, Any]:
-    """The settings every data-set run records (a restart with others is refused): the
-    preprocessing, the data, batch and shard size, device and precision."""
-    return {
-        "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
-                          "mean": list(preprocessing.mean), "std": list(preprocessing.std),
-                          "transform": preprocessing.description},
-        "data": source.description, "samples": len(source), "names_sha256": source.fingerprint(),
-        "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type, "dtype": args.dtype,
-    }
+def loaded_model(args: argparse.Namespace) -> tuple[nn.Module, Preprocessing]:
+    """The model of ``--model`` (with ``--weights``) and its preprocessing (the options', else the
+    model's own). A model without ``--weights`` gets the same random weights in every process.
+
+    Parameters
+    ----------
+    args
+        The parsed command line.
+
+    Returns
+    -------
+    tuple
+        The model and its preprocessing.
+    """
+    torch.manual_seed(0)
+    model = load_model(args.model, args.weights)
+    return model, preprocessing_from_options(args, model)
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """A data-set run's samples (``--data``) and the first that can be read, which fixes the sample
+    shape and is the sample the model is probed with."""
+
+    source: Source
+    first: Item
+
+    @classmethod
+    def opened(cls, args: argparse.Namespace, preprocessing: Preprocessing) -> DataSet:
+        """``--data`` opened with ``preprocessing``, its first readable sample found (``--on-error``).
+
+        Parameters
+        ----------
+        args
+            The parsed command line.
+        preprocessing
+            The model's preprocessing.
+
+        Returns
+        -------
+        DataSet
+            The samples.
+        """
+        source = open_data(args.data, preprocessing)
+        return cls(source, first_explainable(source, args.on_error))
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The first readable sample's shape, which every sample must have."""
+        assert self.first.values is not None
+        return tuple(self.first.values.shape)
+
+    def first_inputs(self, device: torch.device, dtype: str) -> Tensor:
+        """The first readable sample as a batch of one, on ``device`` in ``dtype`` (``--dtype``)."""
+        return prepare_inputs(self.first.values[None], device, dtype)  # type: ignore[index]
+
+    def probe(self, model: nn.Module, device: torch.device, dtype: str) -> tuple[Tensor, bool]:
+        """:func:`~fxlrp.app.outputs.probe_model` on the first readable sample: its class scores and
+        whether the model's output is image-shaped."""
+        with autocast(device, dtype):
+            return probe_model(model, self.first_inputs(device, dtype), [self.source.names[self.first.index]])
+
+    def settings(self, args: argparse.Namespace, preprocessing: Preprocessing, device: torch.device, *,
+                 chosen: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+        """The settings a run records (a restart with others is refused): the model and its weights,
+        what the command explains with (``chosen``), the target, the preprocessing, the data, batch
+        and shard size, device and precision, and the command's own (``more``).
+
+        Parameters
+        ----------
+        args
+            The parsed command line.
+        preprocessing
+            The model's preprocessing.
+        device
+            This process's device.
+        chosen
+            The composites (or methods), recorded before the target.
+        more
+            The command's other settings, recorded last.
+
+        Returns
+        -------
+        dict of str to Any
+            The settings, in the order they are written.
+        """
+        return {
+            "model": args.model, "weights_sha256": file_hash(args.weights), **chosen, "target": args.target,
+            "preprocessing": {"size": preprocessing.size, "channels": preprocessing.channels,
+                              "mean": list(preprocessing.mean), "std": list(preprocessing.std),
+                              "transform": preprocessing.description},
+            "data": self.source.description, "samples": len(self.source), "names_sha256": self.source.fingerprint(),
+            "batch_size": args.batch_size, "shard_size": args.shard_size, "device": device.type,
+            "dtype": args.dtype, **more,
+        }
+
+    def sharded(self, args: argparse.Namespace, settings: dict[str, Any], processes: Processes) -> ShardedRun:
+        """The run's directory (``--out``, ``--shard-size``) opened by this process (:class:`ShardedRun`)."""
+        return ShardedRun(Path(args.out), settings, len(self.source), args.shard_size, processes)
 
 
 @dataclass
@@ -213,7 +308,7 @@ class ShardedRun:
     out
         ``--out``.
     settings
-        What the results depend on (:func:`data_settings` and the command's own).
+        What the results depend on (:meth:`DataSet.settings`).
     samples
         The number of samples.
     shard_size

@@ -31,7 +31,7 @@ from fxlrp.capture.interception import module_calls_followed
 from fxlrp.eager.rule_choice import operations_observed
 from fxlrp.eager.runner import LayerRunner
 from fxlrp.explain.explainer import Explainer
-from fxlrp.explain.input_checks import model_of
+from fxlrp.explain.model_rejection import model_of
 from fxlrp.graph.nodes import original_node_name
 
 OUTPUT = "y"

@@ -29,7 +29,7 @@ from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.rules import Rule
-from fxlrp.rules.composites import Composite, Site
+from fxlrp.rules.composites import INPUT_OFFSETS, Composite, Site
 from fxlrp.rules.first_layer import meets_inputs
 
 
@@ -184,6 +184,9 @@ class Interpretation:
         # found by following the autograd graph of its arguments back to the inputs (entry) without
         # passing the output of another such call (layer_outputs).
         self.holds_first_layer = self.site.is_first_layer and self.composite.may_choose_first_layer()
+        # Whether sums the inputs meet before the first layer (the model's own normalisation of its
+        # raw input) get a rule of their own, found the same way (Site.before_first_layer).
+        self.rules_input_offsets = self.holds_first_layer and self.composite.rules_input_maps()
         self.entry_nodes: set[int] = set()
         self.entry_leaves: set[int] = set()
         self.layer_outputs: dict[int, Any] = {}
@@ -211,7 +214,8 @@ class Interpretation:
         finally:
             self.active = active
 
-    def rule_for(self, operation: Operation, module: nn.Module | None, first: bool, relevance_factors: int) -> Any:
+    def rule_for(self, operation: Operation, module: nn.Module | None, first: bool, relevance_factors: int,
+                 before_first_layer: bool = False) -> Any:
         """The composite's rule for ``operation`` run by ``module``.
 
         Parameters
@@ -224,6 +228,9 @@ class Interpretation:
             Whether the call is a first layer.
         relevance_factors : int
             How many of its factors carry relevance.
+        before_first_layer : bool, default False
+            Whether the call is a sum the inputs meet before the first layer
+            (:attr:`~fxlrp.rules.composites.Site.before_first_layer`).
 
         Returns
         -------
@@ -244,7 +251,7 @@ class Interpretation:
                                     weighted=operation.propagation.weighted, module_name=module_name,
                                     module_type=module_type,
                                     is_first_layer=first, is_module_call=is_module_call,
-                                    relevance_factors=relevance_factors)
+                                    relevance_factors=relevance_factors, before_first_layer=before_first_layer)
         return composite.resolve(inner, operation)
 
     def call_for(self, operation: Operation, args: tuple, kwargs: dict[str, Any]) -> RelevanceCall:
@@ -278,16 +285,21 @@ class Interpretation:
             for value in factors(args, kwargs):
                 if isinstance(value, Tensor) and value.requires_grad:
                     relevance_factors += 1
-        key = (id(module), operation.name, first, relevance_factors > 1)
+        before = (self.rules_input_offsets and operation.name in INPUT_OFFSETS and not first
+                  and self._meets_input(args))
+        key = (id(module), operation.name, first, relevance_factors > 1, before)
         entry = self.call.inner_calls.get(key)
         if entry is None or entry[0] is not module:
-            rule = self.rule_for(operation, module, first, relevance_factors)
+            rule = self.rule_for(operation, module, first, relevance_factors, before)
             site = self.call.site
             if site is not None and site.is_first_layer != first:
                 # An operation that chooses rules for parts of its own (fused attention's q k^T, a
                 # message-passing layer run inside) asks its call whether it holds the first layer:
                 # this call's answer, not that of the part run eagerly as a whole.
                 site = dataclasses.replace(site, is_first_layer=first)
+            if site is not None and before:
+                # (the sum's own relevance function reads it: its constants are then its bias)
+                site = dataclasses.replace(site, before_first_layer=True)
             call = RelevanceCall(rule, self.call.warn_lost_relevance, site=site,
                                  composite=self.call.composite, strict=self.call.strict)
             entry = self.call.inner_calls[key] = (module, call)

@@ -12,27 +12,19 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.graph import get_gradient_edge
 
 from fxlrp.errors import ExplanationInputError, FxlrpError
+from fxlrp.explain.explained_inputs import ExplainedInputs, explained_inputs, is_explained_leaf, may_be_token_ids
 from fxlrp.explain.explainer import Explainer
-from fxlrp.explain.input_checks import (
-    FAILURES,
+from fxlrp.explain.finite_checks import (
     FiniteChecks,
-    input_rejection,
-    model_of,
-    no_floating_input_error,
     one_vanishing_warning,
-    raised_by_fxlrp,
-    raised_from_the_call,
-    refuse_inputs_without_values,
-    refuse_non_finite_inputs,
     refuse_non_finite_output,
     refuse_non_finite_relevance,
-    refuse_ranks_the_model_refuses,
-    refuse_unusable_inputs,
     relevance_totals,
 )
+from fxlrp.explain.input_checks import no_floating_input_error, refuse_unusable_inputs
+from fxlrp.explain.model_rejection import FAILURES, input_rejection, model_of, raised_by_fxlrp, raised_from_the_call
 from fxlrp.explain.targets import (
     LISTED_PER_POSITION,
     FromOutput,
@@ -103,15 +95,16 @@ def attribute(
     ``check_finite``: a floating-point input with NaN or Inf, an explained output that is not
     finite (an activation overflowed) or relevance that is not (a quotient overflowed, in float16)
     is a ``ValueError`` saying which and what to do, instead of NaN relevance (see
-    :mod:`fxlrp.explain.input_checks`); and relevance reaching the inputs that is a negligible
+    :mod:`fxlrp.explain.finite_checks`); and relevance reaching the inputs that is a negligible
     share of the output's (under a millionth, absolute values summed: the rules absorbed it, as
     biases that make up nearly all of a randomly initialised model's output do) is a
     :class:`fxlrp.VanishedRelevanceWarning`, once per call (see
-    :func:`~fxlrp.explain.input_checks.warn_of_vanished_relevance` for why a millionth). False
+    :func:`~fxlrp.explain.finite_checks.warn_of_vanished_relevance` for why a millionth). False
     returns whatever comes out, without these checks' synchronisations with the device.
 
-    Inputs and targets are checked before the explanation runs (:mod:`fxlrp.explain.input_checks`):
-    inputs the model itself would not take are refused in its own words (see Raises).
+    Inputs and targets are checked before the explanation runs (:mod:`fxlrp.explain.input_checks`,
+    :mod:`fxlrp.explain.rank_checks`): inputs the model itself would not take are refused in its own
+    words (see Raises; :mod:`fxlrp.explain.model_rejection`).
 
     Parameters
     ----------
@@ -275,23 +268,12 @@ def _attribute_checked(
     if many and repeat > 0:
         return _attribute_repeated(explain, inputs, target, output=output, nodes=nodes, repeat=repeat,
                                    check_finite=check_finite)
-    single = isinstance(inputs, Tensor)
-    refuse_ranks_the_model_refuses(explain, (inputs,) if single else inputs)
     finite = FiniteChecks() if check_finite else None
-    if finite is not None:
-        finite.check(inputs, lambda: refuse_non_finite_inputs(explain, inputs))
-    leaves = [_leaf_if_explained(value) for value in ((inputs,) if single else inputs)]
-    # Taken before the forward: a model writing into its input in place (``x.mul_(2)``, run
-    # eagerly) leaves the Python object holding the written values (fxlrp.eager.in_place.replace_values);
-    # relevance belongs to the input as given, which the edge still names.
-    explained_leaves = [get_gradient_edge(leaf) for leaf in leaves if _is_explained_leaf(leaf)]
+    walked = explained_inputs(explain, inputs, finite)
     if nodes is not None and not isinstance(explain, Explainer):
         raise TypeError("attribute_nodes needs the explainer returned by fxlrp.convert")
-    gradient = nodes is None and getattr(explain, "gradient_form", False)
-    # Taken before a write, as the edges; only the gradient form reads them (R = x g).
-    values = [leaf.detach() for leaf in leaves if _is_explained_leaf(leaf)] if gradient else []
-    request = _Request(explain, inputs, leaves, explained_leaves, values, target, output, nodes, many,
-                       listed=listed or many, finite=finite, gradient=gradient)
+    request = _Request(explain, walked, target, output, nodes, many, listed=listed or many, finite=finite,
+                       gradient=nodes is None and getattr(explain, "gradient_form", False))
     try:
         results = _backward(request)
     except GradientFormUnavailable:
@@ -304,7 +286,7 @@ def _attribute_checked(
         refusal = functools.partial(refuse_non_finite_relevance, results)
         if request.output_totals:
             totals = relevance_totals(input_relevance, request.output_totals[0].device)
-            finite.check_sums(totals, refusal)  # (not finite where the relevance is not)
+            finite.add(totals, refusal)  # (not finite where the relevance is not)
             finite.compare_totals(request.output_totals, totals)
         else:
             finite.check(input_relevance, refusal)
@@ -319,15 +301,8 @@ class _Request:
     """One explanation :func:`attribute` asks of the explainer's passes."""
 
     explain: nn.Module
-    inputs: Tensor | Sequence[Any]
-    """The inputs as given."""
-    leaves: list[Any]
-    """The inputs the explainer runs on: explained ones as leaves of autograd."""
-    explained_leaves: list[Any]
-    """The gradient edges of the explained leaves, taken before the forward."""
-    values: list[Tensor]
-    """The explained leaves' values, taken before the forward in the gradient form (which alone reads
-    them); empty in the relevance form."""
+    inputs: ExplainedInputs
+    """The inputs, walked once: as given, and what the explainer runs on."""
     target: Any
     output: Callable[[Any], Tensor] | None
     nodes: Sequence[str] | None
@@ -343,7 +318,7 @@ class _Request:
     to relevance at the end."""
     output_totals: list[Tensor] = dataclasses.field(default_factory=list)
     """Per target, the summed absolute relevance its backward pass starts from (under
-    ``check_finite``): what :func:`~fxlrp.explain.input_checks.warn_of_vanished_relevance` compares."""
+    ``check_finite``): what :func:`~fxlrp.explain.finite_checks.warn_of_vanished_relevance` compares."""
 
 
 def _backward(request: _Request) -> list[Any]:
@@ -354,7 +329,7 @@ def _backward(request: _Request) -> list[Any]:
         return _passes(request)
     except _ForwardFailed as failed:
         error, ids_looked_up = failed.error, failed.ids_looked_up
-    explain, inputs = request.explain, request.inputs
+    explain, inputs = request.explain, request.inputs.given
     model = model_of(explain)
     single = isinstance(inputs, Tensor)
     rejection = input_rejection(explain, model, (inputs,) if single else tuple(inputs), {}, error)
@@ -383,9 +358,10 @@ def _passes(request: _Request) -> list[Any]:
     The relevance each target starts from is made when its backward pass runs, and what reaches
     an embedding lookup is summed per token as soon as it has (one output-sized tensor and one
     lookup-sized one at a time, however many targets)."""
-    explain, inputs, leaves, nodes, many = request.explain, request.inputs, request.leaves, request.nodes, request.many
-    target, output, gradient, values = request.target, request.output, request.gradient, request.values
-    with (torch.enable_grad(), sources_collected(_token_ids(leaves)) as lookups,
+    explain, walked, nodes, many = request.explain, request.inputs, request.nodes, request.many
+    inputs, leaves, values = walked.given, walked.leaves, walked.values
+    target, output, gradient = request.target, request.output, request.gradient
+    with (torch.enable_grad(), sources_collected(walked.token_ids) as lookups,
           reusable_graph() if many else nullcontext(),
           gradient_form(gradient)):
         try:
@@ -399,7 +375,7 @@ def _passes(request: _Request) -> list[Any]:
             if raised_by_fxlrp(error):
                 raise
             raise _ForwardFailed(error, bool(lookups.sources) or lookups.of_copied_ids()) from None
-        refuse_inputs_without_values(explain, leaves)
+        walked.refuse_without_values(explain)
         if request.listed and output is None and logits_per_position(result):
             raise ExplanationInputError(LISTED_PER_POSITION)
         explained = output(result) if output is not None else default_output(result, padding_mask(explain, inputs))
@@ -409,7 +385,7 @@ def _passes(request: _Request) -> list[Any]:
             )
         intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
         looked_up = [_looked_up(leaf, lookups.sources) for leaf in leaves]
-        wanted = request.explained_leaves + [value for value in intermediate if value is not None]
+        wanted = walked.edges + [value for value in intermediate if value is not None]
         wanted += [source.edge for found in looked_up for source in found]
         if not wanted and lookups.of_copied_ids():
             raise ValueError(
@@ -474,7 +450,7 @@ def _assembled(
 ) -> Any:
     """:func:`attribute`'s result from the gradients of one backward pass."""
     input_relevance = tuple(
-        _zero_if_none(next(relevance), leaf) if _is_explained_leaf(leaf) else None for leaf in leaves
+        _zero_if_none(next(relevance), leaf) if is_explained_leaf(leaf) else None for leaf in leaves
     )
     node_relevance = {
         name: torch.zeros_like(value) if carrier is None else _zero_if_none(next(relevance), value)
@@ -559,18 +535,9 @@ def inputs_by_position(explain: nn.Module, inputs: Mapping[str, Any]) -> tuple[t
     return by_position, {name: names.index(name) for name in inputs}
 
 
-def _may_be_token_ids(value: Any) -> bool:
-    """A tensor neither floating-point nor complex."""
-    return isinstance(value, Tensor) and not value.is_floating_point() and not value.is_complex()
-
-
-def _token_ids(inputs: Sequence[Any]) -> list[Tensor]:
-    return [value for value in inputs if _may_be_token_ids(value)]
-
-
 def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:
     """The embedding lookups made with the token ids ``value`` (none for other inputs)."""
-    if not _may_be_token_ids(value):
+    if not may_be_token_ids(value):
         return []
     return [source for source in sources if same_values(source.indices, value)]
 
@@ -583,20 +550,6 @@ def _token_relevance(ids: Tensor, found: list[RelevanceSource], relevance: Itera
         if share is not None:
             total += share.reshape(ids.numel(), -1).sum(dim=1).reshape(ids.shape)
     return total
-
-
-def _leaf_if_explained(value: Any) -> Any:
-    """A floating-point tensor becomes a fresh leaf that collects relevance; the rest stays (a
-    tensor made in inference mode, which autograd cannot keep, as a copy)."""
-    if isinstance(value, Tensor) and value.is_inference():
-        value = value.clone()
-    if isinstance(value, Tensor) and value.is_floating_point():
-        return value.detach().requires_grad_()
-    return value
-
-
-def _is_explained_leaf(value: Any) -> bool:
-    return isinstance(value, Tensor) and value.requires_grad
 
 
 def _relevance_carrier(name: str, value: Any) -> Tensor | None:

@@ -13,9 +13,9 @@ from torch import fx, nn
 from fxlrp.capture import capture as capture_model
 from fxlrp.errors import UnsupportedOperationError
 from fxlrp.explain.explainer import Conversion, Explainer
-from fxlrp.explain.input_checks import recorded_rank_checks
 from fxlrp.explain.loader import load_integrations
 from fxlrp.explain.model_snapshot import ModelSnapshot
+from fxlrp.explain.rank_checks import recorded_rank_checks
 from fxlrp.graph.canonicalise import canonicalise
 from fxlrp.graph.fold_batchnorm import fold_batch_norms
 from fxlrp.graph.report import Report
@@ -124,7 +124,7 @@ def convert(
     (detached), never modified or given gradients. Explanations use inference semantics
     (BatchNorm running statistics, no dropout) whatever mode the model is in. What the model's
     BatchNorms check of an input's number of dimensions is recorded, so that explanations refuse
-    what the model refuses (:mod:`fxlrp.explain.input_checks`).
+    what the model refuses (:mod:`fxlrp.explain.rank_checks`).
 
     Parameters
     ----------

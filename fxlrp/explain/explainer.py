@@ -10,9 +10,9 @@ from typing import Any
 from torch import Tensor, fx, nn
 
 from fxlrp.capture.module_state import MODEL_WRITES
-from fxlrp.explain.input_checks import RankCheck
 from fxlrp.explain.model_snapshot import ModelSnapshot
 from fxlrp.explain.placement import refuse_to_move
+from fxlrp.explain.rank_checks import RankCheck
 from fxlrp.graph.nodes import original_node_name
 from fxlrp.graph.report import Report, rows_run
 from fxlrp.relevance.rule_function import outputs_recorded
@@ -33,9 +33,9 @@ class Conversion:
     ``convert_again``: how to convert the model again (``convert_again(concrete_args=...)``), for
     a changed model and for graphs traced with other optional inputs or settings.
     ``model``: the model converted (unwrapped), which is asked whether it takes inputs an
-    explanation failed on (:func:`~fxlrp.explain.input_checks.input_rejection`); None in a copy.
+    explanation failed on (:func:`~fxlrp.explain.model_rejection.input_rejection`); None in a copy.
     ``rank_checks``: the numbers of dimensions of inputs that BatchNorms of the model refuse
-    (:func:`~fxlrp.explain.input_checks.recorded_rank_checks`), checked before each explanation.
+    (:func:`~fxlrp.explain.rank_checks.recorded_rank_checks`), checked before each explanation.
     """
 
     gradient_form: bool = False

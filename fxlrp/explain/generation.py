@@ -20,7 +20,7 @@ from torch import Tensor
 from fxlrp.errors import ExplanationInputError
 from fxlrp.explain.attribute import attribute_from_output
 from fxlrp.explain.explainer import Explainer
-from fxlrp.explain.input_checks import raised_from_the_call
+from fxlrp.explain.model_rejection import raised_from_the_call
 from fxlrp.explain.targets import output_relevance, refuse_unknown_target
 
 

@@ -39,7 +39,7 @@ from fxlrp.graph.relevance_flow import (
 from fxlrp.graph.report import NodeReport, handling_of
 from fxlrp.registry import REGISTRY, Kind, Operation, called
 from fxlrp.relevance.call import RelevanceCall
-from fxlrp.rules.composites import Composite, Site
+from fxlrp.rules.composites import INPUT_OFFSETS, Composite, Site
 from fxlrp.rules.first_layer import meets_inputs
 
 
@@ -227,7 +227,7 @@ class Rewriter:
         returning = nodes_relevance_returns_to(self.graph, self.modules, carrying)
         reached = outputs_reached(self.graph, self.modules, carrying)
         outputs = set().union(*reached.values()) if reached else set()
-        first_layers = self._first_layer_calls(carrying)
+        first_layers, input_offsets = self._first_layer_calls(carrying)
         nodes = list(self.graph.nodes)
         # Read before any node is replaced: a product's factors are nodes of the captured graph.
         factors = {node: relevance_factors(node, operation, carrying)
@@ -272,7 +272,8 @@ class Rewriter:
                 # norm's statistic: no relevance passes through it, so it runs as the model does.
                 self._keep_native(node, operation, handling="no relevance")
             else:
-                self._substitute(node, operation, node in first_layers, factors[node], node in inputs_non_negative)
+                self._substitute(node, operation, node in first_layers, factors[node], node in inputs_non_negative,
+                                 before_first_layer=node in input_offsets)
         if unsupported:
             self._unsupported(unsupported)
         self.graph.lint()
@@ -283,12 +284,15 @@ class Rewriter:
             return REGISTRY.operations["eager"]
         return find_operation(node, self.modules)
 
-    def _first_layer_calls(self, carrying: set[fx.Node]) -> set[fx.Node]:
+    def _first_layer_calls(self, carrying: set[fx.Node]) -> tuple[set[fx.Node], set[fx.Node]]:
         """The calls of layers the composite counts as a first layer that the model's inputs meet
-        (:func:`~fxlrp.rules.first_layer.meets_inputs`). A node that runs a module's own code may
-        hold the first layer inside, found as the code runs the same way."""
+        (:func:`~fxlrp.rules.first_layer.meets_inputs`), and the sums of
+        :data:`~fxlrp.rules.composites.INPUT_OFFSETS` they meet before them where the composite
+        gives those a rule of their own (:attr:`~fxlrp.rules.composites.Site.before_first_layer`).
+        A node that runs a module's own code may hold the first layer inside, found as the code
+        runs the same way."""
         if not self.options.first_layer:
-            return set()
+            return set(), set()
         layers = {node for node in carrying if node.op != "placeholder"
                   and (operation := self._operation_of(node)) is not None
                   and self.composite.may_hold_first_layer(operation)}
@@ -298,8 +302,15 @@ class Rewriter:
                 return None
             return [source for source in node.all_input_nodes if source in carrying]
 
-        return {node for node in layers
-                if meets_inputs([source for source in node.all_input_nodes if source in carrying], predecessors)}
+        def met(node: fx.Node) -> bool:
+            return meets_inputs([source for source in node.all_input_nodes if source in carrying], predecessors)
+
+        offsets: set[fx.Node] = set()
+        if self.composite.rules_input_maps():
+            offsets = {node for node in carrying if node not in layers and node.op != "placeholder"
+                       and (operation := self._operation_of(node)) is not None
+                       and operation.name in INPUT_OFFSETS and met(node)}
+        return {node for node in layers if met(node)}, offsets
 
     def _native_equals_explained(self, node: fx.Node, operation: Operation) -> bool:
         """Whether the native call computes the values the operation's relevance function would.
@@ -334,13 +345,14 @@ class Rewriter:
         self._report(node, operation.name if operation else "?", handling)
 
     def _substitute(self, node: fx.Node, operation: Operation, is_first_layer: bool, factors: int,
-                    inputs_non_negative: bool) -> None:
+                    inputs_non_negative: bool, *, before_first_layer: bool = False) -> None:
         """Install the node's relevance function with the rule the composite resolves for it;
         ``factors``: how many factors of a product may carry relevance; ``inputs_non_negative``:
         whether those that may carry relevance are known never to be negative."""
         module_name, module_type = enclosing_module(node, self.modules)
         site = Site(node.name, operation.name, operation.propagation.weighted, module_name, module_type,
-                    is_first_layer, is_module_call=node.op == "call_module", relevance_factors=factors)
+                    is_first_layer, is_module_call=node.op == "call_module", relevance_factors=factors,
+                    before_first_layer=before_first_layer)
         rule = self.composite.resolve(site, operation)
         call = RelevanceCall(rule, self.options.warn_lost_relevance, site=site, composite=self.composite,
                              strict=self.options.strict, sole_consumer=self._sole_consumer_of_rule_output(node),

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from fxlrp.registry import NativeInGradientForm
 from fxlrp.relevance import apply_pass
 from fxlrp.relevance.call import RelevanceCall
+from fxlrp.relevance.rule_function import carries_relevance
 
 NATIVE_UNDER_NATIVE_RULE = NativeInGradientForm()
 """Affine maps and layers (``affine``, ``weighted``): their own call in the gradient form under
@@ -45,7 +46,25 @@ def affine(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **k
     mean, add, pooling, scatter sums); other arguments act as constants (biases)."""
     if call.runs_natively():
         return function(*args, **kwargs)
+    if call.site is not None and call.site.before_first_layer and "bias" in getattr(call.rule, "zero_params", ()):
+        return _with_constants_as_bias(call, bind(function, kwargs), *args)
     return call.affine(call.layer(bind(function, kwargs)), *args)
+
+
+def _with_constants_as_bias(call: RelevanceCall, function: Callable[..., Tensor], *args: Any) -> Tensor:
+    """``function(*args)`` as a layer whose bias is its output at zero relevance-carrying
+    arguments, ``y_0``: the constants a sum adds (``x - mean``), which a rule's ``zero_params``
+    then leaves out, ``R_x = x J^T (R_y / (y - y_0))``
+    (:attr:`~fxlrp.rules.composites.Site.before_first_layer`)."""
+    with torch.no_grad():
+        offset = function(*(torch.zeros_like(value) if carries_relevance(value) else value for value in args))
+
+    def layer_function(*arguments: Any) -> Tensor:
+        # (y exactly, with the constant ``bias`` in the place of its own y_0)
+        *inputs, _, bias = arguments
+        return function(*inputs) + (bias - offset)
+
+    return call.affine(call.layer(layer_function, None, offset, has_parameters=True), *args)
 
 
 def weighted(

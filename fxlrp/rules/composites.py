@@ -62,6 +62,12 @@ class Site:
     relevance-carrying tensors, whose rule is a :class:`~fxlrp.rules.Product` rule. Read from the
     graph at conversion (a tensor computed from any model input counts) and from the tensors in
     code run eagerly."""
+    before_first_layer: bool = False
+    """A sum that may add a constant (:data:`INPUT_OFFSETS`: the model's own normalisation of its
+    raw input, ``(x - mean) / std``, ``2 * (x - 0.5)``) on the way from the model's inputs to the
+    first layer: its relevance-carrying arguments come from the inputs through no layer the
+    composite counts as a first layer. Looked for only where the composite gives such maps a rule
+    of their own (:meth:`Composite.rules_input_maps`); False elsewhere."""
 
 
 class Composite:
@@ -72,7 +78,9 @@ class Composite:
 
     1. ``name_rules``: ``{glob pattern: rule}`` on the qualified module name (``"features.0"``,
        ``"layer*.conv1"``);
-    2. ``first_layer``: the rule of the first weighted layer;
+    2. ``first_layer``: the rule of the first weighted layer; under one that does not share by its
+       input's values, a sum on the way from the inputs to it (``site.before_first_layer``: the
+       model's own normalisation of its raw input) takes LRP-0 without its constant part;
     3. ``type_rules``: ``{module type or tuple of types: rule}``, subclasses included;
     4. ``operation_rules``: ``{canonical operation: rule}`` (``"add"``, ``"avg_pool"``, ...);
     5. ``layer_rule`` for every weighted layer (``Epsilon(1e-6)`` when None);
@@ -260,6 +268,22 @@ class Composite:
             return self._derive("following", rule, rule.following, self.layer_rule)
         return rule
 
+    def rules_input_maps(self) -> bool:
+        """Whether maps of the raw input before the first layer get a rule of their own.
+
+        They do under a first-layer rule that does not share by its input's values (flat, w^2,
+        z^B): LRP-0 without the map's constant part, so that the first layer's rule reads the
+        image it expects and relevance reaches the raw input by each value's share (a detector's
+        transform, :data:`INPUT_TRANSFORMS`; a sum of :data:`INPUT_OFFSETS` the inputs meet before
+        the first layer, ``site.before_first_layer``).
+
+        Returns
+        -------
+        bool
+            True if the composite's first-layer rule does not share by its input's values.
+        """
+        return self._input_transform_rule() is not None
+
     def _input_transform_rule(self) -> Rule | None:
         """LRP-0 without the bias where the first layer's rule does not share by its input's values.
 
@@ -314,6 +338,10 @@ class Composite:
                     return rule
         if site.is_first_layer and self.first_layer is not None:
             return self.first_layer
+        if site.before_first_layer:
+            input_map = self._input_transform_rule()
+            if input_map is not None:
+                return input_map
         if by_module and site.module_type is not None:
             for module_types, rule in self.type_rules:
                 if issubclass(site.module_type, module_types):
@@ -335,6 +363,10 @@ INPUT_TRANSFORMS = ("image_transform",)
 """Operations that map the model's raw input to the image its first layer reads (a torchvision
 detector's normalisation, resizing and batching, registered by
 :mod:`fxlrp.integrations.torchvision`); see :meth:`Composite.resolve`."""
+INPUT_OFFSETS = ("add", "sub")
+"""Sums that may add a constant to the model's raw input before its first layer: a normalisation
+written in the model's own code (torchvision's ``transform_input`` of Inception v3 and GoogLeNet,
+``2 * (x - 0.5)`` in timm's Gemma 4 vision encoder); see :attr:`Site.before_first_layer`."""
 SUMS = ("add", "sub", "sum", "mean", "avg_pool")
 """Parameterless sums; zennit's composites give its ``Sum`` and ``AvgPool`` modules ``Norm``."""
 

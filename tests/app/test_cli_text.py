@@ -16,7 +16,7 @@ import fxlrp
 from fxlrp.app import cli
 
 transformers = pytest.importorskip("transformers")
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors  # noqa: E402
+from support import tokenizers  # noqa: E402
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "movie", "was", "good", "bad", "un", "##believ",
          "##able", "plot", "!", "<", ">", "script"]
@@ -25,29 +25,13 @@ TOKENS = ["[CLS]", "the", "movie", "was", "un", "##believ", "##able", "good", "!
 
 
 def wordpiece_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """BERT's tokenization (lower case, punctuation split, ## continuations) over WORDS."""
-    vocabulary = {word: index for index, word in enumerate(WORDS)}
-    tokenizer = Tokenizer(models.WordPiece(vocabulary, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocabulary["[CLS]"]), ("[SEP]", vocabulary["[SEP]"])])
-    tokenizer.decoder = decoders.WordPiece()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]",
-                                                cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    """BERT's tokenization over WORDS."""
+    return tokenizers.wordpiece_tokenizer(WORDS)
 
 
 def bytelevel_tokenizer() -> transformers.PreTrainedTokenizerFast:
     """GPT-2's byte-level BPE, trained here on a few sentences."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    from tokenizers.trainers import BpeTrainer
-
-    trainer = BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(["the movie was good", "the plot was bad", "a good movie\nthe end"] * 5, trainer)
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+    return tokenizers.bytelevel_tokenizer(["the movie was good", "the plot was bad", "a good movie\nthe end"])
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
 """``fxlrp explain --data`` on other devices and in other precisions: bfloat16 and float16 under
-autocast on the CPU against float32; CUDA and MPS where present (skipped, with the reason, where not)."""
+autocast on the CPU against float32; CUDA where present (skipped, with the reason, where not). MPS
+has no float64 to compare the command in: the library's float32 relevance on MPS is held to its
+rounding bound in tests/unit/test_robustness.py, and the command's device handling is CUDA's."""
 
 from __future__ import annotations
 
@@ -35,10 +37,6 @@ def explain(trained: dict[str, Path], out: str, *options: str) -> fxlrp.app.expl
                  "--out", str(trained["folder"] / out), "--target", "label", "--batch-size", "16", *options]
     assert cli.main(arguments) == 0
     return fxlrp.read_explanations(trained["folder"] / out)
-
-
-def correlation(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.corrcoef(a.astype(np.float64).ravel(), b.astype(np.float64).ravel())[0, 1])
 
 
 def attribute_under_autocast(trained: dict[str, Path], dtype: str, composite: str) -> np.ndarray:
@@ -102,10 +100,3 @@ def test_the_library_explains_models_and_inputs_on_cuda() -> None:
                                 target=3)
     assert relevance.is_cuda
     assert (relevance.cpu() - expected).abs().max() < 1e-10 * expected.abs().max()
-
-
-@pytest.mark.skipif(not torch.backends.mps.is_available(), reason="MPS is not available on this machine")
-def test_mps_gives_the_relevance_of_the_cpu(trained: dict[str, Path]) -> None:
-    reference = explain(trained, "cpu_mps_reference")
-    on_mps = explain(trained, "mps", "--device", "mps")
-    assert correlation(on_mps.relevance, reference.relevance) > 0.999

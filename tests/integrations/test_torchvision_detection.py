@@ -25,12 +25,8 @@ from torchvision.models import detection  # noqa: E402
 from torchvision.models.detection._utils import BoxCoder  # noqa: E402
 from torchvision.ops import MultiScaleRoIAlign, ps_roi_align, ps_roi_pool, roi_align, roi_pool  # noqa: E402
 
-from fxlrp.integrations.torchvision import (  # noqa: E402
-    LOGIT_HEADS,
-    _logit_positions,
-    detection_target,
-    explain_detection,
-)
+from fxlrp.integrations.torchvision import LOGIT_HEADS, detection_target, explain_detection  # noqa: E402
+from fxlrp.integrations.torchvision.logit_positions import logit_positions  # noqa: E402
 
 TOLERANCE = 1e-12
 R_CNN = dict(box_score_thresh=0.0, box_detections_per_img=6, rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=40)
@@ -336,7 +332,7 @@ def test_lrp0_of_a_detections_class_logit_is_gradient_times_input(name: str, ind
     explain = fxlrp.convert(model, Epsilon(0.0))
     explained = explain_detection(explain, x, index)
     # (found from the relevance of the score; the model's own gradient finds the same element)
-    assert _logit_positions(explain, x, 0, index, explained.label, LOGIT_HEADS) == [(0, explained.position)]
+    assert logit_positions(explain, x, 0, index, explained.label, LOGIT_HEADS) == [(0, explained.position)]
     # the same logit of the model itself: the classification head's output at that position
     outputs: list[Tensor] = []
     handles = [module.register_forward_hook(

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -289,12 +290,25 @@ def gamma(k: int, unit: float) -> float:
     return k * unit / (1 - k * unit)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("how", ["model", "autocast"])
-def test_low_precision_lrp0_is_within_its_rounding_bound(dtype: torch.dtype, how: str) -> None:
-    """LRP-0 of a 16-bit ``Linear(16, 8) - ReLU - Linear(8, 5)`` against fxlrp's float64 LRP-0 of
-    the same model with the weights and inputs its 16-bit run uses (rounded to ``dtype``), within
-    a bound derived from the unit roundoff ``u`` of ``dtype`` (2^-11 float16, 2^-8 bfloat16).
+def _on(device: str) -> Any:
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    return pytest.mark.skipif(not available[device], reason=f"{device} is not available on this machine")
+
+
+ROUNDED_RUNS = [pytest.param(dtype, how, "cpu", id=f"{str(dtype)[6:]}-{how}-cpu")
+                for dtype in (torch.float16, torch.bfloat16) for how in ("model", "autocast")] + [
+    pytest.param(torch.float32, "model", device, id=f"float32-model-{device}", marks=_on(device))
+    for device in ("cpu", "cuda", "mps")]
+"""16-bit models and autocast on the CPU; float32 models on the CPU and on the devices with no
+float64 to compare in (MPS) or whose float32 kernels may differ from the CPU's (CUDA)."""
+
+
+@pytest.mark.parametrize(("dtype", "how", "device"), ROUNDED_RUNS)
+def test_low_precision_lrp0_is_within_its_rounding_bound(dtype: torch.dtype, how: str, device: str) -> None:
+    """LRP-0 of a 16-bit or float32 ``Linear(16, 8) - ReLU - Linear(8, 5)`` against fxlrp's float64
+    LRP-0 of the same model with the weights and inputs its run uses (rounded to ``dtype``), within
+    a bound derived from the unit roundoff ``u`` of ``dtype`` (2^-11 float16, 2^-8 bfloat16, 2^-24
+    float32), on any device: the bound holds for any order of summation.
 
     Exact: ``R_i = x_i g_i``, ``g_i = sum_j W1_ji m_j W2_tj`` with ``R_out = z_t`` and the ReLU's
     mask ``m_j = [z1_j > 0]`` (biases cancel out of LRP-0's quotients). The 16-bit run computes
@@ -313,7 +327,8 @@ def test_low_precision_lrp0_is_within_its_rounding_bound(dtype: torch.dtype, how
     unit = torch.finfo(dtype).eps / 2
     low = copy.deepcopy(model).to(dtype)
     if how == "model":
-        relevance = fxlrp.attribute(fxlrp.convert(low, Epsilon(0.0)), x.to(dtype), target=1)
+        relevance = fxlrp.attribute(fxlrp.convert(copy.deepcopy(low).to(device), Epsilon(0.0)),
+                                    x.to(dtype).to(device), target=1).cpu()
         assert relevance.dtype == dtype
     else:
         with torch.autocast("cpu", dtype=dtype):

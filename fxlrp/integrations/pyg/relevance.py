@@ -22,13 +22,9 @@ from torch import Tensor, nn
 
 from fxlrp.eager.runner import LayerRunner
 from fxlrp.errors import ExplanationInputError
-from fxlrp.explain.input_checks import (
-    model_consulted,
-    model_of,
-    raised_from_the_call,
-    refuse_ranks_the_model_refuses,
-    refuse_unusable_arguments,
-)
+from fxlrp.explain.input_checks import refuse_unusable_arguments
+from fxlrp.explain.model_rejection import model_consulted, model_of, raised_from_the_call
+from fxlrp.explain.rank_checks import refuse_ranks_the_model_refuses
 from fxlrp.integrations.pyg.edge_map import EdgeMap
 from fxlrp.integrations.pyg.messages import Messages, recording_messages
 from fxlrp.relevance.rule_function import reusable_graph

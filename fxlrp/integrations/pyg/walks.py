@@ -135,13 +135,9 @@ from torch import Tensor, nn
 import fxlrp
 from fxlrp.errors import ExplanationInputError
 from fxlrp.explain.explainer import Explainer
-from fxlrp.explain.input_checks import (
-    model_consulted,
-    model_of,
-    raised_from_the_call,
-    refuse_ranks_the_model_refuses,
-    refuse_unusable_arguments,
-)
+from fxlrp.explain.input_checks import refuse_unusable_arguments
+from fxlrp.explain.model_rejection import model_consulted, model_of, raised_from_the_call
+from fxlrp.explain.rank_checks import refuse_ranks_the_model_refuses
 from fxlrp.integrations.pyg.walk_layers import run_homogeneous, run_layer_calls, runs_eagerly
 from fxlrp.integrations.pyg.walk_steps import Neighbourhoods
 from fxlrp.rules import Rule
