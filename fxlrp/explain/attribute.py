@@ -5,6 +5,7 @@ for a target, by one forward and one backward pass of an explainer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -20,7 +21,7 @@ from fxlrp.explain.finite_checks import (
     one_vanishing_warning,
     refuse_non_finite_output,
     refuse_non_finite_relevance,
-    vanished_relevance,
+    relevance_totals,
 )
 from fxlrp.explain.input_checks import no_floating_input_error, refuse_unusable_inputs
 from fxlrp.explain.model_rejection import FAILURES, input_rejection, model_of, raised_by_fxlrp, raised_from_the_call
@@ -282,9 +283,16 @@ def _attribute_checked(
         explain.keep_to_relevance_form()
         results = _backward(dataclasses.replace(request, gradient=False))
     if finite is not None:
-        finite.check(results, lambda: refuse_non_finite_relevance(results))
-        finite.warn(*vanished_relevance(request.output_totals,
-                                        [result if nodes is None else result[0] for result in results]))
+        input_relevance = [result if nodes is None else result[0] for result in results]
+        refusal = functools.partial(refuse_non_finite_relevance, results)
+        if request.output_totals:
+            totals = relevance_totals(input_relevance, request.output_totals[0].device)
+            finite.add(totals, refusal)  # (not finite where the relevance is not)
+            finite.compare_totals(request.output_totals, totals)
+        else:
+            finite.check(input_relevance, refusal)
+        if nodes is not None:
+            finite.check([result[1:] for result in results], refusal)
         finite.refuse()
     return _merged(results, torch.stack) if many else results[0]
 

@@ -13,6 +13,7 @@ synchronisation and warned of (:func:`warn_of_vanished_relevance`).
 
 from __future__ import annotations
 
+import cmath
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -30,19 +31,24 @@ TURN_OFF = "pass check_finite=False to fxlrp.attribute to explain it as it is"
 
 
 class FiniteChecks:
-    """The NaN and Inf checks of one explanation, read on the host together at its end.
+    """The NaN and Inf checks of one explanation and its check for vanished relevance, read on the
+    host together at its end.
 
-    Each check keeps, per checked tensor, a one-element flag on the tensor's device (whether any
-    of its values is NaN or Inf) and the function that raises its error. :meth:`refuse` reads all
-    flags at once - one device synchronisation per call instead of one per check - and where one
-    is set calls the refusals in the order the checks were made (inputs, explained output,
-    relevance), so the error is the first failing check's, with its counts.
+    Each check keeps, per checked tensor, a sum of its values on the tensor's device
+    (:func:`non_finite_flags`): NaN or Inf where one of the values is (or, for values near their
+    dtype's largest, where the sum of finite values overflows). :meth:`refuse` reads every sum and
+    total at once - one device synchronisation per call, one operation (a stack) per device - and
+    where a sum is not finite calls the refusals in the order the checks were made (inputs,
+    explained output, relevance); each refusal checks its values exactly, so the error is the first
+    failing check's, with its counts, and an overflowed sum of finite values raises nothing. The
+    relevance's check reuses the totals that the check for vanished relevance sums anyway
+    (:meth:`compare_totals`).
     """
 
     def __init__(self) -> None:
-        self._flags: list[Tensor] = []
+        self._sums: list[Tensor] = []
         self._refusals: list[Callable[[], None]] = []
-        self._warnings: list[tuple[Tensor, Callable[[], None]]] = []
+        self._totals: tuple[list[Tensor], list[Tensor]] = ([], [])
 
     def check(self, values: Any, refusal: Callable[[], None]) -> None:
         """Check the floating-point (and complex) tensors in ``values`` (a tensor, or tuples, lists
@@ -51,40 +57,54 @@ class FiniteChecks:
         if flags:
             self.add(flags, refusal)
 
-    def add(self, flags: list[Tensor], refusal: Callable[[], None]) -> None:
-        """Add flags made by :func:`non_finite_flags` (at least one); ``refusal`` raises their error."""
-        self._flags += flags
+    def add(self, flags: Sequence[Tensor], refusal: Callable[[], None]) -> None:
+        """Add sums made by :func:`non_finite_flags` or :func:`relevance_totals` (at least one; not
+        finite where the values they sum are not); ``refusal`` raises the error of the values."""
+        self._sums += flags
         self._refusals.append(refusal)
 
-    def warn(self, flag: Tensor | None, warning: Callable[[], None]) -> None:
-        """Call ``warning`` at :meth:`refuse` where the one-element ``flag`` is set (read with the
-        checks' flags, in the same synchronisation); a ``flag`` of None warns of nothing."""
-        if flag is not None:
-            self._warnings.append((flag, warning))
+    def compare_totals(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor]) -> None:
+        """Warn at :meth:`refuse` where, for some target, the relevance reaching the inputs has
+        vanished (:func:`warn_of_vanished_relevance`); per target, the summed absolute relevance
+        the explanation started from and the one reaching the inputs (one-element tensors)."""
+        self._totals[0].extend(outputs)
+        self._totals[1].extend(inputs)
 
     def refuse(self) -> None:
-        """Raise the first failing check's error; else give the warnings whose flags are set.
-        Every flag is read in one transfer per device."""
-        flags = self._flags + [flag for flag, _ in self._warnings]
-        by_device: dict[torch.device, list[int]] = {}
-        for index, flag in enumerate(flags):
-            by_device.setdefault(flag.device, []).append(index)
-        read = [False] * len(flags)
-        for indices in by_device.values():
-            for index, value in zip(indices, torch.stack([flags[i].reshape(()) for i in indices]).tolist(),
-                                    strict=True):
-                read[index] = bool(value)
-        if any(read[:len(self._flags)]):
+        """Raise the first failing check's error; else warn where relevance vanished. Every sum
+        is read in one transfer per device."""
+        outputs, inputs = self._totals
+        read = _read_together(self._sums + outputs + inputs)
+        if not all(cmath.isfinite(value) for value in read[:len(self._sums)]):
             for refusal in self._refusals:
                 refusal()
-        for (_, warning), warned in zip(self._warnings, read[len(self._flags):], strict=True):
-            if warned:
-                warning()
+        # (.real: a stack with a complex sum is complex)
+        output_totals = [value.real for value in read[len(self._sums):len(self._sums) + len(outputs)]]
+        input_totals = [value.real for value in read[len(self._sums) + len(outputs):]]
+        vanished = [total < VANISHED_SHARE * output for output, total in zip(output_totals, input_totals, strict=True)]
+        if inputs and any(vanished):
+            warn_of_vanished_relevance(torch.tensor(output_totals), torch.tensor(input_totals), torch.tensor(vanished))
+
+
+def _read_together(tensors: Sequence[Tensor]) -> list[Any]:
+    """The values of one-element tensors as Python numbers, in order: one stack and one transfer
+    per device."""
+    by_device: dict[torch.device, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        by_device.setdefault(tensor.device, []).append(index)
+    read: list[Any] = [None] * len(tensors)
+    for indices in by_device.values():
+        stacked = torch.stack([tensors[i] if tensors[i].dim() == 0 else tensors[i].reshape(()) for i in indices])
+        for index, value in zip(indices, stacked.tolist(), strict=True):
+            read[index] = value
+    return read
 
 
 def non_finite_flags(values: Any) -> list[Tensor]:
     """Per floating-point (or complex) tensor in ``values`` (a tensor, or tuples, lists and dicts of
-    them), a one-element flag on its device: whether any of its values is NaN or Inf.
+    them), a one-element sum of its values on its device: NaN or Inf where one of them is (and,
+    rarely, where finite values near their dtype's largest overflow the sum; 16-bit values are
+    summed in float32). One operation per tensor.
 
     Parameters
     ----------
@@ -94,12 +114,11 @@ def non_finite_flags(values: Any) -> list[Tensor]:
     Returns
     -------
     list of Tensor
-        The flags, for :meth:`FiniteChecks.add`.
+        The sums, for :meth:`FiniteChecks.add`.
     """
     with torch.no_grad():
-        # The sum of the values times 0 is NaN exactly where one value is NaN or Inf (0 * Inf
-        # is NaN), else 0: three operations, where torch.isfinite(value).all() dispatches five.
-        return [value.mul(0).sum().isnan() for value in _tensors(values)
+        return [value.sum(dtype=torch.float32) if value.is_floating_point() and value.element_size() < 4
+                else value.sum() for value in _tensors(values)
                 if (value.is_floating_point() or value.is_complex()) and value.device.type != "meta"]
 
 
@@ -162,7 +181,7 @@ def vanished_relevance(output_totals: Sequence[Tensor],
     """Whether, for some target, the relevance reaching the inputs is a negligible share of the
     relevance the explanation started from, as a one-element flag on the device (no
     synchronisation), and the function that gives the warning
-    (:func:`warn_of_vanished_relevance`); :class:`FiniteChecks` reads the flag with its own.
+    (:func:`warn_of_vanished_relevance`).
 
     Parameters
     ----------
@@ -180,13 +199,37 @@ def vanished_relevance(output_totals: Sequence[Tensor],
         return None, lambda: None
     device = output_totals[0].device
     outputs = torch.stack([total.to(device) for total in output_totals])
-    inputs = torch.stack([
-        sum((tensor.detach().abs().float().sum().to(device) for tensor in _tensors(found)
-             if tensor.is_floating_point()), torch.zeros((), device=device))
-        for found in input_relevance
-    ])
+    inputs = torch.stack([total.to(device) for total in relevance_totals(input_relevance, device)])
     vanished = inputs < VANISHED_SHARE * outputs
     return vanished.any(), lambda: warn_of_vanished_relevance(outputs, inputs, vanished)
+
+
+def relevance_totals(input_relevance: Sequence[Any], device: torch.device) -> list[Tensor]:
+    """Per target, the summed absolute relevance of the inputs, in float32 or wider: a one-element
+    tensor (on the device of the relevance; ``device`` where there is none), NaN or Inf where the
+    relevance has NaN or Inf.
+
+    Parameters
+    ----------
+    input_relevance
+        Per target, the relevance of the inputs (tensors, tuples or dicts of them, None).
+    device : torch.device
+        Where the total of a target without floating-point relevance is made (a zero).
+
+    Returns
+    -------
+    list of Tensor
+        One total per target.
+    """
+    totals = []
+    with torch.no_grad():
+        for found in input_relevance:
+            sums = [tensor.abs().sum(dtype=torch.float32 if tensor.element_size() < 4 else None)
+                    for tensor in _tensors(found) if tensor.is_floating_point()]
+            totals.append(sums[0] if len(sums) == 1 else
+                          torch.stack([total.to(device) for total in sums]).sum() if sums else
+                          torch.zeros((), device=device))
+    return totals
 
 
 def warn_of_vanished_relevance(outputs: Tensor, inputs: Tensor, vanished: Tensor) -> None:
@@ -209,8 +252,8 @@ def warn_of_vanished_relevance(outputs: Tensor, inputs: Tensor, vanished: Tensor
     relevance is 0 has nothing to lose and never warns.
 
     Warns at most once per call of :func:`fxlrp.attribute` (see :func:`one_vanishing_warning`);
-    the caller checks only under ``check_finite``, where :func:`vanished_relevance`'s flag is read
-    with the NaN and Inf checks' (one synchronisation in all).
+    :func:`fxlrp.attribute` checks only under ``check_finite``, where the totals are read with the
+    NaN and Inf checks' sums (:meth:`FiniteChecks.compare_totals`: one synchronisation in all).
 
     Parameters
     ----------

@@ -383,15 +383,46 @@ def _times(gradient: Tensor, factor: Tensor | None, share: float = 1.0) -> Tenso
 
 
 PIECE_SCORES = 1 << 19
-"""Attention scores (query x key entries) per piece of the decomposition in backward, about 2 MB in
-float32. The scores, the weights and their relevance are alive for one piece at a time (for
-ViT-Base at 224 x 224, batch 2: one sample's heads, half a layer's). Smaller pieces cost time: each
-runs the decomposition's few dozen operations again on less data."""
+"""Attention scores (query x key entries) per piece of the decomposition in backward on the CPU,
+about 2 MB in float32. The scores, the weights and their relevance are alive for one piece at a
+time (for ViT-Base at 224 x 224, batch 2: one sample's heads, half a layer's). Smaller pieces cost
+time: each runs the decomposition's few dozen operations again on less data."""
+SCORE_BUFFERS = 8
+"""Score-sized tensors a piece holds at once at most (scores, weights, their relevance, quotients
+and products), for :func:`piece_scores` on a GPU."""
+
+
+def piece_scores(query: Tensor) -> int:
+    """Attention scores per piece for a query on its device.
+
+    On the CPU :data:`PIECE_SCORES`, sized for its caches. On a CUDA device, where each piece's few
+    dozen operations are as many kernel launches the host waits on, as many scores as a quarter of
+    the memory free there holds in :data:`SCORE_BUFFERS` tensors (the driver's free memory and the
+    allocator's reserved but unused), never fewer than on the CPU: the whole batch's heads at once
+    wherever they fit (ViT-Base at batch 32: 60 MB of scores in float32). Reading the free memory
+    waits for no kernel. While a CUDA graph is captured (where the driver's query may be refused),
+    as on the CPU.
+
+    Parameters
+    ----------
+    query : Tensor
+        The attention's query.
+
+    Returns
+    -------
+    int
+        The number of scores a piece may have.
+    """
+    if query.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return PIECE_SCORES
+    free, _ = torch.cuda.mem_get_info(query.device)
+    free += torch.cuda.memory_reserved(query.device) - torch.cuda.memory_allocated(query.device)
+    return max(PIECE_SCORES, free // (4 * SCORE_BUFFERS * query.element_size()))
 
 
 def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> list[Piece] | None:
     """Independent pieces of ``softmax(q k^T * scale + mask) @ v``: groups of heads of samples,
-    each with about :data:`PIECE_SCORES` scores (whole groups of query heads sharing keys and values
+    each with about :func:`piece_scores` scores (whole groups of query heads sharing keys and values
     under grouped-query attention), or None where the whole is small or the shapes are not
     ``[..., (batch,) heads, length, features]`` with keys, values and mask of the same or broadcast
     (size 1) batch and heads."""
@@ -399,7 +430,8 @@ def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
         return None
     length, source, heads = query.shape[-2], key.shape[-2], query.shape[-3]
     batch = query.shape[-4] if query.dim() >= 4 else 1
-    if batch * heads * length * source <= PIECE_SCORES:
+    budget = piece_scores(query)
+    if batch * heads * length * source <= budget:
         return None
     shared = {tensor.shape[-3] for tensor in (key, value) if tensor.dim() >= 3 and tensor.shape[-3] != 1}
     kv_heads = shared.pop() if len(shared) == 1 else 1 if not shared else 0
@@ -410,8 +442,8 @@ def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
            for tensor in (key, value, mask)):
         return None
     group = heads // kv_heads if kv_heads > 1 else 1  # size 1: broadcast, every piece reads it whole
-    heads_per_piece = min(heads, max(1, PIECE_SCORES // (length * source * group)) * group)
-    samples_per_piece = max(1, PIECE_SCORES // (length * source * heads)) if heads_per_piece == heads else 1
+    heads_per_piece = min(heads, max(1, budget // (length * source * group)) * group)
+    samples_per_piece = max(1, budget // (length * source * heads)) if heads_per_piece == heads else 1
 
     def where(tensor: Tensor | None, first: int, last: int, sample: int) -> Index | None:
         # the piece's heads (dim -3) and samples (dim -4) of a tensor aligned to the query's last dims

@@ -74,7 +74,7 @@ def weighted(
     weight: Tensor,
     bias: Tensor | None = None,
     *settings: Any,
-    input_gradient: Callable[[Tensor, Tensor], Tensor] | None = None,
+    input_gradient: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
     **kwargs: Any,
 ) -> Tensor:
     """A layer ``function(input, weight, bias, *settings, **kwargs)``: linear, convolution,

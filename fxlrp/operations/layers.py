@@ -103,8 +103,9 @@ def may_skip_zeros(tensor: Tensor, products: int) -> bool:
     return 0 < products and products >= SPARSE_CHECK_MIN_PRODUCT and values_read_on_host(tensor)
 
 
-def linear_input_gradient(gradient: Tensor, weight: Tensor) -> Tensor:
-    """``F.linear``'s vector-Jacobian product in its input: ``g @ W`` (``y = x W^T + b``).
+def linear_input_gradient(gradient: Tensor, weight: Tensor, input: Tensor | None = None) -> Tensor:
+    """``F.linear``'s vector-Jacobian product in its input: ``g @ W`` (``y = x W^T + b``); ``input``
+    is not read (:attr:`fxlrp.relevance.AffineLayer.input_gradient`'s third argument).
 
     Only the rows and columns of ``g`` that are not all 0 are multiplied, where they are few
     (:func:`carrying_rows_and_columns`): the gradient of one explained logit at the
@@ -113,6 +114,8 @@ def linear_input_gradient(gradient: Tensor, weight: Tensor) -> Tensor:
     causal LM explained at its last token, the LM head's whole weight read and the last layer's
     MLP and projections multiplied in full. The rows and columns left out contribute exact zeros,
     so the result is the dense product's, up to the order of summation."""
+    if not may_skip_zeros(gradient, gradient.numel() * weight.shape[1]):
+        return gradient.matmul(weight)  # (no reshape: an operation per layer on a GPU's path)
     matrix = gradient.reshape(-1, gradient.shape[-1])
     rows, columns = carrying_rows_and_columns(matrix, weight.shape[1])
     if rows is None and columns is None:
@@ -165,6 +168,51 @@ register(
 )
 
 
+CONVOLUTIONS = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3, torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
+"""The convolutions by their number of spatial dimensions."""
+CONVOLUTION_SETTINGS = ("stride", "padding", "dilation", "groups")
+"""Their settings after input, weight and bias, in order."""
+
+
+def convolution(call: RelevanceCall, function: Any, input: Tensor, weight: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """A convolution by the node's rule, with its vector-Jacobian product in closed form where
+    :func:`convolution_input_gradient` gives one."""
+    return weighted(call, function, input, weight, *args,
+                    input_gradient=convolution_input_gradient(function, input, weight, args[1:], kwargs), **kwargs)
+
+
+def convolution_input_gradient(
+    function: Any, input: Tensor, weight: Tensor, settings: tuple[Any, ...], keywords: dict[str, Any]
+) -> Any:
+    """The vector-Jacobian product in its input of ``function(input, weight, bias, *settings,
+    **keywords)``, a convolution of numeric settings on a batched input: ATen's
+    ``convolution_backward`` for the input alone, the kernel autograd runs for the convolution
+    (so the relevance is the same, bit for bit, as through an inner graph, without one). None for
+    other calls (padding given as ``"same"``, an unbatched input, padding modes other than zeros),
+    which keep an inner graph."""
+    dimensions = CONVOLUTIONS.get(function)
+    given = dict(zip(CONVOLUTION_SETTINGS, settings, strict=False)) | keywords
+    given.pop("bias", None)
+    if (dimensions is None or input.dim() != dimensions + 2 or len(settings) > len(CONVOLUTION_SETTINGS)
+            or not set(given) <= set(CONVOLUTION_SETTINGS) or isinstance(given.get("padding"), str)):
+        return None
+    stride, padding, dilation = (_expanded(given.get(name, default), dimensions)
+                                 for name, default in (("stride", 1), ("padding", 0), ("dilation", 1)))
+    groups = int(given.get("groups", 1))
+    mask = (True, False, False)
+
+    def input_gradient(gradient: Tensor, weight: Tensor, input: Tensor) -> Tensor:
+        return torch.ops.aten.convolution_backward(
+            gradient, input, weight, None, stride, padding, dilation, False, [0] * dimensions, groups, mask)[0]
+
+    return input_gradient
+
+
+def _expanded(setting: int | tuple[int, ...], dimensions: int) -> list[int]:
+    """A convolution's setting, one number per spatial dimension."""
+    return [int(setting)] * dimensions if isinstance(setting, int) else [int(value) for value in setting]
+
+
 def _padded_convolution(
     convolution, padding_mode: str, border: tuple[int, ...], input, weight, bias, *settings, **keywords
 ):
@@ -195,11 +243,11 @@ register(
     Operation(
         "conv",
         Spelling(
-            functions=(F.conv1d, F.conv2d, F.conv3d, torch.conv1d, torch.conv2d, torch.conv3d),
+            functions=tuple(CONVOLUTIONS),
             modules=(nn.Conv1d, nn.Conv2d, nn.Conv3d),
             module_function=convolution_module,
         ),
-        Affine(weighted, weighted=True, gradient_native=NATIVE_UNDER_NATIVE_RULE),
+        Affine(convolution, weighted=True, gradient_native=NATIVE_UNDER_NATIVE_RULE),
         ValueFlow(keeps_rank=True),
         description="convolution, any dimension, groups, stride, padding, dilation",
     )

@@ -110,7 +110,7 @@ class RelevanceCall:
         has_parameters: bool = False,
         recomputable: bool = False,
         softmax_dim: int | None = None,
-        input_gradient: Callable[[Tensor, Tensor], Tensor] | None = None,
+        input_gradient: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
     ) -> AffineLayer:
         """The :class:`~fxlrp.relevance.AffineLayer` of ``function`` under this call's settings.
 

@@ -121,6 +121,8 @@ class AffineRule(Protocol):
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor,
                  output: KeptOutput | None) -> tuple[Tensor | None, ...]: ...
 
+    def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool: ...
+
     def has_gradient_form(self, prepared: Any = None) -> bool: ...
 
     def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor: ...
@@ -229,20 +231,30 @@ class RuleFunction(torch.autograd.Function):
         Tensor
             The layer's output (detached from the rule's inner graph).
         """
-        # Tensors are held as aliases of their own: code run eagerly may give the Python object
-        # another tensor afterwards (fxlrp.eager.in_place.replace_values, for an in-place write).
-        leaves = tuple(
-            value.detach().requires_grad_() if carries_relevance(value)
-            else value.detach() if isinstance(value, Tensor) else value
-            for value in inputs
-        )
+        ctx.reusable = _reusable.get()
+        recipes = [] if ctx.reusable else _recomputations(inputs)
+        if any(recipes) or rule.builds_graph(layer, inputs, prepared):
+            # Tensors are held as aliases of their own: code run eagerly may give the Python object
+            # another tensor afterwards (fxlrp.eager.in_place.replace_values, for an in-place write).
+            leaves = tuple(
+                value.detach().requires_grad_() if carries_relevance(value)
+                else value.detach() if isinstance(value, Tensor) else value
+                for value in inputs
+            )
+            ctx.held = None
+        else:
+            # The rule reads values only: the inputs themselves, held for backward by autograd, whose
+            # saved tensors are immune to that (and refuse a write in place), in a list that backward
+            # fills with them (:func:`_held_inputs`) before the rule reads the list it kept.
+            leaves = ctx.held = list(inputs)
+            ctx.save_for_backward(*(value for value in inputs if isinstance(value, Tensor)))
         with torch.enable_grad():
             output, state = rule.forward(layer, leaves, prepared)
         ctx.layer, ctx.rule, ctx.state = layer, rule, state
+        ctx.rectified = False  # (set by rectify_in_place: this backward then runs the ReLU's gate)
         ctx.carrying = tuple(carries_relevance(value) for value in inputs)
         ctx.kept = KeptOutput(output, output._version) if rule.keeps_output(prepared) else None
-        ctx.reusable = _reusable.get()
-        ctx.recomputed = () if ctx.reusable else _release_recomputable(inputs, leaves)
+        ctx.recomputed = _release_recomputable(leaves, recipes) if any(recipes) else ()
         if layer.recomputable and not ctx.reusable:
             _recompute_from_input(ctx, layer, inputs)
         if output.requires_grad or ctx.kept is not None or output._is_view() or any(
@@ -285,6 +297,10 @@ class RuleFunction(torch.autograd.Function):
         if ctx.kept is not None and ctx.kept.values is not None:
             _check_unchanged(ctx.kept.values, ctx.kept.version, "the output of a layer",
                              "its relevance rule would divide by changed values")
+        if ctx.held is not None:
+            _held_inputs(ctx)
+        if ctx.rectified:  # the ReLU rectify_in_place ran unrecorded: its gradient's own gate, same kernel
+            relevance = torch.ops.aten.threshold_backward(relevance, ctx.kept.values, 0)
         recomputed = _restore_recomputed(ctx.recomputed)
         # The restored values live as long as the rule's state (taken below), not as long as the
         # whole graph: held here too, every recomputed input of the model would be alive at once
@@ -307,6 +323,7 @@ class RuleFunction(torch.autograd.Function):
             finally:
                 _recomputed_now.reset(recomputed_token)
             del state, kept, recomputed
+            ctx.held = None  # (the rule's state held the list too: the inputs are free now)
         routed = tuple(
             relevance_of_input if carrying else None
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
@@ -407,12 +424,39 @@ def storage_identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
     return tensor.data_ptr(), tensor.shape, tensor.stride()
 
 
-def _release_recomputable(inputs: Sequence[Any], leaves: Sequence[Any]) -> tuple[Any, ...]:
+def _held_inputs(ctx: Any) -> None:
+    """Fill the list of inputs a rule that builds no graph holds with the tensors autograd saved
+    for it (the values of forward, whatever Python objects stand for them now); in a backward that
+    records (``create_graph=True``), as leaves of their own, as the rules that build a graph get
+    them."""
+    try:
+        saved = iter(ctx.saved_tensors)
+    except RuntimeError as error:  # (autograd's check of the saved tensors' versions)
+        raise RuntimeError(
+            "fxlrp: the input of a layer was modified in place after the forward pass, so its relevance rule "
+            "would multiply by changed values; do not modify the explainer's intermediate outputs in place "
+            "between forward and backward"
+        ) from error
+    recording = torch.is_grad_enabled()
+    ctx.held[:] = [
+        value if not isinstance(value, Tensor)
+        else next(saved).detach().requires_grad_() if recording and carries_relevance(value) else next(saved)
+        for value in ctx.held
+    ]
+
+
+def _recomputations(inputs: Sequence[Any]) -> list[tuple[Callable[[Tensor], Tensor], Tensor] | None]:
+    """:func:`recomputation_of` each input (None for those that carry no relevance)."""
+    return [recomputation_of(value) if carries_relevance(value) else None for value in inputs]
+
+
+def _release_recomputable(
+    leaves: Sequence[Any], recipes: Sequence[tuple[Callable[[Tensor], Tensor], Tensor] | None]
+) -> tuple[Any, ...]:
     """Detach recomputable inputs' values from the rule's leaves (the leaves stay the roots of
     the rule's inner graph, with no memory); :func:`_restore_recomputed` brings them back."""
     released = []
-    for value, leaf in zip(inputs, leaves, strict=True):
-        recipe = recomputation_of(value) if carries_relevance(value) else None
+    for leaf, recipe in zip(leaves, recipes, strict=True):
         if recipe is not None:
             function, source = recipe
             layout = (leaf.shape, leaf.stride(), leaf.dtype)
@@ -495,6 +539,12 @@ def rectify_in_place(output: Tensor) -> bool:
     :func:`hand_over_activation` without allocating a second tensor. The kept output is then
     known to be ``>= 0`` (``KeptOutput.sign``).
 
+    Where the rule keeps the output itself, the ReLU is not recorded by autograd: the rule's
+    Function applies the ReLU's gradient (``threshold_backward`` of the relevance by the kept
+    values, the kernel ReLU's own backward runs) before its rule, so a layer and its ReLU are one
+    node of the backward graph, not two (each node costs its Python and the saving and
+    unpacking of the ReLU's output).
+
     Parameters
     ----------
     output : Tensor
@@ -509,9 +559,15 @@ def rectify_in_place(output: Tensor) -> bool:
     node = output.grad_fn
     if _outputs_recorded.get() or not isinstance(node, RuleFunction._backward_cls):
         return False
-    torch.relu_(output)
-    if node.kept is not None and node.kept.values is not None:  # the kept tensor shares storage and version
-        node.kept = KeptOutput(node.kept.values, node.kept.values._version, sign=1.0)
+    kept = node.kept.values if node.kept is not None else None
+    if kept is not None and storage_identity(kept) == storage_identity(output):
+        with torch.no_grad():
+            torch.relu_(output)
+        node.rectified = True
+    else:
+        torch.relu_(output)
+    if kept is not None:  # the kept tensor shares storage and version
+        node.kept = KeptOutput(kept, kept._version, sign=1.0)
     return True
 
 

@@ -43,20 +43,22 @@ class LayerGradient:
     layer: AffineLayer
     """The layer, which has an ``input_gradient``."""
 
-    def of(self, gradient: Tensor) -> Tensor:
+    def of(self, gradient: Tensor, input: Tensor) -> Tensor:
         """The gradient of the layer's input.
 
         Parameters
         ----------
         gradient : Tensor
             The gradient of the layer's output.
+        input : Tensor
+            The layer's input (for its shape and layout).
 
         Returns
         -------
         Tensor
-            ``input_gradient(gradient, weight)``.
+            ``input_gradient(gradient, weight, input)``.
         """
-        return self.layer.input_gradient(gradient, self.layer.weight)
+        return self.layer.input_gradient(gradient, self.layer.weight, input)
 
 
 Root = Tensor | GradientEdge | LayerGradient
@@ -388,18 +390,37 @@ def output_and_root(layer: AffineLayer, inputs: Sequence[Any]) -> tuple[Tensor, 
     output : Tensor
         The layer's output.
     root : Root
-        The layer's own vector-Jacobian product (:class:`LayerGradient`) where it has one in
-        closed form and the first input is the only one carrying relevance (the output is then
-        computed without an inner graph), else the output's gradient edge. Not under autocast,
-        whose casts the inner graph records.
+        The layer's own vector-Jacobian product (:class:`LayerGradient`) where
+        :func:`has_layer_gradient` (the output is then computed without an inner graph), else the
+        output's gradient edge.
     """
-    if (layer.input_gradient is not None and carries_relevance(inputs[0])
-            and not any(carries_relevance(value) for value in inputs[1:])
-            and not torch.is_autocast_enabled(inputs[0].device.type)):
+    if has_layer_gradient(layer, inputs):
         with torch.no_grad():
             return layer.forward(inputs), LayerGradient(layer)
     output = layer.forward(inputs)
     return output, gradient_root(output)
+
+
+def has_layer_gradient(layer: AffineLayer, inputs: Sequence[Any]) -> bool:
+    """Whether :func:`output_and_root` takes the layer's own vector-Jacobian product in closed
+    form (:class:`LayerGradient`) and builds no inner graph.
+
+    Parameters
+    ----------
+    layer : AffineLayer
+        The layer.
+    inputs : sequence
+        Its inputs.
+
+    Returns
+    -------
+    bool
+        True where the layer has an ``input_gradient``, its first input is the only one carrying
+        relevance, and autocast (whose casts an inner graph would record) is off.
+    """
+    return (layer.input_gradient is not None and carries_relevance(inputs[0])
+            and not any(carries_relevance(value) for value in inputs[1:])
+            and not torch.is_autocast_enabled(inputs[0].device.type))
 
 
 def original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
@@ -504,7 +525,7 @@ def input_times_gradient(
     """
     carrying = [value for value in inputs if carries_relevance(value)]
     if isinstance(output, LayerGradient):
-        gradients = (output.of(scaled_relevance),)
+        gradients = (output.of(scaled_relevance, carrying[0]),)
     else:
         # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
         gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())

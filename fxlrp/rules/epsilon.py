@@ -54,6 +54,10 @@ class Epsilon(StabilisedRule):
         modified = layer(inputs, *prepared)
         return terms.original_output(layer, inputs), (inputs, gradient_root(modified), modified)
 
+    def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
+        # The layer's own product in closed form (terms.output_and_root) reads the input's values only.
+        return prepared is not None or not terms.has_layer_gradient(layer, inputs)
+
     def has_gradient_form(self, prepared: Any = None) -> bool:
         # epsilon = 0: R_x = x * J^T (R / z), i.e. g_x = J^T g_z (zero_params change J)
         return self._stabiliser.epsilon == 0.0 and not self._zero

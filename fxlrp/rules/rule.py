@@ -110,6 +110,29 @@ class Rule:
         """
         raise NotImplementedError
 
+    def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
+        """Whether :meth:`forward` or :meth:`backward` records an autograd graph of the inputs.
+
+        Where none does, the engine hands the rule the inputs themselves (held for backward by
+        autograd, which refuses them if written in place), not aliases of them that are leaves
+        of an inner graph: one operation fewer per input.
+
+        Parameters
+        ----------
+        layer : AffineLayer
+            The affine operation.
+        inputs : sequence
+            The operation's inputs.
+        prepared : Any
+            What :meth:`prepare` returned for the layer.
+
+        Returns
+        -------
+        bool
+            False where the rule only reads its inputs' values; True by default.
+        """
+        return True
+
     def has_gradient_form(self, prepared: Any = None) -> bool:
         """Whether the rule is a modified gradient, ``R_x = x * (modified J)^T (R / z)``.
 

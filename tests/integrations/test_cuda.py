@@ -119,6 +119,35 @@ def test_a_language_model_run_eagerly_on_the_gpu_gives_the_cpu_relevance() -> No
     _assert_same(cpu, gpu)
 
 
+def test_attention_in_pieces_sized_by_the_gpus_free_memory_gives_the_cpu_relevance(monkeypatch) -> None:
+    """On the CPU each head of each sample is a piece here (PIECE_SCORES 1); on the GPU the pieces
+    are sized by the memory free there: the whole batch's heads at once. Same relevance."""
+    transformers = pytest.importorskip("transformers")
+    from fxlrp.operations import attention
+
+    monkeypatch.setattr(attention, "PIECE_SCORES", 1)
+    decided = []
+    original = attention.attention_pieces
+
+    def recorded(*args: Any) -> Any:
+        decided.append((args[0].device.type, original(*args)))
+        return decided[-1][1]
+
+    monkeypatch.setattr(attention, "attention_pieces", recorded)
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(2))
+
+    def build() -> nn.Module:
+        config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=64, num_labels=3)
+        return transformers.BertForSequenceClassification(config)
+
+    cpu, gpu = _on_both(build, ids, Epsilon(1e-6), target=1)
+    _assert_same(cpu, gpu)
+    pieces = {device: [found for where, found in decided if where == device] for device in ("cpu", "cuda")}
+    assert pieces["cpu"] and all(found is not None and len(found) == 8 for found in pieces["cpu"])
+    assert pieces["cuda"] and all(found is None for found in pieces["cuda"])
+
+
 def test_a_graph_network_on_the_gpu_gives_the_cpu_relevance() -> None:
     pyg = pytest.importorskip("torch_geometric")
 

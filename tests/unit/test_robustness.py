@@ -416,6 +416,30 @@ def test_nan_or_inf_in_an_input_is_an_error_naming_it(bad: float) -> None:
     assert bool(allowed[0].isfinite().all()) and not bool(allowed[1].isfinite().all())
 
 
+class Rescaled(nn.Module):
+    """Inputs near float32's largest value scaled into an ordinary range before a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.layer(x * 1e-38)
+
+
+def test_finite_values_whose_sum_overflows_are_not_refused() -> None:
+    """The checks sum each tensor (a sum is NaN or Inf where a value is); a sum of finite values
+    that overflows makes the check look at the values themselves, which are finite."""
+    torch.manual_seed(3)
+    explain = fxlrp.convert(Rescaled())
+    x = torch.full((2, 3), 3e38)
+    assert not bool(x.sum().isfinite()) and bool(x.isfinite().all())
+    relevance = fxlrp.attribute(explain, x, target=0)
+    expected = fxlrp.attribute(explain, x, target=0, check_finite=False)
+    assert bool(relevance.isfinite().all()) and relevance.abs().sum() > 0
+    assert torch.equal(relevance, expected)
+
+
 def test_an_overflowing_model_is_an_error_not_inf_relevance() -> None:
     model = small_cnn().half()
     with torch.no_grad():
