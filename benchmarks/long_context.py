@@ -192,7 +192,7 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
         del model
         for attention in arguments.attention:
             for length in arguments.lengths:
-                for checkpointing in (False, True):
+                for checkpointing in arguments.checkpointing_runs:
                     row: dict[str, Any] = {"attention": attention, "length": length, "checkpointing": checkpointing}
                     for python, names in ((sys.executable, MAIN), (LXT_PYTHON, LXT))[:1 + with_lxt]:
                         result = _spawn(python, names, arguments, state, attention, length, checkpointing)
@@ -254,6 +254,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     parser.add_argument("--attention", nargs="+", default=["sdpa", "eager"])
+    parser.add_argument("--with-checkpointing", nargs="+", choices=("no", "yes"), default=["no", "yes"],
+                        help="rows without and with gradient checkpointing")
     parser.add_argument("--free-gb", type=float, default=12.0, help="wait for this much available memory")
     parser.add_argument("--quick", action="store_true", help="a tiny model, to check the script")
     parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
@@ -265,6 +267,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
+    arguments.checkpointing_runs = [choice == "yes" for choice in arguments.with_checkpointing]
     if arguments.table:
         with open(arguments.table) as file:
             print(table(json.load(file)))
