@@ -125,13 +125,16 @@ def in_evaluation_mode(modules: list[nn.Module], checkpointing_kept: bool = Fals
     modules : list of nn.Module
         The modules (a :class:`ModuleState`'s ``modules``).
     checkpointing_kept : bool
-        Leave the training flag of modules that :func:`checkpoints_itself` as it is, so that a
-        layer checkpointed in training still calls ``torch.utils.checkpoint`` (which an explanation
-        run eagerly honours, :mod:`fxlrp.eager.interpret`); the flag decides nothing else in such
-        a layer's own code, and its children are put in evaluation mode.
+        Put modules that :func:`checkpoints_itself` in training mode instead, whatever their mode,
+        so that such a layer calls ``torch.utils.checkpoint`` as it does in training (which an
+        explanation run eagerly honours, :mod:`fxlrp.eager.interpret`): its user asked for its
+        activations to be recomputed. The flag decides nothing else in such a layer's own code
+        (dropout is the identity in an explanation), and its children are in evaluation mode.
     """
     for module in modules:
-        if module.training and not (checkpointing_kept and checkpoints_itself(module)):
+        if checkpointing_kept and checkpoints_itself(module):
+            module.training = True
+        elif module.training:
             module.training = False
 
 
@@ -146,8 +149,8 @@ def parameters_detached(module: nn.Module, evaluation: bool) -> Iterator[None]:
     module : nn.Module
         The user's module.
     evaluation : bool
-        Whether to put it in evaluation mode (:func:`in_evaluation_mode`, the training flag of
-        layers that checkpoint themselves kept).
+        Whether to put it in evaluation mode (:func:`in_evaluation_mode`, layers that checkpoint
+        themselves in training mode).
 
     Yields
     ------

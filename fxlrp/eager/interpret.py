@@ -298,16 +298,16 @@ def _enter_relevance_mode(stack: contextlib.ExitStack, interpretation: Interpret
 def _checkpoint_handler(interpretation: Interpretation, runner: LayerRunner | None):
     """Activation checkpointing honoured: ``checkpoint(f, *inputs)`` that the code run eagerly
     calls on relevance-carrying inputs (a transformers layer after
-    ``model.gradient_checkpointing_enable()``, whose training flag the runner keeps for it, or the
-    model's own call) runs ``f`` under torch's non-reentrant checkpoint. Its forward keeps only
-    ``f``'s inputs; backward recomputes ``f`` under the same relevance mode - the part's
-    parameters detached and its modules in evaluation mode again, the modules running at the
-    checkpoint followed, fxlrp's context (the gradient form) as it was - so that the relevance
-    Functions made again save what their first run saved, and an explanation's activations are
-    those of the checkpointed gradient's. The whole of ``f`` is recomputed (no early stop: a rule
-    may rectify a tensor it saved after saving it). The call's own options are kept, but
-    reentrant checkpointing, whose recomputation runs its function as a plain autograd Function's
-    forward, is run as non-reentrant."""
+    ``model.gradient_checkpointing_enable()``, which the runner puts in training mode for it, in
+    whatever mode the model is; or the model's own call) runs ``f`` under torch's non-reentrant
+    checkpoint. Its forward keeps only ``f``'s inputs; backward recomputes ``f`` under the same
+    relevance mode - the part's parameters detached and its modules in evaluation mode again, the
+    modules running at the checkpoint followed, fxlrp's context (the gradient form) as it was - so
+    that the relevance Functions made again save what their first run saved, and an explanation's
+    activations are those of the checkpointed gradient's. The whole of ``f`` is recomputed (no
+    early stop: a rule may rectify a tensor it saved after saving it). The call's own options are
+    kept, but reentrant checkpointing, whose recomputation runs its function as a plain autograd
+    Function's forward, is run as non-reentrant."""
 
     def handle(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
         checkpointed, inputs, keywords, options = checkpointed_call(args, kwargs)
