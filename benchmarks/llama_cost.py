@@ -63,6 +63,11 @@ CONFIG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hid
               num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024)
 QUICK = dict(CONFIG, num_hidden_layers=2, hidden_size=128, intermediate_size=344, num_attention_heads=4,
              num_key_value_heads=4, vocab_size=1000)
+LONG_CONTEXT = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=8192, attention_dropout=0.0)
+"""The layers of a Llama-style model of about 0.5B parameters (38 such layers: 0.49B), for
+benchmarks/long_context.py (which sets the number of layers)."""
+LONG_CONTEXT_QUICK = dict(QUICK, num_key_value_heads=2, max_position_embeddings=8192)
 MAIN = ("gxi", "attnlrp")
 LXT_UNPATCHED = ("lxt_gxi", "lxt_attnlrp")
 LXT = (*LXT_UNPATCHED, "lxt")
@@ -76,11 +81,13 @@ KEPT_HEAP = {"MALLOC_TRIM_THRESHOLD_": str(2**40), "MALLOC_MMAP_THRESHOLD_": str
 # -- inside a worker process -----------------------------------------------------------------------
 
 
-def _model(config: dict[str, Any], state: str) -> Any:
+def _model(config: dict[str, Any], state: str, attention: str = "sdpa") -> Any:
+    """The Llama of ``config`` with the weights saved at ``state``, in evaluation mode, its
+    parameters requiring no gradient."""
     import torch
     import transformers
 
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="sdpa"))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation=attention))
     model.load_state_dict(torch.load(state, weights_only=True, mmap=True))  # (not a second copy in memory)
     return model.eval().requires_grad_(False)
 
@@ -143,26 +150,33 @@ def next_token_explainer(model: Any) -> Any:
     return fxlrp.convert(NextToken(), AttnLRP(0.0))
 
 
-def _runner(name: str, model: Any, ids: Any, target: int, patch: LxtPatch | None = None) -> Any:
+def _runner(name: str, model: Any, ids: Any, target: int, patch: LxtPatch | None = None,
+            checkpointing: bool = False) -> Any:
     """A call of configuration ``name``: the relevance per token (``lxt``: gradient x input with
-    LXT's patch in force)."""
+    LXT's patch in force). With ``checkpointing`` gradient x input runs the model in training
+    mode, where transformers checkpoints the layers of a model with
+    ``gradient_checkpointing_enable()`` (Llama has no dropout: the values are evaluation mode's)."""
     import torch
 
     if name in FXLRP:
         import fxlrp
 
         explain = next_token_explainer(model)
-        return lambda: fxlrp.attribute(explain, ids, target=target)
+        return lambda: fxlrp.attribute(explain, ids, target=target)[0]
 
     embedding = model.get_input_embeddings()
 
     def gradient_times_input() -> torch.Tensor:
-        embeddings = embedding(ids).requires_grad_()
-        logit = model(inputs_embeds=embeddings, logits_to_keep=1).logits[0, -1, target]
-        # seeded with 1 (LXT's README seeds with the logit: the same cost, relevance times the
-        # logit); fxlrp's output relevance is the logit, so the two relevances are equal
-        logit.backward()
-        return (embeddings * embeddings.grad).sum(-1).detach()
+        model.train(checkpointing)
+        try:
+            embeddings = embedding(ids).requires_grad_()
+            logit = model(inputs_embeds=embeddings, logits_to_keep=1).logits[0, -1, target]
+            # seeded with 1 (LXT's README seeds with the logit: the same cost, relevance times the
+            # logit); fxlrp's output relevance is the logit, so the two relevances are equal
+            logit.backward()
+        finally:
+            model.eval()
+        return (embeddings * embeddings.grad).sum(-1).detach()[0]
 
     if name == "lxt":
         def lxt() -> torch.Tensor:

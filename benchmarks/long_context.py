@@ -1,6 +1,6 @@
 """Long contexts: time and peak memory of an explanation against gradient x input and LXT 2.1.
 
-A ``LlamaForCausalLM`` with random weights built from a config (:data:`CONFIG`: the layer of a
+A ``LlamaForCausalLM`` with random weights built from a config (``llama_cost.LONG_CONTEXT``: the layer of a
 model of about 0.5B parameters - hidden 1024, intermediate 2816, 8 heads of 128, 2 key/value
 heads, vocabulary 32000 - with ``--layers`` of them; memory per token and layer is what the ratios
 measure), in bfloat16 (``--dtype``), one sequence of 2048, 4096 and 8192 tokens (``--lengths``),
@@ -47,13 +47,16 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.allocator import allocated_growth_of_call  # noqa: E402
-from benchmarks.llama_cost import LXT_PYTHON, LxtPatch, _cpu_name, next_token_explainer  # noqa: E402
+from benchmarks.llama_cost import (  # noqa: E402
+    LONG_CONTEXT,
+    LONG_CONTEXT_QUICK,
+    LXT_PYTHON,
+    LxtPatch,
+    _cpu_name,
+    _model,
+    _runner,
+)
 
-CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_attention_heads=8,
-              num_key_value_heads=2, max_position_embeddings=8192, attention_dropout=0.0)
-"""A layer of a Llama-style model of about 0.5B parameters (38 such layers: 0.49B)."""
-QUICK = dict(CONFIG, hidden_size=128, intermediate_size=344, num_attention_heads=4, num_key_value_heads=2,
-             vocab_size=1000)
 MAIN = ("gxi", "attnlrp")
 LXT = ("lxt_gxi", "lxt")
 BASE = {"gxi": "gxi", "attnlrp": "gxi", "lxt_gxi": "lxt_gxi", "lxt": "lxt_gxi"}
@@ -62,16 +65,16 @@ BASE = {"gxi": "gxi", "attnlrp": "gxi", "lxt_gxi": "lxt_gxi", "lxt": "lxt_gxi"}
 # -- inside a worker process -----------------------------------------------------------------------
 
 
+def _config(arguments: argparse.Namespace) -> dict[str, Any]:
+    return dict(LONG_CONTEXT_QUICK if arguments.quick else LONG_CONTEXT, num_hidden_layers=arguments.layers)
+
+
 def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
     import torch
-    import transformers
 
     torch.set_num_threads(arguments.threads)
-    config = QUICK if arguments.quick else CONFIG
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        **config, num_hidden_layers=arguments.layers, attn_implementation=arguments.attention))
-    model.load_state_dict(torch.load(arguments.state, weights_only=True))
-    model = model.to(getattr(torch, arguments.dtype)).eval().requires_grad_(False)
+    config = _config(arguments)
+    model = _model(config, arguments.state, arguments.attention).to(getattr(torch, arguments.dtype))
     if arguments.checkpointing:
         model.gradient_checkpointing_enable()
     ids = torch.randint(3, config["vocab_size"], (1, arguments.length), generator=torch.Generator().manual_seed(1))
@@ -80,44 +83,12 @@ def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
     return model, ids, target
 
 
-def _runner(name: str, model: Any, ids: Any, target: int, checkpointing: bool, patch: Any = None) -> Any:
-    """A call of configuration ``name``, returning the relevance per token."""
-    import torch
-
-    if name == "attnlrp":
-        import fxlrp
-
-        explain = next_token_explainer(model)
-        return lambda: fxlrp.attribute(explain, ids, target=target)[0]
-
-    embedding = model.get_input_embeddings()
-
-    def gradient_times_input() -> torch.Tensor:
-        # transformers checkpoints its layers in training mode only
-        model.train(checkpointing)
-        try:
-            embeddings = embedding(ids).requires_grad_()
-            logit = model(inputs_embeds=embeddings, logits_to_keep=1).logits[0, -1, target]
-            logit.backward()
-        finally:
-            model.eval()
-        return (embeddings * embeddings.grad).sum(-1).detach()
-
-    if name == "lxt":
-        def lxt() -> torch.Tensor:
-            with patch:
-                return gradient_times_input()
-
-        return lxt
-    return gradient_times_input
-
-
 def worker(arguments: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     model, ids, target = _setup(arguments)
     patch = LxtPatch() if "lxt" in arguments.names else None
-    runs = {name: _runner(name, model, ids, target, arguments.checkpointing, patch) for name in arguments.names}
+    runs = {name: _runner(name, model, ids, target, patch, arguments.checkpointing) for name in arguments.names}
     # fxlrp records its eager part's graph at the second call of an input signature and replays it
     # from then on: two warm-up calls for it, one for the others
     for name, run in runs.items():
@@ -179,20 +150,20 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
     import torch
     import transformers
 
-    config = QUICK if arguments.quick else CONFIG
+    config = _config(arguments)
     with_lxt = not arguments.no_lxt and os.path.exists(LXT_PYTHON)
     rows = []
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as directory:
         state = os.path.join(directory, "llama.pt")
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, num_hidden_layers=arguments.layers))
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
         parameters = sum(parameter.numel() for parameter in model.parameters())
         torch.save(model.state_dict(), state)
         del model
         for attention in arguments.attention:
             for length in arguments.lengths:
-                for checkpointing in (False, True):
+                for checkpointing in arguments.checkpointing_runs:
                     row: dict[str, Any] = {"attention": attention, "length": length, "checkpointing": checkpointing}
                     for python, names in ((sys.executable, MAIN), (LXT_PYTHON, LXT))[:1 + with_lxt]:
                         result = _spawn(python, names, arguments, state, attention, length, checkpointing)
@@ -210,7 +181,7 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
                                                  "correlation": _correlation(ours, theirs)}
                     rows.append(row)
                     print(_row_line(row), flush=True)
-    return {"config": dict(config, num_hidden_layers=arguments.layers), "parameters": parameters,
+    return {"config": config, "parameters": parameters,
             "dtype": arguments.dtype, "threads": arguments.threads, "repeats": arguments.repeats, "rows": rows,
             "load_average": {"start": load_start, "end": os.getloadavg()}, "cpu": _cpu_name(),
             "cores": os.cpu_count()}
@@ -254,6 +225,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     parser.add_argument("--attention", nargs="+", default=["sdpa", "eager"])
+    parser.add_argument("--with-checkpointing", nargs="+", choices=("no", "yes"), default=["no", "yes"],
+                        help="rows without and with gradient checkpointing")
     parser.add_argument("--free-gb", type=float, default=12.0, help="wait for this much available memory")
     parser.add_argument("--quick", action="store_true", help="a tiny model, to check the script")
     parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
@@ -265,6 +238,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
+    arguments.checkpointing_runs = [choice == "yes" for choice in arguments.with_checkpointing]
     if arguments.table:
         with open(arguments.table) as file:
             print(table(json.load(file)))

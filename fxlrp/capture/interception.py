@@ -15,8 +15,8 @@ when the body raises (tests/unit/test_interception.py checks each):
   trampoline that hands the call to the innermost handler of the calling thread; on exit the
   function gets its own code, defaults and keyword defaults back.
   :func:`leaf_function_calls` (capture: such calls with Proxy arguments become single graph nodes)
-  and :func:`checkpoints_run_their_function` (activation checkpointing runs its function as
-  written) are made of it.
+  and :func:`checkpoints_run_their_function` (a capture's trace runs a checkpointed function as
+  written; code run eagerly honours checkpoints, :mod:`fxlrp.eager.interpret`) are made of it.
 - :func:`intercepted_applications`: ``SomeFunction.apply(...)`` of every custom
   ``torch.autograd.Function``. ``Function.apply`` is C code that no mode sees, so it is swapped on
   the class while any thread has a handler, and given back when the last one leaves.
@@ -377,21 +377,47 @@ def leaf_function_calls(tracer: fx.Tracer, functions: Iterable[Callable[..., Any
 
 CHECKPOINT = inspect.unwrap(torch.utils.checkpoint.checkpoint)
 """Activation checkpointing (its undecorated function, which the decorated one calls)."""
-_CHECKPOINT_OPTIONS = frozenset(inspect.signature(CHECKPOINT).parameters) - {"args", "kwargs"}
+_CHECKPOINT_OPTIONS = frozenset(inspect.signature(CHECKPOINT).parameters) - {"function", "args", "kwargs"}
+
+
+def checkpointed_call(args: tuple, kwargs: dict[str, Any]) -> tuple[Callable[..., Any], tuple, dict, dict]:
+    """A call of :data:`CHECKPOINT` taken apart.
+
+    Parameters
+    ----------
+    args : tuple
+        The checkpoint's positional arguments: the function, then its inputs.
+    kwargs : dict
+        Its keyword arguments: checkpointing's options and the function's own keywords.
+
+    Returns
+    -------
+    function : callable
+        The checkpointed function.
+    inputs : tuple
+        Its positional arguments.
+    keywords : dict
+        Its keyword arguments.
+    options : dict
+        Checkpointing's options (``use_reentrant``, ``context_fn``, ...) that the call gave.
+    """
+    function, inputs = (args[0], args[1:]) if args else (kwargs["function"], ())
+    keywords = {name: value for name, value in kwargs.items() if name not in _CHECKPOINT_OPTIONS and name != "function"}
+    options = {name: value for name, value in kwargs.items() if name in _CHECKPOINT_OPTIONS}
+    return function, inputs, keywords, options
 
 
 def _checkpointed_function_run(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
-    wrapped, inputs = (args[0], args[1:]) if args else (kwargs["function"], ())
-    return wrapped(*inputs, **{name: value for name, value in kwargs.items() if name not in _CHECKPOINT_OPTIONS})
+    wrapped, inputs, keywords, _ = checkpointed_call(args, kwargs)
+    return wrapped(*inputs, **keywords)
 
 
 def checkpoints_run_their_function() -> Any:
     """While active on this thread, ``checkpoint(f, *inputs)`` runs ``f(*inputs)``.
 
-    Checkpointing saves memory in training by running ``f`` again in backward, outside the
-    relevance mode and its rules (relevance would then follow plain gradients, or the
-    recomputation would fail torch's check), and outside a recording; an explanation keeps
-    ``f``'s own forward, whose operations get their rules.
+    A capture's trace and a recorded run keep ``f``'s own operations, whose nodes get their rules
+    (checkpointing's recomputation in backward would run outside them); code run eagerly honours
+    checkpoints (:mod:`fxlrp.eager.interpret`).
 
     Returns
     -------

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import operator
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any
 
@@ -93,7 +95,26 @@ class ModuleState:
         return added
 
 
-def in_evaluation_mode(modules: list[nn.Module]) -> None:
+def checkpoints_itself(module: nn.Module) -> bool:
+    """Whether ``module`` checkpoints its own forward in training, as Hugging Face transformers'
+    layers do once ``model.gradient_checkpointing_enable()`` has set their ``gradient_checkpointing``
+    flag and checkpointing function (``_gradient_checkpointing_func``).
+
+    Parameters
+    ----------
+    module : nn.Module
+        A module of the user's model.
+
+    Returns
+    -------
+    bool
+        True if its user asked for its activations to be recomputed in backward.
+    """
+    return getattr(module, "gradient_checkpointing", False) is True and callable(
+        getattr(module, "_gradient_checkpointing_func", None))
+
+
+def in_evaluation_mode(modules: list[nn.Module], checkpointing_kept: bool = False) -> None:
     """Put modules in evaluation mode for one run, which :meth:`ModuleState.restore` ends.
 
     Explanations use inference semantics (no dropout, drop path or attention dropout;
@@ -103,10 +124,47 @@ def in_evaluation_mode(modules: list[nn.Module]) -> None:
     ----------
     modules : list of nn.Module
         The modules (a :class:`ModuleState`'s ``modules``).
+    checkpointing_kept : bool
+        Put modules that :func:`checkpoints_itself` in training mode instead, whatever their mode,
+        so that such a layer calls ``torch.utils.checkpoint`` as it does in training (which an
+        explanation run eagerly honours, :mod:`fxlrp.eager.interpret`): its user asked for its
+        activations to be recomputed. The flag decides nothing else in such a layer's own code
+        (dropout is the identity in an explanation), and its children are in evaluation mode.
     """
     for module in modules:
-        if module.training:
+        if checkpointing_kept and checkpoints_itself(module):
+            module.training = True
+        elif module.training:
             module.training = False
+
+
+@contextmanager
+def parameters_detached(module: nn.Module, evaluation: bool) -> Iterator[None]:
+    """While active, ``module``'s parameters and buffers that require gradients are detached twins
+    (shared storage); on exit the module is given back as it was (its parameters, and what ran in
+    the meantime wrote into it).
+
+    Parameters
+    ----------
+    module : nn.Module
+        The user's module.
+    evaluation : bool
+        Whether to put it in evaluation mode (:func:`in_evaluation_mode`, layers that checkpoint
+        themselves in training mode).
+
+    Yields
+    ------
+    None
+    """
+    with MODEL_WRITES:
+        written = ModuleState(module)
+        try:
+            _detach_parameters(written.modules)
+            if evaluation:
+                in_evaluation_mode(written.modules, checkpointing_kept=True)
+            yield
+        finally:
+            written.restore()
 
 
 def run_with_detached_parameters(module: nn.Module, args: tuple, kwargs: dict[str, Any], evaluation: bool) -> Any:
@@ -122,22 +180,15 @@ def run_with_detached_parameters(module: nn.Module, args: tuple, kwargs: dict[st
     kwargs : dict of str to Any
         Its keyword arguments.
     evaluation : bool
-        Whether to run it in evaluation mode (:func:`in_evaluation_mode`).
+        Whether to run it in evaluation mode (:func:`parameters_detached`).
 
     Returns
     -------
     Any
         The module's output.
     """
-    with MODEL_WRITES:
-        written = ModuleState(module)
-        try:
-            _detach_parameters(written.modules)
-            if evaluation:
-                in_evaluation_mode(written.modules)
-            return module(*args, **kwargs)
-        finally:
-            written.restore()
+    with parameters_detached(module, evaluation):
+        return module(*args, **kwargs)
 
 
 def _detach_parameters(modules: list[nn.Module]) -> None:

@@ -22,9 +22,10 @@ its gradient is used, with a warning).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import repeat
 from typing import Any
 
@@ -34,11 +35,13 @@ from torch.autograd.function import Function
 from torch.overrides import TorchFunctionMode
 
 from fxlrp.capture.interception import (
-    checkpoints_run_their_function,
+    CHECKPOINT,
+    checkpointed_call,
     forward_of,
     intercepted_applications,
     intercepted_calls,
 )
+from fxlrp.capture.module_state import parameters_detached
 from fxlrp.capture.source import function_name
 from fxlrp.eager.in_place import replace_values, write
 from fxlrp.eager.rule_choice import (
@@ -276,6 +279,67 @@ def intercepted_functions() -> tuple[Callable[..., Any], ...]:
     return (*REGISTRY.leaf_functions(), *REGISTRY.operations["graph_softmax"].spelling.functions)
 
 
+def _enter_relevance_mode(stack: contextlib.ExitStack, interpretation: Interpretation, runner: LayerRunner | None,
+                          running: tuple[torch.nn.Module, ...]) -> None:
+    """Enter on ``stack`` what a run under the relevance mode runs in: module calls followed (from
+    the modules ``running`` at its start), library functions and custom Functions intercepted,
+    checkpoints honoured, :class:`RelevanceMode`."""
+    context = interpretation.context
+    if context is not None:
+        stack.enter_context(context.followed())
+        context.stack.extend(running)
+    stack.enter_context(intercepted_calls(intercepted_functions(), _leaf_function_handler(interpretation)))
+    stack.enter_context(intercepted_calls((CHECKPOINT,), _checkpoint_handler(interpretation, runner)))
+    mode = RelevanceMode(interpretation)
+    stack.enter_context(intercepted_applications(_custom_function_handler(interpretation, mode)))
+    stack.enter_context(mode)
+
+
+def _checkpoint_handler(interpretation: Interpretation, runner: LayerRunner | None):
+    """Activation checkpointing honoured: ``checkpoint(f, *inputs)`` that the code run eagerly
+    calls on relevance-carrying inputs (a transformers layer after
+    ``model.gradient_checkpointing_enable()``, which the runner puts in training mode for it, in
+    whatever mode the model is; or the model's own call) runs ``f`` under torch's non-reentrant
+    checkpoint. Its forward keeps only ``f``'s inputs; backward recomputes ``f`` under the same
+    relevance mode - the part's parameters detached and its modules in evaluation mode again, the
+    modules running at the checkpoint followed, fxlrp's context (the gradient form) as it was - so
+    that the relevance Functions made again save what their first run saved, and an explanation's
+    activations are those of the checkpointed gradient's. The whole of ``f`` is recomputed (no
+    early stop: a rule may rectify a tensor it saved after saving it). The call's own options are
+    kept, but reentrant checkpointing, whose recomputation runs its function as a plain autograd
+    Function's forward, is run as non-reentrant."""
+
+    def handle(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
+        checkpointed, inputs, keywords, options = checkpointed_call(args, kwargs)
+        if not interpretation.active or not torch.is_grad_enabled() or not arguments_carry(inputs, keywords):
+            return checkpointed(*inputs, **keywords)
+        context = interpretation.context
+        running = tuple(context.stack) if context is not None else ()
+        variables = contextvars.copy_context()
+        own_contexts = options.pop("context_fn", None)
+
+        @contextlib.contextmanager
+        def recomputation(own: Any) -> Iterator[None]:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(own)
+                if runner is not None:
+                    stack.enter_context(parameters_detached(runner.module, evaluation=True))
+                _enter_relevance_mode(stack, interpretation, runner, running)
+                yield
+
+        def contexts() -> tuple[Any, Any]:
+            forward, recompute = own_contexts() if own_contexts is not None else (contextlib.nullcontext(),) * 2
+            return forward, recomputation(recompute)
+
+        def run(*values: Any, **named: Any) -> Any:  # (in fxlrp's context of the checkpoint's call, both times)
+            return variables.run(checkpointed, *values, **named)
+
+        options.update(use_reentrant=False, early_stop=False, context_fn=contexts)
+        return original(run, *inputs, **options, **keywords)
+
+    return handle
+
+
 def interpret(call: RelevanceCall, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Relevance function of library modules and functions, run with every torch operation explained.
 
@@ -338,19 +402,12 @@ def run_interpreted(call: RelevanceCall, function: Callable[..., Any], args: tup
         # Module calls are followed for the report of the part; for rules only where the module
         # a call belongs to can change its rule.
         prefix = call.site.module_name + "." if call.site is not None and call.site.module_name else ""
-        context = interpretation.context = ModuleContext(function.module_names(prefix))
+        interpretation.context = ModuleContext(function.module_names(prefix))
         interpretation.rules_by_module = interpretation.composite.chooses_by_module()
         interpretation.ran = {}
-    else:
-        context = None
+    runner = function if interpretation.runs_module else None
     with contextlib.ExitStack() as stack:
-        if context is not None:
-            stack.enter_context(context.followed())
-        stack.enter_context(intercepted_calls(intercepted_functions(), _leaf_function_handler(interpretation)))
-        stack.enter_context(checkpoints_run_their_function())
-        mode = RelevanceMode(interpretation)
-        stack.enter_context(intercepted_applications(_custom_function_handler(interpretation, mode)))
-        stack.enter_context(mode)
+        _enter_relevance_mode(stack, interpretation, runner, running=())
         result = function(*args, **kwargs)
     if interpretation.runs_module:
         _merge_run(function.operations_run, interpretation.noted())

@@ -41,7 +41,7 @@ from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
 from fxlrp.capture import GRADIENTS_OFF, as_python_number
-from fxlrp.capture.interception import checkpoints_run_their_function, intercepted_applications, intercepted_calls
+from fxlrp.capture.interception import CHECKPOINT, checkpointed_call, intercepted_applications, intercepted_calls
 from fxlrp.capture.module_state import MODEL_WRITES
 from fxlrp.capture.source import innermost_user_frame
 from fxlrp.graph.canonicalise import may_write
@@ -400,6 +400,17 @@ def _refuse_custom_function(function: Any, args: tuple, kwargs: dict, own: Calla
     raise RecordingFailed(f"it applies the custom autograd Function {function.__name__}")
 
 
+def _refuse_checkpoint(function: Any, args: tuple, kwargs: dict, original: Callable[..., Any]) -> Any:
+    """A checkpointed call with gradients on: a recorded graph would keep what the checkpoint's
+    user asked to recompute, so the run is explained eagerly, where checkpoints are honoured."""
+    checkpointed, inputs, keywords, _ = checkpointed_call(args, kwargs)
+    if not torch.is_grad_enabled():
+        return checkpointed(*inputs, **keywords)
+    named = getattr(checkpointed, "func", checkpointed)  # (transformers checkpoints a partial of a layer's forward)
+    raise RecordingFailed(f"it checkpoints {getattr(named, '__qualname__', 'a function')} "
+                          "(activation checkpointing is honoured where the run is explained eagerly)")
+
+
 CONSTANT_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.Size, type(Ellipsis))
 
 
@@ -558,7 +569,7 @@ def record(module: nn.Module, prefix: str, is_leaf_module: Callable[[nn.Module, 
         stack.callback(setattr, nn.Module, "__call__", call)
         nn.Module.__call__ = recorder.module_call(call)
         stack.enter_context(intercepted_calls(leaf_functions, recorder.leaf_function))
-        stack.enter_context(checkpoints_run_their_function())
+        stack.enter_context(intercepted_calls((CHECKPOINT,), _refuse_checkpoint))
         stack.enter_context(intercepted_applications(_refuse_custom_function))
         stack.enter_context(recorder)
         value = run(*args, **kwargs)

@@ -21,7 +21,7 @@ from fxlrp.operations.helpers import NATIVE_WITH_ONE_CARRIER, module_as_function
 from fxlrp.registry import Operation, Pass, RoleFrom, Routed, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import require_relevance_form
-from fxlrp.relevance.roles import ACTIVATION
+from fxlrp.relevance.roles import ACTIVATION, role_of
 from fxlrp.relevance.rule_function import hand_over_activation, rectify_in_place
 
 
@@ -143,6 +143,14 @@ register(
         description="smooth activations: identity rule, R_in = R_out",
     )
 )
+def numerator_role(result: Any, numerator: Any, *args: Any, **kwargs: Any) -> str | None:
+    """A gate or attention weights divided (renormalised) are still one: Mixtral's router divides
+    its top-k weights, a softmax's largest values, by their sum, and the experts' loop
+    (``experts_implementation="eager"``) multiplies each expert's output by them, a product whose
+    rule holds a gate constant, as the batched experts do (:mod:`fxlrp.integrations.transformers`)."""
+    return role_of(numerator)
+
+
 register(
     Operation(
         "div",
@@ -151,7 +159,9 @@ register(
             methods=("div", "divide", "true_divide", "__truediv__"),
         ),
         Pass(passes((0,))),
-        description="quotient: the denominator is treated as a constant, relevance passes to the numerator",
+        ValueFlow(role=numerator_role),
+        description="quotient: the denominator is treated as a constant, relevance passes to the numerator "
+        "(a gate or attention weights divided keep their role)",
     )
 )
 register(

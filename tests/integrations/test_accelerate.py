@@ -118,21 +118,3 @@ def test_device_map_of_from_pretrained(tmp_path: Path) -> None:
     before = state_of(loaded)
     assert relative_error(fxlrp.attribute(fxlrp.convert(loaded, AttnLRP()), ids), expected) <= 1e-12
     assert_same_state(state_of(loaded), before)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_map_over_the_gpu_and_the_cpu_gives_the_relevance_in_memory() -> None:
-    """A device map that runs the model on the GPU with a layer kept on the CPU (accelerate's hook
-    moves its weights to the GPU for its forward): the CPU's relevance in memory, to float64's
-    rounding on two devices (the same sums in other orders)."""
-    model = tiny_llama()
-    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(1))
-    expected = fxlrp.attribute(fxlrp.convert(model, AttnLRP()), ids)
-    device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "model.norm": 0,
-                  "model.rotary_emb": 0, "lm_head": 0}
-    dispatched = accelerate.dispatch_model(copy.deepcopy(model), device_map=device_map, main_device=0)
-    before = state_of(dispatched)
-    relevance = fxlrp.attribute(fxlrp.convert(dispatched, AttnLRP()), ids.cuda())
-    assert relevance.device.type == "cuda"
-    assert relative_error(relevance.cpu(), expected) <= 1e-10
-    assert_same_state(state_of(dispatched), before)

@@ -9,6 +9,7 @@ relevance to its own gradient. The tests need a CUDA device and are skipped with
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -210,3 +211,46 @@ def test_conditional_heatmaps_on_the_gpu_give_the_cpu_ones() -> None:
         result = conditional_relevance(explain, IMAGE.to(device), conditions, target=3, repeat=2)
         heatmaps.append(result.heatmap.cpu())
     _assert_same(heatmaps[0], heatmaps[1])
+
+
+def test_a_device_map_over_the_gpu_and_the_cpu_gives_the_relevance_in_memory() -> None:
+    """A model dispatched by accelerate over ``cuda:0`` and the CPU (a layer's weights kept on the
+    CPU, moved to the GPU by its hook for its forward, as a map with ``"cpu"`` entries runs):
+    the relevance of the model held in memory on the CPU, to float64's rounding on two devices;
+    the dispatched model comes out as it went in."""
+    pytest.importorskip("accelerate")
+    from integrations.test_accelerate import accelerate, assert_same_state, state_of, tiny_llama
+
+    model = tiny_llama()
+    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(1))
+    expected = fxlrp.attribute(fxlrp.convert(model, AttnLRP()), ids)
+    device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "model.norm": 0,
+                  "model.rotary_emb": 0, "lm_head": 0}
+    dispatched = accelerate.dispatch_model(copy.deepcopy(model), device_map=device_map, main_device=0)
+    assert dispatched.model.layers[1].mlp.down_proj.weight.device.type in ("cpu", "meta")
+    before = state_of(dispatched)
+    explain = fxlrp.convert(dispatched, AttnLRP())
+    for _ in range(2):  # (the second call of the signature may replay a recorded run)
+        relevance = fxlrp.attribute(explain, ids.cuda())
+        assert relevance.device.type == "cuda"
+        assert relative_error(relevance.cpu(), expected) <= TOLERANCE
+    assert_same_state(state_of(dispatched), before)
+
+
+@pytest.mark.parametrize("composite", [AttnLRP(0.0), AttnLRP()], ids=["gradient-form", "relevance-form"])
+def test_gradient_checkpointing_on_the_gpu_gives_the_cpu_relevance(composite: Any) -> None:
+    """A Llama with ``gradient_checkpointing_enable()`` explained on the GPU, whose backward runs
+    on the device's own autograd thread, where the checkpointed layers are recomputed under the
+    relevance mode: the relevance of the model without checkpointing on the CPU (float64)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(1))
+    expected = fxlrp.attribute(fxlrp.convert(model, composite), ids)
+    checkpointed = copy.deepcopy(model).cuda()
+    checkpointed.gradient_checkpointing_enable()
+    explain = fxlrp.convert(checkpointed, composite)
+    for _ in range(2):
+        assert relative_error(fxlrp.attribute(explain, ids.cuda()).cpu(), expected) <= TOLERANCE

@@ -9,37 +9,98 @@ the picture shows (the picture).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import transformers
 from support.references import relative_error
+from torch import Tensor
 
 import fxlrp
 from fxlrp.rules.composites import AttnLRP
 from fxlrp.viz import image
-from integrations.test_transformers import CASES, _model
+from integrations.test_transformers import CASES, MORE_CASES, Float32PartsInFloat64, _model
 
 
-def test_gradient_checkpointing_gives_the_relevance_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model with ``gradient_checkpointing_enable()`` in training mode, as it is fine-tuned, is
-    explained as the same model without checkpointing in evaluation mode (float64, 1e-12
-    relative): explanations run the layers in evaluation mode, where transformers does not
-    checkpoint, and a checkpoint a model's own code runs is run as the function it wraps. The model
-    keeps its mode and its layers' checkpointing."""
+def _saved_for_backward(run: Callable[[], Tensor]) -> tuple[Tensor, int]:
+    """What ``run`` returns, and the bytes of the distinct storages autograd saved for backward
+    during it outside checkpointed regions (torch's checkpoint keeps what it saves inside them
+    to itself and recomputes it in backward)."""
+    saved: dict[int, int] = {}
+
+    def pack(tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = run()
+    return result, sum(saved.values())
+
+
+def _gradient_times_input(model: torch.nn.Module, ids: Tensor, pick: Callable[[Any], Tensor]) -> Tensor:
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
+    pick(model(inputs_embeds=embeddings))[:, 1].sum().backward()
+    return (embeddings * embeddings.grad).sum(-1)
+
+
+@pytest.mark.parametrize(("composite", "training"), [(AttnLRP(0.0), True), (AttnLRP(), False)],
+                         ids=["gradient-form-training", "relevance-form-evaluation"])
+def test_gradient_checkpointing_is_honoured(composite: AttnLRP, training: bool,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model with ``gradient_checkpointing_enable()``, in training mode as it is fine-tuned or in
+    evaluation mode, is explained with its layers checkpointed: the relevance is that of the same
+    model without checkpointing in evaluation mode (float64, 1e-12 relative; the layers are
+    recomputed in backward under the same rules, the second call of the signature included, which
+    runs eagerly rather than from a recording); autograd keeps less for backward outside the
+    checkpointed layers than without checkpointing, and in the gradient form (``AttnLRP(0.0)``) no
+    more than the checkpointed gradient x input keeps in training mode (1.1x; without checkpointing
+    11x). The model keeps its mode and its layers' checkpointing."""
     case = CASES["LlamaForCausalLM"]
     for module_type, forward in case.float64_forwards():  # (RMSNorm without its float32 upcast)
         monkeypatch.setattr(module_type, "forward", forward)
     model, inputs = _model(case)
-    expected = fxlrp.attribute(fxlrp.convert(model, AttnLRP(0.0)), inputs, target=1, output=case.pick)[0]
+    expected, kept_without = _saved_for_backward(
+        lambda: fxlrp.attribute(fxlrp.convert(model, composite), inputs, target=1, output=case.pick)[0])
     checkpointed = copy.deepcopy(model)
     checkpointed.gradient_checkpointing_enable()
-    checkpointed.train()
-    explain = fxlrp.convert(checkpointed, AttnLRP(0.0))
-    for _ in range(2):  # (the second call of the signature replays the recorded run)
-        relevance = fxlrp.attribute(explain, inputs, target=1, output=case.pick)[0]
+    checkpointed.train(training)
+    explain = fxlrp.convert(checkpointed, composite)
+    for _ in range(2):  # (the second call would be recorded: it runs eagerly, as the first)
+        relevance, kept = _saved_for_backward(
+            lambda: fxlrp.attribute(explain, inputs, target=1, output=case.pick)[0])
         assert relative_error(relevance, expected) <= 1e-12
+        assert kept < kept_without
     layers = checkpointed.model.layers
-    assert checkpointed.training and all(layer.training and layer.gradient_checkpointing for layer in layers)
+    assert checkpointed.training is training
+    assert all(layer.training is training and layer.gradient_checkpointing for layer in layers)
+    if composite.epsilon == 0.0:
+        # (transformers checkpoints in training mode only)
+        _, gradient_kept = _saved_for_backward(lambda: _gradient_times_input(checkpointed, inputs[0], case.pick))
+        assert kept <= 1.1 * gradient_kept < kept_without
+
+
+@pytest.mark.parametrize("composite", [AttnLRP(0.0), pytest.param(AttnLRP(), marks=pytest.mark.slow)],
+                         ids=["gradient-form", "relevance-form"])
+def test_mixtrals_eager_experts_are_explained_as_its_grouped_experts(composite: AttnLRP) -> None:
+    """Mixtral loaded with ``experts_implementation="eager"`` (the experts' own loop, each chosen
+    expert's output times its router weight, the top-k of a softmax divided by their sum) gives
+    the relevance of the default grouped experts, whose router weights are a gate held constant
+    (float64 with the router's float32 casts in float64, 1e-10 relative): the renormalised weights
+    stay a gate, so no relevance goes to the router through the product."""
+    case = MORE_CASES["MixtralForCausalLM"]
+    with Float32PartsInFloat64():
+        model, inputs = _model(case)
+        expected = fxlrp.attribute(fxlrp.convert(model, composite), inputs, target=1, output=case.pick)[0]
+        eager = copy.deepcopy(model)
+        for module in eager.modules():  # (the experts read the setting from their config)
+            if isinstance(getattr(module, "config", None), transformers.PretrainedConfig):
+                module.config._experts_implementation = "eager"
+        relevance = fxlrp.attribute(fxlrp.convert(eager, composite), inputs, target=1, output=case.pick)[0]
+    assert relative_error(relevance, expected) <= 1e-10
 
 
 def test_a_vision_language_models_image_relevance_is_drawn_over_the_image(monkeypatch: pytest.MonkeyPatch) -> None:
