@@ -28,7 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fxlrp  # noqa: E402
 from fxlrp.integrations.pyg import graph_relevance  # noqa: E402
-from fxlrp.integrations.pyg.walks import DEFAULT_BEAM, _search, relevant_walks, walk_graph  # noqa: E402
+from fxlrp.integrations.pyg.walk_graph import walk_graph  # noqa: E402
+from fxlrp.integrations.pyg.walk_search import search_walks  # noqa: E402
+from fxlrp.integrations.pyg.walks import DEFAULT_BEAM, relevant_walks  # noqa: E402
 
 
 class GCN(nn.Module):
@@ -114,7 +116,7 @@ def main() -> None:
     print(f"ratio top-{arguments.top_k} walks / plain explanation: {walk_seconds / plain_seconds:.1f}x (per repeat: "
           f"{', '.join(f'{ratio:.1f}' for ratio in ratios)}; median {statistics.median(ratios):.1f}x)")
     search = walk_graph(explain, x, edge_index, index=node, target=target, check=False)
-    suffixes = _search(search, beam, True)[0]
+    suffixes = search_walks(search, beam, True)[0]
     print(f"step-backward passes of the search: {search.passes} (+{len(model.convs)} for the decomposition check); "
           f"walks scored: {suffixes.size(0)}")
     for walk, value in zip(found.tolist(), relevance.tolist(), strict=True):

@@ -25,8 +25,10 @@ from torch_geometric.nn import GCNConv
 
 import fxlrp
 from fxlrp.integrations.pyg import graph_relevance
+from fxlrp.integrations.pyg.walk_graph import walk_graph
+from fxlrp.integrations.pyg.walk_search import search_walks
 from fxlrp.integrations.pyg.walk_steps import walk_steps
-from fxlrp.integrations.pyg.walks import _search, relevant_walks, subgraph_relevance, walk_graph
+from fxlrp.integrations.pyg.walks import relevant_walks, subgraph_relevance
 from fxlrp.relevance.rule_function import reusable_graph
 from fxlrp.rules import Epsilon, Gamma, ZPlus
 
@@ -289,7 +291,7 @@ def test_a_narrow_beam_returns_exact_relevances_within_its_budget() -> None:
     enumerated = as_dict(*relevant_walks(explain, x, edge_index, index=0))
     best = sorted(enumerated.values(), reverse=True)[:10]
     graph = walk_graph(explain, x, edge_index, index=0, check=False)
-    walks, relevance = _search(graph, beam=8, largest=True)
+    walks, relevance = search_walks(graph, beam=8, largest=True)
     assert graph.passes <= 3 * 8
     for walk, value in as_dict(walks, relevance).items():
         assert abs(enumerated[walk] - value) < 1e-12 * abs(best[0])
@@ -308,8 +310,8 @@ def test_disjoint_neighbourhoods_share_a_pass() -> None:
     shared = walk_graph(explain, x, edge_index, index=0, check=False, batch=batch)
     single = walk_graph(explain, x, edge_index, index=0, check=False, batch=batch)
     single.neighbourhoods = [None] * single.depth
-    walks, relevance = _search(shared, None, True)
-    walks_single, relevance_single = _search(single, None, True)
+    walks, relevance = search_walks(shared, None, True)
+    walks_single, relevance_single = search_walks(single, None, True)
     assert as_dict(walks, relevance) == as_dict(walks_single, relevance_single)
     assert shared.passes < single.passes
 
