@@ -82,6 +82,31 @@ def generated_texts_folder(namespace: Namespace) -> None:
                         "--out", "DIR"])
 
 
+def generated_texts_folder_of_an_encoder_decoder(namespace: Namespace) -> None:
+    """The folder ``DIR`` that ``fxlrp explain --data prompts.txt --generate 3`` writes, for two
+    prompts and a tiny encoder-decoder model (a one-layer T5 with random weights), in place of one
+    an earlier block's setup wrote."""
+    import shutil
+
+    import transformers
+
+    from fxlrp.app import cli
+
+    torch.manual_seed(0)
+    tokenizer = tokenizers.bytelevel_tokenizer(["once upon a time", "the capital of France is Paris"],
+                                               pad_token="<|endoftext|>")
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=16, d_ff=32, d_kv=8, num_layers=1, num_decoder_layers=1, num_heads=2,
+        decoder_start_token_id=tokenizer.pad_token_id, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id)).eval()
+    model.save_pretrained("my-encoder-decoder")
+    tokenizer.save_pretrained("my-encoder-decoder")
+    Path("prompts.txt").write_text("Once upon a time\nThe capital of France is\n", encoding="utf-8")
+    shutil.rmtree("DIR", ignore_errors=True)
+    _command_line(cli, ["explain", "--model", "hf:my-encoder-decoder", "--data", "prompts.txt", "--generate", "3",
+                        "--out", "DIR"])
+
+
 class _SmallCNN(nn.Module):
     """Two convolutions and a dense layer over 3 x 32 x 32 images, 10 classes."""
 
@@ -263,6 +288,7 @@ def mask_and_keypoint_detectors(namespace: Namespace) -> None:
 
 SETUPS = {setup.__name__: setup for setup in (
     sequence_classifier_in_my_model, language_model_in_my_lm, language_model_in_my_model, generation_explanation,
-    generated_texts_folder, image_and_graph_explainers, classifier_images_target, data_set_explanations,
-    concept_references, concept_data_set, node_classifier, heterogeneous_graph, mask_and_keypoint_detectors)}
+    generated_texts_folder, generated_texts_folder_of_an_encoder_decoder, image_and_graph_explainers,
+    classifier_images_target, data_set_explanations, concept_references, concept_data_set, node_classifier,
+    heterogeneous_graph, mask_and_keypoint_detectors)}
 """Every setup by name."""
