@@ -18,6 +18,7 @@ from fxlrp.explain.explained_inputs import ExplainedInputs, explained_inputs, is
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.finite_checks import (
     FiniteChecks,
+    absolute_total,
     one_vanishing_warning,
     refuse_non_finite_output,
     refuse_non_finite_relevance,
@@ -417,9 +418,8 @@ def _passes(request: _Request) -> list[Any]:
 
         def start_of(one: Any) -> Tensor:
             start = output_relevance(explained, one, samples)
-            if request.finite is not None:  # (the 1-norm reduces without an absolute value of the output's size)
-                accumulated = torch.promote_types(start.dtype, torch.float32)
-                request.output_totals.append(torch.linalg.vector_norm(start.detach(), 1, dtype=accumulated).float())
+            if request.finite is not None:
+                request.output_totals.append(absolute_total(start).float())
             if gradient:  # g = R / y at the output, into the relevance where it is fxlrp's own
                 start = divide_dropping_zeros(start, explained.detach(), in_place=made_for_the_call(one))
             return start

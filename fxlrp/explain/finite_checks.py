@@ -117,9 +117,20 @@ def non_finite_flags(values: Any) -> list[Tensor]:
         The sums, for :meth:`FiniteChecks.add`.
     """
     with torch.no_grad():
-        return [value.sum(dtype=torch.float32) if value.is_floating_point() and value.element_size() < 4
-                else value.sum() for value in _tensors(values)
+        return [value.sum(dtype=summing_dtype(value)) for value in _tensors(values)
                 if (value.is_floating_point() or value.is_complex()) and value.device.type != "meta"]
+
+
+def summing_dtype(values: Tensor) -> torch.dtype:
+    """The dtype the checks sum ``values`` in: theirs, float32 for 16-bit values (whose sums of
+    finite values would overflow or lose the total)."""
+    return torch.promote_types(values.dtype, torch.float32)
+
+
+def absolute_total(values: Tensor) -> Tensor:
+    """``sum |values|`` in :func:`summing_dtype`, a one-element tensor (a 1-norm: no absolute value
+    of ``values``' size is made), NaN or Inf where a value is."""
+    return torch.linalg.vector_norm(values.detach(), 1, dtype=summing_dtype(values))
 
 
 def refuse_non_finite_inputs(explain: Any, inputs: Tensor | Sequence[Any]) -> None:
@@ -224,8 +235,7 @@ def relevance_totals(input_relevance: Sequence[Any], device: torch.device) -> li
     totals = []
     with torch.no_grad():
         for found in input_relevance:
-            sums = [tensor.abs().sum(dtype=torch.float32 if tensor.element_size() < 4 else None)
-                    for tensor in _tensors(found) if tensor.is_floating_point()]
+            sums = [absolute_total(tensor) for tensor in _tensors(found) if tensor.is_floating_point()]
             totals.append(sums[0] if len(sums) == 1 else
                           torch.stack([total.to(device) for total in sums]).sum() if sums else
                           torch.zeros((), device=device))
