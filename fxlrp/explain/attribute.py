@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from fxlrp.errors import ExplanationInputError, FxlrpError
+from fxlrp.explain.absorption import absorbing_layer
 from fxlrp.explain.explained_inputs import ExplainedInputs, explained_inputs, is_explained_leaf, may_be_token_ids
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.finite_checks import (
@@ -100,8 +101,9 @@ def attribute(
     :mod:`fxlrp.explain.finite_checks`); and relevance reaching the inputs that is a negligible
     share of the output's (under a millionth, absolute values summed: the rules absorbed it, as
     biases that make up nearly all of a randomly initialised model's output do) is a
-    :class:`fxlrp.VanishedRelevanceWarning`, once per call (see
-    :func:`~fxlrp.explain.finite_checks.warn_of_vanished_relevance` for why a millionth). False
+    :class:`fxlrp.VanishedRelevanceWarning`, once per call, naming the layer that absorbed most
+    (see :func:`~fxlrp.explain.finite_checks.warn_of_vanished_relevance` for why a millionth, and
+    :mod:`fxlrp.explain.absorption` for which layer). False
     returns whatever comes out, without these checks' synchronisations with the device.
 
     Inputs and targets are checked before the explanation runs (:mod:`fxlrp.explain.input_checks`,
@@ -289,13 +291,30 @@ def _attribute_checked(
         if request.output_totals:
             totals = relevance_totals(input_relevance, request.output_totals[0].device)
             finite.add(totals, refusal)  # (not finite where the relevance is not)
-            finite.compare_totals(request.output_totals, totals)
+            finite.compare_totals(request.output_totals, totals, functools.partial(
+                _absorbing_layer, explain, walked.given, target, output=output, many=many))
         else:
             finite.check(input_relevance, refusal)
         if nodes is not None:
             finite.check([result[1:] for result in results], refusal)
         finite.refuse()
     return _merged(results, torch.stack) if many else results[0]
+
+
+def _absorbing_layer(explain: Explainer | nn.Module, inputs: Tensor | Sequence[Any], target: Any, first: int, *,
+                     output: Callable[[Any], Tensor] | None, many: bool) -> str | None:
+    """The layer that absorbed most of target ``first``'s relevance
+    (:func:`~fxlrp.explain.absorption.absorbing_layer`), by one more pass without the checks (so
+    without a warning of its own); None where the explainer has no graph to find it in."""
+    if not isinstance(explain, Explainer):
+        return None
+    explainer = explain.explainer_for(*((inputs,) if isinstance(inputs, Tensor) else inputs))[0]
+
+    def relevance_of_nodes(names: list[str]) -> dict[str, Tensor | None]:
+        return _attribute(explain, inputs, target[first] if many else target, output=output, nodes=names, repeat=0,
+                          check_finite=False)[1]
+
+    return absorbing_layer(explainer, relevance_of_nodes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,6 +49,7 @@ class FiniteChecks:
         self._sums: list[Tensor] = []
         self._refusals: list[Callable[[], None]] = []
         self._totals: tuple[list[Tensor], list[Tensor]] = ([], [])
+        self._locate: Callable[[int], str | None] | None = None
 
     def check(self, values: Any, refusal: Callable[[], None]) -> None:
         """Check the floating-point (and complex) tensors in ``values`` (a tensor, or tuples, lists
@@ -63,12 +64,16 @@ class FiniteChecks:
         self._sums += flags
         self._refusals.append(refusal)
 
-    def compare_totals(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor]) -> None:
+    def compare_totals(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor],
+                       locate: Callable[[int], str | None] | None = None) -> None:
         """Warn at :meth:`refuse` where, for some target, the relevance reaching the inputs has
         vanished (:func:`warn_of_vanished_relevance`); per target, the summed absolute relevance
-        the explanation started from and the one reaching the inputs (one-element tensors)."""
+        the explanation started from and the one reaching the inputs (one-element tensors);
+        ``locate``: names the layer that absorbed most for a target, by its position (called
+        only when the warning is given)."""
         self._totals[0].extend(outputs)
         self._totals[1].extend(inputs)
+        self._locate = locate
 
     def refuse(self) -> None:
         """Raise the first failing check's error; else warn where relevance vanished. Every sum
@@ -83,7 +88,8 @@ class FiniteChecks:
         input_totals = [value.real for value in read[len(self._sums) + len(outputs):]]
         vanished = [total < VANISHED_SHARE * output for output, total in zip(output_totals, input_totals, strict=True)]
         if inputs and any(vanished):
-            warn_of_vanished_relevance(torch.tensor(output_totals), torch.tensor(input_totals), torch.tensor(vanished))
+            warn_of_vanished_relevance(torch.tensor(output_totals), torch.tensor(input_totals), torch.tensor(vanished),
+                                       self._locate)
 
 
 def _read_together(tensors: Sequence[Tensor]) -> list[Any]:
@@ -242,7 +248,8 @@ def relevance_totals(input_relevance: Sequence[Any], device: torch.device) -> li
     return totals
 
 
-def warn_of_vanished_relevance(outputs: Tensor, inputs: Tensor, vanished: Tensor) -> None:
+def warn_of_vanished_relevance(outputs: Tensor, inputs: Tensor, vanished: Tensor,
+                               locate: Callable[[int], str | None] | None = None) -> None:
     """A :class:`~fxlrp.errors.VanishedRelevanceWarning` when, for some target, the relevance
     reaching the inputs is a negligible share of the relevance the explanation started from:
     ``sum |R_in| < 1e-6 sum |R_out|`` (absolute values summed over every input, and over the
@@ -264,6 +271,9 @@ def warn_of_vanished_relevance(outputs: Tensor, inputs: Tensor, vanished: Tensor
     Warns at most once per call of :func:`fxlrp.attribute` (see :func:`one_vanishing_warning`);
     :func:`fxlrp.attribute` checks only under ``check_finite``, where the totals are read with the
     NaN and Inf checks' sums (:meth:`FiniteChecks.compare_totals`: one synchronisation in all).
+    The warning names the layer that absorbed most where ``locate`` can name one (one more pass,
+    only once the warning is given: :mod:`fxlrp.explain.absorption`), and otherwise says how to
+    find it.
 
     Parameters
     ----------
@@ -273,6 +283,9 @@ def warn_of_vanished_relevance(outputs: Tensor, inputs: Tensor, vanished: Tensor
         Per target, the summed absolute relevance reaching the inputs.
     vanished
         Per target, whether ``inputs`` is under the share of ``outputs``.
+    locate
+        Given the position of a target, the layer that absorbed most of its relevance, in the
+        user's terms (None where none can be named); None: no layer can be named.
     """
     warned = _VANISHING_WARNED.get()
     if warned is not None:
@@ -281,15 +294,21 @@ def warn_of_vanished_relevance(outputs: Tensor, inputs: Tensor, vanished: Tensor
         warned[0] = True
     first = int(vanished.nonzero()[0, 0])
     which = "" if len(outputs) == 1 else f" (for {int(vanished.sum())} of {len(outputs)} targets)"
+    layer = locate(first) if locate is not None else None
+    if layer is None:
+        found = ("to find the layer that absorbs it, compare the relevance sums of nodes of explain.report() from "
+                 "fxlrp.attribute_nodes(explain, inputs, nodes=[...], target=...)")
+    else:
+        of = "" if len(outputs) == 1 else f" of target {first}"
+        found = (f"the layer that absorbed most{of} (the largest fall of the absolute relevance from its output to "
+                 f"its inputs) is {layer}")
     warnings.warn(
         f"fxlrp: the relevance reaching the inputs is {float(inputs[first]):.2g} in all{which}, a negligible "
         f"share (under {VANISHED_SHARE:g}) of the explained output's {float(outputs[first]):.2g} (absolute values "
         "summed): the rules absorbed it on the way - biases that make up nearly all of the output (weights "
         "left at their random initialisation), an epsilon larger than the layers' outputs, or a rule that finds "
         "no contribution to share it by (z+ where none is positive) - so a heatmap of it shows rounding noise, "
-        "not the model's reasons. Load the trained weights or use a smaller epsilon; "
-        "to find the layer that absorbs it, compare the relevance sums of nodes of explain.report() from "
-        "fxlrp.attribute_nodes(explain, inputs, nodes=[...], target=...)",
+        f"not the model's reasons. Load the trained weights or use a smaller epsilon; {found}",
         VanishedRelevanceWarning,
         stacklevel=_caller_stacklevel(),
     )

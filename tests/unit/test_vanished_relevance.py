@@ -4,7 +4,8 @@
 user's terms) when the relevance reaching the inputs sums, in absolute value, to less than 1e-6
 of the explained output's: the threshold is checked on both sides with a one-weight layer whose
 bias makes up a known share of its output (LRP-0 gives the input ``w x`` of ``w x + b``), the
-message in full on a layer whose epsilon dwarfs its outputs. Silent on ordinary models
+message in full on a layer whose epsilon dwarfs its outputs, and the layer it names where one
+layer's bias absorbs the relevance (a layer of the graph; a module run eagerly). Silent on ordinary models
 (ResNet-18 and a small ViT with random weights, under the default and zennit's composites), and
 with ``check_finite=False``, which keeps the call free of the check's synchronisation.
 """
@@ -12,6 +13,7 @@ with ``check_finite=False``, which keeps the call free of the check's synchronis
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -46,6 +48,30 @@ def test_the_threshold_is_a_millionth_of_the_output(bias: float, warned: bool) -
     assert len(found) == int(warned)
 
 
+def _warning_text(reached: float, output: float, found: str, which: str = "") -> str:
+    return (
+        f"fxlrp: the relevance reaching the inputs is {reached:.2g} in all{which}, a negligible share (under 1e-06) of "
+        f"the explained output's {output:.2g} (absolute values summed): the rules absorbed it on the way - biases "
+        "that make up nearly all of the output (weights left at their random initialisation), an epsilon larger "
+        "than the layers' outputs, or a rule that finds no contribution to share it by (z+ where none is positive) "
+        "- so a heatmap of it shows rounding noise, not the model's reasons. Load the trained weights or use a "
+        f"smaller epsilon; {found}"
+    )
+
+
+def _named(layer: str, explain, x, node: str, before: str, target: int = 0, of: str = "") -> str:
+    """The warning's clause naming ``layer`` (report node ``node``, fed by node ``before``), with
+    the relevance totals attribute_nodes gives at its output and input."""
+    _, found = fxlrp.attribute_nodes(explain, x, [node, before], target=target, check_finite=False)
+    return (f"the layer that absorbed most{of} (the largest fall of the absolute relevance from its output to its "
+            f"inputs) is {layer}: {found[node].abs().sum().item():.2g} reached its output, "
+            f"{found[before].abs().sum().item():.2g} its inputs")
+
+
+HOW_TO_FIND = ("to find the layer that absorbs it, compare the relevance sums of nodes of explain.report() from "
+               "fxlrp.attribute_nodes(explain, inputs, nodes=[...], target=...)")
+
+
 def test_the_warning_says_how_much_reached_the_inputs_and_what_to_do() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).double()
@@ -58,15 +84,9 @@ def test_the_warning_says_how_much_reached_the_inputs_and_what_to_do() -> None:
     assert warning.category is fxlrp.VanishedRelevanceWarning and issubclass(warning.category, UserWarning)
     assert warning.filename == __file__  # the user's call, not fxlrp's inside
     reached, output = relevance.abs().sum().item(), model(x)[:, 0].abs().sum().item()
-    assert str(warning.message) == (
-        f"fxlrp: the relevance reaching the inputs is {reached:.2g} in all, a negligible share (under 1e-06) of the "
-        f"explained output's {output:.2g} (absolute values summed): the rules absorbed it on the way - biases that "
-        "make up nearly all of the output (weights left at their random initialisation), an epsilon larger than "
-        "the layers' outputs, or a rule that finds no contribution to share it by (z+ where none is positive) - "
-        "so a heatmap of it shows rounding noise, not the model's reasons. Load the trained "
-        "weights or use a smaller epsilon; to find the layer that absorbs it, compare the relevance sums of nodes "
-        "of explain.report() from fxlrp.attribute_nodes(explain, inputs, nodes=[...], target=...)"
-    )
+    # An epsilon of 1e9 on outputs of ~1 keeps a share of ~1e-9 per layer: the last one takes nearly all.
+    assert str(warning.message) == _warning_text(reached, output, _named("2 (Linear, node '_2' of explain.report())",
+                                                                          explain, x, "_2", "_1"))
     # once per call, however many passes explain its targets
     assert len(_vanishing_warnings(lambda: fxlrp.attribute(explain, x, target=[0, 1, 2], repeat=2))) == 1
     assert _vanishing_warnings(lambda: fxlrp.attribute(explain, x, target=0, check_finite=False)) == []
@@ -74,6 +94,62 @@ def test_the_warning_says_how_much_reached_the_inputs_and_what_to_do() -> None:
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", category=fxlrp.FxlrpWarning)  # users can filter fxlrp's warnings
         fxlrp.attribute(explain, x, target=0)
+
+
+class _Gated(nn.Module):
+    """A linear layer and a ReLU behind a branch on a value, which torch.fx cannot trace: run eagerly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > -1e30:
+            return torch.relu(self.linear(x))
+        return x
+
+
+def _absorbing_middle(make_body, bias_of) -> nn.Module:
+    """stem, ReLU, body, head: a bias of 1e9 in the body's linear layer makes up nearly all of its
+    output, so LRP-0 passes ~1e-9 of the relevance reaching the body on to the stem; the stem
+    and the head, without such biases, absorb nothing (a layer nearest the output or the input is
+    the wrong answer)."""
+    torch.manual_seed(0)
+    body = make_body()
+    with torch.no_grad():
+        bias_of(body).bias.fill_(1e9)
+    return nn.Sequential(OrderedDict(stem=nn.Linear(4, 8), act=nn.ReLU(), body=body, head=nn.Linear(8, 3))).double()
+
+
+def test_the_warning_names_the_layer_that_absorbed_the_relevance() -> None:
+    model = _absorbing_middle(lambda: nn.Sequential(nn.Linear(8, 8), nn.ReLU()), lambda body: body[0])
+    x = torch.randn(2, 4, dtype=torch.float64)
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        relevance = fxlrp.attribute(explain, x, target=[1, 0])
+    [message] = [str(each.message) for each in caught]
+    reached, output = relevance[0].abs().sum().item(), model(x)[:, 1].abs().sum().item()
+    named = _named("body.0 (Linear, node 'body_0' of explain.report())", explain, x, "body_0", "act", target=1,
+                   of=" of target 0")
+    assert message == _warning_text(reached, output, named, " (for 2 of 2 targets)")
+
+
+def test_a_module_run_eagerly_is_named_and_a_model_run_eagerly_says_how_to_find_the_layer() -> None:
+    model = _absorbing_middle(_Gated, lambda body: body.linear)
+    x = torch.randn(2, 4, dtype=torch.float64)
+    output = model(x)[:, 0].abs().sum().item()
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    assert "body" in explain.report().eager_modules
+    found = _vanishing_warnings(lambda: fxlrp.attribute(explain, x, target=0))
+    reached = fxlrp.attribute(explain, x, target=0, check_finite=False).abs().sum().item()
+    assert found == [_warning_text(reached, output, _named("body (_Gated, node 'body' of explain.report())",
+                                                           explain, x, "body", "act"))]
+    # run eagerly as a whole, the model is one node: no layer of it to name
+    explain = fxlrp.convert(model, Epsilon(0.0), capture="eager")
+    found = _vanishing_warnings(lambda: fxlrp.attribute(explain, x, target=0))
+    reached = fxlrp.attribute(explain, x, target=0, check_finite=False).abs().sum().item()
+    assert found == [_warning_text(reached, output, HOW_TO_FIND)]
 
 
 def _small_vit() -> nn.Module:

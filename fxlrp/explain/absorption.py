@@ -1,0 +1,136 @@
+"""Which layer absorbed the relevance that vanished on its way to the inputs.
+
+Asked only once :func:`~fxlrp.explain.finite_checks.warn_of_vanished_relevance` warns (an
+explanation without vanished relevance pays nothing for it): one more forward and backward pass
+of the explainer, recording the relevance of every layer's output and of the nodes that feed it
+(:func:`fxlrp.attribute_nodes`' machinery, without its checks). The layer named is the one that
+absorbed the most: the largest fall of the absolute relevance from its output to its inputs,
+
+.. math:: \\arg\\max_k \\Big( \\sum |R_{\\text{out}(k)}| - \\sum_{p \\in \\text{in}(k)} \\sum |R_p| \\Big),
+
+rather than, say, the layer nearest the output below the warning's share: where every layer
+absorbs part of the relevance (biases that make up most of each layer's output), the largest
+fall is where most of it went, and a fall of rounding noise (relevance already at 1e-12 falling
+to 0) never outweighs it. ``R_p`` is what reaches the output of a node ``p`` feeding layer ``k``
+from all its consumers (a node feeding a residual branch too passes on more than ``k`` alone
+gets): the fall is then underestimated, never overestimated, so no layer is named for relevance
+another one passed on.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, fx
+
+from fxlrp.explain.explainer import Explainer
+from fxlrp.explain.finite_checks import absolute_total
+from fxlrp.graph.nodes import original_node_name
+from fxlrp.rules.composites import Site
+
+LAYERS = ("rule", "eager")
+"""The report's handlings of nodes that may absorb relevance: a rule's (epsilon's stabiliser, a
+bias's share) or a module run eagerly, with rules inside."""
+
+
+def absorbing_layer(explainer: Explainer, relevance_of_nodes: Callable[[list[str]], dict[str, Tensor | None]]
+                    ) -> str | None:
+    """The layer that absorbed the most relevance (see the module's docstring), in the user's
+    terms: its module's path and type (``backbone.body.layer4.2.conv3 (Conv2d)``), or the
+    operation and the module whose code made it, with its node of ``explain.report()``.
+
+    Parameters
+    ----------
+    explainer
+        The explainer whose graph the explained call runs (:meth:`Explainer.explainer_for`).
+    relevance_of_nodes
+        The relevance of the named nodes' outputs for the explained target (the second part of
+        :func:`fxlrp.attribute_nodes`' result).
+
+    Returns
+    -------
+    str or None
+        A clause naming the layer and the relevance at its output and inputs; None where no layer
+        can be named (a model run eagerly as a whole has none in its graph) or none absorbed any.
+    """
+    names = _report_names(explainer)
+    layers = {node: inputs for node, inputs in _layers(explainer, names).items() if inputs}
+    if not layers:
+        return None
+    wanted = sorted({names[node] for node in layers} | {names[p] for inputs in layers.values() for p in inputs})
+    relevance = relevance_of_nodes(wanted)
+    with torch.no_grad():
+        sums = [_total(relevance.get(name)) for name in wanted]
+        device = next((total.device for total in sums if total is not None), torch.device("cpu"))
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        read = torch.stack([zero if total is None else total.to(device) for total in sums]).tolist()
+    totals = dict(zip(wanted, read, strict=True))
+    absorbed = {node: totals[names[node]] - sum(totals[names[p]] for p in inputs) for node, inputs in layers.items()}
+    node = max(absorbed, key=absorbed.__getitem__)
+    if not absorbed[node] > 0:
+        return None
+    reached_inputs = sum(totals[names[p]] for p in layers[node])
+    return (f"{_described(explainer, node)}: {totals[names[node]]:.2g} reached its output, {reached_inputs:.2g} "
+            f"its inputs")
+
+
+def _report_names(explainer: Explainer) -> dict[fx.Node, str]:
+    """Each graph node's name in ``explain.report()`` (a rewritten node stands for the node of
+    the name its module carries)."""
+    rows = {row.name for row in explainer.report().rows}
+    names = {}
+    for node in explainer.graph_module.graph.nodes:
+        name = (original_node_name(node.target) if node.op == "call_module" else None) or node.name
+        if name in rows:
+            names[node] = name
+    return names
+
+
+def _layers(explainer: Explainer, names: dict[fx.Node, str]) -> dict[fx.Node, list[fx.Node]]:
+    """The nodes that may absorb relevance (:data:`LAYERS`), each with the nodes feeding it
+    relevance: its arguments computed in the graph (not parameters and constants). Nodes
+    whose output is a tuple (taken apart by getitem) have no one relevance tensor and are left out."""
+    handling = {row.name: row.handling for row in explainer.report().rows}
+    layers = {}
+    for node, name in names.items():
+        site = _site(explainer, node)
+        if handling[name] not in LAYERS or site is None or _is_tuple(node):
+            continue
+        if handling[name] == "eager" and not site.module_name:
+            continue  # (the whole model run eagerly: no layer of it is a node)
+        inputs = [p for p in node.all_input_nodes if p.op != "get_attr" and p in names]
+        if not any(_is_tuple(p) for p in inputs):
+            layers[node] = inputs
+    return layers
+
+
+def _site(explainer: Explainer, node: fx.Node) -> Site | None:
+    if node.op != "call_module":
+        return None
+    call = getattr(explainer.graph_module.get_submodule(node.target), "call", None)
+    return getattr(call, "site", None)
+
+
+def _is_tuple(node: fx.Node) -> bool:
+    return any(user.op == "call_function" and user.target is operator.getitem for user in node.users)
+
+
+def _total(relevance: Tensor | None) -> Tensor | None:
+    """``sum |R|`` in float64 on the relevance's device (read with the others in one transfer);
+    None for a node no relevance reaches (a total of 0)."""
+    return absolute_total(relevance).double() if isinstance(relevance, Tensor) else None
+
+
+def _described(explainer: Explainer, node: fx.Node) -> str:
+    """``body.0 (Linear, node 'body_0' of explain.report())``, or for an operation inside a
+    module's code ``linear in body (node 'linear' of explain.report())``."""
+    site = _site(explainer, node)
+    report_name = original_node_name(node.target) or node.name
+    where = f"node {report_name!r} of explain.report()"
+    if site.is_module_call and site.module_name:
+        kind = f"{site.module_type.__name__}, " if site.module_type is not None else ""
+        return f"{site.module_name} ({kind}{where})"
+    inside = f" in {site.module_name}" if site.module_name else ""
+    return f"{site.operation}{inside} ({where})"
