@@ -64,6 +64,56 @@ def test_bwr_pictures_can_be_read_back(tmp_path: Path) -> None:
     assert np.abs(recovered - expected).max() < 2.5 / 255
 
 
+def _colour_bars(picture: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(column, top, bottom)`` of each colour bar in a picture of bwr maps: a vertical run that
+    falls smoothly (steps under 0.05) from above +0.95 to below -0.95. A heatmap's blocks jump
+    between values, and the white between panels reads 0, so only a bar runs so."""
+    values = image.signed_values_from_bwr(picture)
+    found = []
+    for column in range(values.shape[1]):
+        steps = np.diff(values[:, column])
+        smooth = (steps <= 0) & (steps > -0.05)
+        top = 0
+        for row in range(len(steps) + 1):
+            if row < len(steps) and smooth[row]:
+                continue
+            if values[top, column] > 0.95 and values[row, column] < -0.95:
+                found.append((column, top, row))
+            top = row + 1
+    return found
+
+
+@pytest.mark.parametrize("samples_in_columns", [False, True])
+def test_each_heatmap_of_a_figure_grid_has_a_colour_bar_of_its_scale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, samples_in_columns: bool) -> None:
+    """The demo's grid of digits (issue 59, point 5): each heatmap's colour bar runs from blue
+    at the bottom to red at the top and is labelled with the map's own largest ``|R|``."""
+    import matplotlib.figure
+
+    torch.manual_seed(0)
+    images = torch.rand(2, 1, 8, 8)
+    relevances = [torch.randn(2, 1, 8, 8), 5 * torch.randn(2, 1, 8, 8)]
+    saved = []
+    savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda figure, *args, **kwargs: saved.append(figure) or savefig(figure, *args, **kwargs))
+    path = image.figure_grid(images, relevances, ["input", "a", "b"], tmp_path / "grid.png",
+                             samples_in_columns=samples_in_columns)
+    bars = _colour_bars(image.read_png(path))
+    columns = sorted({column for column, _, _ in bars})
+    groups = 1 + sum(1 for left, right in zip(columns, columns[1:]) if right > left + 1)
+    runs = {(top, bottom) for _, top, bottom in bars}
+    # 4 bars: samples in rows, 2 groups of columns with 2 runs each; in columns, 2 groups x 2 runs
+    assert groups * len({top for top, _ in runs}) == 4, bars
+    assert all(bottom - top > 60 for top, bottom in runs)  # (as tall as the heatmap beside it)
+    [figure] = saved
+    labels = [[label.get_text() for label in axis.get_yticklabels()] for axis in figure.axes if axis.axison
+              and axis.get_yticklabels()]
+    largest = [float(relevance[sample].abs().max()) for relevance in relevances for sample in range(2)]
+    expected = [[f"{-end:+.3g}", "0", f"{end:+.3g}"] for end in largest]
+    assert sorted(labels) == sorted(expected)
+
+
 def test_overlay_shows_the_image_where_relevance_is_zero() -> None:
     picture = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(2))
     relevance = torch.zeros(2, 3, 4, 4)

@@ -12,7 +12,15 @@ import numpy as np
 from matplotlib.colors import Colormap
 from PIL import Image
 
-from fxlrp.viz.image.colours import ArrayLike, as_numpy, colourise, heatmap, image_to_rgb
+from fxlrp.viz.image.colours import (
+    ArrayLike,
+    as_numpy,
+    colour_map,
+    colourise,
+    heatmap,
+    image_to_rgb,
+    reduce_channels,
+)
 
 
 def enlarge(rgb: np.ndarray, factor: int) -> np.ndarray:
@@ -302,7 +310,10 @@ def figure_grid(
     reduction: str = "sum",
     samples_in_columns: bool = False,
 ) -> Path:
-    """One figure with, for each sample, the input and one heatmap per relevance batch.
+    """One figure with, for each sample, the input and one heatmap per relevance batch, each
+    heatmap with a colour bar on its right: each map has its own symmetric scale, as
+    :func:`heatmap` colours it (``R / max|R|``), and its bar runs from ``-max|R|`` at the bottom
+    through 0 to ``+max|R|`` at the top, labelled with those values (as :func:`with_colour_bar`'s).
 
     Parameters
     ----------
@@ -337,20 +348,33 @@ def figure_grid(
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
 
     inputs = image_to_rgb(images)
     maps = [heatmap(relevance, cmap, reduction) for relevance in relevances]
+    # (the scale heatmap() normalised each map by, which its colour bar labels)
+    largest = [np.abs(reduce_channels(relevance, reduction)).max(axis=(-2, -1)) for relevance in relevances]
     samples, kinds = inputs.shape[0], 1 + len(maps)
     if len(titles) != kinds:
         raise ValueError(f"figure_grid needs {kinds} titles (input plus one per relevance), got {len(titles)}")
     rows, columns = (kinds, samples) if samples_in_columns else (samples, kinds)
-    figure, axes = pyplot.subplots(rows, columns, figsize=(1.6 * columns, 1.6 * rows), squeeze=False)
+    figure, axes = pyplot.subplots(rows, columns, figsize=(2.2 * columns, 1.7 * rows), squeeze=False)
     for sample in range(samples):
         for kind, picture in enumerate([inputs[sample]] + [colours[sample] for colours in maps]):
             axis = axes[kind, sample] if samples_in_columns else axes[sample, kind]
             axis.imshow(picture, interpolation="nearest")
             axis.set_xticks([])
             axis.set_yticks([])
+            bar_axis = make_axes_locatable(axis).append_axes("right", size="8%", pad=0.05)
+            if kind == 0:
+                bar_axis.set_axis_off()  # (kept: the input as large as the heatmaps beside it)
+            else:
+                end = float(largest[kind - 1][sample])
+                bar = figure.colorbar(ScalarMappable(Normalize(-end, end), colour_map(cmap)), cax=bar_axis,
+                                      ticks=[-end, 0.0, end])
+                bar.ax.set_yticklabels([f"{-end:+.3g}", "0", f"{end:+.3g}"], fontsize=7)
             kind_label = axis.set_ylabel if samples_in_columns else axis.set_title
             sample_label = axis.set_title if samples_in_columns else axis.set_ylabel
             if sample == 0:
