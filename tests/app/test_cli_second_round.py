@@ -227,3 +227,78 @@ def test_data_set_pictures_are_named_without_the_files_suffix_unless_two_would_s
 
     names = ["cat/00.png", "cat/01.jpeg", "a.png", "a.jpg", "17", "dog/a.png"]
     assert picture_names(names) == ["cat/00", "cat/01", "a.png", "a.jpg", "17", "dog/a"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. GoogLeNet and Inception v3 built for their weights as torchvision builds them
+
+
+def _torchvision_state_dict(name: str, auxiliary: bool) -> dict[str, torch.Tensor]:
+    """Random weights of the shape of torchvision's file for ``name`` (1000 classes; its file has
+    the auxiliary heads, a state dict saved from torchvision's model built with weights has not)."""
+    torch.manual_seed(0)
+    model = {"googlenet": torchvision.models.GoogLeNet,
+             "inception_v3": torchvision.models.Inception3}[name](aux_logits=True, init_weights=False)
+    prefix = "aux1." if name == "googlenet" else "AuxLogits."
+    return {key: value for key, value in model.state_dict().items()
+            if auxiliary or not key.startswith((prefix, "aux2."))}
+
+
+@pytest.mark.parametrize(("name", "auxiliary", "size"), [
+    ("googlenet", False, 32),  # (about 2 s; the others in the slow lane)
+    pytest.param("googlenet", True, 32, marks=pytest.mark.slow),
+    pytest.param("inception_v3", True, 75, marks=pytest.mark.slow)])
+def test_googlenet_and_inception_v3_with_weights_are_built_as_torchvision_builds_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, auxiliary: bool, size: int) -> None:
+    """torchvision's builders turn ``transform_input`` on for their weights (whose ImageNet-normalised
+    inputs the model maps to its training's normalisation); the command line built both with it off,
+    so a pretrained model read its inputs wrongly. Reference: torchvision's own builder with its
+    weights (``get_state_dict`` returning these weights instead of downloading): the same
+    ``transform_input`` and bit-for-bit the same logits, for torchvision's file (with the
+    auxiliary heads) and for a state dict saved from the model torchvision built (without)."""
+    from fxlrp.app.models.spec import load_model
+
+    torch.save(_torchvision_state_dict(name, auxiliary), tmp_path / "weights.pt")
+    from_file = _torchvision_state_dict(name, True)  # (torchvision's builder reads its file's auxiliary heads)
+    monkeypatch.setattr(torchvision.models.WeightsEnum, "get_state_dict", lambda *args, **kwargs: from_file)
+    reference = torchvision.models.get_model(name, weights="DEFAULT").eval()
+    model = load_model(f"torchvision:{name}", tmp_path / "weights.pt")
+    assert model.transform_input is reference.transform_input is True
+    x = torch.randn(1, 3, size, size)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))
+    assert load_model(f"torchvision:{name}").transform_input is False  # random weights: as weights=None builds it
+
+
+@pytest.mark.slow  # (12 s: GoogLeNet converted twice and explained in float64)
+def test_googlenets_transform_input_is_explained_by_the_in_model_normalisation_rule(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--weights`` and a composite whose first-layer rule (flat) does not share by the input's
+    values: the raw input gets the relevance the first layer's rule gives the image
+    ``transform_input`` makes (the same weights without it, explained on that image; float64,
+    1e-10)."""
+    from support.references import relative_error
+
+    from fxlrp.app import commands
+
+    state_dict = _torchvision_state_dict("googlenet", False)
+    torch.save(state_dict, tmp_path / "weights.pt")
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def recording(explain: object, inputs: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append((inputs, fxlrp.attribute(explain, inputs, *args, **kwargs)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(commands, "attribute", recording)
+    code, _, stderr = run(["explain", "--model", "torchvision:googlenet", "--weights", str(tmp_path / "weights.pt"),
+                           "--composite", "epsilon_plus_flat", "--dtype", "float64", "--size", "32", "--target", "7",
+                           str(picture(tmp_path / "image.png", 40, 40)), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, stderr
+    [(inputs, relevance)] = calls
+    plain = torchvision.models.GoogLeNet(aux_logits=False, transform_input=False, init_weights=False)
+    plain.load_state_dict(state_dict)
+    plain = plain.double().eval()
+    transformed = torchvision.models.GoogLeNet._transform_input(
+        torchvision.models.GoogLeNet(aux_logits=False, transform_input=True, init_weights=False), inputs)
+    expected = fxlrp.attribute(fxlrp.convert(plain, fxlrp.composites.EpsilonPlusFlat()), transformed, target=7)
+    assert relative_error(relevance, expected) < 1e-10 and expected.abs().sum() > 0

@@ -21,6 +21,12 @@ _REFUSED_FAMILIES = {
 }
 
 
+TRANSFORMS_INPUT = {"googlenet": "aux1.", "inception_v3": "AuxLogits."}
+"""The models whose pretrained weights expect ``transform_input=True`` (their code maps an
+ImageNet-normalised image to the normalisation they were trained with), each with the prefix of
+its auxiliary head's weights."""
+
+
 def torchvision_family(name: str) -> str | None:
     """The torchvision family of a model.
 
@@ -47,7 +53,9 @@ def torchvision_family(name: str) -> str | None:
 def torchvision_model(name: str, state_dict: dict[str, Tensor] | None) -> nn.Module:
     """A torchvision classification, segmentation or video model with random weights (no download:
     neither the model's nor its backbone's pretrained weights), with the number of classes (and the
-    auxiliary head of a segmentation model) of ``state_dict`` if given."""
+    auxiliary head of a segmentation model) of ``state_dict`` if given; GoogLeNet and Inception v3
+    with ``state_dict`` built as torchvision builds them for its weights (:data:`TRANSFORMS_INPUT`),
+    without as for ``weights=None``, as torchvision does."""
     import torchvision
 
     family = torchvision_family(name)
@@ -70,6 +78,12 @@ def torchvision_model(name: str, state_dict: dict[str, Tensor] | None) -> nn.Mod
             options["num_classes"] = classes
         if family == "segmentation" and any(key.startswith("aux_classifier.") for key in state_dict):
             options["aux_loss"] = True
+        if name in TRANSFORMS_INPUT:
+            # As torchvision builds them for its weights (weights=...): transform_input on, the
+            # auxiliary head where the weights have one (torchvision's files do; a state dict saved
+            # from torchvision's model does not).
+            options.update(transform_input=True, init_weights=False,
+                           aux_logits=any(key.startswith(TRANSFORMS_INPUT[name]) for key in state_dict))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # googlenet / inception_v3: the notice about their initialisation
         return torchvision.models.get_model(name, weights=None, **options)
