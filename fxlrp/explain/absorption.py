@@ -96,12 +96,12 @@ def _layers(explainer: Explainer, names: dict[fx.Node, str]) -> dict[fx.Node, li
     layers = {}
     for node, name in names.items():
         site = _site(explainer, node)
-        if handling[name] not in LAYERS or site is None or _is_tuple(node):
+        if handling[name] not in LAYERS or site is None or _is_tuple(explainer, node):
             continue
         if handling[name] == "eager" and not site.module_name:
             continue  # (the whole model run eagerly: no layer of it is a node)
         inputs = [p for p in node.all_input_nodes if p.op != "get_attr" and p in names]
-        if not any(_is_tuple(p) for p in inputs):
+        if not any(_is_tuple(explainer, p) for p in inputs):
             layers[node] = inputs
     return layers
 
@@ -113,8 +113,12 @@ def _site(explainer: Explainer, node: fx.Node) -> Site | None:
     return getattr(call, "site", None)
 
 
-def _is_tuple(node: fx.Node) -> bool:
-    return any(user.op == "call_function" and user.target is operator.getitem for user in node.users)
+def _is_tuple(explainer: Explainer, node: fx.Node) -> bool:
+    """Whether the node's output is taken apart by getitem (a tuple: attention's output and weights)."""
+    return any((user.op == "call_function" and user.target is operator.getitem) or
+               (user.op == "call_module" and getattr(explainer.graph_module.get_submodule(user.target), "function",
+                                                     None) is operator.getitem)
+               for user in node.users)
 
 
 def _total(relevance: Tensor | None) -> Tensor | None:

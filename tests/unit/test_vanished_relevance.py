@@ -135,6 +135,25 @@ def test_the_warning_names_the_layer_that_absorbed_the_relevance() -> None:
     assert message == _warning_text(reached, output, named, " (for 2 of 2 targets)")
 
 
+def test_a_layer_is_named_in_a_graph_with_tuple_outputs() -> None:
+    """A ViT (attention's output is a tuple, taken apart by getitem: no one relevance tensor to
+    record) whose classifier's bias of 1e9 absorbs the relevance."""
+    torch.manual_seed(0)
+    model = torchvision.models.VisionTransformer(image_size=16, patch_size=8, num_layers=1, num_heads=2,
+                                                 hidden_dim=16, mlp_dim=32, num_classes=3).double().eval()
+    with torch.no_grad():
+        model.heads.head.weight.normal_()
+        model.heads.head.bias.fill_(1e9)
+    x = torch.randn(1, 3, 16, 16, dtype=torch.float64)
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    found = _vanishing_warnings(lambda: fxlrp.attribute(explain, x, target=0))
+    reached = fxlrp.attribute(explain, x, target=0, check_finite=False).abs().sum().item()
+    rows = [row.name for row in explain.report().rows]
+    before = rows[rows.index("heads_head") - 1]  # (the class token taken out: x[:, 0])
+    assert found == [_warning_text(reached, abs(model(x)[0, 0].item()), _named(
+        "heads.head (Linear, node 'heads_head' of explain.report())", explain, x, "heads_head", before))]
+
+
 def test_a_module_run_eagerly_is_named_and_a_model_run_eagerly_says_how_to_find_the_layer() -> None:
     model = _absorbing_middle(_Gated, lambda body: body.linear)
     x = torch.randn(2, 4, dtype=torch.float64)
