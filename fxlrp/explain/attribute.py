@@ -314,7 +314,10 @@ def _absorbing_layer(explain: Explainer | nn.Module, inputs: Tensor | Sequence[A
         return _attribute(explain, inputs, target[first] if many else target, output=output, nodes=names, repeat=0,
                           check_finite=False)[1]
 
-    return absorbing_layer(explainer, relevance_of_nodes)
+    try:
+        return absorbing_layer(explainer, relevance_of_nodes)
+    except TypeError:  # (a layer's output no tensor where the graph does not show it: none named)
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
