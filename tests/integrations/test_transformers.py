@@ -1075,7 +1075,11 @@ def test_low_precision_relevance_is_finite_in_its_dtype(name: str, dtype: torch.
     precision: finite relevance of its dtype, not all zero. How close it is to the reference run
     in float64 on the same (rounded) weights is a measurement, not a bound (no bound over a
     whole network in 16 bits holds on every CPU's kernels): ``benchmarks/low_precision.py``
-    (docs/benchmarks.md), with the reference's own error in that precision beside it."""
+    (docs/benchmarks.md), with the reference's own error in that precision beside it. No guard of
+    16-bit relevance is reached here (AttnLRP's epsilon is 0 and no output is exactly 0: dropping
+    zero denominators, and the float16 stabiliser's guard, can be removed without a NaN); the
+    check that refuses NaN and Inf of 16-bit relevance is held by
+    ``tests/unit/test_robustness.py::test_relevance_that_overflows_in_16_bits_is_an_error``."""
     case = CASES[name]
     model, inputs = _model(case)
     # (an image in the model's precision, as a processor hands it)
