@@ -123,8 +123,10 @@ def _is_tuple(explainer: Explainer, node: fx.Node) -> bool:
 
 def _total(relevance: Tensor | None) -> Tensor | None:
     """``sum |R|`` in float64 on the relevance's device (read with the others in one transfer);
-    None for a node no relevance reaches (a total of 0)."""
-    return absolute_total(relevance).double() if isinstance(relevance, Tensor) else None
+    None for a node no relevance reaches (a total of 0: no tensor, or integer values such as
+    indices, whose zeros ``attribute_nodes`` returns)."""
+    return absolute_total(relevance).double() if isinstance(relevance, Tensor) and relevance.is_floating_point() \
+        else None
 
 
 def _described(explainer: Explainer, node: fx.Node) -> str:

@@ -316,7 +316,9 @@ def _absorbing_layer(explain: Explainer | nn.Module, inputs: Tensor | Sequence[A
 
     try:
         return absorbing_layer(explainer, relevance_of_nodes)
-    except TypeError:  # (a layer's output no tensor where the graph does not show it: none named)
+    except (TypeError, ValueError, RuntimeError):
+        # A graph the pass cannot record (a layer's output no tensor where the graph does not show
+        # it): no layer named, the warning says how to find it; the explanation itself succeeded.
         return None
 
 

@@ -154,6 +154,33 @@ def test_a_layer_is_named_in_a_graph_with_tuple_outputs() -> None:
         "heads.head (Linear, node 'heads_head' of explain.report())", explain, x, "heads_head", before))]
 
 
+class _Pooled(nn.Module):
+    """Node features pooled per graph by a batch vector (integer indices, which a layer of the
+    graph, the pooling sum, takes as an input: no relevance of them to count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.body(x))
+        return self.head(torch.zeros(3, 4, dtype=h.dtype).index_add(0, batch, h))
+
+
+def test_a_layer_is_named_where_a_layer_takes_integer_indices() -> None:
+    torch.manual_seed(0)
+    model = _Pooled().double().eval()
+    with torch.no_grad():
+        model.head.bias.fill_(1e9)
+    inputs = (torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 0, 2, 2, 2]))
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    found = _vanishing_warnings(lambda: fxlrp.attribute(explain, inputs, target=0))
+    reached = fxlrp.attribute(explain, inputs, target=0, check_finite=False)[0].abs().sum().item()
+    output = model(*inputs)[:, 0].abs().sum().item()
+    assert found == [_warning_text(reached, output, _named("head (Linear, node 'head' of explain.report())", explain,
+                                                           inputs, "head", "index_add"))]
+
+
 def test_a_module_run_eagerly_is_named_and_a_model_run_eagerly_says_how_to_find_the_layer() -> None:
     model = _absorbing_middle(_Gated, lambda body: body.linear)
     x = torch.randn(2, 4, dtype=torch.float64)
