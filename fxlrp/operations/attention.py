@@ -331,44 +331,67 @@ def _relevance_of_heads(
 ) -> list[Tensor | None]:
     """:func:`attention_relevance` for keys and values of the queries' own heads: the relevance
     of ``q, k, v`` and, where it carries relevance (a bias computed from the input, as SAM's
-    relative positions), of ``attn_mask``."""
+    relative positions), of ``attn_mask``.
+
+    The heads of all samples are one batch of matrices (``[samples x heads, length, features]``,
+    a view where the layout allows, as ``torch.matmul`` would make for each of its products), so
+    that each product is one ``bmm``; the scores take the heads' own shape only to meet a mask."""
     mask_carries = isinstance(attn_mask, Tensor) and attn_mask.requires_grad
     (output_relevance,) = relevance
     to_weights, to_value = rules.weights_value
     layer = rules.layer
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = torch.matmul(query, key.transpose(-2, -1))
+    heads_shape = (*query.shape[:-1], key.shape[-2])  # the scores' shape, which masks broadcast to
+    masks = attention_masks(query, key, attn_mask, is_causal, query.dtype)
+    shapes = (query.shape, key.shape, value.shape)
+    query, key, value = _matrices(query), _matrices(key), _matrices(value)
+    scores = torch.bmm(query, key.mT)
     scaled = scores * scale
-    masks = attention_masks(query, key, attn_mask, is_causal, scaled.dtype)
-    logits = scaled + masks[0] if masks else scaled
-    weights = torch.softmax(logits, dim=-1)
-    quotient = rules.mixing.scaled(output_relevance, torch.matmul(weights, value), layer)
+    if masks:  # (elementwise in the heads' shape, then a batch of matrices again for the products)
+        scaled = scaled.view(heads_shape)
+        logits = scaled + masks[0]
+        heads_weights = torch.softmax(logits, dim=-1)
+        weights = heads_weights.view(scores.shape)
+    else:
+        logits = scaled
+        weights = heads_weights = torch.softmax(logits, dim=-1)
+    quotient = rules.mixing.scaled(_matrices(output_relevance), torch.bmm(weights, value), layer)
     # The uniform rule's 1 / N is the same for every receiver: taken once on the quotient, which
     # has the output's size, not on the weights' shares (length x length) and the values'.
     quotient = _times(quotient, None, to_weights or to_value)
-    value_relevance = _times(torch.matmul(weights.transpose(-2, -1), quotient), value) if to_value else None
+    value_relevance = _times(torch.bmm(weights.mT, quotient), value).view(shapes[2]) if to_value else None
     if not to_weights:
         return [None, None, value_relevance, *([None] if mask_carries else [])]
-    weight_relevance = _times(torch.matmul(quotient, value.transpose(-2, -1)), weights)
+    weight_relevance = _times(torch.bmm(quotient, value.mT), weights)
     del quotient
-    logit_relevance = SoftmaxRule.closed_form(weight_relevance, weights, logits, -1, owned=True)
-    del weights
+    # (logits of -inf occur only where a mask blocks attention: without one, none is looked for)
+    logit_relevance = SoftmaxRule.closed_form(weight_relevance.view(heads_shape) if masks else weight_relevance,
+                                              heads_weights, logits, -1, owned=True, masked=bool(masks))
+    del weights, heads_weights
     mask_relevance = None
     if masks:  # the scaled scores' share of the sum with the mask, and the mask's where it carries relevance
         quotient = rules.add.scaled(logit_relevance, logits, layer)
         if mask_carries:
             mask_relevance = (quotient * masks[-1]).sum_to_size(attn_mask.shape)
-        logit_relevance = _times(quotient, scaled)
+        logit_relevance = _times(quotient, scaled).view(scores.shape)
     del logits, scaled
-    quotient = rules.scores.scaled(logit_relevance, scores, layer)
-    del scores, logit_relevance
     to_query, to_key = rules.query_key
+    # the scores' shares: one product on the quotient where both receivers take the same
+    share = to_query if to_query == to_key or not to_key else to_key if not to_query else 1.0
+    quotient = _times(rules.scores.scaled(logit_relevance, scores, layer), None, share)
+    del scores, logit_relevance
     return [
-        _times(torch.matmul(quotient, key), query, to_query) if to_query else None,
-        _times(torch.matmul(quotient.transpose(-2, -1), query), key, to_key) if to_key else None,
+        _times(torch.bmm(quotient, key), query, to_query / share).view(shapes[0]) if to_query else None,
+        _times(torch.bmm(quotient.mT, query), key, to_key / share).view(shapes[1]) if to_key else None,
         value_relevance,
         *([mask_relevance] if mask_carries else []),
     ]
+
+
+def _matrices(tensor: Tensor) -> Tensor:
+    """``[..., rows, columns]`` as one batch of matrices, ``[-1, rows, columns]`` (a view where the
+    layout allows)."""
+    return tensor if tensor.dim() == 3 else tensor.reshape(-1, *tensor.shape[-2:])
 
 
 def _times(gradient: Tensor, factor: Tensor | None, share: float = 1.0) -> Tensor:
