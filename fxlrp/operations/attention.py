@@ -514,7 +514,10 @@ def decomposed_multi_head_attention(
     average_attn_weights: bool = True, is_causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``nn.MultiheadAttention`` at inference in plain torch: projections, heads, attention with
-    masks (boolean: True = may not attend, as the module defines them), output projection."""
+    masks (boolean: True = may not attend, as the module defines them), output projection. Without
+    the weights asked for, the attention is ``F.scaled_dot_product_attention`` of the heads, whose
+    entry explains it by the same decomposition ``softmax(q k^T / sqrt(d) + mask) @ v`` and rules,
+    in closed form where they have one (:func:`attention_relevance`)."""
     if module.bias_k is not None or module.add_zero_attn:
         raise NotImplementedError(
             "fxlrp explains nn.MultiheadAttention without add_bias_kv and add_zero_attn; "
@@ -547,11 +550,15 @@ def decomposed_multi_head_attention(
         causal = torch.ones(length, source, dtype=torch.bool, device=q.device).tril()
         mask = additive_mask(causal, True, q.dtype)
 
-    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    if mask is not None:
-        scores = scores + mask
-    attention = torch.softmax(scores, dim=-1)
-    output = torch.matmul(attention, v).transpose(1, 2).reshape(batch, length, -1)
+    if need_weights:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        if mask is not None:
+            scores = scores + mask
+        attention = torch.softmax(scores, dim=-1)
+        mixed = torch.matmul(attention, v)
+    else:  # the same decomposition, explained by attention's entry (its relevance in closed form where it has one)
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    output = mixed.transpose(1, 2).reshape(batch, length, -1)
     output = F.linear(output, parameters["out_proj.weight"], parameters.get("out_proj.bias"))
     if not module.batch_first or unbatched:
         output = output.transpose(0, 1)
