@@ -260,8 +260,8 @@ class RuleFunction(torch.autograd.Function):
         ctx.recomputed = _release_recomputable(leaves, recipes, builds_graph) if any(recipes) else ()
         if layer.recomputable and not ctx.reusable:
             _recompute_from_input(ctx, layer, inputs)
-        if output.requires_grad or ctx.kept is not None or output._is_view() or any(
-                output is value for value in (*inputs, *leaves)):
+        kept = ctx.kept is not None and ctx.kept.values is not None  # (not where recomputed in backward)
+        if output.requires_grad or kept or output._is_view() or any(output is value for value in (*inputs, *leaves)):
             # Cut from the rule's inner graph, and another object than the one kept (the Function's
             # output refers to its node, which would refer back to it: neither would be freed).
             return output.detach()
