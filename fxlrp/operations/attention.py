@@ -511,32 +511,42 @@ def decomposed_multi_head_attention(
     module: nn.MultiheadAttention | SimpleNamespace, parameters: dict[str, Tensor], query: Tensor, key: Tensor,
     value: Tensor,
     key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
-    average_attn_weights: bool = True, is_causal: bool = False,
+    average_attn_weights: bool = True, is_causal: bool = False, *, self_attention: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``nn.MultiheadAttention`` at inference in plain torch: projections, heads, attention with
     masks (boolean: True = may not attend, as the module defines them), output projection. Without
     the weights asked for, the attention is ``F.scaled_dot_product_attention`` of the heads, whose
     entry explains it by the same decomposition ``softmax(q k^T / sqrt(d) + mask) @ v`` and rules,
-    in closed form where they have one (:func:`attention_relevance`)."""
+    in closed form where they have one (:func:`attention_relevance`). ``self_attention``: the
+    module was called with one tensor as query, key and value (which the decomposition, run in
+    backward, gets as a leaf each): q, k and v are then one product with the packed projection,
+    whose relevance, every rule sharing relevance output by output, is the sum of the three
+    products' and goes to ``query`` alone."""
     if module.bias_k is not None or module.add_zero_attn:
         raise NotImplementedError(
             "fxlrp explains nn.MultiheadAttention without add_bias_kv and add_zero_attn; "
             "build the module without them to explain it."
         )
+    self_attention = self_attention and module._qkv_same_embed_dim
     unbatched = query.dim() == 2
     if unbatched:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
     if not module.batch_first or unbatched:
         query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-    if module._qkv_same_embed_dim:
-        weights = parameters["in_proj_weight"].chunk(3)
-    else:
-        weights = (parameters["q_proj_weight"], parameters["k_proj_weight"], parameters["v_proj_weight"])
     in_bias = parameters.get("in_proj_bias")
-    biases = (None, None, None) if in_bias is None else in_bias.chunk(3)
     heads = module.num_heads
-    q, k, v = (_heads(F.linear(x, w, b), heads) for x, w, b in zip((query, key, value), weights, biases, strict=True))
+    if self_attention:
+        q, k, v = (_heads(projected, heads) for projected in
+                   F.linear(query, parameters["in_proj_weight"], in_bias).chunk(3, dim=-1))
+    else:
+        if module._qkv_same_embed_dim:
+            weights = parameters["in_proj_weight"].chunk(3)
+        else:
+            weights = (parameters["q_proj_weight"], parameters["k_proj_weight"], parameters["v_proj_weight"])
+        biases = (None, None, None) if in_bias is None else in_bias.chunk(3)
+        q, k, v = (_heads(F.linear(x, w, b), heads)
+                   for x, w, b in zip((query, key, value), weights, biases, strict=True))
     batch, length, source = q.shape[0], q.shape[2], k.shape[2]
 
     mask = additive_mask(attn_mask, False, q.dtype)
@@ -577,10 +587,12 @@ def decomposed_multi_head_attention_forward(
     training: bool = True, key_padding_mask: Tensor | None = None, need_weights: bool = True,
     attn_mask: Tensor | None = None, use_separate_proj_weight: bool = False, q_proj_weight: Tensor | None = None,
     k_proj_weight: Tensor | None = None, v_proj_weight: Tensor | None = None, static_k: Tensor | None = None,
-    static_v: Tensor | None = None, average_attn_weights: bool = True, is_causal: bool = False,
+    static_v: Tensor | None = None, average_attn_weights: bool = True, is_causal: bool = False, *,
+    self_attention: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` calls, in code run
-    eagerly) in plain torch, through the module's decomposition: inputs ``[length, batch, embed]``."""
+    eagerly) in plain torch, through the module's decomposition: inputs ``[length, batch, embed]``
+    (``self_attention``: see :func:`decomposed_multi_head_attention`)."""
     if bias_k is not None or add_zero_attn or static_k is not None or static_v is not None:
         raise NotImplementedError(
             "fxlrp explains multi-head attention without add_bias_kv, add_zero_attn and static keys/values; "
@@ -593,7 +605,7 @@ def decomposed_multi_head_attention_forward(
                   "k_proj_weight": k_proj_weight, "v_proj_weight": v_proj_weight,
                   "out_proj.weight": out_proj_weight, "out_proj.bias": out_proj_bias}
     return decomposed_multi_head_attention(shape, parameters, query, key, value, key_padding_mask, need_weights,
-                                           attn_mask, average_attn_weights, is_causal)
+                                           attn_mask, average_attn_weights, is_causal, self_attention=self_attention)
 
 
 _MULTI_HEAD_ATTENTION_FORWARD = inspect.signature(decomposed_multi_head_attention_forward)
@@ -610,7 +622,8 @@ def multi_head_attention_forward(call: RelevanceCall, function: Any, *args: Any,
     def exact(*values: Any) -> Any:  # inference semantics: no dropout
         return function(*values[:training], False, *values[training + 1:])
 
-    return decomposed_in_backward(exact, partial(call.decompose, decomposed_multi_head_attention_forward), *inputs)
+    decomposition = partial(decomposed_multi_head_attention_forward, self_attention=inputs[0] is inputs[1] is inputs[2])
+    return decomposed_in_backward(exact, partial(call.decompose, decomposition), *inputs)
 
 
 register(
@@ -629,7 +642,8 @@ def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwarg
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return module(*args, **kwargs)
     inputs, _ = _bound(_MULTI_HEAD_ATTENTION, (module, *args), kwargs)
-    return decomposed_in_backward(module, partial(call.decompose, function), *inputs[1:])
+    decomposition = partial(function, self_attention=inputs[1] is inputs[2] is inputs[3])
+    return decomposed_in_backward(module, partial(call.decompose, decomposition), *inputs[1:])
 
 
 def multi_head_attention_module(module: nn.MultiheadAttention, parameters: dict[str, Any]):
