@@ -162,7 +162,8 @@ def _mode_and_options(backend: str | Callable[..., Any], mode: str | None,
         return mode, options
     from torch._inductor import list_mode_options
 
-    return None, {**list_mode_options(mode), **(EXACT_INDUCTOR_OPTIONS if options is None else options)}
+    mode_options = list_mode_options(mode) if mode is not None else {}  # (None: every mode's, by name)
+    return None, {**mode_options, **(EXACT_INDUCTOR_OPTIONS if options is None else options)}
 
 
 def _fresh_outputs(run: Callable[..., Any]) -> Callable[..., Any]:
