@@ -9,7 +9,8 @@ and its Python. Two proxies, measured on the CPU:
   synchronise a GPU with the host (``_local_scalar_dense``: ``.item()``, ``bool(tensor)``,
   ``float(tensor)``; ``equal``; ``is_nonzero``; operations whose output's size depends on values:
   ``nonzero``, ``masked_select``, ``unique``), beside ``Tensor.tolist`` / ``.numpy`` calls
-  (counted with a ``TorchFunctionMode``: on the CPU they dispatch nothing). Counted twice: on the
+  (counted with a ``TorchFunctionMode``, in a call of their own: on the CPU they dispatch
+  nothing). Counted twice: on the
   CPU's path, and on the path the rules take on a GPU (:func:`as_on_a_gpu`: no work skipped by
   reading values, fxlrp/relevance/tracing.py; after a warm-up call on that path, which makes the
   parameter variants the CPU's path skipped, as a GPU's first call does);
@@ -121,9 +122,17 @@ def as_on_a_gpu() -> Iterator[None]:
 
 def counted(run: Callable[[], Any], where: bool = False, gpu_path: bool = False) -> Counted:
     """The ATen operations of one call of ``run`` and its synchronisations (see the module's
-    text); ``gpu_path``: with the rules on the path they take on a GPU (:func:`as_on_a_gpu`)."""
-    with as_on_a_gpu() if gpu_path else nullcontext(), HostReads(where) as reads, DispatchCounter(where) as dispatched:
-        run()
+    text); ``gpu_path``: with the rules on the path they take on a GPU (:func:`as_on_a_gpu`).
+
+    Operations are counted in a call of their own, without :class:`HostReads`: a
+    ``TorchFunctionMode`` turns off fast paths that check for one (``nn.MultiheadAttention``'s
+    fused kernel in inference, which the explanation's forward takes: about 28 operations more
+    per layer otherwise)."""
+    with as_on_a_gpu() if gpu_path else nullcontext():
+        with HostReads(where) as reads:
+            run()
+        with DispatchCounter(where) as dispatched:
+            run()
     synchronising = sum(dispatched.counts[name] for name in SYNCHRONISING) + reads.count
     return Counted(sum(dispatched.counts.values()), synchronising, dispatched.counts,
                    dispatched.places + reads.places)

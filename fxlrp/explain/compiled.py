@@ -145,12 +145,39 @@ class CompiledExplanation:
                 f"explain this model with fxlrp.attribute. ({str(error).splitlines()[0]})"
             ) from error
         _views_as_reshapes(graph)
-        options = self.options
-        if options is None and self.backend == "inductor":
-            options = EXACT_INDUCTOR_OPTIONS
-        run = torch.compile(graph, fullgraph=True, dynamic=False, backend=self.backend, mode=self.mode,
-                            options=options)
+        mode, options = _mode_and_options(self.backend, self.mode, self.options)
+        run = torch.compile(graph, fullgraph=True, dynamic=False, backend=self.backend, mode=mode, options=options)
+        if (options or {}).get("triton.cudagraphs") and any(tensor.is_cuda for tensor in tensors):
+            run = _fresh_outputs(run)
         return _Entry(run, classes[0])
+
+
+def _mode_and_options(backend: str | Callable[..., Any], mode: str | None,
+                      options: dict[str, Any] | None) -> tuple[str | None, dict[str, Any] | None]:
+    """``torch.compile``'s ``mode`` and ``options`` for a compiled explanation: for Inductor, the
+    mode's own options (``torch._inductor.list_mode_options``; ``"reduce-overhead"``: CUDA graphs)
+    with :data:`EXACT_INDUCTOR_OPTIONS` or the caller's ``options`` over them, and no mode -
+    ``torch.compile`` takes one of the two, and a mode alone would drop the model's layout."""
+    if backend != "inductor":
+        return mode, options
+    from torch._inductor import list_mode_options
+
+    mode_options = list_mode_options(mode) if mode is not None else {}  # (None: every mode's, by name)
+    return None, {**mode_options, **(EXACT_INDUCTOR_OPTIONS if options is None else options)}
+
+
+def _fresh_outputs(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` replayed as a CUDA graph, whose outputs live in the graph's memory pool and are
+    overwritten by its next replay: each call starts a new step of the graphs
+    (``torch.compiler.cudagraph_mark_step_begin``) and returns copies, so that the relevance of one
+    call stays the caller's after the next."""
+
+    def replayed(*tensors: Tensor) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        relevance, output = run(*tensors)
+        return tuple(value.clone() for value in relevance), output.clone()
+
+    return replayed
 
 
 def compile(explain: nn.Module, *, output: Callable[[Any], Tensor] | None = None,
@@ -164,7 +191,11 @@ def compile(explain: nn.Module, *, output: Callable[[Any], Tensor] | None = None
     ``backend``, ``mode``, ``options``: ``torch.compile``'s. Inductor's default here keeps the
     model's memory layout for convolutions (:data:`EXACT_INDUCTOR_OPTIONS`), which makes the
     relevance equal to the eager one; ``options={}`` lets Inductor choose (faster on some
-    machines, about 1e-4 relative off under the epsilon rule).
+    machines, about 1e-4 relative off under the epsilon rule). ``mode="reduce-overhead"`` replays
+    the explanation as a CUDA graph on a GPU (one launch for its kernels: for a repeated
+    explanation of one shape, where the host's issuing of kernels sets the time); each call
+    returns copies of the graph's outputs, which its next replay overwrites. On the CPU it is the
+    default mode.
 
     The first call of each kind traces and compiles (tens of seconds on a CPU); the trace holds
     the explainer's weights as they are then. For floating-point inputs; token ids (language

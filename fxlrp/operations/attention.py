@@ -331,44 +331,67 @@ def _relevance_of_heads(
 ) -> list[Tensor | None]:
     """:func:`attention_relevance` for keys and values of the queries' own heads: the relevance
     of ``q, k, v`` and, where it carries relevance (a bias computed from the input, as SAM's
-    relative positions), of ``attn_mask``."""
+    relative positions), of ``attn_mask``.
+
+    The heads of all samples are one batch of matrices (``[samples x heads, length, features]``,
+    a view where the layout allows, as ``torch.matmul`` would make for each of its products), so
+    that each product is one ``bmm``; the scores take the heads' own shape only to meet a mask."""
     mask_carries = isinstance(attn_mask, Tensor) and attn_mask.requires_grad
     (output_relevance,) = relevance
     to_weights, to_value = rules.weights_value
     layer = rules.layer
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = torch.matmul(query, key.transpose(-2, -1))
+    heads_shape = (*query.shape[:-1], key.shape[-2])  # the scores' shape, which masks broadcast to
+    masks = attention_masks(query, key, attn_mask, is_causal, query.dtype)
+    shapes = (query.shape, key.shape, value.shape)
+    query, key, value = _matrices(query), _matrices(key), _matrices(value)
+    scores = torch.bmm(query, key.mT)
     scaled = scores * scale
-    masks = attention_masks(query, key, attn_mask, is_causal, scaled.dtype)
-    logits = scaled + masks[0] if masks else scaled
-    weights = torch.softmax(logits, dim=-1)
-    quotient = rules.mixing.scaled(output_relevance, torch.matmul(weights, value), layer)
+    if masks:  # (elementwise in the heads' shape, then a batch of matrices again for the products)
+        scaled = scaled.view(heads_shape)
+        logits = scaled + masks[0]
+        heads_weights = torch.softmax(logits, dim=-1)
+        weights = heads_weights.view(scores.shape)
+    else:
+        logits = scaled
+        weights = heads_weights = torch.softmax(logits, dim=-1)
+    quotient = rules.mixing.scaled(_matrices(output_relevance), torch.bmm(weights, value), layer)
     # The uniform rule's 1 / N is the same for every receiver: taken once on the quotient, which
     # has the output's size, not on the weights' shares (length x length) and the values'.
     quotient = _times(quotient, None, to_weights or to_value)
-    value_relevance = _times(torch.matmul(weights.transpose(-2, -1), quotient), value) if to_value else None
+    value_relevance = _times(torch.bmm(weights.mT, quotient), value).view(shapes[2]) if to_value else None
     if not to_weights:
         return [None, None, value_relevance, *([None] if mask_carries else [])]
-    weight_relevance = _times(torch.matmul(quotient, value.transpose(-2, -1)), weights)
+    weight_relevance = _times(torch.bmm(quotient, value.mT), weights)
     del quotient
-    logit_relevance = SoftmaxRule.closed_form(weight_relevance, weights, logits, -1, owned=True)
-    del weights
+    # (logits of -inf occur only where a mask blocks attention: without one, none is looked for)
+    logit_relevance = SoftmaxRule.closed_form(weight_relevance.view(heads_shape) if masks else weight_relevance,
+                                              heads_weights, logits, -1, owned=True, masked=bool(masks))
+    del weights, heads_weights
     mask_relevance = None
     if masks:  # the scaled scores' share of the sum with the mask, and the mask's where it carries relevance
         quotient = rules.add.scaled(logit_relevance, logits, layer)
         if mask_carries:
             mask_relevance = (quotient * masks[-1]).sum_to_size(attn_mask.shape)
-        logit_relevance = _times(quotient, scaled)
+        logit_relevance = _times(quotient, scaled).view(scores.shape)
     del logits, scaled
-    quotient = rules.scores.scaled(logit_relevance, scores, layer)
-    del scores, logit_relevance
     to_query, to_key = rules.query_key
+    # the scores' shares: one product on the quotient where both receivers take the same
+    share = to_query if to_query == to_key or not to_key else to_key if not to_query else 1.0
+    quotient = _times(rules.scores.scaled(logit_relevance, scores, layer), None, share)
+    del scores, logit_relevance
     return [
-        _times(torch.matmul(quotient, key), query, to_query) if to_query else None,
-        _times(torch.matmul(quotient.transpose(-2, -1), query), key, to_key) if to_key else None,
+        _times(torch.bmm(quotient, key), query, to_query / share).view(shapes[0]) if to_query else None,
+        _times(torch.bmm(quotient.mT, query), key, to_key / share).view(shapes[1]) if to_key else None,
         value_relevance,
         *([mask_relevance] if mask_carries else []),
     ]
+
+
+def _matrices(tensor: Tensor) -> Tensor:
+    """``[..., rows, columns]`` as one batch of matrices, ``[-1, rows, columns]`` (a view where the
+    layout allows)."""
+    return tensor if tensor.dim() == 3 else tensor.reshape(-1, *tensor.shape[-2:])
 
 
 def _times(gradient: Tensor, factor: Tensor | None, share: float = 1.0) -> Tensor:
@@ -488,29 +511,42 @@ def decomposed_multi_head_attention(
     module: nn.MultiheadAttention | SimpleNamespace, parameters: dict[str, Tensor], query: Tensor, key: Tensor,
     value: Tensor,
     key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
-    average_attn_weights: bool = True, is_causal: bool = False,
+    average_attn_weights: bool = True, is_causal: bool = False, *, self_attention: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``nn.MultiheadAttention`` at inference in plain torch: projections, heads, attention with
-    masks (boolean: True = may not attend, as the module defines them), output projection."""
+    masks (boolean: True = may not attend, as the module defines them), output projection. Without
+    the weights asked for, the attention is ``F.scaled_dot_product_attention`` of the heads, whose
+    entry explains it by the same decomposition ``softmax(q k^T / sqrt(d) + mask) @ v`` and rules,
+    in closed form where they have one (:func:`attention_relevance`). ``self_attention``: the
+    module was called with one tensor as query, key and value (which the decomposition, run in
+    backward, gets as a leaf each): q, k and v are then one product with the packed projection,
+    whose relevance, every rule sharing relevance output by output, is the sum of the three
+    products' and goes to ``query`` alone."""
     if module.bias_k is not None or module.add_zero_attn:
         raise NotImplementedError(
             "fxlrp explains nn.MultiheadAttention without add_bias_kv and add_zero_attn; "
             "build the module without them to explain it."
         )
+    self_attention = self_attention and module._qkv_same_embed_dim
     unbatched = query.dim() == 2
     if unbatched:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
     if not module.batch_first or unbatched:
         query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-    if module._qkv_same_embed_dim:
-        weights = parameters["in_proj_weight"].chunk(3)
-    else:
-        weights = (parameters["q_proj_weight"], parameters["k_proj_weight"], parameters["v_proj_weight"])
     in_bias = parameters.get("in_proj_bias")
-    biases = (None, None, None) if in_bias is None else in_bias.chunk(3)
     heads = module.num_heads
-    q, k, v = (_heads(F.linear(x, w, b), heads) for x, w, b in zip((query, key, value), weights, biases, strict=True))
+    if self_attention:
+        q, k, v = (_heads(projected, heads) for projected in
+                   F.linear(query, parameters["in_proj_weight"], in_bias).chunk(3, dim=-1))
+    else:
+        if module._qkv_same_embed_dim:
+            weights = parameters["in_proj_weight"].chunk(3)
+        else:
+            weights = (parameters["q_proj_weight"], parameters["k_proj_weight"], parameters["v_proj_weight"])
+        biases = (None, None, None) if in_bias is None else in_bias.chunk(3)
+        q, k, v = (_heads(F.linear(x, w, b), heads)
+                   for x, w, b in zip((query, key, value), weights, biases, strict=True))
     batch, length, source = q.shape[0], q.shape[2], k.shape[2]
 
     mask = additive_mask(attn_mask, False, q.dtype)
@@ -524,11 +560,15 @@ def decomposed_multi_head_attention(
         causal = torch.ones(length, source, dtype=torch.bool, device=q.device).tril()
         mask = additive_mask(causal, True, q.dtype)
 
-    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    if mask is not None:
-        scores = scores + mask
-    attention = torch.softmax(scores, dim=-1)
-    output = torch.matmul(attention, v).transpose(1, 2).reshape(batch, length, -1)
+    if need_weights:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        if mask is not None:
+            scores = scores + mask
+        attention = torch.softmax(scores, dim=-1)
+        mixed = torch.matmul(attention, v)
+    else:  # the same decomposition, explained by attention's entry (its relevance in closed form where it has one)
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    output = mixed.transpose(1, 2).reshape(batch, length, -1)
     output = F.linear(output, parameters["out_proj.weight"], parameters.get("out_proj.bias"))
     if not module.batch_first or unbatched:
         output = output.transpose(0, 1)
@@ -547,10 +587,12 @@ def decomposed_multi_head_attention_forward(
     training: bool = True, key_padding_mask: Tensor | None = None, need_weights: bool = True,
     attn_mask: Tensor | None = None, use_separate_proj_weight: bool = False, q_proj_weight: Tensor | None = None,
     k_proj_weight: Tensor | None = None, v_proj_weight: Tensor | None = None, static_k: Tensor | None = None,
-    static_v: Tensor | None = None, average_attn_weights: bool = True, is_causal: bool = False,
+    static_v: Tensor | None = None, average_attn_weights: bool = True, is_causal: bool = False, *,
+    self_attention: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` calls, in code run
-    eagerly) in plain torch, through the module's decomposition: inputs ``[length, batch, embed]``."""
+    eagerly) in plain torch, through the module's decomposition: inputs ``[length, batch, embed]``
+    (``self_attention``: see :func:`decomposed_multi_head_attention`)."""
     if bias_k is not None or add_zero_attn or static_k is not None or static_v is not None:
         raise NotImplementedError(
             "fxlrp explains multi-head attention without add_bias_kv, add_zero_attn and static keys/values; "
@@ -563,7 +605,7 @@ def decomposed_multi_head_attention_forward(
                   "k_proj_weight": k_proj_weight, "v_proj_weight": v_proj_weight,
                   "out_proj.weight": out_proj_weight, "out_proj.bias": out_proj_bias}
     return decomposed_multi_head_attention(shape, parameters, query, key, value, key_padding_mask, need_weights,
-                                           attn_mask, average_attn_weights, is_causal)
+                                           attn_mask, average_attn_weights, is_causal, self_attention=self_attention)
 
 
 _MULTI_HEAD_ATTENTION_FORWARD = inspect.signature(decomposed_multi_head_attention_forward)
@@ -580,7 +622,8 @@ def multi_head_attention_forward(call: RelevanceCall, function: Any, *args: Any,
     def exact(*values: Any) -> Any:  # inference semantics: no dropout
         return function(*values[:training], False, *values[training + 1:])
 
-    return decomposed_in_backward(exact, partial(call.decompose, decomposed_multi_head_attention_forward), *inputs)
+    decomposition = partial(decomposed_multi_head_attention_forward, self_attention=inputs[0] is inputs[1] is inputs[2])
+    return decomposed_in_backward(exact, partial(call.decompose, decomposition), *inputs)
 
 
 register(
@@ -599,7 +642,8 @@ def multi_head_attention(call: RelevanceCall, function: Any, *args: Any, **kwarg
     if not any(carries_relevance(value) for value in args[:3]) or not torch.is_grad_enabled():
         return module(*args, **kwargs)
     inputs, _ = _bound(_MULTI_HEAD_ATTENTION, (module, *args), kwargs)
-    return decomposed_in_backward(module, partial(call.decompose, function), *inputs[1:])
+    decomposition = partial(function, self_attention=inputs[1] is inputs[2] is inputs[3])
+    return decomposed_in_backward(module, partial(call.decompose, decomposition), *inputs[1:])
 
 
 def multi_head_attention_module(module: nn.MultiheadAttention, parameters: dict[str, Any]):

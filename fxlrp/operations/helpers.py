@@ -41,14 +41,17 @@ def bind(function: Callable[..., Tensor], kwargs: dict[str, Any]) -> Callable[..
     return partial(function, **kwargs) if kwargs else function
 
 
-def affine(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+def affine(call: RelevanceCall, function: Callable[..., Tensor], *args: Any,
+           input_gradient: Callable[[Tensor, Tensor | None, Tensor], Tensor] | None = None, **kwargs: Any) -> Tensor:
     """A parameterless operation that is linear in every relevance-carrying argument (sum,
-    mean, add, pooling, scatter sums); other arguments act as constants (biases)."""
+    mean, add, pooling, scatter sums); other arguments act as constants (biases).
+    ``input_gradient``: its vector-Jacobian product in each such argument, if it has one in
+    closed form (see :attr:`fxlrp.relevance.AffineLayer.input_gradient`)."""
     if call.runs_natively():
         return function(*args, **kwargs)
     if call.site is not None and call.site.before_first_layer and "bias" in getattr(call.rule, "zero_params", ()):
         return _with_constants_as_bias(call, bind(function, kwargs), *args)
-    return call.affine(call.layer(bind(function, kwargs)), *args)
+    return call.affine(call.layer(bind(function, kwargs), input_gradient=input_gradient), *args)
 
 
 def _with_constants_as_bias(call: RelevanceCall, function: Callable[..., Tensor], *args: Any) -> Tensor:

@@ -76,15 +76,28 @@ def normalisation(
 
     Forward runs only the native kernel; the linearised map, which the rule's vector-Jacobian
     product goes through, is computed in backward (as for attention), or, where only ``x``
-    carries relevance, its product is given in closed form by ``held = (kernel, vjp)``
-    (:class:`HeldStatisticsGradient`)."""
+    carries relevance, its product is given in closed form by ``held = (kernel, vjp)``: recorded
+    (:class:`HeldStatisticsGradient`) for rules that build a graph, and as the layer's own
+    ``input_gradient`` (from what the kernel's last call kept) for those that take it so, which
+    then record nothing."""
+    kept: list[Tensor] = []  # (what the kernel kept at its last call outside autograd)
 
     def layer_function(x: Tensor, w: Tensor | None, b: Tensor | None) -> Tensor:
-        if held is not None and not carries_relevance(w) and not carries_relevance(b):
+        if held is None or carries_relevance(w) or carries_relevance(b):
+            return decomposed_in_backward(exact, linearised, x, w, b)
+        if torch.is_grad_enabled() and x.requires_grad:
             return HeldStatisticsGradient.apply(*held, x, w, b)
-        return decomposed_in_backward(exact, linearised, x, w, b)
+        output, statistic = held[0](x, w, b)
+        kept[:] = [None if statistic is x else statistic]  # (RMSNorm keeps x, which the rule holds anyway)
+        return output
 
-    return call.affine(call.layer(layer_function, weight, bias, has_parameters=True, recomputable=True), input)
+    def input_gradient(gradient: Tensor, w: Tensor | None, x: Tensor) -> Tensor:
+        return held[1](x if kept[0] is None else kept[0], w, gradient)
+
+    closed = held is not None and not carries_relevance(weight) and not carries_relevance(bias)
+    layer = call.layer(layer_function, weight, bias, has_parameters=True, recomputable=True,
+                       input_gradient=input_gradient if closed else None)
+    return call.affine(layer, input)
 
 
 def _dimensions(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
@@ -118,7 +131,7 @@ def layer_norm(
         # y = (x - mean x) / sigma * w + b: with h = g w / sigma, g_x = h - mean h
         scaled = gradient * inverse_sigma
         if w is not None:
-            scaled.mul_(w.view(feature_shape))
+            scaled.mul_(w)  # (of the normalised shape: it broadcasts over the last dimensions)
         return scaled.sub_(scaled.mean(dimensions, keepdim=True))
 
     plain = function in (F.layer_norm, torch.layer_norm)  # another spelling keeps its own kernel
@@ -233,7 +246,7 @@ def rms_norm(
 
     def vjp(x: Tensor, w: Tensor | None, gradient: Tensor) -> Tensor:
         scaled = gradient * inverse_rms_of(x)  # y = x / rms * w: a per-element scaling
-        return scaled.mul_(w.view(feature_shape)) if w is not None else scaled
+        return scaled.mul_(w) if w is not None else scaled
 
     return normalisation(call, exact, linearised, input, weight, None, (kernel, vjp))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,11 +33,26 @@ SUM = Affine(affine, default_rule=proportional, output_free_backward=True, gradi
 backward leaves its output unread."""
 
 
+def summand_gradient(gradient: Tensor, weight: None, summand: Tensor) -> Tensor:
+    """A sum's vector-Jacobian product in one summand: the output's gradient, summed over the
+    dimensions the summand was broadcast along, in the summand's dtype (as autograd hands it)."""
+    if gradient.shape != summand.shape:
+        gradient = gradient.sum_to_size(summand.shape)
+    return gradient if gradient.dtype == summand.dtype else gradient.to(summand.dtype)
+
+
+def add(call: RelevanceCall, function: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    """``a + b`` as :data:`SUM` takes it, with its vector-Jacobian product in closed form
+    (:func:`summand_gradient`): rules that need only that product build no inner graph. With
+    ``alpha`` (which scales the second summand) through an inner graph."""
+    return affine(call, function, *args, input_gradient=None if kwargs else summand_gradient, **kwargs)
+
+
 register(
     Operation(
         "add",
         Spelling(functions=(operator.add, torch.add), methods=("add", "__add__", "__radd__")),
-        SUM,
+        replace(SUM, relevance=add),
         ValueFlow(non_negative=non_negative_where_arguments_are, role=RoleFrom.SHARED),
         description="a + b (broadcasting; constants act as a bias)",
     )

@@ -36,12 +36,12 @@ class AffineLayer:
     """For a softmax: the dimension it normalises over (non-negative), which lets a rule use the
     softmax's Jacobian in closed form; None elsewhere or where it is not known."""
     input_gradient: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
-    """For a layer with parameters, its vector-Jacobian product in its input, ``(gradient of the
-    output, weight, input) -> gradient of the input`` (the input for its shape and layout, not its
-    values), where it has a closed form (``F.linear``: ``g @ W``; a convolution: its own
-    ``convolution_backward`` for the input alone): a rule that uses the layer's own parameters
-    then builds no inner autograd graph in forward and runs no nested ``torch.autograd.grad`` in
-    backward (see
+    """Its vector-Jacobian product in each relevance-carrying input, ``(gradient of the output,
+    weight, input) -> gradient of the input`` (the input for its shape and layout, not its values;
+    the weight None without parameters), where it has a closed form (``F.linear``: ``g @ W``; a
+    convolution: its own ``convolution_backward`` for the input alone; a sum: ``g`` summed to the
+    summand's shape): a rule that uses the layer's own parameters then builds no inner autograd
+    graph in forward and runs no nested ``torch.autograd.grad`` in backward (see
     :func:`fxlrp.relevance.terms.output_and_root`)."""
     inputs_non_negative: bool = False
     """Whether its relevance-carrying inputs are known never to be negative, from the graph (a

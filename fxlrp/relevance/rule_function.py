@@ -233,7 +233,8 @@ class RuleFunction(torch.autograd.Function):
         """
         ctx.reusable = _reusable.get()
         recipes = [] if ctx.reusable else _recomputations(inputs)
-        if any(recipes) or rule.builds_graph(layer, inputs, prepared):
+        builds_graph = rule.builds_graph(layer, inputs, prepared)
+        if builds_graph:
             # Tensors are held as aliases of their own: code run eagerly may give the Python object
             # another tensor afterwards (fxlrp.eager.in_place.replace_values, for an in-place write).
             leaves = tuple(
@@ -245,20 +246,22 @@ class RuleFunction(torch.autograd.Function):
         else:
             # The rule reads values only: the inputs themselves, held for backward by autograd, whose
             # saved tensors are immune to that (and refuse a write in place), in a list that backward
-            # fills with them (:func:`_held_inputs`) before the rule reads the list it kept.
+            # fills with them (:func:`_held_inputs`) before the rule reads the list it kept; inputs
+            # recomputed in backward (:func:`recomputation_of`) are not held.
             leaves = ctx.held = list(inputs)
-            ctx.save_for_backward(*(value for value in inputs if isinstance(value, Tensor)))
+            ctx.save_for_backward(*(value for index, value in enumerate(inputs)
+                                    if isinstance(value, Tensor) and not (recipes and recipes[index])))
         with torch.enable_grad():
             output, state = rule.forward(layer, leaves, prepared)
         ctx.layer, ctx.rule, ctx.state = layer, rule, state
         ctx.rectified = False  # (set by rectify_in_place: this backward then runs the ReLU's gate)
         ctx.carrying = tuple(carries_relevance(value) for value in inputs)
         ctx.kept = KeptOutput(output, output._version) if rule.keeps_output(prepared) else None
-        ctx.recomputed = _release_recomputable(leaves, recipes) if any(recipes) else ()
+        ctx.recomputed = _release_recomputable(leaves, recipes, builds_graph) if any(recipes) else ()
         if layer.recomputable and not ctx.reusable:
             _recompute_from_input(ctx, layer, inputs)
-        if output.requires_grad or ctx.kept is not None or output._is_view() or any(
-                output is value for value in (*inputs, *leaves)):
+        kept = ctx.kept is not None and ctx.kept.values is not None  # (not where recomputed in backward)
+        if output.requires_grad or kept or output._is_view() or any(output is value for value in (*inputs, *leaves)):
             # Cut from the rule's inner graph, and another object than the one kept (the Function's
             # output refers to its node, which would refer back to it: neither would be freed).
             return output.detach()
@@ -301,7 +304,7 @@ class RuleFunction(torch.autograd.Function):
             _held_inputs(ctx)
         if ctx.rectified:  # the ReLU rectify_in_place ran unrecorded: its gradient's own gate, same kernel
             relevance = torch.ops.aten.threshold_backward(relevance, ctx.kept.values, 0)
-        recomputed = _restore_recomputed(ctx.recomputed)
+        recomputed = _restore_recomputed(ctx.recomputed, ctx.held)
         # The restored values live as long as the rule's state (taken below), not as long as the
         # whole graph: held here too, every recomputed input of the model would be alive at once
         # by the end of backward.
@@ -451,24 +454,32 @@ def _recomputations(inputs: Sequence[Any]) -> list[tuple[Callable[[Tensor], Tens
 
 
 def _release_recomputable(
-    leaves: Sequence[Any], recipes: Sequence[tuple[Callable[[Tensor], Tensor], Tensor] | None]
+    leaves: list[Any] | tuple[Any, ...], recipes: Sequence[tuple[Callable[[Tensor], Tensor], Tensor] | None],
+    builds_graph: bool,
 ) -> tuple[Any, ...]:
-    """Detach recomputable inputs' values from the rule's leaves (the leaves stay the roots of
-    the rule's inner graph, with no memory); :func:`_restore_recomputed` brings them back."""
+    """Let go of the values of recomputable inputs: a rule that builds a graph keeps its leaves
+    (the roots of its inner graph) without memory; one that reads values only holds None in their
+    place in its list of inputs (``leaves``), which autograd did not save. :func:`_restore_recomputed`
+    brings them back."""
     released = []
-    for leaf, recipe in zip(leaves, recipes, strict=True):
+    for index, (leaf, recipe) in enumerate(zip(leaves, recipes, strict=True)):
         if recipe is not None:
             function, source = recipe
             layout = (leaf.shape, leaf.stride(), leaf.dtype)
-            released.append((leaf, layout, function, source, source._version))
-            leaf.data = leaf.new_empty(0)
+            released.append((leaf if builds_graph else index, layout, function, source, source._version))
+            if builds_graph:
+                leaf.data = leaf.new_empty(0)
+            else:
+                leaves[index] = None
     return tuple(released)
 
 
-def _restore_recomputed(released: Sequence[Any]) -> tuple[tuple[Tensor, Tensor], ...]:
-    """The released inputs' values computed again into their leaves; pairs of leaf and values."""
+def _restore_recomputed(released: Sequence[Any], held: list[Any] | None) -> tuple[tuple[Tensor, Tensor], ...]:
+    """The released inputs' values computed again, into their leaves or their places in ``held``;
+    pairs of the input the rule reads and the values it may write into (none in a backward that
+    records: there the input is a leaf of its own)."""
     restored = []
-    for leaf, layout, function, source, version in released:
+    for slot, layout, function, source, version in released:
         _check_unchanged(source, version, "the input of an activation",
                          "the activation's output cannot be recomputed for relevance")
         with torch.no_grad():
@@ -479,8 +490,14 @@ def _restore_recomputed(released: Sequence[Any]) -> tuple[tuple[Tensor, Tensor],
                 "forward (was the forward run under autocast or another mode the backward is not?); "
                 "run the explainer's forward and backward under the same modes"
             )
-        leaf.data = values
-        restored.append((leaf, values))
+        if isinstance(slot, int):  # (a leaf of its own, relevance-carrying as the input it stands for)
+            held[slot] = values.requires_grad_()
+            if torch.is_grad_enabled():  # a backward that records (create_graph=True) reads it unchanged
+                continue
+            slot = values
+        else:
+            slot.data = values
+        restored.append((slot, values))
     return tuple(restored)
 
 

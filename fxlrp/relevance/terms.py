@@ -36,8 +36,8 @@ Parameters = tuple[Tensor | None, Tensor | None]
 class LayerGradient:
     """A rule's gradient root where the layer gives its vector-Jacobian product in closed form.
 
-    The product is :attr:`AffineLayer.input_gradient`, with the layer's own weight: no inner
-    graph is kept.
+    The product is :attr:`AffineLayer.input_gradient`, with the layer's own weight, for each
+    relevance-carrying input: no inner graph is kept.
     """
 
     layer: AffineLayer
@@ -415,12 +415,13 @@ def has_layer_gradient(layer: AffineLayer, inputs: Sequence[Any]) -> bool:
     Returns
     -------
     bool
-        True where the layer has an ``input_gradient``, its first input is the only one carrying
-        relevance, and autocast (whose casts an inner graph would record) is off.
+        True where the layer has an ``input_gradient``, an input carries relevance, and autocast
+        (whose casts an inner graph would record) is off.
     """
-    return (layer.input_gradient is not None and carries_relevance(inputs[0])
-            and not any(carries_relevance(value) for value in inputs[1:])
-            and not torch.is_autocast_enabled(inputs[0].device.type))
+    if layer.input_gradient is None:
+        return False
+    carrying = next((value for value in inputs if carries_relevance(value)), None)
+    return carrying is not None and not torch.is_autocast_enabled(carrying.device.type)
 
 
 def original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
@@ -525,7 +526,7 @@ def input_times_gradient(
     """
     carrying = [value for value in inputs if carries_relevance(value)]
     if isinstance(output, LayerGradient):
-        gradients = (output.of(scaled_relevance, carrying[0]),)
+        gradients = tuple(output.of(scaled_relevance, value) for value in carrying)
     else:
         # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
         gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())

@@ -50,7 +50,8 @@ class SoftmaxRule(Epsilon):
         return (share, *[None] * (len(inputs) - 1))
 
     @staticmethod
-    def closed_form(relevance: Tensor, weights: Tensor, logits: Tensor, dim: int, owned: bool = False) -> Tensor:
+    def closed_form(relevance: Tensor, weights: Tensor, logits: Tensor, dim: int, owned: bool = False,
+                    masked: bool = True) -> Tensor:
         """The rule's closed form, ``x * (R - s * sum R)`` over ``dim``.
 
         Parameters
@@ -66,6 +67,10 @@ class SoftmaxRule(Epsilon):
         owned : bool, default False
             Whether ``relevance`` is the caller's own fresh tensor, which the result may
             overwrite.
+        masked : bool, default True
+            Whether logits may be ``-inf`` (a mask was added to them); False where none can be
+            (attention without a mask, whose finite logits give finite weights), which skips
+            looking for them.
 
         Returns
         -------
@@ -78,17 +83,17 @@ class SoftmaxRule(Epsilon):
         else:
             share = torch.addcmul(relevance, weights, total, value=-1.0)
         share = share * logits if share.requires_grad else share.mul_(logits)
-        return _zero_where_infinite(share, logits)
+        return _zero_where_infinite(share, logits) if masked else share
 
     def __repr__(self) -> str:
         return "SoftmaxRule()"
 
 
 def _zero_where_infinite(share: Tensor, value: Tensor) -> Tensor:
-    """``share`` with 0 where ``value`` is not finite (masked logits of ``-inf``)."""
-    finite = torch.isfinite(value)
-    return share.masked_fill_(finite.logical_not_(), 0.0) if not share.requires_grad else torch.where(
-        finite, share, torch.zeros_like(share))
+    """``share`` with 0 where ``value`` is infinite (masked logits of ``-inf``: ``0 * -inf`` is NaN).
+    A logit of NaN or ``+inf`` makes the softmax's output NaN, which the explanation's checks refuse."""
+    infinite = torch.isinf(value)
+    return share.masked_fill_(infinite, 0.0) if not share.requires_grad else share.masked_fill(infinite, 0.0)
 
 
 class AttentionAsConstant(Rule):

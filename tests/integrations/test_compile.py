@@ -67,6 +67,19 @@ def test_vision_transformer_compiles_once_and_explains_as_eager() -> None:
     check_compiled_equals_eager(model, (2, 3, 32, 32), target=torch.tensor([3, 7]))
 
 
+def test_reduce_overhead_mode_runs_on_the_cpu_and_explains_as_eager() -> None:
+    """``mode="reduce-overhead"`` (CUDA graphs on a GPU) is given to Inductor as that mode's options
+    beside the exact layout's (``torch.compile`` takes a mode or options, not both); on the CPU it
+    compiles as the default mode: the eager relevance (float64), once per shape."""
+    torch.manual_seed(0)
+    explain = fxlrp.convert(DigitsCNN().eval().double(), EpsilonPlusFlat())
+    compiled = fxlrp.compile(explain, mode="reduce-overhead")
+    for seed in range(2):
+        images = torch.randn(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        assert relative_error(compiled(images, 2), fxlrp.attribute(explain, images, target=2)) <= 1e-10
+    assert compiled.graphs == 1
+
+
 @pytest.mark.parametrize("composite", [EpsilonPlusFlat(), EpsilonGammaBox(-3.0, 3.0), Epsilon(0.0)], ids=repr)
 def test_rules_that_skip_work_by_value_do_all_of_it_when_traced(composite: object) -> None:
     """z+ skips its x- terms behind a ReLU, gamma an output sign that does not occur, LRP-0's

@@ -254,3 +254,20 @@ def test_gradient_checkpointing_on_the_gpu_gives_the_cpu_relevance(composite: An
     explain = fxlrp.convert(checkpointed, composite)
     for _ in range(2):
         assert relative_error(fxlrp.attribute(explain, ids.cuda()).cpu(), expected) <= TOLERANCE
+
+
+def test_cuda_graphs_replay_the_cpu_relevance() -> None:
+    """``fxlrp.compile(mode="reduce-overhead")``: the explanation recorded once as a CUDA graph and
+    replayed for each further input of its shape, without recompiling; each call's relevance is
+    the eager relevance on the CPU (float64), also the first call's after the second replay
+    overwrote the graph's own outputs."""
+    torch.manual_seed(0)
+    model = _resnet().double().eval()
+    explain_on_the_cpu = fxlrp.convert(model, EpsilonPlusFlat())
+    compiled = fxlrp.compile(fxlrp.convert(copy.deepcopy(model).cuda(), EpsilonPlusFlat()), mode="reduce-overhead")
+    images = [torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+              for seed in range(3)]
+    relevance = [compiled(image.cuda(), torch.tensor([3, 7]).cuda()) for image in images]
+    assert compiled.graphs == 1
+    for image, found in zip(images, relevance, strict=True):
+        _assert_same(fxlrp.attribute(explain_on_the_cpu, image, target=torch.tensor([3, 7])), found.cpu())

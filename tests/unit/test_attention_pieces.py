@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 import fxlrp
 import fxlrp.operations.attention as attention
-from fxlrp.rules import Epsilon
+from fxlrp.rules import Epsilon, ZPlus
 from fxlrp.rules.composites import CPLRP, AttnLRP, Composite
 
 LENGTH = 6
@@ -285,3 +285,77 @@ def test_multihead_attention_gives_a_relevance_carrying_mask_its_share(by_keywor
     expected = fxlrp.attribute(fxlrp.convert(fused, composite, strict=True), inputs, target=1)
     relevance = fxlrp.attribute(fxlrp.convert(module, composite, strict=True, capture=capture), inputs, target=1)
     assert relative_error(relevance, expected) <= 1e-10
+
+
+class MultiheadSelfAttention(nn.Module):
+    """``nn.MultiheadAttention`` on ``x`` with a boolean mask and padded keys, its weights asked
+    for or not (the output alone is explained either way)."""
+
+    def __init__(self, need_weights: bool) -> None:
+        super().__init__()
+        self.need_weights = need_weights
+        self.attention = nn.MultiheadAttention(6, 2, batch_first=True)
+        self.out = nn.Linear(6, 2)
+        self.register_buffer("mask", torch.ones(LENGTH, LENGTH, dtype=torch.bool).triu(2))  # True: may not attend
+        self.register_buffer("padding", torch.tensor([[False] * LENGTH, [False] * (LENGTH - 2) + [True] * 2]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        mixed, _ = self.attention(x, x, x, key_padding_mask=self.padding, attn_mask=self.mask,
+                                  need_weights=self.need_weights)
+        return self.out(mixed.mean(1))
+
+
+@pytest.mark.parametrize("composite", [AttnLRP(0.25), Epsilon(0.25), CPLRP(0.25), AttnLRP(0.0)],
+                         ids=["attnlrp", "epsilon", "cplrp", "attnlrp0"])
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_multihead_attention_without_weights_is_explained_as_with_them(composite, capture, monkeypatch) -> None:
+    """Without its weights asked for, nn.MultiheadAttention's decomposition runs the heads'
+    attention as F.scaled_dot_product_attention, explained by that entry (in closed form in the
+    relevance form); with them, the decomposition's products and softmax run one by one under the
+    interpretation, each with its own rule: the same relevance (float64), masks included."""
+    torch.manual_seed(6)
+    without, with_weights = MultiheadSelfAttention(False).double().eval(), MultiheadSelfAttention(True).double().eval()
+    with_weights.load_state_dict(without.state_dict())
+    inputs = torch.randn(2, LENGTH, 6, dtype=torch.float64)
+    closed_forms = []
+    original = attention.attention_relevance
+    monkeypatch.setattr(attention, "attention_relevance", lambda *args: closed_forms.append(1) or original(*args))
+    expected = fxlrp.attribute(fxlrp.convert(with_weights, composite, capture=capture, strict=True), inputs, target=1)
+    assert not closed_forms
+    relevance = fxlrp.attribute(fxlrp.convert(without, composite, capture=capture, strict=True), inputs, target=1)
+    assert len(closed_forms) == (0 if composite.__class__ is AttnLRP and composite.epsilon == 0.0 else 1)
+    assert relative_error(relevance, expected) <= 1e-12
+    assert expected.abs().sum() > 0
+
+
+class CopiedKeysAndValues(nn.Module):
+    """``nn.MultiheadAttention`` on one tensor as query, key and value, or on copies of it as key
+    and value (three tensors: three projections)."""
+
+    def __init__(self, copies: bool) -> None:
+        super().__init__()
+        self.copies = copies
+        self.attention = nn.MultiheadAttention(6, 2, batch_first=True)
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        key, value = (x.clone(), x.clone()) if self.copies else (x, x)
+        mixed, _ = self.attention(x, key, value, need_weights=False)
+        return self.out(mixed.mean(1))
+
+
+@pytest.mark.parametrize("composite", [AttnLRP(0.25), Epsilon(0.25), AttnLRP(0.0), Composite(layer_rule=ZPlus())],
+                         ids=["attnlrp", "epsilon", "attnlrp0", "zplus"])
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_self_attention_projects_query_key_and_value_in_one_product(composite, capture) -> None:
+    """Called with one tensor as query, key and value, nn.MultiheadAttention's decomposition
+    projects them with the packed weight in one product; every rule shares relevance output by
+    output, so the input's relevance is that of three projections of copies (float64)."""
+    torch.manual_seed(7)
+    one, copies = CopiedKeysAndValues(False).double().eval(), CopiedKeysAndValues(True).double().eval()
+    copies.load_state_dict(one.state_dict())
+    inputs = torch.randn(2, LENGTH, 6, dtype=torch.float64)
+    expected = fxlrp.attribute(fxlrp.convert(copies, composite, capture=capture, strict=True), inputs, target=1)
+    relevance = fxlrp.attribute(fxlrp.convert(one, composite, capture=capture, strict=True), inputs, target=1)
+    assert relative_error(relevance, expected) <= 1e-12
+    assert expected.abs().sum() > 0

@@ -330,6 +330,45 @@ def test_layer_norm_identity_rule_on_sigma(with_bias: bool) -> None:
         assert abs(actual.sum() - relevance.sum()) < 1e-10 * relevance.abs().sum()
 
 
+@pytest.mark.parametrize("rule", [fxlrp.rules.Epsilon(0.25), fxlrp.rules.Epsilon(0.25, zero_params="bias")],
+                         ids=["closed form", "inner graph"])
+def test_layer_norm_under_the_epsilon_rule_with_and_without_an_inner_graph(rule) -> None:
+    """The epsilon rule takes LayerNorm's product with sigma held constant in closed form (no inner
+    graph: the layer's input_gradient from the kernel's 1 / sigma); with zero_params it builds a
+    graph of the modified layer, through HeldStatisticsGradient. Both against the rule by hand on
+    the linearised map (the bias left out with zero_params)."""
+    norm = nn.LayerNorm(6, eps=1e-3).double()
+    with torch.no_grad():
+        norm.weight.copy_(random(6, seed=3) + 1.5)
+        norm.bias.copy_(random(6, seed=4))
+    x, relevance = random(2, 5, 6), random(2, 5, 6, seed=1)
+    [actual] = explained_relevance(fxlrp.convert(norm, Composite(operation_rules={"layer_norm": rule})), [x], relevance)
+    sigma = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-3)
+    bias = torch.zeros(6, dtype=torch.float64) if rule.zero_params else norm.bias.detach()
+
+    def linearised(value: Tensor) -> Tensor:
+        return (value - value.mean(-1, keepdim=True)) / sigma * norm.weight.detach() + bias
+
+    [expected] = epsilon_reference(linearised, [x], relevance, 0.25)
+    assert relative_error(actual, expected) < TOLERANCE
+
+
+@pytest.mark.parametrize("rule", [fxlrp.rules.Epsilon(0.0), fxlrp.rules.Epsilon(0.25)], ids=repr)
+def test_rms_norm_holds_the_root_mean_square_constant(rule) -> None:
+    """``nn.RMSNorm``: ``x / rms(x) * w`` with the root mean square a constant of x, a per-feature
+    scaling; the rule's product in closed form from x, against the rule by hand."""
+    norm = nn.RMSNorm(6, eps=1e-3).double()
+    with torch.no_grad():
+        norm.weight.copy_(random(6, seed=3) + 1.5)
+    x, relevance = random(2, 5, 6), random(2, 5, 6, seed=1)
+    explain = fxlrp.convert(norm, Composite(operation_rules={"rms_norm": rule}))
+    assert torch.equal(explain(x), norm(x))
+    [actual] = explained_relevance(explain, [x], relevance)
+    rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-3)
+    [expected] = epsilon_reference(lambda value: value / rms * norm.weight.detach(), [x], relevance, rule.epsilon)
+    assert relative_error(actual, expected) < TOLERANCE
+
+
 def test_functional_layer_norm_as_convnext_calls_it() -> None:
     """ConvNeXt's LayerNorm2d: permute, F.layer_norm with the weights, permute back."""
     from torchvision.models.convnext import LayerNorm2d
