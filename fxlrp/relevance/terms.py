@@ -36,20 +36,26 @@ Parameters = tuple[Tensor | None, Tensor | None]
 class LayerGradient:
     """A rule's gradient root where the layer gives its vector-Jacobian product in closed form.
 
-    The product is :attr:`AffineLayer.input_gradient`, with the layer's own weight: no inner
-    graph is kept.
+    The product is :attr:`AffineLayer.input_gradient`, with the layer's own weight or a rule's
+    modified one (``w+``, ``w + gamma w+``, ones), of a term computed on the whole input or on
+    its positive or negative part: no inner graph is kept.
     """
 
     layer: AffineLayer
     """The layer, which has an ``input_gradient``."""
+    weight: Tensor | None = None
+    """The weight of the term (a rule's modified one); None for the layer's own."""
+    part: float | None = None
+    """The part of the input the term was computed on: ``+1.0`` for ``x+``, ``-1.0`` for ``x-``;
+    None for the whole input."""
 
     def of(self, gradient: Tensor, input: Tensor) -> Tensor:
-        """The gradient of the layer's input.
+        """The gradient of the term's input.
 
         Parameters
         ----------
         gradient : Tensor
-            The gradient of the layer's output.
+            The gradient of the term's output.
         input : Tensor
             The layer's input (for its shape and layout).
 
@@ -58,7 +64,8 @@ class LayerGradient:
         Tensor
             ``input_gradient(gradient, weight, input)``.
         """
-        return self.layer.input_gradient(gradient, self.layer.weight, input)
+        weight = self.layer.weight if self.weight is None else self.weight
+        return self.layer.input_gradient(gradient, weight, input)
 
 
 Root = Tensor | GradientEdge | LayerGradient
@@ -293,8 +300,10 @@ def has_negative_inputs(inputs: Sequence[Any]) -> bool:
     return any(value.numel() > 0 and bool(value.amin() < 0) for value in carrying)
 
 
-def split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[Any], Sequence[Any] | None]:
-    """``(x+, x-)`` under autograd.
+def split_inputs(
+    inputs: Sequence[Any], has_negative: bool, graph: bool = True
+) -> tuple[Sequence[Any], Sequence[Any] | None]:
+    """``(x+, x-)``, under autograd where ``graph``.
 
     Parameters
     ----------
@@ -302,6 +311,9 @@ def split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[An
         The operation's inputs.
     has_negative : bool
         What :func:`has_negative_inputs` said of them.
+    graph : bool, default True
+        Whether the terms are computed on an inner graph (False: in closed form,
+        :func:`signed_terms`), whose leaves the parts then come from.
 
     Returns
     -------
@@ -313,15 +325,15 @@ def split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[An
     """
     if not has_negative:
         return inputs, None
-    with torch.enable_grad():
+    with torch.enable_grad() if graph else torch.no_grad():
         return map_carrying(inputs, positive_part), map_carrying(inputs, negative_part)
 
 
 def signed_terms(
     layer: AffineLayer, split: tuple[Sequence[Any], Sequence[Any] | None], variants: ParameterVariants,
-    for_positive: str, for_negative: str,
-) -> list[Tensor]:
-    """The terms of a half of the contributions, ``f(x+; p)`` and ``f(x-; n)``, under autograd.
+    for_positive: str, for_negative: str, closed: bool = False,
+) -> tuple[list[Root], Tensor]:
+    """The terms of a half of the contributions, ``f(x+; p)`` and ``f(x-; n)``, and their sum.
 
     The halves are those of z+, alpha-beta or gamma; they are computed in backward, where they
     are used.
@@ -338,41 +350,41 @@ def signed_terms(
         The name of the variant ``p`` applied to ``x+``.
     for_negative : str
         The name of the variant ``n`` applied to ``x-``.
+    closed : bool, default False
+        Whether the layer's vector-Jacobian product is taken in closed form
+        (:func:`has_layer_gradient`): the terms are then computed without autograd, and each is
+        represented by the :class:`LayerGradient` of its weight and part of the input.
 
     Returns
     -------
-    list of Tensor
-        ``[f(x+; p)]``, and ``f(x-; n)`` after it where there are negative inputs.
+    roots : list of Root
+        Where the pull-back of each term starts: ``f(x+; p)``, and ``f(x-; n)`` after it where
+        there are negative inputs (the terms under autograd, or their :class:`LayerGradient`).
+    denominator : Tensor
+        The sum of the terms' values, out of autograd's records: the term itself for a single
+        term in a backward that records nothing (the rule then writes its stabiliser and
+        quotient into it, which the term's own gradient does not read), else a fresh sum.
     """
     positive_inputs, negative_inputs = split
+    if closed:
+        with torch.no_grad():
+            denominator = layer(positive_inputs, *variants[for_positive])
+            roots: list[Root] = [LayerGradient(layer, variants[for_positive][0],
+                                               None if negative_inputs is None else 1.0)]
+            if negative_inputs is not None:
+                denominator = denominator.add_(layer(negative_inputs, *variants[for_negative]))
+                roots.append(LayerGradient(layer, variants[for_negative][0], -1.0))
+        return roots, denominator
     with torch.enable_grad():
         terms = [layer(positive_inputs, *variants[for_positive])]
         if negative_inputs is not None:
             terms.append(layer(negative_inputs, *variants[for_negative]))
-    return terms
-
-
-def total(terms: Sequence[Tensor]) -> Tensor:
-    """The sum of the terms' values (no copy for a single term).
-
-    Parameters
-    ----------
-    terms : sequence of Tensor
-        The terms.
-
-    Returns
-    -------
-    Tensor
-        Their sum, out of autograd's records: the term itself for a single term in a backward
-        that records nothing (the rule then writes its stabiliser and quotient into it, which
-        the term's own gradient does not read), else detached.
-    """
     if torch.is_grad_enabled():  # (a backward that records, create_graph=True)
-        return terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
+        return terms, terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
     summed = terms[0]
     for term in terms[1:]:
         summed = summed + term
-    return summed
+    return terms, summed
 
 
 def output_and_root(layer: AffineLayer, inputs: Sequence[Any]) -> tuple[Tensor, Root]:
@@ -524,8 +536,10 @@ def input_times_gradient(
         The relevance of each input; None for inputs that carry none.
     """
     carrying = [value for value in inputs if carries_relevance(value)]
-    if isinstance(output, LayerGradient):
-        gradients = (output.of(scaled_relevance, carrying[0]),)
+    closed = _layer_gradients(output)
+    if closed is not None:
+        shares = scaled_relevance if isinstance(scaled_relevance, (list, tuple)) else [scaled_relevance]
+        gradients = (_closed_form_gradient(closed, shares, carrying[0]),)
     else:
         # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
         gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())
@@ -534,6 +548,32 @@ def input_times_gradient(
         for value, gradient, in_place in zip(carrying, gradients, _writable(gradients), strict=True)
     )
     return tuple(next(products) if carries_relevance(value) else None for value in inputs)
+
+
+def _layer_gradients(output: Root | Sequence[Root]) -> list[LayerGradient] | None:
+    """The roots as a list of :class:`LayerGradient` where every one is; else None."""
+    if isinstance(output, LayerGradient):
+        return [output]
+    if isinstance(output, list) and all(isinstance(root, LayerGradient) for root in output):
+        return output
+    return None
+
+
+def _closed_form_gradient(roots: Sequence[LayerGradient], shares: Sequence[Tensor], value: Tensor) -> Tensor:
+    """``sum_t J_t^T s_t`` at the one relevance-carrying input, chained through the part of the
+    input each term was computed on: where terms of ``x+`` and of ``x-`` are summed, the input's
+    gradient is the positive terms' where it is positive and the negative terms' elsewhere (the
+    gradients of ``max(x, 0)`` and ``min(x, 0)``; at ``x = 0`` the product with ``x`` is 0 either
+    way)."""
+    recording = torch.is_grad_enabled()  # (a backward that records: no in-place sum)
+    by_part: dict[float | None, Tensor] = {}
+    for root, share in zip(roots, shares, strict=True):
+        gradient = root.of(share, value)
+        summed = by_part.get(root.part)
+        by_part[root.part] = gradient if summed is None else summed + gradient if recording else summed.add_(gradient)
+    if None in by_part:
+        return by_part[None]
+    return torch.where(value > 0, by_part[1.0], by_part[-1.0])
 
 
 def _product(value: Tensor, gradient: Tensor) -> Tensor:

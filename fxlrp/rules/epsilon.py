@@ -50,13 +50,17 @@ class Epsilon(StabilisedRule):
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         if prepared is None:
             output, root = terms.output_and_root(layer, inputs)
-            return output, (inputs, root, None)
+            return output, (inputs, root, None, None)
+        if terms.has_layer_gradient(layer, inputs):  # the modified term is computed in backward, where it is used
+            return terms.original_output(layer, inputs), (inputs, terms.LayerGradient(layer, prepared[0]), None,
+                                                          prepared)
         modified = layer(inputs, *prepared)
-        return terms.original_output(layer, inputs), (inputs, gradient_root(modified), modified)
+        return terms.original_output(layer, inputs), (inputs, gradient_root(modified), modified, None)
 
     def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
-        # The layer's own product in closed form (terms.output_and_root) reads the input's values only.
-        return prepared is not None or not terms.has_layer_gradient(layer, inputs)
+        # The layer's product in closed form (terms.output_and_root, terms.LayerGradient) reads the
+        # input's values only.
+        return not terms.has_layer_gradient(layer, inputs)
 
     def has_gradient_form(self, prepared: Any = None) -> bool:
         # epsilon = 0: R_x = x * J^T (R / z), i.e. g_x = J^T g_z (zero_params change J)
@@ -69,17 +73,20 @@ class Epsilon(StabilisedRule):
         return self.has_gradient_form()  # LRP-0: g_x = J^T g_z
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        inputs, root, _ = state
+        inputs, root, _, _ = state
         return terms.input_times_gradient(root, inputs, self._quotient(layer, state, relevance, output))
 
     def _quotient(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Tensor:
         """``R / s(z)``, a fresh tensor of the output's size."""
-        _, _, modified = state
-        if output is None:
-            denominator, sign = modified, None
-        else:  # the sign of the kept output is known once a ReLU rectified it
+        inputs, _, modified, parameters = state
+        if output is not None:  # the sign of the kept output is known once a ReLU rectified it
             sign = output.sign
             denominator = output.take()
+        elif modified is not None:
+            denominator, sign = modified, None
+        else:  # zero_params in closed form: the modified term, the rule's own
+            with torch.no_grad():
+                denominator, sign = layer(inputs, *parameters), None
         if torch.is_grad_enabled():  # (a backward that records, create_graph=True; else nothing records)
             denominator = denominator.detach()
         return self.scaled(relevance, denominator, layer, sign=sign)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import KeptOutput
+from fxlrp.relevance.rule_function import KeptOutput, carries_relevance
 from fxlrp.relevance.terms import Parameters
 from fxlrp.rules.rule import Relevance, StabilisedRule
 
@@ -25,15 +25,27 @@ class InputIndependent(StabilisedRule):
     shares_by_input_values = False
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        return terms.original_output(layer, inputs), (inputs, prepared)
+        return terms.original_output(layer, inputs), (inputs, prepared, terms.has_layer_gradient(layer, inputs))
+
+    def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
+        # With the layer's product in closed form the ones' term is computed without autograd.
+        return not terms.has_layer_gradient(layer, inputs)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        inputs, parameters = state
+        inputs, parameters, closed = state
+        # (the modified weights and biases are never negative: z >= 0, stabilised as z + epsilon)
+        if closed:
+            with torch.no_grad():
+                on_ones = layer(terms.map_carrying(inputs, torch.ones_like), *parameters)
+            share = self.scaled(relevance, on_ones, layer, sign=1.0, owned=True)
+            # x_j = 1: the relevance is the gradient itself.
+            (carrying,) = (value for value in inputs if carries_relevance(value))
+            gradient = terms.LayerGradient(layer, parameters[0]).of(share, carrying)
+            return tuple(gradient if value is carrying else None for value in inputs)
         ones = terms.map_carrying(inputs, lambda value: torch.ones_like(value).requires_grad_())
         with torch.enable_grad():
             on_ones = layer(ones, *parameters)
-        # x_j = 1: the input-times-gradient product is the gradient itself.
-        return terms.input_times_gradient(on_ones, ones, self.scaled(relevance, on_ones.detach(), layer))
+        return terms.input_times_gradient(on_ones, ones, self.scaled(relevance, on_ones.detach(), layer, sign=1.0))
 
 
 class Flat(InputIndependent):
