@@ -48,14 +48,16 @@ class Epsilon(StabilisedRule):
         return prepared is None  # with zero_params the denominator is the modified term
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        # state: inputs, root, and the denominator where it is not the kept output (with zero_params
+        # the modified term; in closed form computed in backward, where it is used)
         if prepared is None:
             output, root = terms.output_and_root(layer, inputs)
-            return output, (inputs, root, None, None)
-        if terms.has_layer_gradient(layer, inputs):  # the modified term is computed in backward, where it is used
-            return terms.original_output(layer, inputs), (inputs, terms.LayerGradient(layer, prepared[0]), None,
-                                                          prepared)
+            return output, (inputs, root, None)
+        if terms.has_layer_gradient(layer, inputs):
+            return terms.original_output(layer, inputs), (
+                inputs, terms.LayerGradient(layer, prepared[0]), lambda: layer(inputs, *prepared))
         modified = layer(inputs, *prepared)
-        return terms.original_output(layer, inputs), (inputs, gradient_root(modified), modified, None)
+        return terms.original_output(layer, inputs), (inputs, gradient_root(modified), modified)
 
     def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
         # The layer's product in closed form (terms.output_and_root, terms.LayerGradient) reads the
@@ -73,20 +75,20 @@ class Epsilon(StabilisedRule):
         return self.has_gradient_form()  # LRP-0: g_x = J^T g_z
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        inputs, root, _, _ = state
+        inputs, root, _ = state
         return terms.input_times_gradient(root, inputs, self._quotient(layer, state, relevance, output))
 
     def _quotient(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Tensor:
         """``R / s(z)``, a fresh tensor of the output's size."""
-        inputs, _, modified, parameters = state
+        _, _, modified = state
         if output is not None:  # the sign of the kept output is known once a ReLU rectified it
             sign = output.sign
             denominator = output.take()
-        elif modified is not None:
-            denominator, sign = modified, None
-        else:  # zero_params in closed form: the modified term, the rule's own
+        elif callable(modified):
             with torch.no_grad():
-                denominator, sign = layer(inputs, *parameters), None
+                denominator, sign = modified(), None
+        else:
+            denominator, sign = modified, None
         if torch.is_grad_enabled():  # (a backward that records, create_graph=True; else nothing records)
             denominator = denominator.detach()
         return self.scaled(relevance, denominator, layer, sign=sign)
