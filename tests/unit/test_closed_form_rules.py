@@ -1,0 +1,75 @@
+"""The rules in closed form against the same rules on an inner graph (issue 58), in float64.
+
+Where a layer gives its vector-Jacobian product in closed form (a convolution's
+``convolution_backward`` for the input alone, a linear layer's ``g @ W``), z+, alpha-beta,
+gamma, flat, w^2, z^B and epsilon with ``zero_params`` compute their terms without autograd and
+pull the shares back with that product and the modified weight; elsewhere (and here, with
+:func:`fxlrp.relevance.terms.has_layer_gradient` answering no) each term is a graph of the
+layer run on leaves of the inputs and the shares go back by ``torch.autograd.grad``. Both forms
+compute the same sums, in another order only: equal to 1e-12 relative in float64, on the CPU's
+path (which reads values to skip terms) and on the path the rules take on a GPU (every term
+computed), in a network that has every case: a first layer on signed pixels, layers behind a
+ReLU that alone reads their output (rectified: gamma's first half alone), a layer whose output
+goes into a residual sum (both signs: gamma's two halves) and a layer on signed inputs
+(the ``x-`` terms). test_rules.py checks each rule against its dense formula.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import fxlrp
+from fxlrp.relevance import terms, tracing
+from fxlrp.rules import AlphaBeta, Epsilon, Flat, Gamma, WSquare, ZBox, ZPlus
+from fxlrp.rules.composites import Composite, EpsilonGammaBox, EpsilonPlusFlat
+from tests.support.references import relative_error
+
+
+class Network(nn.Module):
+    """Convolutions behind a ReLU, into a residual sum, and linear layers on signed values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, 4, 3, padding=1)
+        self.rectified = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+        self.into_sum = nn.Conv2d(4, 4, 1, bias=False)
+        self.on_signed = nn.Conv2d(4, 3, 3, stride=2)
+        self.hidden = nn.Linear(12, 6)
+        self.head = nn.Linear(6, 5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.relu(self.first(x))
+        summed = self.into_sum(torch.relu(self.rectified(y))) + y
+        signed = self.on_signed(summed - 0.5)
+        return self.head(torch.relu(self.hidden(signed.flatten(1))))
+
+
+COMPOSITES = {
+    "EpsilonPlusFlat": lambda: EpsilonPlusFlat(),
+    "EpsilonGammaBox": lambda: EpsilonGammaBox(low=-3.0, high=3.0),
+    "zplus": lambda: Composite(ZPlus()),
+    "alpha2_beta1": lambda: Composite(AlphaBeta(2.0, 1.0)),
+    "gamma": lambda: Composite(Gamma(0.3)),
+    "gamma_zero_bias": lambda: Composite(Gamma(0.3, zero_params="bias")),
+    "epsilon_zero_bias": lambda: Composite(Epsilon(1e-6, zero_params="bias")),
+    "wsquare": lambda: Composite(WSquare()),
+    "flat_and_zbox": lambda: Composite(Epsilon(0.01), first_layer=Flat(),
+                                       type_rules={nn.Linear: ZBox(-1.0, 2.0)}),
+}
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+@pytest.mark.parametrize("composite", list(COMPOSITES))
+def test_closed_form_equals_the_inner_graph(composite: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = Network().double().eval()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    if path == "gpu":  # the rules read no values: every term is computed
+        monkeypatch.setattr(tracing, "HOST_DEVICE_TYPES", frozenset())
+    closed = fxlrp.attribute(fxlrp.convert(model, COMPOSITES[composite]()), x)
+    monkeypatch.setattr(terms, "has_layer_gradient", lambda layer, inputs: False)
+    on_a_graph = fxlrp.attribute(fxlrp.convert(model, COMPOSITES[composite]()), x)
+    assert on_a_graph.abs().sum() > 0
+    assert relative_error(closed, on_a_graph) < 1e-12, relative_error(closed, on_a_graph)
