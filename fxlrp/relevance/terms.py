@@ -258,6 +258,32 @@ class ParameterVariants:
             self._made[name] = modified_parameters(self._layer, transform, zero)
         return self._made[name]
 
+    def shifted(self, name: str, shift: float) -> Parameters:
+        """The variant ``name`` with ``shift`` added to its bias (a bias of ``shift`` where it has
+        none), made on first use and then kept: the layer's output then holds a stabiliser
+        (:func:`stabilising_shift`).
+
+        Only for the layers whose product has a closed form (:func:`has_layer_gradient`): linear
+        layers and convolutions, whose bias has one entry per row of the weight.
+
+        Parameters
+        ----------
+        name : str
+            The variant.
+        shift : float
+            What is added to its bias.
+
+        Returns
+        -------
+        tuple of Tensor
+            ``(weight, bias + shift)``.
+        """
+        key = f"{name} shifted by {shift!r}"
+        if key not in self._made:
+            weight, bias = self[name]
+            self._made[key] = weight, (weight.new_full((weight.shape[0],), shift) if bias is None else bias + shift)
+        return self._made[key]
+
 
 def map_carrying(inputs: Sequence[Any], transform: Callable[[Tensor], Tensor]) -> list[Any]:
     """Apply ``transform`` to the relevance-carrying inputs; constants stay as they are.
@@ -331,7 +357,7 @@ def split_inputs(
 
 def signed_terms(
     layer: AffineLayer, split: tuple[Sequence[Any], Sequence[Any] | None], variants: ParameterVariants,
-    for_positive: str, for_negative: str, closed: bool = False,
+    for_positive: str, for_negative: str, closed: bool = False, shift: float | None = None,
 ) -> tuple[list[Root], Tensor]:
     """The terms of a half of the contributions, ``f(x+; p)`` and ``f(x-; n)``, and their sum.
 
@@ -354,6 +380,8 @@ def signed_terms(
         Whether the layer's vector-Jacobian product is taken in closed form
         (:func:`has_layer_gradient`): the terms are then computed without autograd, and each is
         represented by the :class:`LayerGradient` of its weight and part of the input.
+    shift : float, optional
+        In closed form, a stabiliser the first term's bias adds (:func:`stabilising_shift`).
 
     Returns
     -------
@@ -368,7 +396,8 @@ def signed_terms(
     positive_inputs, negative_inputs = split
     if closed:
         with torch.no_grad():
-            denominator = layer(positive_inputs, *variants[for_positive])
+            denominator = layer(positive_inputs, *(
+                variants[for_positive] if shift is None else variants.shifted(for_positive, shift)))
             roots: list[Root] = [LayerGradient(layer, variants[for_positive][0],
                                                None if negative_inputs is None else 1.0)]
             if negative_inputs is not None:
@@ -454,9 +483,36 @@ def original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
         return layer.forward(inputs)
 
 
+def stabilising_shift(stabiliser: Stabiliser, sign: float | None, dtype: torch.dtype) -> float | None:
+    """``sign * epsilon``, where a denominator of known sign may get its stabiliser from the bias of
+    the layer that computes it (:meth:`ParameterVariants.shifted`): one operation per layer less
+    than adding it to the layer's output.
+
+    Parameters
+    ----------
+    stabiliser : Stabiliser
+        The rule's stabiliser.
+    sign : float or None
+        The sign the denominator has by construction (see :func:`scaled`); None if unknown.
+    dtype : torch.dtype
+        The denominator's dtype.
+
+    Returns
+    -------
+    float or None
+        The shift; None where :func:`scaled` must stabilise itself: a sign not known, a function
+        or no epsilon, an epsilon the dtype flushes, or one whose quotient would overflow it
+        (float16).
+    """
+    epsilon = stabiliser.epsilon or 0.0
+    if sign is None or epsilon < torch.finfo(dtype).tiny or torch.finfo(dtype).max * epsilon < 1.0:
+        return None
+    return sign * epsilon
+
+
 def scaled(
     relevance: Tensor, denominator: Tensor, stabiliser: Stabiliser, *, sign: float | None = None,
-    owned: bool = False, warn_lost_relevance: bool = False,
+    owned: bool = False, warn_lost_relevance: bool = False, shifted: bool = False,
 ) -> Tensor:
     """``s = R / stabiliser(z)``; relevance of a zero denominator is dropped.
 
@@ -482,12 +538,18 @@ def scaled(
         else, so that stabiliser and quotient are written into it.
     warn_lost_relevance : bool, default False
         Whether to warn when relevance of a zero denominator is dropped.
+    shifted : bool, default False
+        Whether the denominator holds ``z + sign * epsilon`` already, the layer having added
+        the stabiliser with its bias (where :func:`stabilising_shift` allows it): only the
+        quotient is taken.
 
     Returns
     -------
     Tensor
         ``s``, a fresh tensor the caller owns.
     """
+    if shifted:
+        return _quotient_into(relevance, denominator)
     epsilon = stabiliser.epsilon or 0.0
     if sign is not None and epsilon > 0.0 and torch.finfo(denominator.dtype).max * epsilon < 1.0:
         # float16: R / epsilon overflows for R > 0.07 (epsilon 1e-6), and the pull-back's Inf x 0
@@ -501,6 +563,11 @@ def scaled(
         stabilised = stabiliser(denominator)
     else:
         stabilised = denominator.add_(sign * epsilon) if owned else denominator + sign * epsilon
+    return _quotient_into(relevance, stabilised)
+
+
+def _quotient_into(relevance: Tensor, stabilised: Tensor) -> Tensor:
+    """``relevance / stabilised``, written into ``stabilised`` (a fresh tensor) where it may be."""
     # (out= is not recorded by autograd; a compiler plans buffers itself, and out= keeps layouts it
     # may not infer)
     if (stabilised.shape != relevance.shape or stabilised.dtype != relevance.dtype

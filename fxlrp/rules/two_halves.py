@@ -89,9 +89,11 @@ class TwoHalves(StabilisedRule):
         ):
             if weight is None:
                 continue
+            # (in closed form the layer adds a stabiliser of known sign with its bias)
+            shift = terms.stabilising_shift(self._stabiliser, sign, relevance.dtype) if closed else None
             half, denominator = terms.signed_terms(layer, split, variants, for_positive_inputs, for_negative_inputs,
-                                                   closed)
-            share = self.scaled(relevance, denominator, layer, sign=sign, owned=True)
+                                                   closed, shift)
+            share = self.scaled(relevance, denominator, layer, sign=sign, owned=True, shifted=shift is not None)
             if not (isinstance(weight, float) and weight == 1.0):
                 share.mul_(weight)
             roots += half
