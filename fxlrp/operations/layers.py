@@ -328,7 +328,12 @@ def batch_norm(
         shape = (1, -1) + (1,) * (x.dim() - 2)
         return torch.addcmul(b.view(shape), x, w.view(shape))
 
-    return call.affine(call.layer(affine_per_channel, scale, shift, has_parameters=True), input)
+    def input_gradient(gradient: Tensor, w: Tensor, x: Tensor) -> Tensor:
+        # (the vector-Jacobian product in closed form: the rule needs no inner graph)
+        return gradient * w.view((1, -1) + (1,) * (gradient.dim() - 2))
+
+    return call.affine(call.layer(affine_per_channel, scale, shift, has_parameters=True,
+                                  input_gradient=input_gradient), input)
 
 
 def _batch_statistics_norm(

@@ -25,7 +25,7 @@ from torch.autograd.graph import GradientEdge
 
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import carries_relevance, gradient_root, graph_reused, writable_recomputation
-from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
+from fxlrp.relevance.stabilise import constant_like, divide_dropping_zeros, stabilise
 from fxlrp.relevance.tracing import values_are_traced, values_read_on_host
 
 Parameters = tuple[Tensor | None, Tensor | None]
@@ -562,7 +562,8 @@ def scaled(
     if sign is None:
         stabilised = stabiliser(denominator)
     else:
-        stabilised = denominator.add_(sign * epsilon) if owned else denominator + sign * epsilon
+        shift = constant_like(denominator, sign * epsilon)
+        stabilised = denominator.add_(shift) if owned else denominator + shift
     return _quotient_into(relevance, stabilised)
 
 

@@ -97,7 +97,8 @@ class ZBox(StabilisedRule):
             # The layer's product in closed form: the terms are computed in backward, without autograd.
             own = terms.LayerGradient(layer, None if prepared["own"] is None else prepared["own"][0])
             value = next(value for value in inputs if carries_relevance(value))
-            bounds = (expand_bound(self.low, value), expand_bound(self.high, value))  # (refused here if they do not fit)
+            # (bounds that do not fit the input are refused here, in forward)
+            bounds = (expand_bound(self.low, value), expand_bound(self.high, value))
             return terms.original_output(layer, inputs), (inputs, prepared, own, bounds)
 
         def bounds(bound: float | Tensor) -> list[Any]:

@@ -10,8 +10,9 @@ compute the same sums, in another order only: equal to 1e-12 relative in float64
 path (which reads values to skip terms) and on the path the rules take on a GPU (every term
 computed), in a network that has every case: a first layer on signed pixels, layers behind a
 ReLU that alone reads their output (rectified: gamma's first half alone), a layer whose output
-goes into a residual sum (both signs: gamma's two halves) and a layer on signed inputs
-(the ``x-`` terms). test_rules.py checks each rule against its dense formula.
+goes into a residual sum (both signs: gamma's two halves), a BatchNorm that no convolution
+absorbs (a per-channel affine map) and a layer on signed inputs (the ``x-`` terms).
+test_rules.py checks each rule against its dense formula.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Network(nn.Module):
         self.first = nn.Conv2d(3, 4, 3, padding=1)
         self.rectified = nn.Conv2d(4, 4, 3, padding=1, groups=2)
         self.into_sum = nn.Conv2d(4, 4, 1, bias=False)
+        self.norm = nn.BatchNorm2d(4)  # after a sum: not folded into a convolution
         self.on_signed = nn.Conv2d(4, 3, 3, stride=2)
         self.hidden = nn.Linear(12, 6)
         self.head = nn.Linear(6, 5)
@@ -42,7 +44,7 @@ class Network(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         y = torch.relu(self.first(x))
         summed = self.into_sum(torch.relu(self.rectified(y))) + y
-        signed = self.on_signed(summed - 0.5)
+        signed = self.on_signed(self.norm(summed) - 0.5)
         return self.head(torch.relu(self.hidden(signed.flatten(1))))
 
 
@@ -65,6 +67,10 @@ COMPOSITES = {
 def test_closed_form_equals_the_inner_graph(composite: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     model = Network().double().eval()
+    with torch.no_grad():
+        model.norm.running_mean.uniform_(-1.0, 1.0)
+        model.norm.running_var.uniform_(0.5, 2.0)
+        model.norm.weight.uniform_(-2.0, 2.0)
     x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
     if path == "gpu":  # the rules read no values: every term is computed
         monkeypatch.setattr(tracing, "HOST_DEVICE_TYPES", frozenset())
