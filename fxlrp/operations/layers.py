@@ -57,8 +57,10 @@ def linear(call: RelevanceCall, function: Any, input: Tensor, weight: Tensor, *a
     quantized weight is explained as the weight it stands for (:func:`dequantized`)."""
     if call.runs_natively():
         return linear_on_matrix_rows(function, input, weight, *args, **kwargs)
-    return weighted(call, function, as_matrix_rows(input), dequantized(weight), *args,
-                    input_gradient=linear_input_gradient, **kwargs)
+    weight = dequantized(weight)
+    # (a 1-D weight, F.linear's dot product per row, keeps the inner graph: g @ W is a matrix product)
+    return weighted(call, function, as_matrix_rows(input), weight, *args,
+                    input_gradient=linear_input_gradient if weight.dim() == 2 else None, **kwargs)
 
 
 def linear_on_matrix_rows(function: Any, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -281,7 +281,9 @@ class ParameterVariants:
         key = f"{name} shifted by {shift!r}"
         if key not in self._made:
             weight, bias = self[name]
-            self._made[key] = weight, (weight.new_full((weight.shape[0],), shift) if bias is None else bias + shift)
+            # (a bias of one entry per row of the weight; a 1-D weight's linear map gives one number)
+            own = weight.new_full(weight.shape[:1] if weight.dim() > 1 else (), shift) if bias is None else None
+            self._made[key] = weight, own if bias is None else bias + shift
         return self._made[key]
 
 

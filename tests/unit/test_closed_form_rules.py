@@ -80,3 +80,30 @@ def test_closed_form_equals_the_inner_graph(composite: str, path: str, monkeypat
     on_a_graph = fxlrp.attribute(explain, x)
     assert on_a_graph.abs().sum() > 0
     assert relative_error(closed, on_a_graph) < 1e-12, relative_error(closed, on_a_graph)
+
+
+class DotProduct(nn.Module):
+    """``F.linear`` with a 1-D weight: one dot product per row, which has no ``g @ W`` form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(5, dtype=torch.float64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.linear(x, self.weight).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("rule", ["epsilon", "zplus"])
+def test_a_linear_map_of_a_one_dimensional_weight_keeps_the_inner_graph(rule: str) -> None:
+    torch.manual_seed(0)
+    model = DotProduct()
+    x = torch.rand(3, 5, dtype=torch.float64)
+    chosen = Epsilon(1e-6) if rule == "epsilon" else ZPlus()
+    relevance = fxlrp.attribute(fxlrp.convert(model, chosen), x)
+    with torch.no_grad():
+        output = model(x)  # (the start relevance: the explained output itself)
+        weight = model.weight if rule == "epsilon" else model.weight.clamp(min=0)
+        contributions = x * weight
+        expected = contributions / (contributions.sum(1, keepdim=True) + 1e-6 * (1 if rule == "zplus" else
+                                    torch.sign(output))) * output
+    assert relative_error(relevance, expected) < 1e-12, relative_error(relevance, expected)
