@@ -11,7 +11,7 @@ from torch import Tensor
 from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance
-from fxlrp.relevance.terms import ParameterVariants
+from fxlrp.relevance.terms import Parameters
 from fxlrp.rules.rule import Relevance, StabilisedRule
 
 
@@ -20,7 +20,7 @@ class InputIndependent(StabilisedRule):
 
     ``R_j = \sum_k \frac{m_{jk}}{s(\sum_j m_{jk})} R_k`` for modified weights ``m`` (and modified
     bias in the denominator), computed with an input of ones in backward, where it is used.
-    ``prepare`` gives the modified parameters as the variant ``"modified"``.
+    ``prepare`` gives the modified ``(weight, bias)``.
     """
 
     shares_by_input_values = False
@@ -33,22 +33,19 @@ class InputIndependent(StabilisedRule):
         return not terms.has_layer_gradient(layer, inputs)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        inputs, variants, closed = state
-        # (the modified weights and biases are never negative: z >= 0, stabilised as z + epsilon)
-        if closed:  # the stabiliser added by the layer's bias where it may be
-            shift = terms.stabilising_shift(self._stabiliser, 1.0, relevance.dtype)
+        inputs, parameters, closed = state
+        if closed:
             with torch.no_grad():
-                on_ones = layer(terms.map_carrying(inputs, torch.ones_like),
-                                *(variants["modified"] if shift is None else variants.shifted("modified", shift)))
-            share = self.scaled(relevance, on_ones, layer, sign=1.0, owned=True, shifted=shift is not None)
+                on_ones = layer(terms.map_carrying(inputs, torch.ones_like), *parameters)
+            share = self.scaled(relevance, on_ones, layer)
             # x_j = 1: the relevance is the gradient itself.
             (carrying,) = (value for value in inputs if carries_relevance(value))
-            gradient = terms.LayerGradient(layer, variants["modified"][0]).of(share, carrying)
+            gradient = terms.LayerGradient(layer, parameters[0]).of(share, carrying)
             return tuple(gradient if value is carrying else None for value in inputs)
         ones = terms.map_carrying(inputs, lambda value: torch.ones_like(value).requires_grad_())
         with torch.enable_grad():
-            on_ones = layer(ones, *variants["modified"])
-        return terms.input_times_gradient(on_ones, ones, self.scaled(relevance, on_ones.detach(), layer, sign=1.0))
+            on_ones = layer(ones, *parameters)
+        return terms.input_times_gradient(on_ones, ones, self.scaled(relevance, on_ones.detach(), layer))
 
 
 class Flat(InputIndependent):
@@ -67,8 +64,8 @@ class Flat(InputIndependent):
         ``"weight"`` or ``"bias"``; the bias is left out in any case.
     """
 
-    def prepare(self, layer: AffineLayer) -> ParameterVariants:
-        return ParameterVariants(layer, {"modified": (torch.ones_like, self._zero | {"bias"})})
+    def prepare(self, layer: AffineLayer) -> Parameters:
+        return terms.modified_parameters(layer, torch.ones_like, self._zero | {"bias"})
 
 
 class WSquare(InputIndependent):
@@ -86,5 +83,5 @@ class WSquare(InputIndependent):
         ``"weight"``, ``"bias"`` or both: set to 0 before squaring.
     """
 
-    def prepare(self, layer: AffineLayer) -> ParameterVariants:
-        return ParameterVariants(layer, {"modified": (torch.square, self._zero)})
+    def prepare(self, layer: AffineLayer) -> Parameters:
+        return terms.modified_parameters(layer, torch.square, self._zero)
