@@ -283,7 +283,8 @@ def main() -> None:
                         help="print where each synchronising operation of that explanation comes from")
     parser.add_argument("--gpu-path", action="store_true",
                         help="with --where-synchronised: the rules on the path they take on a GPU")
-    parser.add_argument("--top", type=int, default=0, help="also print each explanation's N most dispatched ops")
+    parser.add_argument("--top", type=int, default=0,
+                        help="also print the N operations each explanation dispatches most beyond the gradient's")
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
 
@@ -305,9 +306,11 @@ def main() -> None:
                   f"{row.explanation.synchronising} host reads ({row.on_a_gpu.synchronising} on a GPU's path)",
                   flush=True)
             if arguments.top:
-                surplus = row.explanation.by_name.copy()
-                surplus.subtract(row.gradient.by_name)
-                print("   ", ", ".join(f"{name[6:]} {count:+d}" for name, count in surplus.most_common(arguments.top)))
+                for path, explanation in (("the CPU's path", row.explanation), ("a GPU's path", row.on_a_gpu)):
+                    surplus = explanation.by_name.copy()
+                    surplus.subtract(row.gradient.by_name)
+                    print(f"    beyond the gradient, on {path}:",
+                          ", ".join(f"{name[6:]} {count:+d}" for name, count in surplus.most_common(arguments.top)))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); {arguments.pairs} pairs per row")
     print(table(rows))
 

@@ -129,14 +129,19 @@ def non_finite_flags(values: Any) -> list[Tensor]:
 
 def summing_dtype(values: Tensor) -> torch.dtype:
     """The dtype the checks sum ``values`` in: theirs, float32 for 16-bit values (whose sums of
-    finite values would overflow or lose the total)."""
-    return torch.promote_types(values.dtype, torch.float32)
+    finite values would overflow or lose the total). Chosen on the host from the dtype's size
+    (``torch.promote_types`` would be an operation dispatched per checked tensor)."""
+    dtype = values.dtype
+    if dtype.is_complex:
+        return dtype if dtype.itemsize >= 8 else torch.complex64
+    return dtype if dtype.itemsize >= 4 else torch.float32
 
 
 def absolute_total(values: Tensor) -> Tensor:
     """``sum |values|`` in :func:`summing_dtype`, a one-element tensor (a 1-norm: no absolute value
     of ``values``' size is made), NaN or Inf where a value is."""
-    return torch.linalg.vector_norm(values.detach(), 1, dtype=summing_dtype(values))
+    with torch.no_grad():  # (not recorded, and no detach dispatched)
+        return torch.linalg.vector_norm(values, 1, dtype=summing_dtype(values))
 
 
 def refuse_non_finite_inputs(explain: Any, inputs: Tensor | Sequence[Any]) -> None:

@@ -344,7 +344,8 @@ def _class_relevance(output: Tensor, target: Any, given: Tensor | None = None) -
     the model gave it, when its classes were moved last (an image-shaped output)."""
     mask = torch.zeros_like(output)
     if target is None:  # (in range and one per sample: nothing to check, no index read on the host)
-        return output.detach() * mask.scatter_(-1, output.detach().argmax(dim=-1, keepdim=True), 1.0)
+        with torch.no_grad():  # (not recorded, and no detach dispatched)
+            return output * mask.scatter_(-1, output.argmax(dim=-1, keepdim=True), 1.0)
     if isinstance(target, float) or (isinstance(target, Tensor) and target.is_floating_point()):
         shape = list((output if given is None else given).shape)
         shown = f"a float tensor of shape {list(target.shape)}" if isinstance(target, Tensor) else f"{target!r}"

@@ -57,8 +57,10 @@ def linear(call: RelevanceCall, function: Any, input: Tensor, weight: Tensor, *a
     quantized weight is explained as the weight it stands for (:func:`dequantized`)."""
     if call.runs_natively():
         return linear_on_matrix_rows(function, input, weight, *args, **kwargs)
-    return weighted(call, function, as_matrix_rows(input), dequantized(weight), *args,
-                    input_gradient=linear_input_gradient, **kwargs)
+    weight = dequantized(weight)
+    # (a 1-D weight, F.linear's dot product per row, keeps the inner graph: g @ W is a matrix product)
+    return weighted(call, function, as_matrix_rows(input), weight, *args,
+                    input_gradient=linear_input_gradient if weight.dim() == 2 else None, **kwargs)
 
 
 def linear_on_matrix_rows(function: Any, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -314,21 +316,29 @@ def batch_norm(
         return _batch_statistics_norm(call, function, input, running_mean, running_var, weight, bias,
                                       training, momentum, eps)
 
+    channel_shape = (1, -1) + (1,) * (input.dim() - 2)
+
     def scale_and_shift() -> tuple[Tensor, Tensor]:
         # Explanations are of the model at inference: statistics are never updated.
         scale = torch.rsqrt(running_var + eps)
         scale = scale if weight is None else scale * weight
         shift = -running_mean * scale
-        return scale, shift if bias is None else shift + bias
+        shift = shift if bias is None else shift + bias
+        return scale.view(channel_shape), shift.view(channel_shape)  # (shaped once, not at every call)
 
     # Once per conversion: the same tensors each call also let the rule's weight transforms be reused.
-    scale, shift = call.cached("batch_norm", (running_mean, running_var, weight, bias), scale_and_shift)
+    scale, shift = call.cached(("batch_norm", input.dim()), (running_mean, running_var, weight, bias),
+                               scale_and_shift)
 
     def affine_per_channel(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        return torch.addcmul(b.view(shape), x, w.view(shape))
+        return torch.addcmul(b, x, w)
 
-    return call.affine(call.layer(affine_per_channel, scale, shift, has_parameters=True), input)
+    def input_gradient(gradient: Tensor, w: Tensor, x: Tensor) -> Tensor:
+        # (the vector-Jacobian product in closed form: the rule needs no inner graph)
+        return gradient * w
+
+    return call.affine(call.layer(affine_per_channel, scale, shift, has_parameters=True,
+                                  input_gradient=input_gradient), input)
 
 
 def _batch_statistics_norm(

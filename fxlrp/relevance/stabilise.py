@@ -35,30 +35,47 @@ def stabilise(denominator: Tensor, epsilon: float) -> Tensor:
     """
     if epsilon == 0.0:
         return denominator
-    step = _step(denominator, epsilon)
+    step = constant_like(denominator, epsilon)
     if denominator.requires_grad and torch.is_grad_enabled():  # out=/in-place ops cannot be recorded by autograd
         return torch.copysign(step, denominator) + denominator
     # One buffer for both passes (a fresh allocation per pass costs as much as the pass).
     return torch.copysign(step, denominator).add_(denominator)
 
 
-_steps: dict[tuple[float, torch.dtype, torch.device], Tensor] = {}
-"""``epsilon`` as a tensor of no dimensions, by dtype and device: made once, not once per layer and
-call (a kernel launch each on a GPU). Read only."""
+_constants: dict[tuple[float, torch.dtype, torch.device], Tensor] = {}
+"""Numbers as tensors of no dimensions, by dtype and device: made once, not once per layer and call
+(a kernel launch each on a GPU). Read only."""
 
 
-def _step(denominator: Tensor, epsilon: float) -> Tensor:
-    """``epsilon`` as a tensor of no dimensions of ``denominator``'s dtype and device (one made for
-    this call while a trace runs, whose graph must not hold a tensor of another call, and while a
-    CUDA graph is captured, whose kernels - the one filling the tensor too - run only at replay)."""
+def constant_like(tensor: Tensor, value: float) -> Tensor:
+    """``value`` as a tensor of no dimensions of ``tensor``'s dtype and device, made once.
+
+    An operation with it converts no Python number: ``z + 1e-6`` wraps the number in a tensor of
+    float64 and converts it to ``z``'s dtype at every call (four operations on the host). One is
+    made for this call while a trace runs, whose graph must not hold a tensor of another call, and
+    while a CUDA graph is captured, whose kernels - the one filling the tensor too - run only at
+    replay.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        The tensor whose dtype and device the constant takes.
+    value : float
+        The number (the stabiliser's epsilon, with its sign).
+
+    Returns
+    -------
+    Tensor
+        The constant; read only.
+    """
     if (values_are_traced() or torch.compiler.is_compiling()
-            or denominator.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return denominator.new_full((), epsilon)
-    key = (epsilon, denominator.dtype, denominator.device)
-    step = _steps.get(key)
-    if step is None:
-        step = _steps[key] = denominator.new_full((), epsilon)
-    return step
+            or tensor.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return tensor.new_full((), value)
+    key = (value, tensor.dtype, tensor.device)
+    constant = _constants.get(key)
+    if constant is None:
+        constant = _constants[key] = tensor.new_full((), value)
+    return constant
 
 
 def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = False,

@@ -25,7 +25,7 @@ from torch.autograd.graph import GradientEdge
 
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import carries_relevance, gradient_root, graph_reused, writable_recomputation
-from fxlrp.relevance.stabilise import divide_dropping_zeros, stabilise
+from fxlrp.relevance.stabilise import constant_like, divide_dropping_zeros, stabilise
 from fxlrp.relevance.tracing import values_are_traced, values_read_on_host
 
 Parameters = tuple[Tensor | None, Tensor | None]
@@ -36,20 +36,27 @@ Parameters = tuple[Tensor | None, Tensor | None]
 class LayerGradient:
     """A rule's gradient root where the layer gives its vector-Jacobian product in closed form.
 
-    The product is :attr:`AffineLayer.input_gradient`, with the layer's own weight, for each
-    relevance-carrying input: no inner graph is kept.
+    The product is :attr:`AffineLayer.input_gradient`, with the layer's own weight or a rule's
+    modified one (``w+``, ``w + gamma w+``, ones), of a term computed on the whole input or on
+    its positive or negative part, for each relevance-carrying input (a weighted layer has one;
+    a sum may have several): no inner graph is kept.
     """
 
     layer: AffineLayer
     """The layer, which has an ``input_gradient``."""
+    weight: Tensor | None = None
+    """The weight of the term (a rule's modified one); None for the layer's own."""
+    part: float | None = None
+    """The part of the input the term was computed on: ``+1.0`` for ``x+``, ``-1.0`` for ``x-``;
+    None for the whole input."""
 
     def of(self, gradient: Tensor, input: Tensor) -> Tensor:
-        """The gradient of the layer's input.
+        """The gradient of the term's input.
 
         Parameters
         ----------
         gradient : Tensor
-            The gradient of the layer's output.
+            The gradient of the term's output.
         input : Tensor
             The layer's input (for its shape and layout).
 
@@ -58,7 +65,8 @@ class LayerGradient:
         Tensor
             ``input_gradient(gradient, weight, input)``.
         """
-        return self.layer.input_gradient(gradient, self.layer.weight, input)
+        weight = self.layer.weight if self.weight is None else self.weight
+        return self.layer.input_gradient(gradient, weight, input)
 
 
 Root = Tensor | GradientEdge | LayerGradient
@@ -251,6 +259,34 @@ class ParameterVariants:
             self._made[name] = modified_parameters(self._layer, transform, zero)
         return self._made[name]
 
+    def shifted(self, name: str, shift: float) -> Parameters:
+        """The variant ``name`` with ``shift`` added to its bias (a bias of ``shift`` where it has
+        none), made on first use and then kept: the layer's output then holds a stabiliser
+        (:func:`stabilising_shift`).
+
+        Only for the layers whose product has a closed form (:func:`has_layer_gradient`): linear
+        layers and convolutions, whose bias has one entry per row of the weight.
+
+        Parameters
+        ----------
+        name : str
+            The variant.
+        shift : float
+            What is added to its bias.
+
+        Returns
+        -------
+        tuple of Tensor
+            ``(weight, bias + shift)``.
+        """
+        key = f"{name} shifted by {shift!r}"
+        if key not in self._made:
+            weight, bias = self[name]
+            # (a bias of one entry per row of the weight; a 1-D weight's linear map gives one number)
+            own = weight.new_full(weight.shape[:1] if weight.dim() > 1 else (), shift) if bias is None else None
+            self._made[key] = weight, own if bias is None else bias + shift
+        return self._made[key]
+
 
 def map_carrying(inputs: Sequence[Any], transform: Callable[[Tensor], Tensor]) -> list[Any]:
     """Apply ``transform`` to the relevance-carrying inputs; constants stay as they are.
@@ -293,8 +329,10 @@ def has_negative_inputs(inputs: Sequence[Any]) -> bool:
     return any(value.numel() > 0 and bool(value.amin() < 0) for value in carrying)
 
 
-def split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[Any], Sequence[Any] | None]:
-    """``(x+, x-)`` under autograd.
+def split_inputs(
+    inputs: Sequence[Any], has_negative: bool, graph: bool = True
+) -> tuple[Sequence[Any], Sequence[Any] | None]:
+    """``(x+, x-)``, under autograd where ``graph``.
 
     Parameters
     ----------
@@ -302,6 +340,9 @@ def split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[An
         The operation's inputs.
     has_negative : bool
         What :func:`has_negative_inputs` said of them.
+    graph : bool, default True
+        Whether the terms are computed on an inner graph (False: in closed form,
+        :func:`signed_terms`), whose leaves the parts then come from.
 
     Returns
     -------
@@ -313,15 +354,15 @@ def split_inputs(inputs: Sequence[Any], has_negative: bool) -> tuple[Sequence[An
     """
     if not has_negative:
         return inputs, None
-    with torch.enable_grad():
+    with torch.enable_grad() if graph else torch.no_grad():
         return map_carrying(inputs, positive_part), map_carrying(inputs, negative_part)
 
 
 def signed_terms(
     layer: AffineLayer, split: tuple[Sequence[Any], Sequence[Any] | None], variants: ParameterVariants,
-    for_positive: str, for_negative: str,
-) -> list[Tensor]:
-    """The terms of a half of the contributions, ``f(x+; p)`` and ``f(x-; n)``, under autograd.
+    for_positive: str, for_negative: str, closed: bool = False, shift: float | None = None,
+) -> tuple[list[Root], Tensor]:
+    """The terms of a half of the contributions, ``f(x+; p)`` and ``f(x-; n)``, and their sum.
 
     The halves are those of z+, alpha-beta or gamma; they are computed in backward, where they
     are used.
@@ -338,41 +379,44 @@ def signed_terms(
         The name of the variant ``p`` applied to ``x+``.
     for_negative : str
         The name of the variant ``n`` applied to ``x-``.
+    closed : bool, default False
+        Whether the layer's vector-Jacobian product is taken in closed form
+        (:func:`has_layer_gradient`): the terms are then computed without autograd, and each is
+        represented by the :class:`LayerGradient` of its weight and part of the input.
+    shift : float, optional
+        In closed form, a stabiliser the first term's bias adds (:func:`stabilising_shift`).
 
     Returns
     -------
-    list of Tensor
-        ``[f(x+; p)]``, and ``f(x-; n)`` after it where there are negative inputs.
+    roots : list of Root
+        Where the pull-back of each term starts: ``f(x+; p)``, and ``f(x-; n)`` after it where
+        there are negative inputs (the terms under autograd, or their :class:`LayerGradient`).
+    denominator : Tensor
+        The sum of the terms' values, out of autograd's records: the term itself for a single
+        term in a backward that records nothing (the rule then writes its stabiliser and
+        quotient into it, which the term's own gradient does not read), else a fresh sum.
     """
     positive_inputs, negative_inputs = split
+    if closed:
+        with torch.no_grad():
+            denominator = layer(positive_inputs, *(
+                variants[for_positive] if shift is None else variants.shifted(for_positive, shift)))
+            roots: list[Root] = [LayerGradient(layer, variants[for_positive][0],
+                                               None if negative_inputs is None else 1.0)]
+            if negative_inputs is not None:
+                denominator = denominator.add_(layer(negative_inputs, *variants[for_negative]))
+                roots.append(LayerGradient(layer, variants[for_negative][0], -1.0))
+        return roots, denominator
     with torch.enable_grad():
         terms = [layer(positive_inputs, *variants[for_positive])]
         if negative_inputs is not None:
             terms.append(layer(negative_inputs, *variants[for_negative]))
-    return terms
-
-
-def total(terms: Sequence[Tensor]) -> Tensor:
-    """The sum of the terms' values (no copy for a single term).
-
-    Parameters
-    ----------
-    terms : sequence of Tensor
-        The terms.
-
-    Returns
-    -------
-    Tensor
-        Their sum, out of autograd's records: the term itself for a single term in a backward
-        that records nothing (the rule then writes its stabiliser and quotient into it, which
-        the term's own gradient does not read), else detached.
-    """
     if torch.is_grad_enabled():  # (a backward that records, create_graph=True)
-        return terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
+        return terms, terms[0].detach() if len(terms) == 1 else sum(term.detach() for term in terms)
     summed = terms[0]
     for term in terms[1:]:
         summed = summed + term
-    return summed
+    return terms, summed
 
 
 def output_and_root(layer: AffineLayer, inputs: Sequence[Any]) -> tuple[Tensor, Root]:
@@ -443,9 +487,36 @@ def original_output(layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
         return layer.forward(inputs)
 
 
+def stabilising_shift(stabiliser: Stabiliser, sign: float | None, dtype: torch.dtype) -> float | None:
+    """``sign * epsilon``, where a denominator of known sign may get its stabiliser from the bias of
+    the layer that computes it (:meth:`ParameterVariants.shifted`): one operation per layer less
+    than adding it to the layer's output.
+
+    Parameters
+    ----------
+    stabiliser : Stabiliser
+        The rule's stabiliser.
+    sign : float or None
+        The sign the denominator has by construction (see :func:`scaled`); None if unknown.
+    dtype : torch.dtype
+        The denominator's dtype.
+
+    Returns
+    -------
+    float or None
+        The shift; None where :func:`scaled` must stabilise itself: a sign not known, a function
+        or no epsilon, an epsilon the dtype flushes, or one whose quotient would overflow it
+        (float16).
+    """
+    epsilon = stabiliser.epsilon or 0.0
+    if sign is None or epsilon < torch.finfo(dtype).tiny or torch.finfo(dtype).max * epsilon < 1.0:
+        return None
+    return sign * epsilon
+
+
 def scaled(
     relevance: Tensor, denominator: Tensor, stabiliser: Stabiliser, *, sign: float | None = None,
-    owned: bool = False, warn_lost_relevance: bool = False,
+    owned: bool = False, warn_lost_relevance: bool = False, shifted: bool = False,
 ) -> Tensor:
     """``s = R / stabiliser(z)``; relevance of a zero denominator is dropped.
 
@@ -471,12 +542,18 @@ def scaled(
         else, so that stabiliser and quotient are written into it.
     warn_lost_relevance : bool, default False
         Whether to warn when relevance of a zero denominator is dropped.
+    shifted : bool, default False
+        Whether the denominator holds ``z + sign * epsilon`` already, the layer having added
+        the stabiliser with its bias (where :func:`stabilising_shift` allows it): only the
+        quotient is taken.
 
     Returns
     -------
     Tensor
         ``s``, a fresh tensor the caller owns.
     """
+    if shifted:
+        return _quotient_into(relevance, denominator)
     epsilon = stabiliser.epsilon or 0.0
     if sign is not None and epsilon > 0.0 and torch.finfo(denominator.dtype).max * epsilon < 1.0:
         # float16: R / epsilon overflows for R > 0.07 (epsilon 1e-6), and the pull-back's Inf x 0
@@ -489,7 +566,13 @@ def scaled(
     if sign is None:
         stabilised = stabiliser(denominator)
     else:
-        stabilised = denominator.add_(sign * epsilon) if owned else denominator + sign * epsilon
+        shift = constant_like(denominator, sign * epsilon)
+        stabilised = denominator.add_(shift) if owned else denominator + shift
+    return _quotient_into(relevance, stabilised)
+
+
+def _quotient_into(relevance: Tensor, stabilised: Tensor) -> Tensor:
+    """``relevance / stabilised``, written into ``stabilised`` (a fresh tensor) where it may be."""
     # (out= is not recorded by autograd; a compiler plans buffers itself, and out= keeps layouts it
     # may not infer)
     if (stabilised.shape != relevance.shape or stabilised.dtype != relevance.dtype
@@ -525,8 +608,10 @@ def input_times_gradient(
         The relevance of each input; None for inputs that carry none.
     """
     carrying = [value for value in inputs if carries_relevance(value)]
-    if isinstance(output, LayerGradient):
-        gradients = tuple(output.of(scaled_relevance, value) for value in carrying)
+    closed = _layer_gradients(output)
+    if closed is not None:
+        shares = scaled_relevance if isinstance(scaled_relevance, (list, tuple)) else [scaled_relevance]
+        gradients = tuple(_closed_form_gradient(closed, shares, value) for value in carrying)
     else:
         # A graph reused for several explanations (reusable_graph) keeps the inner graph for the next.
         gradients = torch.autograd.grad(output, carrying, scaled_relevance, retain_graph=graph_reused())
@@ -535,6 +620,38 @@ def input_times_gradient(
         for value, gradient, in_place in zip(carrying, gradients, _writable(gradients), strict=True)
     )
     return tuple(next(products) if carries_relevance(value) else None for value in inputs)
+
+
+def _layer_gradients(output: Root | Sequence[Root]) -> list[LayerGradient] | None:
+    """The roots as a list of :class:`LayerGradient` where every one is; else None."""
+    if isinstance(output, LayerGradient):
+        return [output]
+    if isinstance(output, list) and all(isinstance(root, LayerGradient) for root in output):
+        return output
+    return None
+
+
+def _closed_form_gradient(roots: Sequence[LayerGradient], shares: Sequence[Tensor], value: Tensor) -> Tensor:
+    """``sum_t J_t^T s_t`` at a relevance-carrying input, chained through the part of the
+    input each term was computed on: where terms of ``x+`` and of ``x-`` are summed, the input's
+    gradient is the positive terms' where it is positive and the negative terms' elsewhere (the
+    gradients of ``max(x, 0)`` and ``min(x, 0)``; at ``x = 0`` the product with ``x`` is 0 either
+    way)."""
+    recording = torch.is_grad_enabled()  # (a backward that records: no in-place sum)
+    by_part: dict[float | None, Tensor] = {}
+    for root, share in zip(roots, shares, strict=True):
+        gradient = root.of(share, value)
+        summed = by_part.get(root.part)
+        if summed is None:
+            by_part[root.part] = gradient
+        elif recording or any(summed is share for share in shares):
+            # (a sum's product may be the share itself, which the other summands still read)
+            by_part[root.part] = summed + gradient
+        else:
+            summed.add_(gradient)
+    if None in by_part:
+        return by_part[None]
+    return torch.where(value > 0, by_part[1.0], by_part[-1.0])
 
 
 def _product(value: Tensor, gradient: Tensor) -> Tensor:

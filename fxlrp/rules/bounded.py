@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import KeptOutput, gradient_root
+from fxlrp.relevance.rule_function import KeptOutput, carries_relevance, gradient_root
 from fxlrp.relevance.terms import Parameters, ZeroParams
 from fxlrp.rules.rule import Relevance, StabilisedRule, Stabiliser
 
@@ -93,6 +93,14 @@ class ZBox(StabilisedRule):
         return prepared["own"] is None
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        if self._closed(layer, inputs):
+            # The layer's product in closed form: the terms are computed in backward, without autograd.
+            own = terms.LayerGradient(layer, None if prepared["own"] is None else prepared["own"][0])
+            value = next(value for value in inputs if carries_relevance(value))
+            # (bounds that do not fit the input are refused here, in forward)
+            bounds = (expand_bound(self.low, value), expand_bound(self.high, value))
+            return terms.original_output(layer, inputs), (inputs, prepared, own, bounds)
+
         def bounds(bound: float | Tensor) -> list[Any]:
             # expanded views of the bound: no input-sized memory
             return terms.map_carrying(inputs, lambda value: expand_bound(bound, value).requires_grad_())
@@ -106,7 +114,19 @@ class ZBox(StabilisedRule):
         # The bound terms are computed in backward, where they are used.
         return output, ([inputs, bounds(self.low), bounds(self.high)], prepared, gradient_root(own), modified)
 
+    def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
+        return not self._closed(layer, inputs)
+
+    @staticmethod
+    def _closed(layer: AffineLayer, inputs: Sequence[Any]) -> bool:
+        """Whether the rule takes the layer's product in closed form: where it has one, for one
+        relevance-carrying input (the bounds replace that input; a sum of several takes the
+        inner graph)."""
+        return terms.has_layer_gradient(layer, inputs) and sum(map(carries_relevance, inputs)) == 1
+
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
+        if isinstance(state[2], terms.LayerGradient):
+            return self._closed_form(layer, state, relevance, output)
         (inputs, lows, highs), prepared, own_root, modified = state
         own = (modified if output is None else output.take()).detach()
         with torch.enable_grad():
@@ -120,3 +140,19 @@ class ZBox(StabilisedRule):
             None if value is None else value - low - high
             for value, low, high in zip(from_inputs, from_lows, from_highs, strict=True)
         )
+
+    def _closed_form(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
+        """The rule where the layer's product has a closed form (one relevance-carrying input):
+        ``x J^T s - l J+^T s - h J-^T s``, with the terms computed without autograd."""
+        inputs, prepared, own_root, (low, high) = state
+        value = next(value for value in inputs if carries_relevance(value))
+        with torch.no_grad():
+            own = layer(inputs, *prepared["own"]) if output is None else output.take()
+            low_term = layer([low if item is value else item for item in inputs], *prepared["positive"])
+            high_term = layer([high if item is value else item for item in inputs], *prepared["negative"])
+            denominator = own - low_term
+        scaled = self.scaled(relevance, denominator.sub_(high_term), layer)
+        low_root, high_root = (terms.LayerGradient(layer, prepared[name][0]) for name in ("positive", "negative"))
+        relevance_of_value = (value * own_root.of(scaled, value) - low * low_root.of(scaled, value)
+                              - high * high_root.of(scaled, value))
+        return tuple(relevance_of_value if item is value else None for item in inputs)

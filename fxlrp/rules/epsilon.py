@@ -48,15 +48,21 @@ class Epsilon(StabilisedRule):
         return prepared is None  # with zero_params the denominator is the modified term
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
+        # state: inputs, root, and the denominator where it is not the kept output (with zero_params
+        # the modified term; in closed form computed in backward, where it is used)
         if prepared is None:
             output, root = terms.output_and_root(layer, inputs)
             return output, (inputs, root, None)
+        if terms.has_layer_gradient(layer, inputs):
+            return terms.original_output(layer, inputs), (
+                inputs, terms.LayerGradient(layer, prepared[0]), lambda: layer(inputs, *prepared))
         modified = layer(inputs, *prepared)
         return terms.original_output(layer, inputs), (inputs, gradient_root(modified), modified)
 
     def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
-        # The layer's own product in closed form (terms.output_and_root) reads the input's values only.
-        return prepared is not None or not terms.has_layer_gradient(layer, inputs)
+        # The layer's product in closed form (terms.output_and_root, terms.LayerGradient) reads the
+        # input's values only.
+        return not terms.has_layer_gradient(layer, inputs)
 
     def has_gradient_form(self, prepared: Any = None) -> bool:
         # epsilon = 0: R_x = x * J^T (R / z), i.e. g_x = J^T g_z (zero_params change J)
@@ -75,11 +81,14 @@ class Epsilon(StabilisedRule):
     def _quotient(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Tensor:
         """``R / s(z)``, a fresh tensor of the output's size."""
         _, _, modified = state
-        if output is None:
-            denominator, sign = modified, None
-        else:  # the sign of the kept output is known once a ReLU rectified it
+        if output is not None:  # the sign of the kept output is known once a ReLU rectified it
             sign = output.sign
             denominator = output.take()
+        elif callable(modified):
+            with torch.no_grad():
+                denominator, sign = modified(), None
+        else:
+            denominator, sign = modified, None
         if torch.is_grad_enabled():  # (a backward that records, create_graph=True; else nothing records)
             denominator = denominator.detach()
         return self.scaled(relevance, denominator, layer, sign=sign)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import KeptOutput
+from fxlrp.relevance.rule_function import KeptOutput, carries_relevance
 from fxlrp.relevance.terms import Parameters
 from fxlrp.rules.rule import Relevance, StabilisedRule
 
@@ -20,19 +20,30 @@ class InputIndependent(StabilisedRule):
 
     ``R_j = \sum_k \frac{m_{jk}}{s(\sum_j m_{jk})} R_k`` for modified weights ``m`` (and modified
     bias in the denominator), computed with an input of ones in backward, where it is used.
+    ``prepare`` gives the modified ``(weight, bias)``.
     """
 
     shares_by_input_values = False
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
-        return terms.original_output(layer, inputs), (inputs, prepared)
+        return terms.original_output(layer, inputs), (inputs, prepared, terms.has_layer_gradient(layer, inputs))
+
+    def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
+        # With the layer's product in closed form the ones' term is computed without autograd.
+        return not terms.has_layer_gradient(layer, inputs)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        inputs, parameters = state
+        inputs, parameters, closed = state
+        if closed:
+            with torch.no_grad():
+                on_ones = layer(terms.map_carrying(inputs, torch.ones_like), *parameters)
+            share = self.scaled(relevance, on_ones, layer)
+            # x_j = 1: the relevance is the gradient itself.
+            root = terms.LayerGradient(layer, parameters[0])
+            return tuple(root.of(share, value) if carries_relevance(value) else None for value in inputs)
         ones = terms.map_carrying(inputs, lambda value: torch.ones_like(value).requires_grad_())
         with torch.enable_grad():
             on_ones = layer(ones, *parameters)
-        # x_j = 1: the input-times-gradient product is the gradient itself.
         return terms.input_times_gradient(on_ones, ones, self.scaled(relevance, on_ones.detach(), layer))
 
 

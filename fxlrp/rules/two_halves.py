@@ -70,29 +70,39 @@ class TwoHalves(StabilisedRule):
 
     def forward(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> tuple[Tensor, Any]:
         has_negative = not layer.inputs_non_negative and terms.has_negative_inputs(inputs)
-        return terms.original_output(layer, inputs), (inputs, prepared, has_negative)
+        closed = terms.has_layer_gradient(layer, inputs)
+        return terms.original_output(layer, inputs), (inputs, prepared, has_negative, closed)
+
+    def builds_graph(self, layer: AffineLayer, inputs: Sequence[Any], prepared: Any) -> bool:
+        # With the layer's product in closed form the terms are computed without autograd.
+        return not terms.has_layer_gradient(layer, inputs)
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
-        inputs, variants, has_negative = state
+        inputs, variants, has_negative, closed = state
         # Behind a ReLU the kept output is the rectified one the next layer keeps anyway, and the
         # half of negative outputs, which receive no relevance there, is skipped.
         weights = self.half_weights(None, None) if output is None else self.half_weights(output.take(), output.sign)
-        split = terms.split_inputs(inputs, has_negative)
-        outputs, scaled = [], []
+        split = terms.split_inputs(inputs, has_negative, graph=not closed)
+        roots, scaled = [], []
         for weight, sign, for_positive_inputs, for_negative_inputs in zip(
             weights, self.half_signs, ("more", "less"), ("less_without_bias", "more_without_bias"), strict=True
         ):
             if weight is None:
                 continue
-            half = terms.signed_terms(layer, split, variants, for_positive_inputs, for_negative_inputs)
-            share = self.scaled(relevance, terms.total(half), layer, sign=sign, owned=True)
+            # (in closed form a weighted layer adds a stabiliser of known sign with its bias; a sum
+            # has no bias to add it with)
+            shift = (terms.stabilising_shift(self._stabiliser, sign, relevance.dtype)
+                     if closed and layer.weight is not None else None)
+            half, denominator = terms.signed_terms(layer, split, variants, for_positive_inputs, for_negative_inputs,
+                                                   closed, shift)
+            share = self.scaled(relevance, denominator, layer, sign=sign, owned=True, shifted=shift is not None)
             if not (isinstance(weight, float) and weight == 1.0):
                 share.mul_(weight)
-            outputs += half
+            roots += half
             scaled += [share] * len(half)
-        if not outputs:  # every output is 0: all relevance is dropped
+        if not roots:  # every output is 0: all relevance is dropped
             return tuple(torch.zeros_like(value) if carries_relevance(value) else None for value in inputs)
-        return terms.input_times_gradient(outputs, inputs, scaled)
+        return terms.input_times_gradient(roots, inputs, scaled)
 
 
 class AlphaBeta(TwoHalves):
