@@ -17,12 +17,19 @@ matrix ``[generated, length]``):
 - ``lxt``: LXT 2.1's efficient mode (``monkey_patch(modeling_llama)``), gradient x input of the
   patched model on each prefix, step by step as LXT explains a generation (``.venv-lxt``).
 
-Both environments load one saved ``state_dict``. Time: per process ``--warm-up`` calls of each
-configuration (default 2: fxlrp runs a part it cannot trace eagerly at the first call of an input
-signature, records it at the second and replays the recorded graph from the third on), then
+Both environments load one saved ``state_dict``, its parameters made in ``--dtype`` (no float32
+copy of a bfloat16 model: ``llama_cost.save_llama``, ``llama_cost._model``). Time: per process
+``--warm-up`` calls of each configuration (default 2: fxlrp runs a part it cannot trace eagerly
+at the first call of an input signature, records it at the second and replays the recorded graph
+from the third on), then
 ``--repeats`` calls each, the order rotating; medians, and the ratio to the gradient x input of
 the same environment. Memory: in a fresh process per configuration, after the warm-up calls, the
-peak of the bytes torch's allocator handed out during one call (``benchmarks/allocator.py``).
+peak of one call: by default (``--peak allocator``) the peak of the bytes torch's allocator handed
+out during it, from the profiler's memory events (``allocator.allocated_peak_of_call``); with
+``--peak resident``, for the large sizes (the profiler keeps an event per allocation, and at a
+billion parameters writing them out took more memory than the call), the process's resident peak
+above its resident size before the call (``allocator.resident_peak_of_call``: the kernel's peak,
+reset before the call; exact to tens of MB, no trace, no slowdown).
 The check: fxlrp's matrix against LXT's (scaled by the logit, as LXT seeds with it), relative
 error. For sizes where explaining every step one by one takes too long, ``--subset K`` has the
 per-prefix methods explain ``K`` of the steps (evenly spread, the longest prefix among them) and
@@ -34,8 +41,8 @@ sequence, so they cost alike; the peak is that of any number of rows, the forwar
 the same). ``--without`` leaves configurations out of a ``--single`` run.
 
     python benchmarks/generation.py --threads 2 [--repeats 2]
-    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --warm-up 0 --subset 3 \
-        --dtype bfloat16 --without lxt_fxlrp
+    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --warm-up 0 --subset 4 \
+        --dtype bfloat16 --peak resident --without lxt_fxlrp lxt_gxi
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.llama_cost import CONFIG, QUICK, LxtPatch, _cpu_name, _model  # noqa: E402
+from benchmarks.llama_cost import CONFIG, QUICK, LxtPatch, _cpu_name, _model, save_llama  # noqa: E402
 from benchmarks.workers import LXT_PYTHON, add_worker_arguments, ran_as_worker, spawn, timed_rounds  # noqa: E402
 
 LARGE = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
@@ -137,11 +144,9 @@ def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
 
     torch.set_num_threads(arguments.threads)
     config = QUICK if arguments.quick else LARGE if arguments.large else CONFIG
-    model = _model(config, arguments.state)
+    model = _model(config, arguments.state, dtype=arguments.dtype)
     length = arguments.prompt + arguments.generated
     sequence = torch.randint(3, config["vocab_size"], (1, length), generator=torch.Generator().manual_seed(1))
-    if arguments.dtype == "bfloat16":
-        model = model.to(torch.bfloat16)
     return model, sequence, arguments.prompt
 
 
@@ -166,7 +171,7 @@ def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
 def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from benchmarks.allocator import allocated_peak_of_call
+    from benchmarks.allocator import allocated_peak_of_call, resident_peak_of_call
 
     model, sequence, start = _setup(arguments)
     patch = LxtPatch() if "lxt" in arguments.names else None
@@ -178,11 +183,11 @@ def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
         run()
     row_starts.clear()
     begin = time.perf_counter()
-    peak = allocated_peak_of_call(run)
+    peak = (resident_peak_of_call if arguments.peak == "resident" else allocated_peak_of_call)(run)
     seconds = time.perf_counter() - begin
     # (fxlrp's forward: from the call's beginning to its first row's backward pass)
     forward = row_starts[0] - begin if row_starts else None
-    return {"allocated_mb": peak, "seconds": seconds, "forward_seconds": forward,
+    return {"peak_mb": peak, "seconds": seconds, "forward_seconds": forward,
             "versions": f"torch {torch.__version__}, transformers {__import__('transformers').__version__}"}
 
 
@@ -191,7 +196,7 @@ def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
 
 def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.Namespace, state: str) -> dict:
     options = ["--prompt", str(arguments.prompt), "--generated", str(arguments.generated), "--warm-up",
-               str(arguments.warm_up), "--dtype", arguments.dtype]
+               str(arguments.warm_up), "--dtype", arguments.dtype, "--peak", arguments.peak]
     options += ["--large"] if arguments.large else []
     options += ["--subset", str(arguments.subset)] if arguments.subset else []
     return spawn(__file__, python, mode, names, arguments, state, options)
@@ -203,18 +208,13 @@ def _relative_error(ours: Any, theirs: Any) -> float:
 
 def drive(arguments: argparse.Namespace) -> dict[str, Any]:
     import torch
-    import transformers
 
     config = QUICK if arguments.quick else LARGE if arguments.large else CONFIG
     steps = subset_steps(arguments.generated, arguments.subset)
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as directory:
         state = os.path.join(directory, "llama.pt")
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
-        parameters = sum(parameter.numel() for parameter in model.parameters())
-        torch.save(model.state_dict(), state)
-        del model
+        parameters = save_llama(config, state, arguments.dtype)
         main = lxt = None
         if not arguments.single:
             main = _spawn(sys.executable, "time", MAIN, arguments, state)
@@ -239,7 +239,7 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
         "seconds": {name: forward[name] + (statistics.median(values) - forward[name]) * scale[name]
                     for name, values in times.items()},
         "forward_seconds": {name: value for name, value in forward.items() if value},
-        "times": times, "allocated_mb": {name: found["allocated_mb"] for name, found in memory.items()},
+        "times": times, "peak": arguments.peak, "peak_mb": {name: found["peak_mb"] for name, found in memory.items()},
         "versions": {name: found["versions"] for name, found in (("main", main or memory["fxlrp"]),
                                                                  ("lxt", lxt or memory.get("lxt"))) if found},
         "load_average": {"start": load_start, "end": os.getloadavg()},
@@ -258,13 +258,14 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
     """Medians and allocated peaks, as multiples of the gradient x input of the same environment."""
-    seconds, memory = report["seconds"], report["allocated_mb"]
+    seconds, memory = report["seconds"], report["peak_mb"]
     labels = {"gxi": "gradient x input per prefix (transformers 5)",
               "fxlrp": "fxlrp explain_generation, AttnLRP(0.0) (transformers 5)",
               "lxt_gxi": "gradient x input per prefix (transformers 4.54.1)",
               "lxt_fxlrp": "fxlrp explain_generation, AttnLRP(0.0) (transformers 4.54.1)",
               "lxt": "LXT 2.1 efficient mode per prefix (transformers 4.54.1)"}
-    lines = ["| method | median (s) | x gradient x input | allocated peak (MB) | x gradient x input |",
+    peak = "allocated peak" if report["peak"] == "allocator" else "resident peak"
+    lines = [f"| method | median (s) | x gradient x input | {peak} (MB) | x gradient x input |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for name, label in labels.items():
         if name in seconds:
@@ -273,7 +274,7 @@ def table(report: dict[str, Any]) -> str:
                          f"{memory[name]:.1f} | {memory[name] / memory[base]:.2f}x |")
     for name, label in (("fxlrp", "transformers 5"), ("lxt_fxlrp", "transformers 4.54.1")):
         if name in seconds and "lxt" in seconds:
-            lines.append(f"\nfxlrp ({label}) / LXT: time {seconds[name] / seconds['lxt']:.2f}x, allocated peak "
+            lines.append(f"\nfxlrp ({label}) / LXT: time {seconds[name] / seconds['lxt']:.2f}x, {peak} "
                          f"{memory[name] / memory['lxt']:.2f}x")
     if len(report["steps_measured"]) < report["generated"]:
         which = "every method" if report["single"] else "per-prefix methods"
@@ -297,6 +298,10 @@ def main() -> None:
                         "spread, the last among them); their time for all steps is extrapolated")
     parser.add_argument("--single", action="store_true", help="one measured call per method, in its own process: "
                         "time and memory of that call (for the large sizes)")
+    parser.add_argument("--peak", choices=("allocator", "resident"), default="allocator",
+                        help="the memory measured: the peak of torch's allocator, from the profiler's events "
+                        "(default; small sizes), or the process's resident peak above its size before the call "
+                        "(the large sizes, where the profiler's events take more memory than the call)")
     parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
     parser.add_argument("--without", nargs="+", default=[], choices=MAIN + LXT,
                         help="with --single: leave out these configurations")
