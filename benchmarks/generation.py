@@ -269,9 +269,10 @@ def table(report: dict[str, Any]) -> str:
              "| --- | ---: | ---: | ---: | ---: |"]
     for name, label in labels.items():
         if name in seconds:
-            base = BASE[name]
-            lines.append(f"| {label} | {seconds[name]:.2f} | {seconds[name] / seconds[base]:.2f}x | "
-                         f"{memory[name]:.1f} | {memory[name] / memory[base]:.2f}x |")
+            base = BASE[name]  # (left out of the run: no ratio)
+            time_ratio, memory_ratio = ((f"{seconds[name] / seconds[base]:.2f}x", f"{memory[name] / memory[base]:.2f}x")
+                                        if base in seconds else ("-", "-"))
+            lines.append(f"| {label} | {seconds[name]:.2f} | {time_ratio} | {memory[name]:.1f} | {memory_ratio} |")
     for name, label in (("fxlrp", "transformers 5"), ("lxt_fxlrp", "transformers 4.54.1")):
         if name in seconds and "lxt" in seconds:
             lines.append(f"\nfxlrp ({label}) / LXT: time {seconds[name] / seconds['lxt']:.2f}x, {peak} "
@@ -302,11 +303,16 @@ def main() -> None:
                         help="the memory measured: the peak of torch's allocator, from the profiler's events "
                         "(default; small sizes), or the process's resident peak above its size before the call "
                         "(the large sizes, where the profiler's events take more memory than the call)")
+    parser.add_argument("--table", help="print the table of a report written with --json, and stop")
     parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
     parser.add_argument("--without", nargs="+", default=[], choices=MAIN + LXT,
                         help="with --single: leave out these configurations")
     arguments = parser.parse_args()
     if ran_as_worker(arguments, worker_time, worker_memory):
+        return
+    if arguments.table:
+        with open(arguments.table) as file:
+            print(table(json.load(file)))
         return
     if arguments.without and not arguments.single:
         parser.error("--without leaves configurations out of --single runs only")
