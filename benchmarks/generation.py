@@ -38,11 +38,12 @@ memory of the same call, each in its own process, and with ``--subset`` fxlrp to
 those steps: its forward (from the call's beginning to its first row's backward pass) counts once
 and the rest of the call is extrapolated to all steps (each backward pass goes through the whole
 sequence, so they cost alike; the peak is that of any number of rows, the forward's graph being
-the same). ``--without`` leaves configurations out of a ``--single`` run.
+the same); with ``--whole-matrix`` fxlrp explains every step there (measured, not extrapolated).
+``--without`` leaves configurations out of a ``--single`` run.
 
     python benchmarks/generation.py --threads 2 [--repeats 2]
-    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --warm-up 0 --subset 4 \
-        --dtype bfloat16 --peak resident --without lxt_fxlrp lxt_gxi
+    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --whole-matrix --warm-up 0 \
+        --subset 4 --dtype bfloat16 --peak resident --without lxt_fxlrp lxt_gxi
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
     patch = LxtPatch() if "lxt" in arguments.names else None
     steps = subset_steps(arguments.generated, arguments.subset)
     row_starts: list[float] = []
-    run = _runner(arguments.names[0], model, sequence, start, patch, steps, whole_matrix=not arguments.single,
+    whole_matrix = not arguments.single or arguments.whole_matrix
+    run = _runner(arguments.names[0], model, sequence, start, patch, steps, whole_matrix=whole_matrix,
                   row_starts=row_starts)
     for _ in range(arguments.warm_up):
         run()
@@ -187,7 +189,9 @@ def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - begin
     # (fxlrp's forward: from the call's beginning to its first row's backward pass)
     forward = row_starts[0] - begin if row_starts else None
-    return {"peak_mb": peak, "seconds": seconds, "forward_seconds": forward,
+    # (the rows the call explained: fxlrp's backward passes, else the prefixes)
+    rows = len(row_starts) if row_starts else len(steps)
+    return {"peak_mb": peak, "seconds": seconds, "forward_seconds": forward, "rows": rows,
             "versions": f"torch {torch.__version__}, transformers {__import__('transformers').__version__}"}
 
 
@@ -199,6 +203,7 @@ def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.N
                str(arguments.warm_up), "--dtype", arguments.dtype, "--peak", arguments.peak]
     options += ["--large"] if arguments.large else []
     options += ["--subset", str(arguments.subset)] if arguments.subset else []
+    options += ["--single"] * arguments.single + ["--whole-matrix"] * arguments.whole_matrix
     return spawn(__file__, python, mode, names, arguments, state, options)
 
 
@@ -227,15 +232,17 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
     else:
         times = {**main["times"], **(lxt["times"] if lxt is not None else {})}
     # The per-prefix methods explained len(steps) of the steps: their time for all, extrapolated;
-    # so did fxlrp under --single: its forward once, its backward passes extrapolated.
-    scale = {name: 1.0 if name in FULL_MATRIX and not arguments.single else arguments.generated / len(steps)
-             for name in times}
+    # so did fxlrp under --single without --whole-matrix: its forward once, its backward passes
+    # extrapolated (from the rows its worker says it explained).
+    explained = {name: memory[name]["rows"] if arguments.single else
+                 arguments.generated if name in FULL_MATRIX else len(steps) for name in times}
+    scale = {name: arguments.generated / explained[name] for name in times}
     forward = {name: memory[name]["forward_seconds"] or 0.0 if arguments.single and name in FULL_MATRIX else 0.0
                for name in times}
     report = {
         "config": config, "parameters": parameters, "prompt": arguments.prompt, "generated": arguments.generated,
         "dtype": arguments.dtype, "warm_up": arguments.warm_up, "single": arguments.single,
-        "steps_measured": steps, "threads": arguments.threads,
+        "steps_measured": steps, "rows_explained": explained, "threads": arguments.threads,
         "seconds": {name: forward[name] + (statistics.median(values) - forward[name]) * scale[name]
                     for name, values in times.items()},
         "forward_seconds": {name: value for name, value in forward.items() if value},
@@ -277,12 +284,11 @@ def table(report: dict[str, Any]) -> str:
         if name in seconds and "lxt" in seconds:
             lines.append(f"\nfxlrp ({label}) / LXT: time {seconds[name] / seconds['lxt']:.2f}x, {peak} "
                          f"{memory[name] / memory['lxt']:.2f}x")
-    if len(report["steps_measured"]) < report["generated"]:
-        which = "every method" if report["single"] else "per-prefix methods"
-        lines.append(f"\n({which}: {len(report['steps_measured'])} of {report['generated']} steps measured, time "
-                     "extrapolated to all" + ("; fxlrp: its forward once and its backward passes times "
-                                              f"{report['generated'] / len(report['steps_measured']):g}"
-                                              if report["single"] else "") + ")")
+    for name, rows in report["rows_explained"].items():
+        if rows < report["generated"]:
+            lines.append(f"\n({name}: {rows} of {report['generated']} steps explained, time extrapolated to all"
+                         + ("; its forward once and its backward passes times "
+                            f"{report['generated'] / rows:g})" if name in FULL_MATRIX else ")"))
     return "\n".join(lines)
 
 
@@ -305,6 +311,8 @@ def main() -> None:
                         "(the large sizes, where the profiler's events take more memory than the call)")
     parser.add_argument("--table", help="print the table of a report written with --json, and stop")
     parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
+    parser.add_argument("--whole-matrix", action="store_true",
+                        help="with --single: fxlrp explains every step (measured, not extrapolated)")
     parser.add_argument("--without", nargs="+", default=[], choices=MAIN + LXT,
                         help="with --single: leave out these configurations")
     arguments = parser.parse_args()
