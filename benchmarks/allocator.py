@@ -46,6 +46,40 @@ def allocated_growth_of_call(run: Callable[[], Any]) -> float:
     return (max(event["Total Allocated"] for event in events) - before) / 2**20
 
 
+def resident_peak_of_call(run: Callable[[], Any]) -> float:
+    """The highest resident size of the process during the call, above its resident size right
+    before it, in MB (Linux only: writing ``5`` to ``/proc/self/clear_refs`` resets the kernel's
+    resident peak, ``VmHWM`` in ``/proc/self/status``, to the current resident size).
+
+    For the large sizes, where :func:`allocated_peak_of_call` cannot be used: the profiler it
+    reads keeps an event per allocation, which at a billion parameters and hundreds of tokens
+    takes more memory than the call. No trace is kept here, and nothing slows the call, so time
+    and memory can come from one call. Exact to a few tens of MB (a page granularity, and what
+    glibc keeps of freed small blocks; large blocks are mapped and unmapped, so they follow the
+    allocator), which is noise at GB scale; it counts what torch's allocator does not see
+    (oneDNN's scratch buffers, Python objects). Freed heap memory is returned to the system
+    first (:func:`release_freed_memory`), so that the size before the call is what is in use;
+    the weights must be resident before the call (read into memory, not mapped from a file and
+    paged in during it)."""
+    release_freed_memory()
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    before = _status_kb("VmRSS")
+    output = run()
+    peak = _status_kb("VmHWM")
+    del output
+    return (peak - before) / 1024
+
+
+def _status_kb(field_name: str) -> int:
+    """A field of ``/proc/self/status`` given in kB (``VmRSS``, ``VmHWM``)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field_name}")
+
+
 def _memory_events(run: Callable[[], Any]) -> list[dict[str, Any]]:
     """The CPU allocator's events of a call, as the profiler records them."""
     from torch.profiler import ProfilerActivity, profile

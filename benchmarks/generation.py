@@ -17,12 +17,19 @@ matrix ``[generated, length]``):
 - ``lxt``: LXT 2.1's efficient mode (``monkey_patch(modeling_llama)``), gradient x input of the
   patched model on each prefix, step by step as LXT explains a generation (``.venv-lxt``).
 
-Both environments load one saved ``state_dict``. Time: per process ``--warm-up`` calls of each
-configuration (default 2: fxlrp runs a part it cannot trace eagerly at the first call of an input
-signature, records it at the second and replays the recorded graph from the third on), then
+Both environments load one saved ``state_dict``, its parameters made in ``--dtype`` (no float32
+copy of a bfloat16 model: ``llama_cost.save_llama``, ``llama_cost._model``). Time: per process
+``--warm-up`` calls of each configuration (default 2: fxlrp runs a part it cannot trace eagerly
+at the first call of an input signature, records it at the second and replays the recorded graph
+from the third on), then
 ``--repeats`` calls each, the order rotating; medians, and the ratio to the gradient x input of
 the same environment. Memory: in a fresh process per configuration, after the warm-up calls, the
-peak of the bytes torch's allocator handed out during one call (``benchmarks/allocator.py``).
+peak of one call: by default (``--peak allocator``) the peak of the bytes torch's allocator handed
+out during it, from the profiler's memory events (``allocator.allocated_peak_of_call``); with
+``--peak resident``, for the large sizes (the profiler keeps an event per allocation, and at a
+billion parameters writing them out took more memory than the call), the process's resident peak
+above its resident size before the call (``allocator.resident_peak_of_call``: the kernel's peak,
+reset before the call; exact to tens of MB, no trace, no slowdown).
 The check: fxlrp's matrix against LXT's (scaled by the logit, as LXT seeds with it), relative
 error. For sizes where explaining every step one by one takes too long, ``--subset K`` has the
 per-prefix methods explain ``K`` of the steps (evenly spread, the longest prefix among them) and
@@ -31,11 +38,12 @@ memory of the same call, each in its own process, and with ``--subset`` fxlrp to
 those steps: its forward (from the call's beginning to its first row's backward pass) counts once
 and the rest of the call is extrapolated to all steps (each backward pass goes through the whole
 sequence, so they cost alike; the peak is that of any number of rows, the forward's graph being
-the same). ``--without`` leaves configurations out of a ``--single`` run.
+the same); with ``--whole-matrix`` fxlrp explains every step there (measured, not extrapolated).
+``--without`` leaves configurations out of a ``--single`` run.
 
     python benchmarks/generation.py --threads 2 [--repeats 2]
-    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --warm-up 0 --subset 3 \
-        --dtype bfloat16 --without lxt_fxlrp
+    python benchmarks/generation.py --large --prompt 512 --generated 64 --single --whole-matrix --warm-up 0 \
+        --subset 4 --dtype bfloat16 --peak resident --without lxt_fxlrp lxt_gxi
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.llama_cost import CONFIG, QUICK, LxtPatch, _cpu_name, _model  # noqa: E402
+from benchmarks.llama_cost import CONFIG, QUICK, LxtPatch, _cpu_name, _model, save_llama  # noqa: E402
 from benchmarks.workers import LXT_PYTHON, add_worker_arguments, ran_as_worker, spawn, timed_rounds  # noqa: E402
 
 LARGE = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
@@ -137,11 +145,9 @@ def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
 
     torch.set_num_threads(arguments.threads)
     config = QUICK if arguments.quick else LARGE if arguments.large else CONFIG
-    model = _model(config, arguments.state)
+    model = _model(config, arguments.state, dtype=arguments.dtype)
     length = arguments.prompt + arguments.generated
     sequence = torch.randint(3, config["vocab_size"], (1, length), generator=torch.Generator().manual_seed(1))
-    if arguments.dtype == "bfloat16":
-        model = model.to(torch.bfloat16)
     return model, sequence, arguments.prompt
 
 
@@ -166,23 +172,26 @@ def worker_time(arguments: argparse.Namespace) -> dict[str, Any]:
 def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from benchmarks.allocator import allocated_peak_of_call
+    from benchmarks.allocator import allocated_peak_of_call, resident_peak_of_call
 
     model, sequence, start = _setup(arguments)
     patch = LxtPatch() if "lxt" in arguments.names else None
     steps = subset_steps(arguments.generated, arguments.subset)
     row_starts: list[float] = []
-    run = _runner(arguments.names[0], model, sequence, start, patch, steps, whole_matrix=not arguments.single,
+    whole_matrix = not arguments.single or arguments.whole_matrix
+    run = _runner(arguments.names[0], model, sequence, start, patch, steps, whole_matrix=whole_matrix,
                   row_starts=row_starts)
     for _ in range(arguments.warm_up):
         run()
     row_starts.clear()
     begin = time.perf_counter()
-    peak = allocated_peak_of_call(run)
+    peak = (resident_peak_of_call if arguments.peak == "resident" else allocated_peak_of_call)(run)
     seconds = time.perf_counter() - begin
     # (fxlrp's forward: from the call's beginning to its first row's backward pass)
     forward = row_starts[0] - begin if row_starts else None
-    return {"allocated_mb": peak, "seconds": seconds, "forward_seconds": forward,
+    # (the rows the call explained: fxlrp's backward passes, else the prefixes)
+    rows = len(row_starts) if row_starts else len(steps)
+    return {"peak_mb": peak, "seconds": seconds, "forward_seconds": forward, "rows": rows,
             "versions": f"torch {torch.__version__}, transformers {__import__('transformers').__version__}"}
 
 
@@ -191,9 +200,10 @@ def worker_memory(arguments: argparse.Namespace) -> dict[str, Any]:
 
 def _spawn(python: str, mode: str, names: tuple[str, ...], arguments: argparse.Namespace, state: str) -> dict:
     options = ["--prompt", str(arguments.prompt), "--generated", str(arguments.generated), "--warm-up",
-               str(arguments.warm_up), "--dtype", arguments.dtype]
+               str(arguments.warm_up), "--dtype", arguments.dtype, "--peak", arguments.peak]
     options += ["--large"] if arguments.large else []
     options += ["--subset", str(arguments.subset)] if arguments.subset else []
+    options += ["--single"] * arguments.single + ["--whole-matrix"] * arguments.whole_matrix
     return spawn(__file__, python, mode, names, arguments, state, options)
 
 
@@ -203,18 +213,13 @@ def _relative_error(ours: Any, theirs: Any) -> float:
 
 def drive(arguments: argparse.Namespace) -> dict[str, Any]:
     import torch
-    import transformers
 
     config = QUICK if arguments.quick else LARGE if arguments.large else CONFIG
     steps = subset_steps(arguments.generated, arguments.subset)
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as directory:
         state = os.path.join(directory, "llama.pt")
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
-        parameters = sum(parameter.numel() for parameter in model.parameters())
-        torch.save(model.state_dict(), state)
-        del model
+        parameters = save_llama(config, state, arguments.dtype)
         main = lxt = None
         if not arguments.single:
             main = _spawn(sys.executable, "time", MAIN, arguments, state)
@@ -227,19 +232,21 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
     else:
         times = {**main["times"], **(lxt["times"] if lxt is not None else {})}
     # The per-prefix methods explained len(steps) of the steps: their time for all, extrapolated;
-    # so did fxlrp under --single: its forward once, its backward passes extrapolated.
-    scale = {name: 1.0 if name in FULL_MATRIX and not arguments.single else arguments.generated / len(steps)
-             for name in times}
+    # so did fxlrp under --single without --whole-matrix: its forward once, its backward passes
+    # extrapolated (from the rows its worker says it explained).
+    explained = {name: memory[name]["rows"] if arguments.single else
+                 arguments.generated if name in FULL_MATRIX else len(steps) for name in times}
+    scale = {name: arguments.generated / explained[name] for name in times}
     forward = {name: memory[name]["forward_seconds"] or 0.0 if arguments.single and name in FULL_MATRIX else 0.0
                for name in times}
     report = {
         "config": config, "parameters": parameters, "prompt": arguments.prompt, "generated": arguments.generated,
         "dtype": arguments.dtype, "warm_up": arguments.warm_up, "single": arguments.single,
-        "steps_measured": steps, "threads": arguments.threads,
+        "steps_measured": steps, "rows_explained": explained, "threads": arguments.threads,
         "seconds": {name: forward[name] + (statistics.median(values) - forward[name]) * scale[name]
                     for name, values in times.items()},
         "forward_seconds": {name: value for name, value in forward.items() if value},
-        "times": times, "allocated_mb": {name: found["allocated_mb"] for name, found in memory.items()},
+        "times": times, "peak": arguments.peak, "peak_mb": {name: found["peak_mb"] for name, found in memory.items()},
         "versions": {name: found["versions"] for name, found in (("main", main or memory["fxlrp"]),
                                                                  ("lxt", lxt or memory.get("lxt"))) if found},
         "load_average": {"start": load_start, "end": os.getloadavg()},
@@ -258,29 +265,30 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
     """Medians and allocated peaks, as multiples of the gradient x input of the same environment."""
-    seconds, memory = report["seconds"], report["allocated_mb"]
+    seconds, memory = report["seconds"], report["peak_mb"]
     labels = {"gxi": "gradient x input per prefix (transformers 5)",
               "fxlrp": "fxlrp explain_generation, AttnLRP(0.0) (transformers 5)",
               "lxt_gxi": "gradient x input per prefix (transformers 4.54.1)",
               "lxt_fxlrp": "fxlrp explain_generation, AttnLRP(0.0) (transformers 4.54.1)",
               "lxt": "LXT 2.1 efficient mode per prefix (transformers 4.54.1)"}
-    lines = ["| method | median (s) | x gradient x input | allocated peak (MB) | x gradient x input |",
+    peak = "allocated peak" if report["peak"] == "allocator" else "resident peak"
+    lines = [f"| method | median (s) | x gradient x input | {peak} (MB) | x gradient x input |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for name, label in labels.items():
         if name in seconds:
-            base = BASE[name]
-            lines.append(f"| {label} | {seconds[name]:.2f} | {seconds[name] / seconds[base]:.2f}x | "
-                         f"{memory[name]:.1f} | {memory[name] / memory[base]:.2f}x |")
+            base = BASE[name]  # (left out of the run: no ratio)
+            time_ratio, memory_ratio = ((f"{seconds[name] / seconds[base]:.2f}x", f"{memory[name] / memory[base]:.2f}x")
+                                        if base in seconds else ("-", "-"))
+            lines.append(f"| {label} | {seconds[name]:.2f} | {time_ratio} | {memory[name]:.1f} | {memory_ratio} |")
     for name, label in (("fxlrp", "transformers 5"), ("lxt_fxlrp", "transformers 4.54.1")):
         if name in seconds and "lxt" in seconds:
-            lines.append(f"\nfxlrp ({label}) / LXT: time {seconds[name] / seconds['lxt']:.2f}x, allocated peak "
+            lines.append(f"\nfxlrp ({label}) / LXT: time {seconds[name] / seconds['lxt']:.2f}x, {peak} "
                          f"{memory[name] / memory['lxt']:.2f}x")
-    if len(report["steps_measured"]) < report["generated"]:
-        which = "every method" if report["single"] else "per-prefix methods"
-        lines.append(f"\n({which}: {len(report['steps_measured'])} of {report['generated']} steps measured, time "
-                     "extrapolated to all" + ("; fxlrp: its forward once and its backward passes times "
-                                              f"{report['generated'] / len(report['steps_measured']):g}"
-                                              if report["single"] else "") + ")")
+    for name, rows in report["rows_explained"].items():
+        if rows < report["generated"]:
+            lines.append(f"\n({name}: {rows} of {report['generated']} steps explained, time extrapolated to all"
+                         + ("; its forward once and its backward passes times "
+                            f"{report['generated'] / rows:g})" if name in FULL_MATRIX else ")"))
     return "\n".join(lines)
 
 
@@ -297,11 +305,22 @@ def main() -> None:
                         "spread, the last among them); their time for all steps is extrapolated")
     parser.add_argument("--single", action="store_true", help="one measured call per method, in its own process: "
                         "time and memory of that call (for the large sizes)")
+    parser.add_argument("--peak", choices=("allocator", "resident"), default="allocator",
+                        help="the memory measured: the peak of torch's allocator, from the profiler's events "
+                        "(default; small sizes), or the process's resident peak above its size before the call "
+                        "(the large sizes, where the profiler's events take more memory than the call)")
+    parser.add_argument("--table", help="print the table of a report written with --json, and stop")
     parser.add_argument("--no-lxt", action="store_true", help="leave out LXT's environment (.venv-lxt)")
+    parser.add_argument("--whole-matrix", action="store_true",
+                        help="with --single: fxlrp explains every step (measured, not extrapolated)")
     parser.add_argument("--without", nargs="+", default=[], choices=MAIN + LXT,
                         help="with --single: leave out these configurations")
     arguments = parser.parse_args()
     if ran_as_worker(arguments, worker_time, worker_memory):
+        return
+    if arguments.table:
+        with open(arguments.table) as file:
+            print(table(json.load(file)))
         return
     if arguments.without and not arguments.single:
         parser.error("--without leaves configurations out of --single runs only")

@@ -44,6 +44,7 @@ torch's allocator handed out during one call (profiler statistics, as benchmarks
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -51,6 +52,7 @@ import platform
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,14 +83,44 @@ KEPT_HEAP = {"MALLOC_TRIM_THRESHOLD_": str(2**40), "MALLOC_MMAP_THRESHOLD_": str
 # -- inside a worker process -----------------------------------------------------------------------
 
 
-def _model(config: dict[str, Any], state: str, attention: str = "sdpa") -> Any:
-    """The Llama of ``config`` with the weights saved at ``state``, in evaluation mode, its
-    parameters requiring no gradient."""
+@contextlib.contextmanager
+def _made_in(dtype: str) -> Iterator[None]:
+    """Parameters made inside are made in ``dtype`` (torch's default dtype, restored after): a
+    model of a billion parameters in bfloat16 is built without its float32 copy (3.4 GB)."""
+    import torch
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)
+
+
+def save_llama(config: dict[str, Any], state: str, dtype: str = "float32") -> int:
+    """Random weights of the Llama of ``config`` (seed 0), made in ``dtype`` and saved at
+    ``state`` for the worker processes (:func:`_model`); the number of parameters."""
     import torch
     import transformers
 
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation=attention))
-    model.load_state_dict(torch.load(state, weights_only=True, mmap=True))  # (not a second copy in memory)
+    torch.manual_seed(0)
+    with _made_in(dtype):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    torch.save(model.state_dict(), state)
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def _model(config: dict[str, Any], state: str, attention: str = "sdpa", dtype: str = "float32") -> Any:
+    """The Llama of ``config`` with the weights saved at ``state``, made in ``dtype``, in
+    evaluation mode, its parameters requiring no gradient. The weights are copied into the
+    model's own memory from the memory-mapped file (not a second copy in memory; resident before
+    any call, not paged in from the file during one)."""
+    import torch
+    import transformers
+
+    with _made_in(dtype):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation=attention))
+    model.load_state_dict(torch.load(state, weights_only=True, mmap=True))
     return model.eval().requires_grad_(False)
 
 
@@ -263,17 +295,11 @@ def _relative_error(ours: list, theirs: list) -> float:
 
 
 def drive(arguments: argparse.Namespace) -> dict[str, Any]:
-    import torch
-    import transformers
-
     config = QUICK if arguments.quick else CONFIG
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as directory:
         state = os.path.join(directory, "llama.pt")
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
-        torch.save(model.state_dict(), state)
-        del model
+        save_llama(config, state)
         times: dict[str, list[float]] = {name: [] for name in MAIN + LXT}
         round_medians: dict[str, list[float]] = {name: [] for name in MAIN + LXT}
         relevance: dict[str, list] = {}

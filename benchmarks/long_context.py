@@ -16,7 +16,12 @@ checkpointing (``model.gradient_checkpointing_enable()``). Configurations:
 - ``lxt_gxi`` and ``lxt``: gradient x input of the unpatched and of the patched model in LXT's
   environment (LXT 2.1's efficient mode, ``monkey_patch(modeling_llama)``, transformers 4.54.1 in
   ``.venv-lxt``: ``make .venv-lxt/.installed``), as ``benchmarks/llama_cost.py`` runs them;
-  with checkpointing in training mode, the recomputation inside LXT's patch.
+  with checkpointing in training mode, the recomputation inside LXT's patch. LXT's patch wraps
+  ``eager_attention_forward`` and every function of ``ALL_ATTENTION_FUNCTIONS`` (sdpa, flash,
+  flex), so it explains each implementation;
+- ``lxt_attnlrp``: fxlrp as ``attnlrp``, in LXT's environment, timed only: its calls alternate
+  with LXT's in one process, so fxlrp's time over LXT's is a paired ratio (the median over rounds
+  of the ratio of the two calls of a round).
 
 One worker process per environment, attention, length and checkpointing; in it two warm-up calls
 for fxlrp (it records its eager part's graph at the second), one for the others, ``--repeats`` calls each,
@@ -55,11 +60,17 @@ from benchmarks.llama_cost import (  # noqa: E402
     _cpu_name,
     _model,
     _runner,
+    save_llama,
 )
 
 MAIN = ("gxi", "attnlrp")
-LXT = ("lxt_gxi", "lxt")
-BASE = {"gxi": "gxi", "attnlrp": "gxi", "lxt_gxi": "lxt_gxi", "lxt": "lxt_gxi"}
+LXT = ("lxt_gxi", "lxt_attnlrp", "lxt")
+BASE = {"gxi": "gxi", "attnlrp": "gxi", "lxt_gxi": "lxt_gxi", "lxt_attnlrp": "lxt", "lxt": "lxt_gxi"}
+"""What each configuration's time is paired with (the same process, call by call): fxlrp in LXT's
+environment with LXT."""
+FXLRP = ("attnlrp", "lxt_attnlrp")
+TIMED_ONLY = ("lxt_attnlrp",)
+"""Configurations timed, not measured for memory (fxlrp's memory is that of the main environment)."""
 
 
 # -- inside a worker process -----------------------------------------------------------------------
@@ -74,7 +85,7 @@ def _setup(arguments: argparse.Namespace) -> tuple[Any, Any, int]:
 
     torch.set_num_threads(arguments.threads)
     config = _config(arguments)
-    model = _model(config, arguments.state, arguments.attention).to(getattr(torch, arguments.dtype))
+    model = _model(config, arguments.state, arguments.attention, arguments.dtype)
     if arguments.checkpointing:
         model.gradient_checkpointing_enable()
     ids = torch.randint(3, config["vocab_size"], (1, arguments.length), generator=torch.Generator().manual_seed(1))
@@ -92,7 +103,7 @@ def worker(arguments: argparse.Namespace) -> dict[str, Any]:
     # fxlrp records its eager part's graph at the second call of an input signature and replays it
     # from then on: two warm-up calls for it, one for the others
     for name, run in runs.items():
-        for _ in range(2 if name == "attnlrp" else 1):
+        for _ in range(2 if name in FXLRP else 1):
             run()
     relevance = {name: run().float().flatten().tolist() for name, run in runs.items()}
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -102,7 +113,7 @@ def worker(arguments: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - start)
-    memory = {name: allocated_growth_of_call(run) for name, run in runs.items()}
+    memory = {name: allocated_growth_of_call(run) for name, run in runs.items() if name not in TIMED_ONLY}
     return {"times": times, "allocated_mb": memory, "relevance": relevance,
             "versions": f"torch {torch.__version__}, transformers {__import__('transformers').__version__}"}
 
@@ -147,20 +158,13 @@ def _correlation(ours: list, theirs: list) -> float:
 
 
 def drive(arguments: argparse.Namespace) -> dict[str, Any]:
-    import torch
-    import transformers
-
     config = _config(arguments)
     with_lxt = not arguments.no_lxt and os.path.exists(LXT_PYTHON)
     rows = []
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as directory:
         state = os.path.join(directory, "llama.pt")
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
-        parameters = sum(parameter.numel() for parameter in model.parameters())
-        torch.save(model.state_dict(), state)
-        del model
+        parameters = save_llama(config, state, arguments.dtype)
         for attention in arguments.attention:
             for length in arguments.lengths:
                 for checkpointing in arguments.checkpointing_runs:
@@ -191,16 +195,19 @@ def _row_line(row: dict[str, Any]) -> str:
     seconds, memory = row["seconds"], row["allocated_mb"]
     parts = [f"{row['attention']} {row['length']} checkpointing={row['checkpointing']}:"]
     for name in seconds:
-        parts.append(f"{name} {seconds[name]:.2f}s ({row['paired'][name]:.2f}x) {memory[name]:.0f} MB "
-                     f"({memory[name] / memory[BASE[name]]:.2f}x)")
+        parts.append(f"{name} {seconds[name]:.2f}s ({row['paired'][name]:.2f}x {BASE[name]})" + (
+            f" {memory[name]:.0f} MB ({memory[name] / memory[BASE[name]]:.2f}x)" if name in memory else ""))
     return " | ".join(parts)
 
 
 def table(report: dict[str, Any]) -> str:
     """One line per attention, length and checkpointing: fxlrp's and LXT's time and peak memory
-    as multiples of the gradient x input of their environment, and fxlrp's time over LXT's."""
+    as multiples of the gradient x input of their environment, and fxlrp's time over LXT's: the
+    median of the ratios of fxlrp's and LXT's calls of one round in LXT's environment (one
+    process, the same transformers code)."""
     lines = ["| attention | tokens | checkpointing | gradient x input (s, MB) | fxlrp AttnLRP (s, MB) "
-             "| x gradient (time, memory) | LXT 2.1 (s, MB) | x gradient (time, memory) | fxlrp / LXT time |",
+             "| x gradient (time, memory) | LXT 2.1 (s, MB) | x gradient (time, memory) "
+             "| fxlrp / LXT time (paired) |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in report["rows"]:
         seconds, memory, paired = row["seconds"], row["allocated_mb"], row["paired"]
@@ -210,7 +217,7 @@ def table(report: dict[str, Any]) -> str:
         if "lxt" in seconds:
             cells += [f"{seconds['lxt']:.1f}, {memory['lxt']:.0f}",
                       f"{paired['lxt']:.2f}x, {memory['lxt'] / memory['lxt_gxi']:.2f}x",
-                      f"{seconds['attnlrp'] / seconds['lxt']:.2f}"]
+                      f"{paired['lxt_attnlrp']:.2f}" if "lxt_attnlrp" in paired else "-"]
         else:
             cells += ["-", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")

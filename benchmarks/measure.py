@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.allocator import allocated_peak_of_call, release_freed_memory
+from benchmarks.allocator import allocated_peak_of_call, resident_peak_of_call
 from benchmarks.configurations import CONFIGURATIONS, Unavailable
 from benchmarks.workloads import Workload, build
 
@@ -112,25 +112,6 @@ def cuda_allocated_peak_of_call(run: Callable[[], Any], device: torch.device) ->
     return (peak - before) / 2**20
 
 
-def _status_kb(field_name: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field_name}")
-
-
-def _peak_of_call(run: Callable[[], Any]) -> float:
-    release_freed_memory()
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # reset VmHWM to the current resident size
-    before = _status_kb("VmRSS")
-    output = run()
-    peak = _status_kb("VmHWM")
-    del output
-    return (peak - before) / 1024
-
-
 def probe_memory(model: str, name: str, quick: bool) -> dict[str, Any]:
     """In this (fresh) process: peak resident memory of a call of the configuration above the
     resident memory right before it, in MB, for the first call (with one-off work such as
@@ -140,8 +121,8 @@ def probe_memory(model: str, name: str, quick: bool) -> dict[str, Any]:
     workload = build(model, quick)
     try:
         run = CONFIGURATIONS[name].prepare(workload)
-        first = _peak_of_call(run)
-        peak = _peak_of_call(run)
+        first = resident_peak_of_call(run)
+        peak = resident_peak_of_call(run)
         return {"peak_mb": peak, "first_mb": first, "allocated_mb": allocated_peak_of_call(run)}
     except Exception as error:
         return {"error": _first_line(error)}

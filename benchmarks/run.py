@@ -20,12 +20,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.allocator import release_freed_memory  # noqa: E402
 from benchmarks.configurations import CONFIGURATIONS, FLOOR  # noqa: E402
 from benchmarks.measure import (  # noqa: E402
     import_seconds,
     memory_in_subprocess,
     probe_memory,
-    release_freed_memory,
     time_interleaved,
 )
 from benchmarks.table import document, model_table, summary, write  # noqa: E402
