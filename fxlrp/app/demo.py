@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import fxlrp
@@ -86,6 +87,11 @@ def torchvision_demo(out: Path) -> Path:
     print(f"    LRP-0 vs gradient x input, relative difference {difference:.1e} (should be ~1e-15)")
     path = image.save_png(image.overlay(inputs[0], relevance[0]), out / "resnet18_random_weights.png", scale=4)
     print(f"    overlay -> {path} (random weights: this picture shows no learnt knowledge)")
+    # the heatmap with its scale: a colour bar from -max|R| to +max|R| (channels summed) and a title
+    largest = float(np.abs(image.reduce_channels(relevance)).max())
+    shown = image.enlarge(image.heatmap(relevance)[0], image.readable_scale(*relevance.shape[-2:]))
+    figure, _ = image.with_colour_bar(shown, largest, f"resnet18, class {target}, LRP-0")
+    print(f"    heatmap with colour bar -> {image.save_png(figure, out / 'resnet18_random_weights.figure.png', 1)}")
     return path
 
 

@@ -16,6 +16,7 @@ from PIL import Image
 from fxlrp.app import cli
 from fxlrp.toys.digits import DigitsCNN, load_digits_split, positive_relevance_on_ink, train_classifier
 from fxlrp.viz import image
+from tests.support.pictures import colour_bars
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS_MODEL = "fxlrp.toys.digits:DigitsCNN"
@@ -130,3 +131,6 @@ def test_demo_runs_fast_and_checks_itself(tmp_path: Path, capsys: pytest.Capture
     assert re.search(r"edge most for: \d+ -> \d+ \(real contact, sick sender\) \+", stdout)  # and infects by a contact
     for name in ("digits_heatmaps.png", "resnet18_random_weights.png", "infection_graph.png"):
         assert (tmp_path / name).stat().st_size > 5_000
+    # the ResNet-18's heatmap beside a colour bar from +max|R| (top) to -max|R| (bottom), the
+    # heatmap's own scale
+    assert len(colour_bars(image.read_png(tmp_path / "resnet18_random_weights.figure.png"))) >= 1

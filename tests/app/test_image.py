@@ -13,6 +13,7 @@ import torch
 
 from fxlrp.viz import image
 from fxlrp.viz.graph_image import save_graph_relevance
+from tests.support.pictures import colour_bars
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,25 +65,6 @@ def test_bwr_pictures_can_be_read_back(tmp_path: Path) -> None:
     assert np.abs(recovered - expected).max() < 2.5 / 255
 
 
-def _colour_bars(picture: np.ndarray) -> list[tuple[int, int, int]]:
-    """``(column, top, bottom)`` of each colour bar in a picture of bwr maps: a vertical run that
-    falls smoothly (steps under 0.05) from above +0.95 to below -0.95. A heatmap's blocks jump
-    between values, and the white between panels reads 0, so only a bar runs so."""
-    values = image.signed_values_from_bwr(picture)
-    found = []
-    for column in range(values.shape[1]):
-        steps = np.diff(values[:, column])
-        smooth = (steps <= 0) & (steps > -0.05)
-        top = 0
-        for row in range(len(steps) + 1):
-            if row < len(steps) and smooth[row]:
-                continue
-            if values[top, column] > 0.95 and values[row, column] < -0.95:
-                found.append((column, top, row))
-            top = row + 1
-    return found
-
-
 @pytest.mark.parametrize("samples_in_columns", [False, True])
 def test_each_heatmap_of_a_figure_grid_has_a_colour_bar_of_its_scale(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, samples_in_columns: bool) -> None:
@@ -99,7 +81,7 @@ def test_each_heatmap_of_a_figure_grid_has_a_colour_bar_of_its_scale(
                         lambda figure, *args, **kwargs: saved.append(figure) or savefig(figure, *args, **kwargs))
     path = image.figure_grid(images, relevances, ["input", "a", "b"], tmp_path / "grid.png",
                              samples_in_columns=samples_in_columns)
-    bars = _colour_bars(image.read_png(path))
+    bars = colour_bars(image.read_png(path))
     columns = sorted({column for column, _, _ in bars})
     groups = 1 + int((np.diff(columns) > 1).sum())
     runs = {(top, bottom) for _, top, bottom in bars}
