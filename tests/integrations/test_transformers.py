@@ -44,7 +44,6 @@ it without gradient.
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
@@ -595,9 +594,10 @@ class Case:
     matrix product for a weight that requires grad and broadcasts into a batched one for a
     detached weight; ConvBERT's linear layer on a transposed input: a matrix product and an add, or
     a batched product or one ``addmm``), whose rounding differs by an amount that depends on the
-    machine. The explainer's outputs are compared bit for bit with those of a copy of the model
-    whose parameters do not require grad (the same kernels), and in float64 with the model's own
-    within 1e-9 relative."""
+    machine. Which of the two a product takes also depends on which operands require grad at the
+    time, which differs between the explainer's first run and its later recorded replays (on an
+    AMD EPYC, Mamba's outputs differ in the last bits between them, in float64). Their outputs are
+    compared with the model's own in float64 within 1e-9 relative, not bit for bit."""
     compared: bool = True
     """Whether the relevance is compared with the reference (not where only float32 runs and the
     gradient-following formulation divides by the inputs)."""
@@ -884,15 +884,12 @@ def test_attnlrp_equals_lxts_gradient_times_input(name: str, in_float64) -> None
     in_float64(case)
     model, inputs = _model(case)
     explain = fxlrp.convert(model, AttnLRP(epsilon=0.0), strict=not case.missing)
-    # the model's kernels where its parameters do not require grad, as the explainer's do not
-    frozen = copy.deepcopy(model).requires_grad_(False) if case.outputs_round else model
     for grad in (False, True):  # T5's attention takes other kernels with and without gradients
         with torch.set_grad_enabled(grad):
-            explained, expected = case.pick(explain(*inputs)).detach(), case.pick(frozen(*inputs)).detach()
-            own = case.pick(model(*inputs)).detach() if frozen is not model else expected
-        # the same kernels on the same layouts (the model's and the explainer's runs compared)
-        assert torch.equal(explained, expected)
-        # the model's own kernels: the same sums in another order
+            explained, own = case.pick(explain(*inputs)).detach(), case.pick(model(*inputs)).detach()
+        if not case.outputs_round:  # the same kernels on the same layouts
+            assert torch.equal(explained, own)
+        # where the kernels may differ, the same sums in another order
         assert relative_error(explained, own) <= 1e-9
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
