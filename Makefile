@@ -1,8 +1,11 @@
 # Set-up and entry points. `make demo` and `make test` work on a fresh machine: they create
 # .venv, install torch/torchvision (pinned), build torch-scatter against that torch, and install
-# fxlrp with its test extras. zennit-crp (tests/models/test_crp_parity.py) is installed without its
-# dependencies: it asks for zennit <= 0.4.6, which the test extra's zennit 0.5.1 rules out (pip
-# cannot resolve both), and runs on 0.5.1.
+# fxlrp with its test extras. optimum-quanto's CPU kernels (its 4-bit unpacking, which it compiles
+# into its own package folder on first use: one to five minutes on 2 cores) are built here with
+# the other compiled dependencies, not inside the first test that quantizes to 4 bits.
+# zennit-crp (tests/models/test_crp_parity.py) is installed without its dependencies: it asks for
+# zennit <= 0.4.6, which the test extra's zennit 0.5.1 rules out (pip cannot resolve both), and
+# runs on 0.5.1.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[test,pictures,pyg]"
 	$(BIN)/pip install --quiet --no-deps zennit-crp==0.6.0
 	$(BIN)/pip install --quiet --no-deps accelerate==1.15.0 torchao==0.18.0 optimum-quanto==0.2.7 bitsandbytes==0.50.2
+	$(BIN)/python -c "from optimum.quanto.library.extensions import get_extension; get_extension('quanto_cpp').lib"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -124,6 +124,7 @@ def test_unchanged_model_keeps_its_graph() -> None:
     assert model.temperature == 2.0
 
 
+@pytest.mark.slow  # Inductor compiles C++ kernels: a minute or more on a fresh machine's empty cache
 def test_compiled_explanation_follows_changes_to_the_model() -> None:
     """fxlrp.compile traces the explainer as it is: a change the explainer follows by converting
     again drops the traces of the old model."""
