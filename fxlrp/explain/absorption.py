@@ -18,11 +18,14 @@ another one passed on.
 
 A model run eagerly as a whole (a detector, whose code loops over images and branches on their
 sizes) has no layers in its graph: :func:`absorbing_module` runs the explanation once more while
-following the calls of its modules, and records ``sum |R|`` of what reaches each call's output
-and positional inputs, summed over the calls of each module (a head applied to every level of a
-feature pyramid is one layer). Its layers are the modules without submodules (a container's
-fall is its layers' falls together); a call whose positional inputs carry no relevance (ids of an
-embedding, tensors passed by keyword, which a module call's hooks do not see) is no layer's.
+following the calls of the modules of its parts run eagerly, and records ``sum |R|`` of what
+reaches each call's output and positional inputs (tensor hooks, registered as the call is made),
+summed over the calls of each module (a head applied to every level of a feature pyramid is one
+layer), and names the largest fall as above. Its layers are the modules without submodules (a
+container's fall is its layers' falls together); a call whose positional inputs carry no
+relevance (ids of an embedding, tensors passed by keyword, which a module call's hooks do not
+see) is no layer's, and relevance absorbed by operations in a container's own code is no
+layer's either.
 """
 
 from __future__ import annotations
@@ -85,10 +88,10 @@ def absorbing_layer(explainer: Explainer, relevance_of_nodes: Callable[[list[str
 
 
 def absorbing_module(explain: nn.Module, explain_again: Callable[[], Any]) -> str | None:
-    """The module that absorbed the most relevance in a model run eagerly as a whole (see the
-    module's docstring), in the user's terms: its path and type (``backbone.body.3.0 (Conv2d, in
-    the part run eagerly, whose rows of explain.report() name it)``), with the relevance at its
-    output and inputs.
+    """The module that absorbed the most relevance in the parts of a model run eagerly (a model run
+    eagerly as a whole: see the module's docstring), in the user's terms: its path, type and row
+    of ``explain.report()`` (``backbone.2 (Conv2d, row 'model › backbone.2' of
+    explain.report())``), with the relevance at its output and inputs.
 
     Parameters
     ----------

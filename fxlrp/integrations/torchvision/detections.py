@@ -140,6 +140,14 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
     ValueError
         For an unknown ``score``, an index out of range, a detector whose class logits are not
         found.
+
+    Warns
+    -----
+    fxlrp.VanishedRelevanceWarning
+        Where the relevance reaching the images is under a millionth of the explained value's
+        (absolute values summed: the rules absorbed it, as the biases of random weights do),
+        naming the module that absorbed most, found by one more run of the explanation
+        (:func:`~fxlrp.explain.absorption.absorbing_module`), made only then.
     """
     if score not in ("logit", "score"):
         raise ValueError(f"score={score!r}: explain the class 'logit' or the 'score'")
