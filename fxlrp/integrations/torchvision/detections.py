@@ -153,12 +153,8 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
         raise ValueError(f"score={score!r}: explain the class 'logit' or the 'score'")
     heads = LOGIT_HEADS if heads is None else heads
     run = _explained_detection(explain, images, index, image, score, heads)
-    # (the layer that absorbed most: found by the same explanation once more, only once it is warned of)
-    again = functools.partial(_explained_detection, explain, images, run.index, image, score, heads, run.found)
-    vanished, warning = vanished_relevance([run.seed.abs().float().sum()], [run.relevance],
-                                           functools.partial(_absorbing_module, explain, again))
-    if bool(vanished):  # (the detection's value is read on the host below anyway)
-        warning()
+    _warn_if_vanished(explain, run.seed, run.relevance, functools.partial(
+        _explained_detection, explain, images, run.index, image, score, heads, run.found))
     box = box_pixels(run.detections["boxes"][run.index].detach(), *_size(run.leaves, image, run.as_list),
                      run.leaves[0].device)
     return DetectionExplanation(_filled(run.relevance, run.leaves, run.as_list), run.index, run.label,
@@ -233,6 +229,19 @@ def _explained_detection(explain: nn.Module, images: Tensor | list[Tensor], inde
     seed[position] = start.detach()
     relevance = torch.autograd.grad(logits, leaves, seed, allow_unused=True)
     return _Explained(as_list, leaves, detections, index, value, label, start, found, seed, relevance)
+
+
+def _warn_if_vanished(explain: nn.Module, start: Tensor, relevance: Sequence[Tensor | None],
+                      again: Callable[[], Any]) -> None:
+    """A :class:`fxlrp.VanishedRelevanceWarning` where the relevance reaching the images is a
+    negligible share of what the explanation started from, ``start``
+    (:func:`~fxlrp.explain.finite_checks.vanished_relevance`), naming the module that absorbed
+    most, found by ``again`` (the same explanation once more) only then. One flag read on the
+    host (the explained value is read anyway)."""
+    vanished, warning = vanished_relevance([start.detach().abs().float().sum()], [relevance],
+                                           functools.partial(_absorbing_module, explain, again))
+    if bool(vanished):
+        warning()
 
 
 def _absorbing_module(explain: nn.Module, again: Callable[[], Any], _: int) -> str | None:
@@ -311,7 +320,23 @@ def explain_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, 
     ValueError
         For a detector without masks, an index out of range, a mask with no pixel above
         ``threshold``.
+
+    Warns
+    -----
+    fxlrp.VanishedRelevanceWarning
+        As :func:`explain_detection`, where the relevance reaching the images vanished.
     """
+    again = functools.partial(_explained_mask, explain, images, index, image, threshold)
+    as_list, leaves, detections, index, start, relevance, inside = again()
+    _warn_if_vanished(explain, start, relevance, again)
+    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
+                                detections["scores"][index].item(), start.sum().item(), None, inside[0])
+
+
+def _explained_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, image: int,
+                    threshold: float) -> tuple[bool, list[Tensor], dict[str, Tensor], int, Tensor, Any, Tensor]:
+    """:func:`explain_mask`'s forward and backward pass: the images' leaves, the detections, the
+    detection's index, the relevance started from, the images' relevance and the mask's pixels."""
     as_list, leaves, detections, index = _detections(explain, images, index, image, "masks",
                                                      "explain_mask explains Mask R-CNN's masks")
     masks = detections["masks"]
@@ -323,8 +348,7 @@ def explain_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, 
     start = torch.zeros_like(masks)
     start[index] = value * inside
     relevance = torch.autograd.grad(masks, leaves, start, allow_unused=True)
-    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
-                                detections["scores"][index].item(), start.sum().item(), None, inside[0])
+    return as_list, leaves, detections, index, start, relevance, inside
 
 
 def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: int, keypoint: int, *,
@@ -360,7 +384,25 @@ def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: i
     ------
     ValueError
         For a detector without keypoints, an index or keypoint out of range.
+
+    Warns
+    -----
+    fxlrp.VanishedRelevanceWarning
+        As :func:`explain_detection`, where the relevance reaching the images vanished.
     """
+    again = functools.partial(_explained_keypoint, explain, images, index, keypoint, image)
+    as_list, leaves, detections, index, start, relevance, keypoint = again()
+    _warn_if_vanished(explain, start, relevance, again)
+    x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2].detach())
+    around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *_size(leaves, image, as_list), leaves[0].device)
+    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
+                                detections["scores"][index].item(), start.sum().item(), None, around)
+
+
+def _explained_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: int, keypoint: int,
+                        image: int) -> tuple[bool, list[Tensor], dict[str, Tensor], int, Tensor, Any, int]:
+    """:func:`explain_keypoint`'s forward and backward pass: the images' leaves, the detections,
+    the detection's index, the relevance started from, the images' relevance and the keypoint."""
     as_list, leaves, detections, index = _detections(explain, images, index, image, "keypoints_scores",
                                                      "explain_keypoint explains Keypoint R-CNN's keypoints")
     scores = detections["keypoints_scores"]
@@ -371,10 +413,7 @@ def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: i
     start = torch.zeros_like(scores)
     start[index, keypoint] = scores[index, keypoint].detach()
     relevance = torch.autograd.grad(scores, leaves, start, allow_unused=True)
-    x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2].detach())
-    around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *_size(leaves, image, as_list), leaves[0].device)
-    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
-                                detections["scores"][index].item(), start.sum().item(), None, around)
+    return as_list, leaves, detections, index, start, relevance, keypoint
 
 
 def _ignore(*arguments: Any) -> None:
