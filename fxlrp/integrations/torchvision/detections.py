@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -326,17 +326,35 @@ def explain_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, 
     fxlrp.VanishedRelevanceWarning
         As :func:`explain_detection`, where the relevance reaching the images vanished.
     """
-    again = functools.partial(_explained_mask, explain, images, index, image, threshold)
-    as_list, leaves, detections, index, start, relevance, inside = again()
-    _warn_if_vanished(explain, start, relevance, again)
-    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
-                                detections["scores"][index].item(), start.sum().item(), None, inside[0])
+    return _explanation(explain, functools.partial(_explained_mask, explain, images, index, image, threshold))
+
+
+class _Pass(NamedTuple):
+    """One forward and backward pass of :func:`explain_mask` or :func:`explain_keypoint`."""
+
+    as_list: bool
+    leaves: list[Tensor]
+    detections: dict[str, Tensor]
+    index: int
+    start: Tensor
+    """The relevance the backward pass started from."""
+    relevance: tuple[Tensor | None, ...]
+    region: Tensor
+
+
+def _explanation(explain: nn.Module, again: Callable[[], _Pass]) -> DetectionExplanation:
+    """The explanation of one pass ``again()``, warned of where its relevance vanished (the pass
+    run once more to find the layer, only then)."""
+    run = again()
+    _warn_if_vanished(explain, run.start, run.relevance, again)
+    return DetectionExplanation(_filled(run.relevance, run.leaves, run.as_list), run.index,
+                                int(run.detections["labels"][run.index]), run.detections["scores"][run.index].item(),
+                                run.start.sum().item(), None, run.region)
 
 
 def _explained_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, image: int,
-                    threshold: float) -> tuple[bool, list[Tensor], dict[str, Tensor], int, Tensor, Any, Tensor]:
-    """:func:`explain_mask`'s forward and backward pass: the images' leaves, the detections, the
-    detection's index, the relevance started from, the images' relevance and the mask's pixels."""
+                    threshold: float) -> _Pass:
+    """:func:`explain_mask`'s forward and backward pass."""
     as_list, leaves, detections, index = _detections(explain, images, index, image, "masks",
                                                      "explain_mask explains Mask R-CNN's masks")
     masks = detections["masks"]
@@ -348,7 +366,7 @@ def _explained_mask(explain: nn.Module, images: Tensor | list[Tensor], index: in
     start = torch.zeros_like(masks)
     start[index] = value * inside
     relevance = torch.autograd.grad(masks, leaves, start, allow_unused=True)
-    return as_list, leaves, detections, index, start, relevance, inside
+    return _Pass(as_list, leaves, detections, index, start, relevance, inside[0])
 
 
 def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: int, keypoint: int, *,
@@ -390,19 +408,12 @@ def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: i
     fxlrp.VanishedRelevanceWarning
         As :func:`explain_detection`, where the relevance reaching the images vanished.
     """
-    again = functools.partial(_explained_keypoint, explain, images, index, keypoint, image)
-    as_list, leaves, detections, index, start, relevance, keypoint = again()
-    _warn_if_vanished(explain, start, relevance, again)
-    x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2].detach())
-    around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *_size(leaves, image, as_list), leaves[0].device)
-    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
-                                detections["scores"][index].item(), start.sum().item(), None, around)
+    return _explanation(explain, functools.partial(_explained_keypoint, explain, images, index, keypoint, image))
 
 
 def _explained_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: int, keypoint: int,
-                        image: int) -> tuple[bool, list[Tensor], dict[str, Tensor], int, Tensor, Any, int]:
-    """:func:`explain_keypoint`'s forward and backward pass: the images' leaves, the detections,
-    the detection's index, the relevance started from, the images' relevance and the keypoint."""
+                        image: int) -> _Pass:
+    """:func:`explain_keypoint`'s forward and backward pass."""
     as_list, leaves, detections, index = _detections(explain, images, index, image, "keypoints_scores",
                                                      "explain_keypoint explains Keypoint R-CNN's keypoints")
     scores = detections["keypoints_scores"]
@@ -413,7 +424,9 @@ def _explained_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index
     start = torch.zeros_like(scores)
     start[index, keypoint] = scores[index, keypoint].detach()
     relevance = torch.autograd.grad(scores, leaves, start, allow_unused=True)
-    return as_list, leaves, detections, index, start, relevance, keypoint
+    x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2].detach())
+    around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *_size(leaves, image, as_list), leaves[0].device)
+    return _Pass(as_list, leaves, detections, index, start, relevance, around)
 
 
 def _ignore(*arguments: Any) -> None:
