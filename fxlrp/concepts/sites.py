@@ -29,7 +29,7 @@ from torch import Tensor, fx, nn
 
 from fxlrp.capture.interception import module_calls_followed
 from fxlrp.eager.rule_choice import operations_observed
-from fxlrp.eager.runner import LayerRunner
+from fxlrp.eager.runner import eager_parts
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.model_rejection import model_of
 from fxlrp.graph.nodes import original_node_name
@@ -154,30 +154,8 @@ def _report_name(node: fx.Node) -> str:
     return original or node.name
 
 
-def eager_parts(graph_module: fx.GraphModule) -> list[tuple[str, nn.Module]]:
-    """The parts of the model run eagerly: ``(qualified name, module)``, ``""`` for the whole model.
-
-    Parameters
-    ----------
-    graph_module : fx.GraphModule
-        The explainer's graph.
-
-    Returns
-    -------
-    list of (str, nn.Module)
-        One entry per part.
-    """
-    parts = []
-    for _, node_module in graph_module.named_children():
-        runner = getattr(node_module, "function", None)
-        site = getattr(getattr(node_module, "call", None), "site", None)
-        if isinstance(runner, LayerRunner) and site is not None:
-            parts.append((site.module_name or "", runner.module))
-    return parts
-
-
 def _module_run_eagerly(graph_module: fx.GraphModule, path: str) -> nn.Module | None:
-    for prefix, module in eager_parts(graph_module):
+    for prefix, module, _ in eager_parts(graph_module):
         if prefix and path != prefix and not path.startswith(prefix + "."):
             continue
         relative = path[len(prefix) + 1:] if prefix else path

@@ -4,9 +4,10 @@ model left as it was, and what its runs did (for the report)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch import fx, nn
 
 from fxlrp.capture.module_state import run_with_detached_parameters
 
@@ -104,3 +105,36 @@ def layer_runner(module: torch.nn.Module, parameters: dict[str, Any]) -> tuple[L
         No keyword arguments.
     """
     return LayerRunner(module), {}
+
+
+class EagerPart(NamedTuple):
+    """A part of the model run eagerly: one node of the explainer's graph."""
+
+    name: str
+    """The module's qualified name in the model (``""``: the whole model)."""
+    module: nn.Module
+    """The user's module."""
+    node: str
+    """Its node's name in ``explain.report()`` (whose rows ``node › module`` name what its runs did)."""
+
+
+def eager_parts(graph_module: fx.GraphModule) -> list[EagerPart]:
+    """The parts of the model run eagerly.
+
+    Parameters
+    ----------
+    graph_module : fx.GraphModule
+        The explainer's graph.
+
+    Returns
+    -------
+    list of EagerPart
+        One entry per part.
+    """
+    parts = []
+    for _, node_module in graph_module.named_children():
+        runner = getattr(node_module, "function", None)
+        site = getattr(getattr(node_module, "call", None), "site", None)
+        if isinstance(runner, LayerRunner) and site is not None:
+            parts.append(EagerPart(site.module_name or "", runner.module, site.node_name))
+    return parts

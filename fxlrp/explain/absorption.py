@@ -15,16 +15,32 @@ to 0) never outweighs it. ``R_p`` is what reaches the output of a node ``p`` fee
 from all its consumers (a node feeding a residual branch too passes on more than ``k`` alone
 gets): the fall is then underestimated, never overestimated, so no layer is named for relevance
 another one passed on.
+
+A model run eagerly as a whole (a detector, whose code loops over images and branches on their
+sizes) has no layers in its graph: :func:`absorbing_module` runs the explanation once more while
+following the calls of the modules of its parts run eagerly, and records ``sum |R|`` of what
+reaches each call's output and positional inputs (tensor hooks, registered as the call is made),
+summed over the calls of each module (a head applied to every level of a feature pyramid is one
+layer), and names the largest fall as above. Its layers are the modules without submodules (a
+container's fall is its layers' falls together); a call whose positional inputs carry no
+relevance (ids of an embedding, tensors passed by keyword, which a module call's hooks do not
+see) is no layer's, and relevance absorbed by operations in a container's own code is no
+layer's either.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import Tensor, fx
+from torch import Tensor, fx, nn
 
+from fxlrp.capture.interception import module_calls_followed
+from fxlrp.eager.rule_choice import operations_observed
+from fxlrp.eager.runner import eager_parts
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.finite_checks import absolute_total
 from fxlrp.graph.nodes import original_node_name
@@ -67,13 +83,119 @@ def absorbing_layer(explainer: Explainer, relevance_of_nodes: Callable[[list[str
         zero = torch.zeros((), dtype=torch.float64, device=device)
         read = torch.stack([zero if total is None else total.to(device) for total in sums]).tolist()
     totals = dict(zip(wanted, read, strict=True))
-    absorbed = {node: totals[names[node]] - sum(totals[names[p]] for p in inputs) for node, inputs in layers.items()}
-    node = max(absorbed, key=absorbed.__getitem__)
-    if not absorbed[node] > 0:
+    return _largest_fall({_described(explainer, node): (totals[names[node]], sum(totals[names[p]] for p in inputs))
+                          for node, inputs in layers.items()})
+
+
+def absorbing_module(explain: nn.Module, explain_again: Callable[[], Any]) -> str | None:
+    """The module that absorbed the most relevance in the parts of a model run eagerly (a model run
+    eagerly as a whole: see the module's docstring), in the user's terms: its path, type and row
+    of ``explain.report()`` (``backbone.2 (Conv2d, row 'model › backbone.2' of
+    explain.report())``), with the relevance at its output and inputs.
+
+    Parameters
+    ----------
+    explain
+        The explainer (of :func:`fxlrp.convert`).
+    explain_again
+        Runs the explanation once more, forward and backward (the model's call and one backward
+        pass from the explained value to the inputs, no other backward pass: each would be
+        counted).
+
+    Returns
+    -------
+    str or None
+        A clause naming the module and the relevance at its output and inputs (as
+        :func:`absorbing_layer`'s); None where the explainer runs no part eagerly or no module
+        absorbed any.
+    """
+    graph_module = getattr(explain, "graph_module", None)
+    parts = eager_parts(graph_module) if graph_module is not None else []
+    layers = {id(module): (name, module, part.node) for part in parts
+              for name, module in part.module.named_modules(prefix=part.name) if next(module.children(), None) is None}
+    if not layers:
         return None
-    reached_inputs = sum(totals[names[p]] for p in layers[node])
-    return (f"{_described(explainer, node)}: {totals[names[node]]:.2g} reached its output, {reached_inputs:.2g} "
-            f"its inputs")
+    totals: dict[int, tuple[list[Tensor], list[Tensor]]] = {}
+    """Per module followed: ``sum |R|`` at its calls' outputs, and at their inputs."""
+    calls: list[bool] = []
+    """Per call of a layer under way: whether its inputs carry relevance (its output is followed)."""
+
+    def follow(tensors: Any, side: int, module: nn.Module) -> bool:
+        # (past the relevance mode: reading requires_grad and registering a hook are no
+        # operations of the model's)
+        with torch._C.DisableTorchFunction():
+            carrying = list({id(tensor): tensor for tensor in _tensors_in(tensors)
+                             if tensor.requires_grad and tensor.is_floating_point()}.values())
+            if carrying:
+                found = totals.setdefault(id(module), ([], []))[side]
+                for tensor in carrying:
+                    tensor.register_hook(functools.partial(_add_total, found))
+        return bool(carrying)
+
+    def before(module: nn.Module, args: Any) -> None:
+        if id(module) in layers:
+            calls.append(follow(args, 1, module))
+
+    def after(module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) in layers and calls.pop():
+            follow(output, 0, module)
+
+    with operations_observed(_follow_nothing), module_calls_followed(before=before, after=after):
+        explain_again()
+    if not totals:
+        return None
+    sums = [torch.stack(found).sum() if found else None for sides in totals.values() for found in sides]
+    device = next((total.device for total in sums if total is not None), torch.device("cpu"))
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    read = iter(torch.stack([zero if total is None else total.to(device) for total in sums]).tolist())
+    return _largest_fall({_module_described(*layers[key]): (next(read), next(read)) for key in totals})
+
+
+def _module_described(name: str, module: nn.Module, node: str) -> str:
+    """``backbone.2 (Conv2d, row 'model › backbone.2' of explain.report())``: a module of a part
+    run eagerly, whose operations are the rows ``node › module`` of the report."""
+    return f"{name} ({type(module).__name__}, row {f'{node} › {name}'!r} of explain.report())"
+
+
+def _add_total(found: list[Tensor], relevance: Tensor | None) -> None:
+    """A tensor hook: ``sum |R|`` of the relevance reaching the tensor, kept on its device (None:
+    none reaches it)."""
+    if relevance is not None:
+        found.append(absolute_total(relevance).double())
+
+
+def _tensors_in(value: Any, depth: int = 3) -> list[Tensor]:
+    """The tensors in a module call's arguments or output: tensors, in tuples, lists and dicts,
+    and the attributes of other objects (a detector's ``ImageList``), ``depth`` levels deep."""
+    if isinstance(value, Tensor):
+        return [value]
+    if depth == 0 or isinstance(value, nn.Module):
+        return []
+    if isinstance(value, (tuple, list)):
+        items = value
+    elif isinstance(value, dict):
+        items = list(value.values())
+    else:
+        items = list(getattr(value, "__dict__", {}).values())
+    return [tensor for item in items for tensor in _tensors_in(item, depth - 1)]
+
+
+def _follow_nothing(*_: Any) -> None:
+    """An observer of operations that looks at none: the parts run eagerly run under the relevance
+    mode at every call (a recorded replay calls no modules)."""
+
+
+def _largest_fall(layers: dict[str, tuple[float, float]]) -> str | None:
+    """The clause naming the layer whose absolute relevance falls most from its output to its
+    inputs, given each layer's description and its totals ``(sum |R_out|, sum |R_in|)``; None
+    where no layer is given or none absorbed any (the first of equal falls is named)."""
+    if not layers:
+        return None
+    layer = max(layers, key=lambda name: layers[name][0] - layers[name][1])
+    output, inputs = layers[layer]
+    if not output - inputs > 0:
+        return None
+    return f"{layer}: {output:.2g} reached its output, {inputs:.2g} its inputs"
 
 
 def _report_names(explainer: Explainer) -> dict[fx.Node, str]:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from fxlrp.errors import ExplanationInputError, FxlrpError
-from fxlrp.explain.absorption import absorbing_layer
+from fxlrp.explain.absorption import absorbing_layer, absorbing_module
 from fxlrp.explain.explained_inputs import ExplainedInputs, explained_inputs, is_explained_leaf, may_be_token_ids
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.finite_checks import (
@@ -305,7 +305,9 @@ def _absorbing_layer(explain: Explainer | nn.Module, inputs: Tensor | Sequence[A
                      output: Callable[[Any], Tensor] | None, many: bool) -> str | None:
     """The layer that absorbed most of target ``first``'s relevance
     (:func:`~fxlrp.explain.absorption.absorbing_layer`), by one more pass without the checks (so
-    without a warning of its own); None where the explainer has no graph to find it in."""
+    without a warning of its own); where the graph names none (a model run eagerly as a whole),
+    the module that did (:func:`~fxlrp.explain.absorption.absorbing_module`); None where neither
+    is found."""
     if not isinstance(explain, Explainer):
         return None
     explainer = explain.explainer_for(*((inputs,) if isinstance(inputs, Tensor) else inputs))[0]
@@ -315,7 +317,8 @@ def _absorbing_layer(explain: Explainer | nn.Module, inputs: Tensor | Sequence[A
                           check_finite=False)[1]
 
     try:
-        return absorbing_layer(explainer, relevance_of_nodes)
+        return (absorbing_layer(explainer, relevance_of_nodes)
+                or absorbing_module(explainer, functools.partial(relevance_of_nodes, [])))
     except (TypeError, ValueError, RuntimeError):
         # A graph the pass cannot record (a layer's output no tensor where the graph does not show
         # it): no layer named, the warning says how to find it; the explanation itself succeeded.

@@ -198,8 +198,9 @@ reaching the inputs has vanished: see :func:`warn_of_vanished_relevance`."""
 _VANISHING_WARNED: ContextVar[list[bool] | None] = ContextVar("_VANISHING_WARNED", default=None)
 
 
-def vanished_relevance(output_totals: Sequence[Tensor],
-                       input_relevance: Sequence[Any]) -> tuple[Tensor | None, Callable[[], None]]:
+def vanished_relevance(output_totals: Sequence[Tensor], input_relevance: Sequence[Any],
+                       locate: Callable[[int], str | None] | None = None,
+                       ) -> tuple[Tensor | None, Callable[[], None]]:
     """Whether, for some target, the relevance reaching the inputs is a negligible share of the
     relevance the explanation started from, as a one-element flag on the device (no
     synchronisation), and the function that gives the warning
@@ -211,6 +212,10 @@ def vanished_relevance(output_totals: Sequence[Tensor],
         Per target, the summed absolute relevance the explanation started from (0-dim tensors).
     input_relevance
         Per target, the relevance of the inputs (tensors, tuples or dicts of them, None).
+    locate
+        Given the position of a target, the layer that absorbed most of its relevance, in the
+        user's terms (called only when the warning is given; see
+        :func:`warn_of_vanished_relevance`).
 
     Returns
     -------
@@ -223,7 +228,7 @@ def vanished_relevance(output_totals: Sequence[Tensor],
     outputs = torch.stack([total.to(device) for total in output_totals])
     inputs = torch.stack([total.to(device) for total in relevance_totals(input_relevance, device)])
     vanished = inputs < VANISHED_SHARE * outputs
-    return vanished.any(), lambda: warn_of_vanished_relevance(outputs, inputs, vanished)
+    return vanished.any(), lambda: warn_of_vanished_relevance(outputs, inputs, vanished, locate)
 
 
 def relevance_totals(input_relevance: Sequence[Any], device: torch.device) -> list[Tensor]:

@@ -20,26 +20,9 @@ from fxlrp.rules import Epsilon, Flat, WSquare, ZBox
 from fxlrp.rules.composites import Composite, EpsilonGammaBox, EpsilonPlusFlat
 
 torchvision = pytest.importorskip("torchvision")
-from torchvision.models.detection import FasterRCNN  # noqa: E402
-from torchvision.models.detection.anchor_utils import AnchorGenerator  # noqa: E402
-from torchvision.ops import MultiScaleRoIAlign  # noqa: E402
+from support.detectors import pictures, tiny_detector  # noqa: E402
 
 from fxlrp.integrations.torchvision import explain_detection  # noqa: E402
-
-
-def tiny_detector() -> nn.Module:
-    torch.manual_seed(0)
-    backbone = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(),
-                             nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU())
-    backbone.out_channels = 8
-    return FasterRCNN(backbone, num_classes=3, min_size=64, max_size=80,  # (50x60 images resized to 64x77)
-                      rpn_anchor_generator=AnchorGenerator(sizes=((16, 32),), aspect_ratios=((0.5, 1.0, 2.0),)),
-                      box_roi_pool=MultiScaleRoIAlign(["0"], 4, 2), representation_size=16, box_score_thresh=0.0,
-                      box_detections_per_img=6, rpn_pre_nms_top_n_test=50, rpn_post_nms_top_n_test=20).eval().double()
-
-
-def pictures() -> Tensor:
-    return torch.rand(1, 3, 50, 60, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
 
 def test_lrp0_through_the_detectors_transform_is_gradient_times_input() -> None:

@@ -5,9 +5,10 @@ user's terms) when the relevance reaching the inputs sums, in absolute value, to
 of the explained output's: the threshold is checked on both sides with a one-weight layer whose
 bias makes up a known share of its output (LRP-0 gives the input ``w x`` of ``w x + b``), the
 message in full on a layer whose epsilon dwarfs its outputs, and the layer it names where one
-layer's bias absorbs the relevance (a layer of the graph; a module run eagerly). Silent on ordinary models
-(ResNet-18 and a small ViT with random weights, under the default and zennit's composites), and
-with ``check_finite=False``, which keeps the call free of the check's synchronisation.
+layer's bias absorbs the relevance (a layer of the graph; a module run eagerly; a module of a
+model run eagerly as a whole, followed as it runs). Silent on ordinary models (ResNet-18 and a
+small ViT with random weights, under the default and zennit's composites), and with
+``check_finite=False``, which keeps the call free of the check's synchronisation.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def test_a_layer_is_named_where_a_layer_takes_integer_indices() -> None:
                                                            inputs, "head", "index_add"))]
 
 
-def test_a_module_run_eagerly_is_named_and_a_model_run_eagerly_says_how_to_find_the_layer() -> None:
+def test_a_module_run_eagerly_is_named_and_so_is_a_module_of_a_model_run_eagerly() -> None:
     model = _absorbing_middle(_Gated, lambda body: body.linear)
     x = torch.randn(2, 4, dtype=torch.float64)
     output = model(x)[:, 0].abs().sum().item()
@@ -191,11 +192,40 @@ def test_a_module_run_eagerly_is_named_and_a_model_run_eagerly_says_how_to_find_
     reached = fxlrp.attribute(explain, x, target=0, check_finite=False).abs().sum().item()
     assert found == [_warning_text(reached, output, _named("body (_Gated, node 'body' of explain.report())",
                                                            explain, x, "body", "act"))]
-    # run eagerly as a whole, the model is one node: no layer of it to name
-    explain = fxlrp.convert(model, Epsilon(0.0), capture="eager")
+    # Run eagerly as a whole, the model is one node: its modules are followed as they run, and the
+    # one absorbing is the linear layer inside the body (whose output's relevance, through the
+    # ReLU, is the body node's of the graph above; its input is the same).
+    eager = fxlrp.convert(model, Epsilon(0.0), capture="eager")
+    found = _vanishing_warnings(lambda: fxlrp.attribute(eager, x, target=0))
+    reached = fxlrp.attribute(eager, x, target=0, check_finite=False).abs().sum().item()
+    assert found == [_warning_text(reached, output, _named(
+        "body.linear (Linear, row 'model › body.linear' of explain.report())", explain, x, "body", "act"))]
+    assert "model › body.linear" in [row.name for row in eager.report().all_rows]
+
+
+class _OneLayer(nn.Module):
+    """A linear map written out in the model's own code, behind a branch on a value: run eagerly,
+    with no module inside it to name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3, 4, dtype=torch.float64))
+        self.bias = nn.Parameter(torch.full((3,), 1e9, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > -1e30:
+            return x @ self.weight.T + self.bias
+        return x
+
+
+def test_a_model_run_eagerly_without_modules_says_how_to_find_the_layer() -> None:
+    model = _OneLayer()
+    x = torch.rand(2, 4, dtype=torch.float64)
+    explain = fxlrp.convert(model, Epsilon(0.0))
+    assert "" in explain.report().eager_modules
     found = _vanishing_warnings(lambda: fxlrp.attribute(explain, x, target=0))
     reached = fxlrp.attribute(explain, x, target=0, check_finite=False).abs().sum().item()
-    assert found == [_warning_text(reached, output, HOW_TO_FIND)]
+    assert found == [_warning_text(reached, model(x)[:, 0].abs().sum().item(), HOW_TO_FIND)]
 
 
 def _small_vit() -> nn.Module:

@@ -5,14 +5,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from fxlrp.capture.interception import module_calls_followed
 from fxlrp.eager.rule_choice import operations_observed
+from fxlrp.explain.absorption import absorbing_module
 from fxlrp.explain.finite_checks import vanished_relevance
 from fxlrp.explain.targets import box_pixels
 from fxlrp.integrations.torchvision.logit_positions import logit_positions, reached_positions
@@ -138,11 +140,58 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
     ValueError
         For an unknown ``score``, an index out of range, a detector whose class logits are not
         found.
+
+    Warns
+    -----
+    fxlrp.VanishedRelevanceWarning
+        Where the relevance reaching the images is under a millionth of the explained value's
+        (absolute values summed: the rules absorbed it, as the biases of random weights do),
+        naming the module that absorbed most, found by one more run of the explanation
+        (:func:`~fxlrp.explain.absorption.absorbing_module`), made only then.
     """
     if score not in ("logit", "score"):
         raise ValueError(f"score={score!r}: explain the class 'logit' or the 'score'")
-    as_list, leaves = _leaves(images)
     heads = LOGIT_HEADS if heads is None else heads
+    run = _explained_detection(explain, images, index, image, score, heads)
+    _warn_if_vanished(explain, run.seed, run.relevance, functools.partial(
+        _explained_detection, explain, images, run.index, image, score, heads, run.found))
+    box = box_pixels(run.detections["boxes"][run.index].detach(), *_size(run.leaves, image, run.as_list),
+                     run.leaves[0].device)
+    return DetectionExplanation(_filled(run.relevance, run.leaves, run.as_list), run.index, run.label,
+                                run.value.item(), run.start.item(), run.position, box)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Explained:
+    """One run of :func:`explain_detection`: the images' leaves and relevance, the detection and
+    what was explained."""
+
+    as_list: bool
+    leaves: list[Tensor]
+    detections: dict[str, Tensor]
+    index: int
+    value: Tensor
+    """The detection's score."""
+    label: int
+    start: Tensor
+    """The value explained."""
+    found: tuple[int, tuple[int, ...]] | None
+    """Which classification head's output holds the logit, and where (None: the score explained)."""
+    seed: Tensor
+    """The relevance the backward pass started from."""
+    relevance: tuple[Tensor | None, ...]
+
+    @property
+    def position(self) -> tuple[int, ...] | None:
+        return None if self.found is None else self.found[1]
+
+
+def _explained_detection(explain: nn.Module, images: Tensor | list[Tensor], index: int, image: int, score: str,
+                         heads: dict[type, int | None],
+                         found: tuple[int, tuple[int, ...]] | None = None) -> _Explained:
+    """:func:`explain_detection`'s forward and backward pass (one backward pass from the explained
+    value: where the logit is, is found by another one unless ``found`` says it)."""
+    as_list, leaves = _leaves(images)
     outputs: list[Tensor] = []
 
     def after(module: nn.Module, args: Any, output: Any) -> None:
@@ -158,31 +207,52 @@ def explain_detection(explain: nn.Module, images: Tensor | list[Tensor], index: 
         if not value.requires_grad:
             raise ValueError(f"the scores of {type(explain).__name__} carry no relevance (an operation the rules hold "
                              "constant makes them, as FCOS's square root); explain score='logit' instead")
-        start, position, seed = value, None, value.detach()
+        start, seed = value, value.detach()
         relevance = torch.autograd.grad(value, leaves, seed, allow_unused=True)
-    else:
-        carrying = [output for output in outputs if isinstance(output, Tensor) and output.requires_grad]
-        if not carrying:
-            raise ValueError(f"no class logits found in {type(explain).__name__}'s run: pass heads= with the type "
-                             "of the module that outputs them")
-        found = reached_positions(value, carrying, label) if value.requires_grad else []
-        if len(found) != 1:  # (a score the rules hold constant, as FCOS's: the model's own gradient says)
-            found = logit_positions(explain, leaves if as_list else leaves[0], image, index, label, heads)
-        if len(found) != 1 or found[0][0] >= len(carrying):
+        return _Explained(as_list, leaves, detections, index, value, label, start, None, seed, relevance)
+    carrying = [output for output in outputs if isinstance(output, Tensor) and output.requires_grad]
+    if not carrying:
+        raise ValueError(f"no class logits found in {type(explain).__name__}'s run: pass heads= with the type "
+                         "of the module that outputs them")
+    if found is None:
+        positions = reached_positions(value, carrying, label) if value.requires_grad else []
+        if len(positions) != 1:  # (a score the rules hold constant, as FCOS's: the model's own gradient says)
+            positions = logit_positions(explain, leaves if as_list else leaves[0], image, index, label, heads)
+        if len(positions) != 1 or positions[0][0] >= len(carrying):
             raise ValueError(f"the class logit of detection {index} is not one element of the classification head's "
-                             f"output (found {len(found)}); explain score='score' instead")
-        number, position = found[0]
-        logits = carrying[number]
-        start = logits[position]
-        seed = torch.zeros_like(logits)
-        seed[position] = start.detach()
-        relevance = torch.autograd.grad(logits, leaves, seed, allow_unused=True)
-    vanished, warning = vanished_relevance([seed.abs().float().sum()], [relevance])
-    if bool(vanished):  # (the detection's value is read on the host below anyway)
+                             f"output (found {len(positions)}); explain score='score' instead")
+        found = positions[0]
+    number, position = found
+    logits = carrying[number]
+    start = logits[position]
+    seed = torch.zeros_like(logits)
+    seed[position] = start.detach()
+    relevance = torch.autograd.grad(logits, leaves, seed, allow_unused=True)
+    return _Explained(as_list, leaves, detections, index, value, label, start, found, seed, relevance)
+
+
+def _warn_if_vanished(explain: nn.Module, start: Tensor, relevance: Sequence[Tensor | None],
+                      again: Callable[[], Any]) -> None:
+    """A :class:`fxlrp.VanishedRelevanceWarning` where the relevance reaching the images is a
+    negligible share of what the explanation started from, ``start``
+    (:func:`~fxlrp.explain.finite_checks.vanished_relevance`), naming the module that absorbed
+    most, found by ``again`` (the same explanation once more) only then. One flag read on the
+    host (the explained value is read anyway)."""
+    vanished, warning = vanished_relevance([start.detach().abs().float().sum()], [relevance],
+                                           functools.partial(_absorbing_module, explain, again))
+    if bool(vanished):
         warning()
-    box = box_pixels(detections["boxes"][index].detach(), *_size(leaves, image, as_list), leaves[0].device)
-    return DetectionExplanation(_filled(relevance, leaves, as_list), index, label, value.item(), start.item(),
-                                position, box)
+
+
+def _absorbing_module(explain: nn.Module, again: Callable[[], Any], _: int) -> str | None:
+    """The module that absorbed most of the detection's relevance
+    (:func:`~fxlrp.explain.absorption.absorbing_module`); None where it cannot be found."""
+    try:
+        return absorbing_module(explain, again)
+    except (TypeError, ValueError, RuntimeError):
+        # (a run the module calls' hooks cannot follow: the warning says how to find the layer;
+        # the explanation itself succeeded)
+        return None
 
 
 def _leaves(images: Tensor | list[Tensor]) -> tuple[bool, list[Tensor]]:
@@ -250,7 +320,41 @@ def explain_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, 
     ValueError
         For a detector without masks, an index out of range, a mask with no pixel above
         ``threshold``.
+
+    Warns
+    -----
+    fxlrp.VanishedRelevanceWarning
+        As :func:`explain_detection`, where the relevance reaching the images vanished.
     """
+    return _explanation(explain, functools.partial(_explained_mask, explain, images, index, image, threshold))
+
+
+class _Pass(NamedTuple):
+    """One forward and backward pass of :func:`explain_mask` or :func:`explain_keypoint`."""
+
+    as_list: bool
+    leaves: list[Tensor]
+    detections: dict[str, Tensor]
+    index: int
+    start: Tensor
+    """The relevance the backward pass started from."""
+    relevance: tuple[Tensor | None, ...]
+    region: Tensor
+
+
+def _explanation(explain: nn.Module, again: Callable[[], _Pass]) -> DetectionExplanation:
+    """The explanation of one pass ``again()``, warned of where its relevance vanished (the pass
+    run once more to find the layer, only then)."""
+    run = again()
+    _warn_if_vanished(explain, run.start, run.relevance, again)
+    return DetectionExplanation(_filled(run.relevance, run.leaves, run.as_list), run.index,
+                                int(run.detections["labels"][run.index]), run.detections["scores"][run.index].item(),
+                                run.start.sum().item(), None, run.region)
+
+
+def _explained_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, image: int,
+                    threshold: float) -> _Pass:
+    """:func:`explain_mask`'s forward and backward pass."""
     as_list, leaves, detections, index = _detections(explain, images, index, image, "masks",
                                                      "explain_mask explains Mask R-CNN's masks")
     masks = detections["masks"]
@@ -262,8 +366,7 @@ def explain_mask(explain: nn.Module, images: Tensor | list[Tensor], index: int, 
     start = torch.zeros_like(masks)
     start[index] = value * inside
     relevance = torch.autograd.grad(masks, leaves, start, allow_unused=True)
-    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
-                                detections["scores"][index].item(), start.sum().item(), None, inside[0])
+    return _Pass(as_list, leaves, detections, index, start, relevance, inside[0])
 
 
 def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: int, keypoint: int, *,
@@ -299,7 +402,18 @@ def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: i
     ------
     ValueError
         For a detector without keypoints, an index or keypoint out of range.
+
+    Warns
+    -----
+    fxlrp.VanishedRelevanceWarning
+        As :func:`explain_detection`, where the relevance reaching the images vanished.
     """
+    return _explanation(explain, functools.partial(_explained_keypoint, explain, images, index, keypoint, image))
+
+
+def _explained_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: int, keypoint: int,
+                        image: int) -> _Pass:
+    """:func:`explain_keypoint`'s forward and backward pass."""
     as_list, leaves, detections, index = _detections(explain, images, index, image, "keypoints_scores",
                                                      "explain_keypoint explains Keypoint R-CNN's keypoints")
     scores = detections["keypoints_scores"]
@@ -312,8 +426,7 @@ def explain_keypoint(explain: nn.Module, images: Tensor | list[Tensor], index: i
     relevance = torch.autograd.grad(scores, leaves, start, allow_unused=True)
     x, y = (float(value) for value in detections["keypoints"][index, keypoint, :2].detach())
     around = box_pixels((x - 1.5, y - 1.5, x + 1.5, y + 1.5), *_size(leaves, image, as_list), leaves[0].device)
-    return DetectionExplanation(_filled(relevance, leaves, as_list), index, int(detections["labels"][index]),
-                                detections["scores"][index].item(), start.sum().item(), None, around)
+    return _Pass(as_list, leaves, detections, index, start, relevance, around)
 
 
 def _ignore(*arguments: Any) -> None:
