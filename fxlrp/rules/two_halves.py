@@ -211,8 +211,8 @@ class Gamma(TwoHalves):
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs, variants, has_negative, closed = state
         # On inputs that are never negative, with the layer's own parameters modified, the half that
-        # explains an output has that output's sign: z+ = z + gamma f(x; w+, b+) >= z where z > 0, and
-        # z- = z + gamma f(x; w-, b-) <= z where z < 0. Its stabiliser is then a shift of known sign
+        # explains an output has that output's sign: z_up = z + gamma f(x; w+, b+) >= z where z > 0,
+        # and z_down = z + gamma f(x; w-, b-) <= z where z < 0. Its stabiliser is then a shift of known sign
         # in the bias, and where the layer's product has a closed form each output's half is
         # chosen after the quotient, by a gate on its sign (one kernel), not by masks before it.
         shift = None
@@ -230,9 +230,10 @@ class Gamma(TwoHalves):
     def _one_term(self, layer: AffineLayer, inputs: Sequence[Any], variants: ParameterVariants, relevance: Tensor,
                   output: Tensor, shift: float) -> Relevance:
         """Behind a ReLU that alone reads the output (``output >= 0``: rectified), the first half:
-        ``R_x = x * J+^T [z > 0] R / (z+ + epsilon)``, the stabiliser in the bias of ``z+``'s
-        layer and the ReLU's gate after the quotient, so that a ``z+ + epsilon`` of 0 at an output
-        the ReLU cut off gives a share of 0, not NaN."""
+        ``R_x = x * J_up^T [z > 0] R / (z_up + epsilon)`` (``J_up``, ``z_up``: the layer with
+        ``w + gamma w+``, ``b + gamma b+``), the stabiliser in the bias of ``z_up``'s layer and the
+        ReLU's gate after the quotient, so that a ``z_up + epsilon`` of 0 at an output the ReLU cut
+        off gives a share of 0, not NaN."""
         weight, bias = variants.shifted("more", shift)
         with torch.no_grad():
             denominator = layer(inputs, weight, bias)
@@ -242,7 +243,7 @@ class Gamma(TwoHalves):
     def _stacked_halves(self, layer: AffineLayer, inputs: Sequence[Any], variants: ParameterVariants,
                         relevance: Tensor, output: Tensor, shift: float) -> Relevance:
         """Both halves as one layer run on the two weights' rows stacked
-        (:meth:`ParameterVariants.stacked`): ``[z+ + epsilon, z- - epsilon]``, the quotients of
+        (:meth:`ParameterVariants.stacked`): ``[z_up + epsilon, z_down - epsilon]``, the quotients of
         ``R`` by both, gated by ``[z, -z] > 0`` (each output's share from the half of its sign;
         outputs of 0 get none), and one vector-Jacobian product in the stacked weight for the sum
         of the halves' products."""
