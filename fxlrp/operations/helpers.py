@@ -78,18 +78,21 @@ def weighted(
     bias: Tensor | None = None,
     *settings: Any,
     input_gradient: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
+    output_rows_dim: int | None = None,
     **kwargs: Any,
 ) -> Tensor:
     """A layer ``function(input, weight, bias, *settings, **kwargs)``: linear, convolution,
     transposed convolution; ``input_gradient``: its vector-Jacobian product in closed form, if it
-    has one (see :attr:`fxlrp.relevance.AffineLayer.input_gradient`)."""
+    has one (see :attr:`fxlrp.relevance.AffineLayer.input_gradient`); ``output_rows_dim``: the
+    output's dimension of the weight's rows, if known (:attr:`~fxlrp.relevance.AffineLayer.output_rows_dim`)."""
     if call.runs_natively():
         return function(input, weight, bias, *settings, **kwargs)
 
     def layer_function(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
         return function(x, w, b, *settings, **kwargs)
 
-    layer = call.layer(layer_function, weight, bias, has_parameters=True, input_gradient=input_gradient)
+    layer = call.layer(layer_function, weight, bias, has_parameters=True, input_gradient=input_gradient,
+                       output_rows_dim=output_rows_dim)
     return call.affine(layer, input)
 
 

@@ -59,8 +59,10 @@ def linear(call: RelevanceCall, function: Any, input: Tensor, weight: Tensor, *a
         return linear_on_matrix_rows(function, input, weight, *args, **kwargs)
     weight = dequantized(weight)
     # (a 1-D weight, F.linear's dot product per row, keeps the inner graph: g @ W is a matrix product)
+    matrix = weight.dim() == 2
     return weighted(call, function, as_matrix_rows(input), weight, *args,
-                    input_gradient=linear_input_gradient if weight.dim() == 2 else None, **kwargs)
+                    input_gradient=linear_input_gradient if matrix else None, output_rows_dim=-1 if matrix else None,
+                    **kwargs)
 
 
 def linear_on_matrix_rows(function: Any, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -178,9 +180,12 @@ CONVOLUTION_SETTINGS = ("stride", "padding", "dilation", "groups")
 
 def convolution(call: RelevanceCall, function: Any, input: Tensor, weight: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """A convolution by the node's rule, with its vector-Jacobian product in closed form where
-    :func:`convolution_input_gradient` gives one."""
-    return weighted(call, function, input, weight, *args,
-                    input_gradient=convolution_input_gradient(function, input, weight, args[1:], kwargs), **kwargs)
+    :func:`convolution_input_gradient` gives one (its channels are then the weight's rows, where
+    it has one group)."""
+    input_gradient = convolution_input_gradient(function, input, weight, args[1:], kwargs)
+    rows = 1 if input_gradient is not None and input_gradient.groups == 1 else None
+    return weighted(call, function, input, weight, *args, input_gradient=input_gradient, output_rows_dim=rows,
+                    **kwargs)
 
 
 def convolution_input_gradient(
@@ -191,7 +196,7 @@ def convolution_input_gradient(
     ``convolution_backward`` for the input alone, the kernel autograd runs for the convolution
     (so the relevance is the same, bit for bit, as through an inner graph, without one). None for
     other calls (padding given as ``"same"``, an unbatched input, padding modes other than zeros),
-    which keep an inner graph."""
+    which keep an inner graph. The product has the convolution's ``groups``."""
     dimensions = CONVOLUTIONS.get(function)
     given = dict(zip(CONVOLUTION_SETTINGS, settings, strict=False)) | keywords
     given.pop("bias", None)
@@ -207,6 +212,7 @@ def convolution_input_gradient(
         return torch.ops.aten.convolution_backward(
             gradient, input, weight, None, stride, padding, dilation, False, [0] * dimensions, groups, mask)[0]
 
+    input_gradient.groups = groups
     return input_gradient
 
 

@@ -111,6 +111,7 @@ class RelevanceCall:
         recomputable: bool = False,
         softmax_dim: int | None = None,
         input_gradient: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
+        output_rows_dim: int | None = None,
     ) -> AffineLayer:
         """The :class:`~fxlrp.relevance.AffineLayer` of ``function`` under this call's settings.
 
@@ -128,6 +129,8 @@ class RelevanceCall:
             For a softmax, the dimension it normalises over.
         input_gradient : callable, optional
             The layer's vector-Jacobian product in its input, where it has a closed form.
+        output_rows_dim : int, optional
+            The output's dimension of the weight's rows (:attr:`AffineLayer.output_rows_dim`).
 
         Returns
         -------
@@ -135,7 +138,7 @@ class RelevanceCall:
             The layer, with this call's ``warn_lost_relevance`` and ``inputs_non_negative``.
         """
         return AffineLayer(function, weight, bias, has_parameters, self.warn_lost_relevance, recomputable, softmax_dim,
-                           input_gradient, self.inputs_non_negative)
+                           input_gradient, self.inputs_non_negative, output_rows_dim)
 
     def runs_natively(self) -> bool:
         """Whether the operation's own call is this call's relevance function at this moment.

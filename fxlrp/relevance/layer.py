@@ -47,6 +47,11 @@ class AffineLayer:
     """Whether its relevance-carrying inputs are known never to be negative, from the graph (a
     ReLU's output, a pooling of it): rules that treat positive and negative inputs apart leave
     out the terms of negative inputs, exact zeros, without reading a value."""
+    output_rows_dim: int | None = None
+    """The dimension of the output whose entries are the weight's rows (its first dimension), one
+    each in order - a batched convolution's channels (1), a linear layer's features (-1) - so that
+    the layer run on a weight of two stacked copies gives the two outputs stacked along it; None
+    where that does not hold or is not known (a grouped convolution, parameterless operations)."""
 
     def __call__(
         self, inputs: Sequence[Any], weight: Tensor | None = None, bias: Tensor | None = None

@@ -81,6 +81,12 @@ class KeptOutput:
     recompute: Callable[[], Tensor] | None = None
     """Instead of ``values``: computes them again in backward (a normalisation's output, from its
     input, which the rule before it keeps anyway; see :func:`_recompute_from_input`)."""
+    ungated: bool = False
+    """Whether the relevance the rule receives has not passed the gate of the ReLU that rectified
+    ``values`` in place (:func:`rectify_in_place`): a rule that says it gates itself
+    (``gates_rectified_relevance``) applies it, ``threshold_backward(q, values, 0)``, to its
+    elementwise quotient ``q = R / d``, where it also zeroes the quotient at the outputs the ReLU
+    cut off, whatever ``d`` is there (0 included)."""
 
     def take(self) -> Tensor:
         """The values, which this object then no longer holds.
@@ -302,7 +308,7 @@ class RuleFunction(torch.autograd.Function):
                              "its relevance rule would divide by changed values")
         if ctx.held is not None:
             _held_inputs(ctx)
-        if ctx.rectified:  # the ReLU rectify_in_place ran unrecorded: its gradient's own gate, same kernel
+        if ctx.rectified and not ctx.kept.ungated:  # the ReLU rectify_in_place ran unrecorded: its gradient's gate
             relevance = torch.ops.aten.threshold_backward(relevance, ctx.kept.values, 0)
         recomputed = _restore_recomputed(ctx.recomputed, ctx.held)
         # The restored values live as long as the rule's state (taken below), not as long as the
@@ -560,7 +566,8 @@ def rectify_in_place(output: Tensor) -> bool:
     Function applies the ReLU's gradient (``threshold_backward`` of the relevance by the kept
     values, the kernel ReLU's own backward runs) before its rule, so a layer and its ReLU are one
     node of the backward graph, not two (each node costs its Python and the saving and
-    unpacking of the ReLU's output).
+    unpacking of the ReLU's output); a rule with ``gates_rectified_relevance`` applies it itself
+    (:attr:`KeptOutput.ungated`).
 
     Parameters
     ----------
@@ -584,7 +591,8 @@ def rectify_in_place(output: Tensor) -> bool:
     else:
         torch.relu_(output)
     if kept is not None:  # the kept tensor shares storage and version
-        node.kept = KeptOutput(kept, kept._version, sign=1.0)
+        ungated = node.rectified and getattr(node.rule, "gates_rectified_relevance", False)
+        node.kept = KeptOutput(kept, kept._version, sign=1.0, ungated=ungated)
     return True
 
 

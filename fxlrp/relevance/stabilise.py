@@ -42,13 +42,14 @@ def stabilise(denominator: Tensor, epsilon: float) -> Tensor:
     return torch.copysign(step, denominator).add_(denominator)
 
 
-_constants: dict[tuple[float, torch.dtype, torch.device], Tensor] = {}
+_constants: dict[tuple[float | tuple[float, ...], tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
 """Numbers as tensors of no dimensions, by dtype and device: made once, not once per layer and call
 (a kernel launch each on a GPU). Read only."""
 
 
-def constant_like(tensor: Tensor, value: float) -> Tensor:
-    """``value`` as a tensor of no dimensions of ``tensor``'s dtype and device, made once.
+def constant_like(tensor: Tensor, value: float | tuple[float, ...], shape: tuple[int, ...] = ()) -> Tensor:
+    """``value`` as a tensor of no dimensions of ``tensor``'s dtype and device, made once (numbers:
+    as a tensor of ``shape``).
 
     An operation with it converts no Python number: ``z + 1e-6`` wraps the number in a tensor of
     float64 and converts it to ``z``'s dtype at every call (four operations on the host). One is
@@ -60,8 +61,10 @@ def constant_like(tensor: Tensor, value: float) -> Tensor:
     ----------
     tensor : Tensor
         The tensor whose dtype and device the constant takes.
-    value : float
-        The number (the stabiliser's epsilon, with its sign).
+    value : float or tuple of float
+        The number (the stabiliser's epsilon, with its sign), or numbers.
+    shape : tuple of int, default ()
+        For numbers: the constant's shape (as many entries, ones elsewhere, to broadcast).
 
     Returns
     -------
@@ -70,12 +73,17 @@ def constant_like(tensor: Tensor, value: float) -> Tensor:
     """
     if (values_are_traced() or torch.compiler.is_compiling()
             or tensor.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return tensor.new_full((), value)
-    key = (value, tensor.dtype, tensor.device)
+        return _made(tensor, value, shape)
+    key = (value, shape, tensor.dtype, tensor.device)
     constant = _constants.get(key)
     if constant is None:
-        constant = _constants[key] = tensor.new_full((), value)
+        constant = _constants[key] = _made(tensor, value, shape)
     return constant
+
+
+def _made(tensor: Tensor, value: float | tuple[float, ...], shape: tuple[int, ...]) -> Tensor:
+    """:func:`constant_like`'s tensor, made now."""
+    return tensor.new_tensor(value).view(shape) if isinstance(value, tuple) else tensor.new_full((), value)
 
 
 def divide_dropping_zeros(relevance: Tensor, denominator: Tensor, warn: bool = False,

@@ -282,10 +282,43 @@ class ParameterVariants:
         key = f"{name} shifted by {shift!r}"
         if key not in self._made:
             weight, bias = self[name]
-            # (a bias of one entry per row of the weight; a 1-D weight's linear map gives one number)
-            own = weight.new_full(weight.shape[:1] if weight.dim() > 1 else (), shift) if bias is None else None
-            self._made[key] = weight, own if bias is None else bias + shift
+            self._made[key] = weight, _shifted_bias(weight, bias, shift)
         return self._made[key]
+
+    def stacked(self, halves: Sequence[tuple[str, float]]) -> Parameters:
+        """The variants of ``halves``, ``(name, shift)`` each, with the shift added to the bias as in
+        :meth:`shifted`, as one weight and one bias of their rows stacked in order; made on first
+        use and then kept (the variants themselves are not kept).
+
+        The layer run on them computes every variant's output in one operation, stacked along
+        :attr:`~fxlrp.relevance.AffineLayer.output_rows_dim` (only for layers that have one), and
+        its vector-Jacobian product in that weight sums the products of the variants.
+
+        Parameters
+        ----------
+        halves : sequence of (str, float)
+            The variants' names and shifts.
+
+        Returns
+        -------
+        tuple of Tensor
+            ``(cat(weights), cat(biases + shifts))``.
+        """
+        key = ("stacked", tuple(halves))
+        if key not in self._made:
+            weights, biases = [], []
+            for name, shift in halves:
+                weight, bias = self._made.get(name) or modified_parameters(self._layer, *self._recipes[name])
+                weights.append(weight)
+                biases.append(_shifted_bias(weight, bias, shift))
+            self._made[key] = torch.cat(weights), torch.cat(biases)
+        return self._made[key]
+
+
+def _shifted_bias(weight: Tensor, bias: Tensor | None, shift: float) -> Tensor:
+    """``bias + shift``; a bias of ``shift`` (one entry per row of the weight; a 1-D weight's linear
+    map gives one number) where there is none."""
+    return weight.new_full(weight.shape[:1] if weight.dim() > 1 else (), shift) if bias is None else bias + shift
 
 
 def map_carrying(inputs: Sequence[Any], transform: Callable[[Tensor], Tensor]) -> list[Any]:

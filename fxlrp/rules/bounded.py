@@ -11,6 +11,7 @@ from torch import Tensor
 from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance, gradient_root
+from fxlrp.relevance.stabilise import constant_like
 from fxlrp.relevance.terms import Parameters, ZeroParams
 from fxlrp.rules.rule import Relevance, StabilisedRule, Stabiliser
 
@@ -37,6 +38,8 @@ def expand_bound(bound: float | Tensor, like: Tensor) -> Tensor:
     ValueError
         If the bound has more dimensions than the input or does not broadcast to it.
     """
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool):  # (a number made once, not at each call)
+        return constant_like(like, float(bound)).expand(like.shape)
     bound = torch.as_tensor(bound).to(like)
     if bound.dim() > like.dim():
         raise ValueError(

@@ -33,6 +33,10 @@ class Rule:
     """Whether an input's relevance is its value times a factor, ``R_j = x_j c_j`` (epsilon, z+,
     gamma, alpha-beta): it vanishes with the input. False for rules that share by the weights or
     by bounds (flat, w^2, z^B), which give an input of 0 relevance too."""
+    gates_rectified_relevance: bool = False
+    """Whether :meth:`backward` applies the gate of a ReLU that rectified the kept output in place
+    itself (:attr:`~fxlrp.relevance.rule_function.KeptOutput.ungated`), after its quotient; False:
+    the relevance it receives has passed the gate."""
 
     def prepare(self, layer: AffineLayer) -> Any:
         """Compute what the rule needs of the layer's parameters, once per conversion.

@@ -12,8 +12,9 @@ from torch import Tensor
 from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance
+from fxlrp.relevance.stabilise import constant_like
 from fxlrp.relevance.terms import ParameterVariants, ZeroParams
-from fxlrp.relevance.tracing import values_read_on_host
+from fxlrp.relevance.tracing import values_are_traced, values_read_on_host
 from fxlrp.rules.rule import Relevance, StabilisedRule, Stabiliser
 
 
@@ -201,9 +202,61 @@ class Gamma(TwoHalves):
         ``"weight"``, ``"bias"`` or both: set to 0 in every modified copy of the layer.
     """
 
+    gates_rectified_relevance = True  # (after the quotient: see _one_term)
+
     def __init__(self, gamma: float = 0.25, stabilizer: Stabiliser = 1e-6, zero_params: ZeroParams = None) -> None:
         self.gamma = float(gamma)
         super().__init__(stabilizer, zero_params)
+
+    def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
+        inputs, variants, has_negative, closed = state
+        # On inputs that are never negative, with the layer's own parameters modified, the half that
+        # explains an output has that output's sign: z_up = z + gamma f(x; w+, b+) >= z where z > 0,
+        # and z_down = z + gamma f(x; w-, b-) <= z where z < 0. Its stabiliser is then a shift of known sign
+        # in the bias, and where the layer's product has a closed form each output's half is
+        # chosen after the quotient, by a gate on its sign (one kernel), not by masks before it.
+        shift = None
+        if closed and not has_negative and layer.weight is not None and self.gamma >= 0.0 and not self._zero \
+                and not torch.is_grad_enabled():
+            shift = terms.stabilising_shift(self._stabiliser, 1.0, relevance.dtype)
+        if shift is not None and output.sign == 1.0:
+            return self._one_term(layer, inputs, variants, relevance, output.take(), shift)
+        if shift is not None and layer.output_rows_dim is not None:
+            return self._stacked_halves(layer, inputs, variants, relevance, output.take(), shift)
+        if output.ungated:
+            relevance = torch.ops.aten.threshold_backward(relevance, output.values, 0)
+        return super().backward(layer, state, relevance, output)
+
+    def _one_term(self, layer: AffineLayer, inputs: Sequence[Any], variants: ParameterVariants, relevance: Tensor,
+                  output: Tensor, shift: float) -> Relevance:
+        """Behind a ReLU that alone reads the output (``output >= 0``: rectified), the first half:
+        ``R_x = x * J_up^T [z > 0] R / (z_up + epsilon)`` (``J_up``, ``z_up``: the layer with
+        ``w + gamma w+``, ``b + gamma b+``), the stabiliser in the bias of ``z_up``'s layer and the
+        ReLU's gate after the quotient, so that a ``z_up + epsilon`` of 0 at an output the ReLU cut
+        off gives a share of 0, not NaN."""
+        weight, bias = variants.shifted("more", shift)
+        with torch.no_grad():
+            denominator = layer(inputs, weight, bias)
+        share = torch.ops.aten.threshold_backward(self.scaled(relevance, denominator, layer, shifted=True), output, 0)
+        return terms.input_times_gradient(terms.LayerGradient(layer, weight), inputs, share)
+
+    def _stacked_halves(self, layer: AffineLayer, inputs: Sequence[Any], variants: ParameterVariants,
+                        relevance: Tensor, output: Tensor, shift: float) -> Relevance:
+        """Both halves as one layer run on the two weights' rows stacked
+        (:meth:`ParameterVariants.stacked`): ``[z_up + epsilon, z_down - epsilon]``, the quotients of
+        ``R`` by both, gated by ``[z, -z] > 0`` (each output's share from the half of its sign;
+        outputs of 0 get none), and one vector-Jacobian product in the stacked weight for the sum
+        of the halves' products."""
+        weight, bias = variants.stacked((("more", shift), ("less", -shift)))
+        dim = layer.output_rows_dim % output.dim()
+        with torch.no_grad():
+            halves = layer(inputs, weight, bias).unflatten(dim, (2, -1))
+        stacked_relevance = relevance.unsqueeze(dim)
+        quotients = (stacked_relevance / halves if values_are_traced() or relevance.dtype != halves.dtype
+                     else torch.div(stacked_relevance, halves, out=halves))
+        signs = constant_like(output, (1.0, -1.0), (2,) + (1,) * (output.dim() - dim))
+        shares = torch.ops.aten.threshold_backward(quotients, output.unsqueeze(dim) * signs, 0)
+        return terms.input_times_gradient(terms.LayerGradient(layer, weight), inputs, shares.flatten(dim, dim + 1))
 
     def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
         def raised(tensor: Tensor) -> Tensor:

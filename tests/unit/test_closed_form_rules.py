@@ -150,3 +150,51 @@ def test_a_sum_of_two_relevance_carrying_summands_in_closed_form(
     on_a_graph = fxlrp.attribute(explain, x)
     assert on_a_graph.abs().sum() > 0
     assert relative_error(closed, on_a_graph) < 1e-12, relative_error(closed, on_a_graph)
+
+
+class GammaEdges(nn.Module):
+    """Gamma's closed forms at their edges.
+
+    ``cut``: a convolution behind a ReLU (the first half alone) whose denominator ``z+ + epsilon``
+    is exactly 0 at the outputs the ReLU cuts off: an input of 0 there and a bias of
+    ``-epsilon`` in one channel, so ``z = z+ = -epsilon``. ``grouped``: a grouped convolution
+    whose output enters a residual sum (both halves, on the inner graph: a grouped convolution's
+    channels are not its weight's rows in order). ``into_sum``: a linear layer whose output enters
+    a residual sum (both halves as one product with the weights' rows stacked along the features).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = nn.Conv2d(3, 4, 1)
+        self.grouped = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+        self.hidden = nn.Linear(64, 8)
+        self.into_sum = nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rectified = torch.relu(self.cut(x))
+        summed = self.grouped(rectified) + rectified
+        hidden = torch.relu(self.hidden(summed.flatten(1)))
+        return self.into_sum(hidden) + hidden
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+def test_gamma_closed_forms_at_their_edges(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The closed forms equal the inner graph in float64, and a denominator of exactly 0 at an
+    output the ReLU cut off gives no NaN (the ReLU's gate applies after gamma's quotient)."""
+    torch.manual_seed(0)
+    model = GammaEdges().double().eval()
+    with torch.no_grad():
+        model.cut.bias[0] = -1e-6
+    x = torch.rand(2, 3, 4, 4, dtype=torch.float64)
+    x[:, :, 1:3, 1:3] = 0.0  # (z = the bias there)
+    if path == "gpu":
+        monkeypatch.setattr(tracing, "HOST_DEVICE_TYPES", frozenset())
+    explain = fxlrp.convert(model, Composite(Gamma(0.3)))
+    with torch.no_grad():
+        assert (model.cut(x)[:, 0, 1:3, 1:3] == -1e-6).all()  # (so z+ + epsilon is 0 there)
+    closed = fxlrp.attribute(explain, x, check_finite=False)
+    monkeypatch.setattr(terms, "has_layer_gradient", lambda layer, inputs: False)
+    on_a_graph = fxlrp.attribute(explain, x, check_finite=False)
+    assert torch.isfinite(closed).all()
+    assert on_a_graph.abs().sum() > 0
+    assert relative_error(closed, on_a_graph) < 1e-12, relative_error(closed, on_a_graph)

@@ -305,3 +305,30 @@ def test_every_rule_implements_the_engines_contract() -> None:
             return None
 
     assert not isinstance(Incomplete(), AffineRule)
+
+
+@pytest.mark.parametrize("inputs", ["signed", "nonnegative"])
+@pytest.mark.parametrize("rule_name", ["gamma", "gamma_zero_bias"])
+@pytest.mark.parametrize("layer_name", ["linear", "conv2d"])
+def test_gamma_behind_a_relu_that_it_gates_equals_the_dense_formula(layer_name: str, rule_name: str,
+                                                                    inputs: str) -> None:
+    """Gamma applies the gate of the ReLU that rectifies its output itself (after its quotient, or
+    first where it takes its general form): relevance given at the ReLU's output, non-zero where
+    the ReLU cut the layer's output off, reaches the layer only where its output is positive."""
+    torch.manual_seed(zlib.crc32(f"{rule_name} {layer_name} {inputs} behind a ReLU".encode()))
+    build, shape = LAYERS[layer_name]
+    layer = build(True).double()
+    x = torch.randn(shape, dtype=torch.float64)
+    if inputs == "nonnegative":
+        x = x.clamp(min=0)
+    make_rule, dense = RULES[rule_name]
+    with torch.no_grad():
+        output = layer(x)
+    relevance = torch.randn_like(output)
+    (actual,) = explained_relevance(fxlrp.convert(nn.Sequential(layer, nn.ReLU()), make_rule(None)), [x], relevance)
+    (J,) = dense_jacobians(layer, [x])
+    with torch.no_grad():
+        c = layer(torch.zeros_like(x)).reshape(-1)
+    expected = dense(J, c, x.reshape(-1), (relevance * (output > 0)).reshape(-1)).reshape(x.shape)
+    assert (output <= 0).any() and expected.abs().sum() > 0
+    assert relative_error(actual, expected) < 1e-12, relative_error(actual, expected)
