@@ -24,6 +24,7 @@ the next token's for a causal LM) at the input (the embeddings for token models)
 
     python benchmarks/dispatch_proxies.py [--models resnet50,hf_vit] [--pairs 15] [--threads 1]
     python benchmarks/dispatch_proxies.py --where-synchronised resnet50:Epsilon   # a traceback each
+    python benchmarks/dispatch_proxies.py --models hf_vit_base --compiled   # also fxlrp.compile
 """
 
 from __future__ import annotations
@@ -141,16 +142,90 @@ def counted(run: Callable[[], Any], where: bool = False, gpu_path: bool = False)
 # -- the models and the two calls compared ---------------------------------------------------------
 
 
-def _image_pair(model: str, composite: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """Gradient x input and ``fxlrp.attribute`` on benchmarks/workloads.py's quick workload."""
+def _image_explainer(model: str, composite: str) -> tuple[Any, torch.nn.Module, torch.Tensor]:
+    """benchmarks/workloads.py's quick workload, its explainer under ``composite`` and the explained input."""
     import fxlrp
     from fxlrp.rules.composites import AttnLRP
 
     workload = build(model, quick=True)
     chosen = AttnLRP(0.0) if composite == "AttnLRP(0.0)" else _fxlrp_composite(composite, workload)
-    explain = fxlrp.convert(_WithOthersFixed(workload), chosen)
-    explained = workload.inputs[workload.explained]
+    return workload, fxlrp.convert(_WithOthersFixed(workload), chosen), workload.inputs[workload.explained]
+
+
+def _image_pair(model: str, composite: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """Gradient x input and ``fxlrp.attribute`` on benchmarks/workloads.py's quick workload."""
+    import fxlrp
+
+    workload, explain, explained = _image_explainer(model, composite)
     return gradient_times_input(workload), lambda: fxlrp.attribute(explain, explained)
+
+
+@dataclass
+class CompiledRow:
+    model: str
+    composite: str
+    generated: int
+    """Inductor's generated kernels (fused loops), counted at the compilation; each runs once a call."""
+    called: int
+    """ATen operations the compiled call dispatches at run time (matrix products, convolutions,
+    attention kernels), the profiler's top-level ``aten::`` events of one call."""
+    gradient: int
+    """The eager gradient x input's dispatched operations."""
+    first_call: float
+    error: float
+    """Largest difference from the eager relevance, relative to its largest value."""
+    ratios: list[float]
+
+
+def top_level_operations(run: Callable[[], Any]) -> int:
+    """The ATen operations one call of ``run`` makes outside other ATen operations, by torch's profiler
+    (a ``TorchDispatchMode`` would make TorchDynamo skip a compiled function)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        run()
+    return sum(1 for event in profiled.events() if event.name.startswith("aten::")
+               and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::")))
+
+
+def measure_compiled(model: str, composite: str, pairs: int) -> CompiledRow:
+    """``fxlrp.compile`` of a row built from benchmarks/workloads.py: its kernels per call (Inductor's
+    generated ones and the ATen operations it calls), its first call, and its tiny-input time paired
+    with the eager gradient x input."""
+    from torch._inductor import metrics
+
+    import fxlrp
+
+    workload, explain, explained = _image_explainer(model, composite)
+    gradient = gradient_times_input(workload)
+    compiled = fxlrp.compile(explain)
+    metrics.reset()
+    start = time.perf_counter()
+    relevance = compiled(explained)
+    first_call, generated = time.perf_counter() - start, metrics.generated_kernel_count
+    eager = fxlrp.attribute(explain, explained)
+    error = float((relevance - eager).abs().max() / eager.abs().max())
+    for _ in range(2):
+        gradient(), compiled(explained)
+    with DispatchCounter() as dispatched:
+        gradient()
+    return CompiledRow(model, composite, generated, top_level_operations(lambda: compiled(explained)),
+                       sum(dispatched.counts.values()), first_call, error,
+                       paired_ratios(gradient, lambda: compiled(explained), pairs))
+
+
+def compiled_table(rows: list[CompiledRow]) -> str:
+    lines = ["| model, input | composite | kernels per compiled call: generated + ATen | / gradient's operations "
+             "| tiny-input time / gradient: min, median | first call (s) | relevance vs eager |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        kernels = row.generated + row.called
+        lines.append(
+            f"| {DESCRIPTIONS[row.model]} | {row.composite} | {row.generated} + {row.called} = {kernels} "
+            f"| {kernels} / {row.gradient} = {kernels / row.gradient:.2f}x "
+            f"| {min(row.ratios):.2f}x, {statistics.median(row.ratios):.2f}x | {row.first_call:.0f} "
+            f"| {row.error:.1e} |")
+    return "\n".join(lines)
 
 
 class _Logits(torch.nn.Module):
@@ -283,6 +358,9 @@ def main() -> None:
                         help="print where each synchronising operation of that explanation comes from")
     parser.add_argument("--gpu-path", action="store_true",
                         help="with --where-synchronised: the rules on the path they take on a GPU")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also fxlrp.compile of the rows built from benchmarks/workloads.py (CNNs, ViTs, "
+                        "the GCN): kernels per call, first call, tiny-input time")
     parser.add_argument("--top", type=int, default=0,
                         help="also print the N operations each explanation dispatches most beyond the gradient's")
     arguments = parser.parse_args()
@@ -313,6 +391,10 @@ def main() -> None:
                           ", ".join(f"{name[6:]} {count:+d}" for name, count in surplus.most_common(arguments.top)))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); {arguments.pairs} pairs per row")
     print(table(rows))
+    if arguments.compiled:
+        compiled = [measure_compiled(row.model, row.composite, arguments.pairs) for row in rows
+                    if row.model in (*IMAGE_MODELS, "vit_b_16", "hf_vit_base", "gcn")]
+        print(compiled_table(compiled))
 
 
 if __name__ == "__main__":

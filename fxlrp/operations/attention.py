@@ -343,7 +343,7 @@ def _relevance_of_heads(
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     heads_shape = (*query.shape[:-1], key.shape[-2])  # the scores' shape, which masks broadcast to
     masks = attention_masks(query, key, attn_mask, is_causal, query.dtype)
-    shapes = (query.shape, key.shape, value.shape)
+    given = (query, key, value)
     query, key, value = _matrices(query), _matrices(key), _matrices(value)
     scores = torch.bmm(query, key.mT)
     scaled = scores * scale
@@ -359,7 +359,7 @@ def _relevance_of_heads(
     # The uniform rule's 1 / N is the same for every receiver: taken once on the quotient, which
     # has the output's size, not on the weights' shares (length x length) and the values'.
     quotient = _times(quotient, None, to_weights or to_value)
-    value_relevance = _times(torch.bmm(weights.mT, quotient), value).view(shapes[2]) if to_value else None
+    value_relevance = _in_layout_of(torch.bmm(weights.mT, quotient), given[2]) if to_value else None
     if not to_weights:
         return [None, None, value_relevance, *([None] if mask_carries else [])]
     weight_relevance = _times(torch.bmm(quotient, value.mT), weights)
@@ -381,8 +381,8 @@ def _relevance_of_heads(
     quotient = _times(rules.scores.scaled(logit_relevance, scores, layer), None, share)
     del scores, logit_relevance
     return [
-        _times(torch.bmm(quotient, key), query, to_query / share).view(shapes[0]) if to_query else None,
-        _times(torch.bmm(quotient.mT, query), key, to_key / share).view(shapes[1]) if to_key else None,
+        _in_layout_of(torch.bmm(quotient, key), given[0], to_query / share) if to_query else None,
+        _in_layout_of(torch.bmm(quotient.mT, query), given[1], to_key / share) if to_key else None,
         value_relevance,
         *([mask_relevance] if mask_carries else []),
     ]
@@ -392,6 +392,19 @@ def _matrices(tensor: Tensor) -> Tensor:
     """``[..., rows, columns]`` as one batch of matrices, ``[-1, rows, columns]`` (a view where the
     layout allows)."""
     return tensor if tensor.dim() == 3 else tensor.reshape(-1, *tensor.shape[-2:])
+
+
+def _in_layout_of(gradient: Tensor, factor: Tensor, share: float = 1.0) -> Tensor:
+    """``share * factor * gradient`` for a fresh ``gradient`` of ``factor``'s size (a batch of
+    matrices), of ``factor``'s shape and layout: the relevance of ``q``, ``k`` or ``v``, handed back
+    laid out as the factor is, as autograd hands a gradient - heads made by a transpose (``[batch,
+    length, heads, features]`` seen as ``[batch, heads, length, features]``) then go back through
+    the transpose and the view that made them without a copy (two operations each)."""
+    shaped = gradient.view(factor.shape)
+    if factor.is_contiguous() or gradient.requires_grad:
+        return _times(shaped, factor, share)  # (written into the product)
+    product = torch.mul(factor, shaped)  # (an elementwise result takes its first operand's layout)
+    return product.mul_(share) if share != 1.0 else product
 
 
 def _times(gradient: Tensor, factor: Tensor | None, share: float = 1.0) -> Tensor:
