@@ -197,7 +197,8 @@ def _row_line(row: dict[str, Any]) -> str:
     seconds, memory = row["seconds"], row["allocated_mb"]
     parts = [f"{row['attention']} {row['length']} checkpointing={row['checkpointing']}:"]
     for name in seconds:
-        parts.append(f"{name} {seconds[name]:.2f}s ({row['paired'][name]:.2f}x {BASE[name]})" + (
+        low, high = row["paired_range"][name]
+        parts.append(f"{name} {seconds[name]:.2f}s ({row['paired'][name]:.2f}x {BASE[name]}, {low:.2f}-{high:.2f})" + (
             f" {memory[name]:.0f} MB ({memory[name] / memory[BASE[name]]:.2f}x)" if name in memory else ""))
     return " | ".join(parts)
 
