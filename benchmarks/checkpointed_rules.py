@@ -24,7 +24,14 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.allocator import allocated_growth_of_call  # noqa: E402
-from benchmarks.llama_cost import LONG_CONTEXT, LONG_CONTEXT_QUICK, _model, _runner, save_llama  # noqa: E402
+from benchmarks.llama_cost import (  # noqa: E402
+    LONG_CONTEXT,
+    LONG_CONTEXT_QUICK,
+    _model,
+    _runner,
+    next_token_explainer,
+    save_llama,
+)
 
 RULES = ("AttnLRP()", "AttnLRP(0.0)")
 
@@ -47,18 +54,9 @@ def measure(arguments: argparse.Namespace, state: str) -> dict[str, float]:
         ids = torch.randint(3, config["vocab_size"], (1, arguments.length), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             target = int(model(input_ids=ids, logits_to_keep=1).logits[0, -1].argmax())
-
-        class NextToken(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
-
-            def forward(self, ids: torch.Tensor) -> torch.Tensor:
-                return self.model(input_ids=ids, logits_to_keep=1).logits[:, -1]
-
         runs = {"gxi": _runner("gxi", model, ids, target, None, checkpointing)}
         for name in RULES:
-            explain = fxlrp.convert(NextToken(), AttnLRP() if name == "AttnLRP()" else AttnLRP(0.0))
+            explain = next_token_explainer(model, AttnLRP() if name == "AttnLRP()" else AttnLRP(0.0))
             runs[name] = lambda explain=explain: fxlrp.attribute(explain, ids, target=target)[0]
         suffix = " checkpointed" if checkpointing else ""
         for name, run in runs.items():
