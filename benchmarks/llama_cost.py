@@ -163,9 +163,9 @@ class LxtPatch:
         self._set(original=True)
 
 
-def next_token_explainer(model: Any) -> Any:
-    """``fxlrp.convert`` with ``AttnLRP(0.0)`` of the model's logits at the last position (the LM
-    head run for that position only)."""
+def next_token_explainer(model: Any, composite: Any = None) -> Any:
+    """``fxlrp.convert`` with ``composite`` (``AttnLRP(0.0)`` where None) of the model's logits at
+    the last position (the LM head run for that position only)."""
     import torch
 
     import fxlrp
@@ -179,7 +179,7 @@ def next_token_explainer(model: Any) -> Any:
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
             return self.model(input_ids=ids, logits_to_keep=1).logits[:, -1]
 
-    return fxlrp.convert(NextToken(), AttnLRP(0.0))
+    return fxlrp.convert(NextToken(), AttnLRP(0.0) if composite is None else composite)
 
 
 def _runner(name: str, model: Any, ids: Any, target: int, patch: LxtPatch | None = None,

@@ -176,8 +176,10 @@ def drive(arguments: argparse.Namespace) -> dict[str, Any]:
                         row.setdefault("relevance", {}).update(result["relevance"])
                         row.setdefault("versions", {})[names[0]] = result["versions"]
                     row["seconds"] = {name: statistics.median(values) for name, values in row["times"].items()}
-                    row["paired"] = {name: statistics.median(a / b for a, b in zip(
-                        row["times"][name], row["times"][BASE[name]], strict=True)) for name in row["times"]}
+                    ratios = {name: [a / b for a, b in zip(row["times"][name], row["times"][BASE[name]], strict=True)]
+                              for name in row["times"]}
+                    row["paired"] = {name: statistics.median(values) for name, values in ratios.items()}
+                    row["paired_range"] = {name: (min(values), max(values)) for name, values in ratios.items()}
                     relevance = row.pop("relevance")
                     if "lxt" in relevance:
                         ours, theirs = relevance["attnlrp"], relevance["lxt"]
@@ -195,19 +197,28 @@ def _row_line(row: dict[str, Any]) -> str:
     seconds, memory = row["seconds"], row["allocated_mb"]
     parts = [f"{row['attention']} {row['length']} checkpointing={row['checkpointing']}:"]
     for name in seconds:
-        parts.append(f"{name} {seconds[name]:.2f}s ({row['paired'][name]:.2f}x {BASE[name]})" + (
+        low, high = row["paired_range"][name]
+        parts.append(f"{name} {seconds[name]:.2f}s ({row['paired'][name]:.2f}x {BASE[name]}, {low:.2f}-{high:.2f})" + (
             f" {memory[name]:.0f} MB ({memory[name] / memory[BASE[name]]:.2f}x)" if name in memory else ""))
     return " | ".join(parts)
+
+
+def _median_and_range(row: dict[str, Any], name: str) -> str:
+    """The median of ``name``'s paired ratios and, where the row has them (and more than one),
+    their smallest and largest."""
+    low, high = row.get("paired_range", {}).get(name, (None, None))
+    spread = f" ({low:.2f}-{high:.2f})" if low is not None and len(row["times"][name]) > 1 else ""
+    return f"{row['paired'][name]:.2f}{spread}"
 
 
 def table(report: dict[str, Any]) -> str:
     """One line per attention, length and checkpointing: fxlrp's and LXT's time and peak memory
     as multiples of the gradient x input of their environment, and fxlrp's time over LXT's: the
     median of the ratios of fxlrp's and LXT's calls of one round in LXT's environment (one
-    process, the same transformers code)."""
+    process, the same transformers code), with the smallest and largest of those ratios."""
     lines = ["| attention | tokens | checkpointing | gradient x input (s, MB) | fxlrp AttnLRP (s, MB) "
              "| x gradient (time, memory) | LXT 2.1 (s, MB) | x gradient (time, memory) "
-             "| fxlrp / LXT time (paired) |",
+             "| fxlrp / LXT time (paired: median, range) |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in report["rows"]:
         seconds, memory, paired = row["seconds"], row["allocated_mb"], row["paired"]
@@ -217,7 +228,7 @@ def table(report: dict[str, Any]) -> str:
         if "lxt" in seconds:
             cells += [f"{seconds['lxt']:.1f}, {memory['lxt']:.0f}",
                       f"{paired['lxt']:.2f}x, {memory['lxt'] / memory['lxt_gxi']:.2f}x",
-                      f"{paired['lxt_attnlrp']:.2f}" if "lxt_attnlrp" in paired else "-"]
+                      _median_and_range(row, "lxt_attnlrp") if "lxt_attnlrp" in paired else "-"]
         else:
             cells += ["-", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -144,17 +144,25 @@ def carrying_rows_and_columns(matrix: Tensor, inner: int) -> tuple[Tensor | None
 
     Looked for where :func:`may_skip_zeros`, and only where one of three entries - first, middle,
     last - is 0: where at most half the rows (or columns) carry relevance, one of them almost
-    always lies in a row (column) of 0, while a dense gradient costs three reads."""
+    always lies in a row (column) of 0, while a dense gradient costs three reads. The rows are
+    found by one reduction along them (``any``: no copy, each entry read once); the columns
+    among the carrying rows alone where those are few (the last layers of a transformer
+    explained at one position: one row), else over the whole matrix, unless one carrying row
+    alone holds more than a sixteenth of them (then so do all: a gradient of many rows and
+    columns, the product taken whole)."""
     count, width = matrix.shape
     if (not may_skip_zeros(matrix, count * width * inner)
             or (matrix[0, 0].item() != 0 and matrix[count // 2, width // 2].item() != 0
                 and matrix[-1, -1].item() != 0)):
         return None, None
-    # (the largest absolute value per row and column, reduced without a copy of ``matrix``'s size:
-    # at an LM head, the gradient of every explained position's logits)
-    rows = torch.linalg.vector_norm(matrix, float("inf"), dim=1).nonzero().squeeze(1)
-    columns = torch.linalg.vector_norm(matrix, float("inf"), dim=0).nonzero().squeeze(1)
-    return (rows if 2 * len(rows) <= count else None), (columns if 16 * len(columns) <= width else None)
+    rows = matrix.any(dim=1).nonzero().squeeze(1)
+    if 2 * len(rows) <= count:
+        columns = matrix.index_select(0, rows).any(dim=0).nonzero().squeeze(1)
+        return rows, (columns if 16 * len(columns) <= width else None)
+    if 16 * int(matrix[rows[0]].count_nonzero()) > width:
+        return None, None
+    columns = matrix.any(dim=0).nonzero().squeeze(1)
+    return None, (columns if 16 * len(columns) <= width else None)
 
 
 def linear_module(module: nn.Linear, parameters: dict[str, Any]):

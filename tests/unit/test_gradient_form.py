@@ -383,10 +383,13 @@ def test_a_rule_whose_gradient_form_is_not_the_gradient_is_applied_in_the_gradie
 
 
 @pytest.mark.parametrize("pattern", ["one-row", "one-row-of-negatives-and-zeros", "one-column", "one-entry",
-                                     "rows-at-both-ends", "half-zeros", "dense", "nan-in-a-row"])
+                                     "entries-in-two-rows", "rows-at-both-ends", "every-row-in-12-columns",
+                                     "every-row-in-13-columns", "half-zeros", "dense", "nan-in-a-row"])
 def test_linear_input_gradient_multiplies_only_what_carries_relevance(pattern: str) -> None:
     """``g @ W`` over the rows and columns of ``g`` that are not all 0 (fxlrp/operations/layers.py)
-    against the dense product, and the rows and columns it keeps against an enumeration."""
+    against the dense product, and the rows and columns it keeps against an enumeration: columns
+    looked for among few carrying rows, and over all rows where most carry (at the bound of a
+    sixteenth of the columns and past it)."""
     from fxlrp.operations.layers import carrying_rows_and_columns, linear_input_gradient
 
     generator = torch.Generator().manual_seed(0)
@@ -400,8 +403,13 @@ def test_linear_input_gradient_multiplies_only_what_carries_relevance(pattern: s
         gradient[..., 7] = values[..., 7]
     elif pattern == "one-entry":
         gradient[0, -1, 123] = 2.5
+    elif pattern == "entries-in-two-rows":  # (the columns of both rows, not of the first alone)
+        gradient[0, 3, 10], gradient[1, 50, 150] = 1.0, -2.0
     elif pattern == "rows-at-both-ends":
         gradient[0, 0], gradient[1, -1] = values[0, 0], values[1, -1]
+    elif pattern.startswith("every-row-in-"):  # every row carries: columns at the bound (12 of 200), past it
+        columns = list(range(5, 200, 16))[:int(pattern.split("-")[3])]
+        gradient[..., columns] = values[..., columns]
     elif pattern == "half-zeros":
         gradient = values * (values > 0)
     elif pattern == "dense":
@@ -417,7 +425,7 @@ def test_linear_input_gradient_multiplies_only_what_carries_relevance(pattern: s
     expected_columns = carrying_columns if 16 * len(carrying_columns) <= 200 else None
     assert (rows if rows is None else rows.tolist()) == expected_rows
     assert (columns if columns is None else columns.tolist()) == expected_columns
-    assert (pattern in ("half-zeros", "dense")) == (rows is None and columns is None)
+    assert (pattern in ("half-zeros", "dense", "every-row-in-13-columns")) == (rows is None and columns is None)
     product = linear_input_gradient(gradient, weight)
     assert product.shape == (2, 96, 64)
     torch.testing.assert_close(product, gradient @ weight, rtol=1e-12, atol=1e-12, equal_nan=True)
