@@ -78,11 +78,7 @@ def absorbing_layer(explainer: Explainer, relevance_of_nodes: Callable[[list[str
     wanted = sorted({names[node] for node in layers} | {names[p] for inputs in layers.values() for p in inputs})
     relevance = relevance_of_nodes(wanted)
     with torch.no_grad():
-        sums = [_total(relevance.get(name)) for name in wanted]
-        device = next((total.device for total in sums if total is not None), torch.device("cpu"))
-        zero = torch.zeros((), dtype=torch.float64, device=device)
-        read = torch.stack([zero if total is None else total.to(device) for total in sums]).tolist()
-    totals = dict(zip(wanted, read, strict=True))
+        totals = dict(zip(wanted, _read_on_host([_total(relevance.get(name)) for name in wanted]), strict=True))
     return _largest_fall({_described(explainer, node): (totals[names[node]], sum(totals[names[p]] for p in inputs))
                           for node, inputs in layers.items()})
 
@@ -144,11 +140,16 @@ def absorbing_module(explain: nn.Module, explain_again: Callable[[], Any]) -> st
         explain_again()
     if not totals:
         return None
-    sums = [torch.stack(found).sum() if found else None for sides in totals.values() for found in sides]
-    device = next((total.device for total in sums if total is not None), torch.device("cpu"))
-    zero = torch.zeros((), dtype=torch.float64, device=device)
-    read = iter(torch.stack([zero if total is None else total.to(device) for total in sums]).tolist())
+    read = iter(_read_on_host([torch.stack(found).sum() if found else None
+                               for sides in totals.values() for found in sides]))
     return _largest_fall({_module_described(*layers[key]): (next(read), next(read)) for key in totals})
+
+
+def _read_on_host(totals: list[Tensor | None]) -> list[float]:
+    """``totals`` (None: 0) as numbers, read from their device in one transfer."""
+    device = next((total.device for total in totals if total is not None), torch.device("cpu"))
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack([zero if total is None else total.to(device) for total in totals]).tolist()
 
 
 def _module_described(name: str, module: nn.Module, node: str) -> str:
