@@ -155,7 +155,7 @@ def scaled_dot_product_attention(call: RelevanceCall, function: Any, *args: Any,
     closed_form = None
     if (rules.closed_form and _own_heads(*factors, kwargs["enable_gqa"])
             and not (is_causal and mask is not None)):  # (torch takes one of the two: one sum with a mask)
-        closed_form = partial(attention_relevance, rules, kwargs["scale"], is_causal)
+        closed_form = partial(attention_relevance, rules, kwargs["scale"], is_causal, gradient_form_active())
     return decomposed_in_backward(
         partial(function, **kwargs), partial(call.decompose, decomposed_attention, **kwargs), *args,
         pieces=attention_pieces(*args[:4]), closed_form=closed_form)
@@ -268,8 +268,8 @@ def attention_rules(
     to_query, to_key = shares(scores_rule, roles[:2], carrying[:2]) if weights_carry else (0.0, 0.0)
     add_rule = rule("add", 0) if masked else None
     if not weights_carry:
-        gradient_shares = (0.0, 0.0, to_value) if mixing_rule.has_gradient_form() else None
-    elif all(needed.has_gradient_form() for needed in
+        gradient_shares = (0.0, 0.0, to_value) if _plain_gradient(mixing_rule) else None
+    elif all(_plain_gradient(needed) for needed in
              [softmax_rule, scores_rule, mixing_rule] + ([add_rule] if masked else [])):
         gradient_shares = (to_query * to_weights, to_key * to_weights, to_value)
     else:
@@ -282,13 +282,20 @@ def attention_rules(
                           gradient_shares, layer, closed_form)
 
 
+def _plain_gradient(rule: Any) -> bool:
+    """Whether ``rule``'s gradient form is a share of the gradient, without a stabiliser (one
+    would act on the scores inside the fused kernel)."""
+    return rule.has_gradient_form() and getattr(rule, "epsilon", 0.0) == 0.0
+
+
 def _epsilon_rule(rule: Any) -> bool:
     """The epsilon rule or the Product rule itself (a subclass may change what they compute)."""
     return type(rule) in (Epsilon, Product) and not rule.zero_params
 
 
 def attention_relevance(
-    rules: AttentionRules, scale: float | None, is_causal: bool, inputs: list[Any], relevance: Sequence[Tensor],
+    rules: AttentionRules, scale: float | None, is_causal: bool, gradient_form: bool, inputs: list[Any],
+    relevance: Sequence[Tensor],
 ) -> list[Tensor | None]:
     r"""The relevance of ``q, k, v`` (the first three ``inputs``, the fourth a mask or None)
     through :func:`decomposed_attention` with at most one mask, for the ``relevance`` ``R`` of its
@@ -313,21 +320,25 @@ def attention_relevance(
     attention keys and values are repeated for their groups of query heads, and the relevance of
     the copies summed. Every intermediate is the piece's own: products and quotients are written
     into them.
+
+    In the gradient form (``gradient_form``: ``relevance`` is ``g = R / o``, :mod:`fxlrp.relevance.form`)
+    the same formulas run on ``R = o g`` and hand back ``R_q / q``, ``R_k / k``, ``R_v / v`` (the
+    factors' products left out) and the mask's ``R / m``.
     """
     query, key, value, attn_mask = inputs[:4]
     repeats = query.shape[-3] // key.shape[-3]
     if repeats == 1:
-        return _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance)
+        return _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance, gradient_form)
     # grouped-query attention: each key and value head serves ``repeats`` query heads
     key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
-    shares = _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance)
+    shares = _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance, gradient_form)
     return [share.unflatten(-3, (-1, repeats)).sum(-3) if index in (1, 2) and share is not None else share
             for index, share in enumerate(shares)]
 
 
 def _relevance_of_heads(
     rules: AttentionRules, scale: float | None, is_causal: bool, query: Tensor, key: Tensor, value: Tensor,
-    attn_mask: Tensor | None, relevance: Sequence[Tensor],
+    attn_mask: Tensor | None, relevance: Sequence[Tensor], gradient_form: bool = False,
 ) -> list[Tensor | None]:
     """:func:`attention_relevance` for keys and values of the queries' own heads: the relevance
     of ``q, k, v`` and, where it carries relevance (a bias computed from the input, as SAM's
@@ -355,11 +366,17 @@ def _relevance_of_heads(
     else:
         logits = scaled
         weights = heads_weights = torch.softmax(logits, dim=-1)
-    quotient = rules.mixing.scaled(_matrices(output_relevance), torch.bmm(weights, value), layer)
+    output = torch.bmm(weights, value)
+    if gradient_form:  # R = o g
+        output_relevance = _matrices(output_relevance) * output
+    quotient = rules.mixing.scaled(_matrices(output_relevance), output, layer)
+    del output
+    # in the gradient form the factors' own products are left out: R_v / v, R_q / q, R_k / k
+    times_factor = not gradient_form
     # The uniform rule's 1 / N is the same for every receiver: taken once on the quotient, which
     # has the output's size, not on the weights' shares (length x length) and the values'.
     quotient = _times(quotient, None, to_weights or to_value)
-    value_relevance = _in_layout_of(torch.bmm(weights.mT, quotient), given[2]) if to_value else None
+    value_relevance = _in_layout_of(torch.bmm(weights.mT, quotient), given[2], 1.0, times_factor) if to_value else None
     if not to_weights:
         return [None, None, value_relevance, *([None] if mask_carries else [])]
     weight_relevance = _times(torch.bmm(quotient, value.mT), weights)
@@ -372,7 +389,9 @@ def _relevance_of_heads(
     if masks:  # the scaled scores' share of the sum with the mask, and the mask's where it carries relevance
         quotient = rules.add.scaled(logit_relevance, logits, layer)
         if mask_carries:
-            mask_relevance = (quotient * masks[-1]).sum_to_size(attn_mask.shape)
+            mask_relevance = (quotient * masks[-1] if times_factor else quotient).sum_to_size(attn_mask.shape)
+            if mask_relevance is quotient:  # (the gradient form, a mask of the scores' shape: written next)
+                mask_relevance = quotient.clone()
         logit_relevance = _times(quotient, scaled).view(scores.shape)
     del logits, scaled
     to_query, to_key = rules.query_key
@@ -381,8 +400,8 @@ def _relevance_of_heads(
     quotient = _times(rules.scores.scaled(logit_relevance, scores, layer), None, share)
     del scores, logit_relevance
     return [
-        _in_layout_of(torch.bmm(quotient, key), given[0], to_query / share) if to_query else None,
-        _in_layout_of(torch.bmm(quotient.mT, query), given[1], to_key / share) if to_key else None,
+        _in_layout_of(torch.bmm(quotient, key), given[0], to_query / share, times_factor) if to_query else None,
+        _in_layout_of(torch.bmm(quotient.mT, query), given[1], to_key / share, times_factor) if to_key else None,
         value_relevance,
         *([mask_relevance] if mask_carries else []),
     ]
@@ -394,13 +413,15 @@ def _matrices(tensor: Tensor) -> Tensor:
     return tensor if tensor.dim() == 3 else tensor.reshape(-1, *tensor.shape[-2:])
 
 
-def _in_layout_of(gradient: Tensor, factor: Tensor, share: float = 1.0) -> Tensor:
+def _in_layout_of(gradient: Tensor, factor: Tensor, share: float = 1.0, times_factor: bool = True) -> Tensor:
     """``share * factor * gradient`` for a fresh ``gradient`` of ``factor``'s size (a batch of
     matrices), of ``factor``'s shape and layout: the relevance of ``q``, ``k`` or ``v``, handed back
     laid out as the factor is, as autograd hands a gradient - heads made by a transpose (``[batch,
     length, heads, features]`` seen as ``[batch, heads, length, features]``) then go back through
     the transpose and the view that made them without a copy (two operations each)."""
     shaped = gradient.view(factor.shape)
+    if not times_factor:  # (the gradient form: ``share * gradient``)
+        return _times(shaped, None, share)
     if factor.is_contiguous() or gradient.requires_grad:
         return _times(shaped, factor, share)  # (written into the product)
     product = torch.mul(factor, shaped)  # (an elementwise result takes its first operand's layout)

@@ -13,6 +13,7 @@ from fxlrp.operations.helpers import NATIVE_UNDER_NATIVE_RULE, weighted
 from fxlrp.operations.normalization import normalisation, scaled_and_shifted
 from fxlrp.registry import Affine, NativeInGradientForm, Operation, Spelling, ValueFlow, register
 from fxlrp.relevance.call import RelevanceCall
+from fxlrp.relevance.form import gradient_form_active
 from fxlrp.relevance.rule_function import carries_relevance
 from fxlrp.relevance.tracing import values_read_on_host
 
@@ -58,6 +59,8 @@ def linear(call: RelevanceCall, function: Any, input: Tensor, weight: Tensor, *a
     if call.runs_natively():
         return linear_on_matrix_rows(function, input, weight, *args, **kwargs)
     weight = dequantized(weight)
+    if gradient_form_active():  # the rule's gradient form records the layer: its backward may skip zeros too
+        function = partial(linear_on_matrix_rows, function)
     # (a 1-D weight, F.linear's dot product per row, keeps the inner graph: g @ W is a matrix product)
     matrix = weight.dim() == 2
     return weighted(call, function, as_matrix_rows(input), weight, *args,

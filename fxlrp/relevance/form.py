@@ -1,21 +1,24 @@
-"""The gradient form: relevance carried as ``R / x``, so that rules with epsilon 0 cost a gradient.
+"""The gradient form: relevance carried as ``R / x``, so that an explanation costs about a gradient.
 
-Relevance Functions pass relevance ``R`` backward (the *relevance form*). Every rule whose
-stabiliser is 0 is a modified gradient instead: the epsilon rule with ``epsilon = 0`` (LRP-0, the
-z-rule on sums) gives ``R_x = x * J^T (R_z / z)``, so with ``g = R / value`` carried in its place,
-``g_x = J^T g_z`` - the plain gradient. So are AttnLRP's softmax rule (``g_x = J_s^T g_s``), the
-uniform rule of an ``N``-factor product (``g_a = J_a^T g / N``) and every operation the native
-backward already routes (ReLU, max pooling, views). The identity rule of an activation
-``y = f(x)`` becomes ``g_x = g_y f(x) / x``. This is LXT's "efficient" implementation of AttnLRP,
-and LRP-0 = gradient x input.
+Relevance Functions pass relevance ``R`` backward (the *relevance form*). The epsilon rule is a
+modified gradient instead: ``R_x = x * J^T (R_z / s(z))`` with ``s(z) = z + eps sign(z)``, so with
+``g = R / value`` carried in its place, ``g_x = J^T (g_z z / s(z))`` - for ``eps = 0`` (LRP-0, the
+z-rule on sums) the plain gradient, for ``eps > 0`` the gradient scaled by ``|z| / (|z| + eps)``
+on its way into the layer (:class:`~fxlrp.relevance.rule_function.StabilisedGradient`). So are
+AttnLRP's softmax rule (``g_x = J_s^T g_s``), the uniform rule of an ``N``-factor product (``g_a =
+J_a^T g z / s(z) / N``) and every operation the native backward already routes (ReLU, max
+pooling, views). The identity rule of an activation ``y = f(x)`` becomes ``g_x = g_y f(x) / x``.
+With epsilon 0 this is LXT's "efficient" implementation of AttnLRP, and LRP-0 = gradient x input.
 
 An explanation whose rules all have such a form runs with native autograd and one conversion at
 each end: ``g = R / y`` at the explained output and ``R = x g`` at the inputs (and at the outputs
-of embedding lookups); no rule divides by its output or multiplies by its input, and no rule
-keeps its output. :func:`fxlrp.attribute` chooses it when the composite allows
+of embedding lookups); no rule multiplies by its input, and only the rules with a stabiliser keep
+their output. :func:`fxlrp.attribute` chooses it when the composite allows
 (:func:`composite_has_gradient_form`); a rule or operation without a gradient form met on the
 way (:func:`require_relevance_form`) makes it explain that model in the relevance form from then
-on, with the same result.
+on, with the same result. The two forms differ only where relevance reaches a value of exactly 0
+through a rule that gives zero values relevance (the identity rule of an activation with
+``f(0) != 0``): the gradient form carries none there (``R = 0 * g``).
 """
 
 from __future__ import annotations
@@ -127,8 +130,9 @@ def rules_of(composite: Any) -> list[Any]:
 def composite_has_gradient_form(composite: Any) -> bool:
     """Whether every rule ``composite`` names has a gradient form.
 
-    That is epsilon 0 throughout: LRP-0, AttnLRP(0), CP-LRP(0). Operations' own defaults are
-    checked when they run.
+    That is the epsilon rule with a number ``epsilon >= 0`` and no ``zero_params`` throughout, as
+    in LRP-0, ``Epsilon``, ``AttnLRP`` and ``CPLRP``. Operations' own defaults are checked when they
+    run.
 
     Parameters
     ----------

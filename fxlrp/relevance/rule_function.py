@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -13,8 +14,9 @@ from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from fxlrp.errors import UnsupportedOperationError
-from fxlrp.relevance.form import gradient_form_active, gradient_is_native, require_relevance_form
+from fxlrp.relevance.form import gradient_form_active, gradient_is_native, require_relevance_form, scaled_gradient
 from fxlrp.relevance.layer import AffineLayer
+from fxlrp.relevance.stabilise import constant_like
 
 
 def carries_relevance(value: Any) -> bool:
@@ -199,6 +201,12 @@ def writable_recomputation(value: Any) -> Tensor | None:
 
 _USED_UP = object()
 """A rule state after a backward pass that freed it."""
+_USED_UP_MESSAGE = (
+    "fxlrp: this forward's relevance graph was used up by an earlier backward pass (each "
+    "layer frees what its rule kept, to save memory). Run the explainer's forward again "
+    "for each further explanation, or run that forward inside "
+    "fxlrp.relevance.rule_function.reusable_graph() and pass retain_graph=True"
+)
 
 
 def _taken(ctx: Any) -> tuple[Any, KeptOutput | None]:
@@ -264,7 +272,7 @@ class RuleFunction(torch.autograd.Function):
         ctx.carrying = tuple(carries_relevance(value) for value in inputs)
         ctx.kept = KeptOutput(output, output._version) if rule.keeps_output(prepared) else None
         ctx.recomputed = _release_recomputable(leaves, recipes, builds_graph) if any(recipes) else ()
-        if layer.recomputable and not ctx.reusable:
+        if not ctx.reusable:
             _recompute_from_input(ctx, layer, inputs)
         kept = ctx.kept is not None and ctx.kept.values is not None  # (not where recomputed in backward)
         if output.requires_grad or kept or output._is_view() or any(output is value for value in (*inputs, *leaves)):
@@ -297,12 +305,7 @@ class RuleFunction(torch.autograd.Function):
             :func:`reusable_graph`), or the kept output was modified in place.
         """
         if ctx.state is _USED_UP:
-            raise RuntimeError(
-                "fxlrp: this forward's relevance graph was used up by an earlier backward pass (each "
-                "layer frees what its rule kept, to save memory). Run the explainer's forward again "
-                "for each further explanation, or run that forward inside "
-                "fxlrp.relevance.rule_function.reusable_graph() and pass retain_graph=True"
-            )
+            raise RuntimeError(_USED_UP_MESSAGE)
         if ctx.kept is not None and ctx.kept.values is not None:
             _check_unchanged(ctx.kept.values, ctx.kept.version, "the output of a layer",
                              "its relevance rule would divide by changed values")
@@ -338,6 +341,171 @@ class RuleFunction(torch.autograd.Function):
             for relevance_of_input, carrying in zip(input_relevance, ctx.carrying, strict=False)
         )
         return (None, None, None, *routed)
+
+
+class StabilisedGradient(torch.autograd.Function):
+    r"""A rule with a stabiliser in the gradient form (:mod:`fxlrp.relevance.form`): forward, the
+    identity on a layer's output ``z``; backward, the gradient times ``share * z / s(z)``.
+
+    The epsilon rule ``R_x = x * J^T (R_z / s(z))``, ``s(z) = z + epsilon (sign(z) + [z = 0])``,
+    carries ``g = R / value`` as
+
+    .. math::
+        g_x = J^T \Big( g_z \frac{z}{s(z)} \Big), \qquad
+        g_z \frac{z}{s(z)} = g_z \frac{|z|}{|z| + \epsilon} = g_z - \frac{\epsilon \, g_z}{|z| + \epsilon}
+
+    (one ``addcdiv`` on ``|z| + epsilon``), with ``J^T`` the layer's native backward; a product of
+    ``N`` relevance-carrying factors (:class:`~fxlrp.rules.Product`) takes ``share = 1 / N`` of it.
+    No rule divides by its output or multiplies by its input: the layer keeps its output only
+    (:class:`KeptOutput`, which a ReLU after it may rectify in place, as under :class:`RuleFunction`:
+    the factor is then 0 where the ReLU cut, which is the ReLU's gate). At ``z = 0`` the factor is
+    0: the relevance ``z g_z`` of such an output is 0 in the gradient form, where the relevance
+    form would share relevance that reached it from a rule that gives a zero input relevance (the
+    identity rule of an activation with ``f(0) != 0``) among contributions that sum to
+    ``-b / epsilon`` times it.
+    """
+
+    @staticmethod
+    def forward(ctx, output: Tensor, epsilon: float, share: float, recompute: Callable[[], Tensor] | None) -> Tensor:
+        """The identity, keeping ``output``.
+
+        Parameters
+        ----------
+        ctx : FunctionCtx
+            Autograd's context.
+        output : Tensor
+            The layer's output ``z``.
+        epsilon : float
+            The stabiliser's ``epsilon`` (> 0).
+        share : float
+            The share of the gradient the layer's inputs get (1, or ``1 / N`` for a product).
+        recompute : callable or None
+            Computes ``output`` again in backward, instead of keeping it
+            (:func:`output_recomputation`).
+
+        Returns
+        -------
+        Tensor
+            ``output``'s values (another tensor object, whose node this is).
+        """
+        ctx.epsilon, ctx.share, ctx.rule, ctx.rectified = epsilon, share, None, False
+        ctx.reusable = _reusable.get()
+        if saved_through_hooks():
+            # Under gradient checkpointing (or save_on_cpu) the output goes where autograd's saved
+            # tensors go, freed and recomputed with the checkpointed layer; no ReLU then rectifies it
+            # in place (``kept`` is None: a ReLU after it runs natively, gating the gradient itself).
+            ctx.save_for_backward(output)
+            ctx.kept = None
+            return output.detach()
+        kept = output.detach()
+        recomputed = recompute is not None and not ctx.reusable
+        ctx.kept = KeptOutput(None if recomputed else kept, kept._version, recompute=recompute if recomputed else None)
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, gradient: Tensor) -> tuple[Tensor | None, None, None, None]:
+        """``share * (g - epsilon g / (|z| + epsilon))``.
+
+        Parameters
+        ----------
+        ctx : FunctionCtx
+            Autograd's context.
+        gradient : Tensor
+            The gradient ``g_z`` of the output.
+
+        Returns
+        -------
+        tuple
+            The scaled gradient, None for ``epsilon``, ``share`` and ``recompute``.
+
+        Raises
+        ------
+        RuntimeError
+            If a backward pass has already used up the kept output (outside
+            :func:`reusable_graph`), or it was modified in place.
+        """
+        kept = ctx.kept
+        saved = ctx.saved_tensors if kept is None else ()  # (read once: a checkpoint unpacks once)
+        if saved:  # (saved through saved-tensor hooks, which check the version themselves)
+            kept = KeptOutput(saved[0], 0)
+        elif kept is None:
+            raise RuntimeError(_USED_UP_MESSAGE)
+        elif kept.values is not None:
+            _check_unchanged(kept.values, kept.version, "the output of a layer",
+                             "its relevance rule would divide by changed values")
+        if not ctx.reusable:
+            ctx.kept = None
+        values = replace(kept).take() if ctx.reusable else kept.take()
+        # (Rectified in place by a ReLU, the values are 0 where it cut: the factor |z| / (|z| + eps)
+        # is 0 there, the ReLU's gate, which needs no pass of its own.)
+        recording = torch.is_grad_enabled()  # (a backward that records, create_graph=True)
+        if recording:
+            values = values.detach()
+        magnitude = values if kept.sign == 1.0 else values.abs()
+        denominator = magnitude + constant_like(values, ctx.epsilon)  # |z| + epsilon, a fresh tensor
+        del values, magnitude
+        writable = not recording and denominator.shape == gradient.shape and denominator.dtype == gradient.dtype
+        scaled = (torch.addcdiv(gradient, gradient, denominator, value=-ctx.epsilon, out=denominator) if writable
+                  else torch.addcdiv(gradient, gradient, denominator, value=-ctx.epsilon))
+        if ctx.share != 1.0:
+            scaled = scaled * ctx.share if recording else scaled.mul_(ctx.share)
+        return scaled, None, None, None
+
+
+def stabilised_gradient(output: Tensor, epsilon: float, share: float = 1.0,
+                        recompute: Callable[[], Tensor] | None = None) -> Tensor:
+    """``output``, whose gradient is ``share * g z / s(z)`` on its way back (:class:`StabilisedGradient`).
+
+    Parameters
+    ----------
+    output : Tensor
+        A layer's output ``z``, recorded by autograd.
+    epsilon : float
+        The stabiliser's ``epsilon`` (>= 0).
+    share : float, default 1.0
+        The inputs' share (``1 / N`` for a product of ``N`` relevance-carrying factors).
+    recompute : callable, optional
+        Computes ``output`` again in backward, which is then not kept (:func:`output_recomputation`).
+
+    Returns
+    -------
+    Tensor
+        ``output`` itself for ``epsilon = 0`` and ``share = 1``; a view scaling its gradient by
+        ``share`` for ``epsilon = 0`` (or an ``epsilon`` that ``output``'s dtype flushes to 0);
+        else ``output``'s values through :class:`StabilisedGradient`.
+    """
+    epsilon = _held_in(epsilon, output.dtype)
+    if epsilon == 0.0:  # (or flushed by the dtype)
+        return scaled_gradient(output, share)
+    return StabilisedGradient.apply(output, epsilon, share, recompute)
+
+
+@functools.lru_cache(maxsize=64)
+def _held_in(number: float, dtype: torch.dtype) -> float:
+    """``number`` as ``dtype`` holds it: the stabiliser added to ``|z|`` and the one ``addcdiv``
+    scales by are then the same number, so that ``g - eps g / (0 + eps)`` is 0 (bfloat16 holds 1e-6
+    as 9.98e-7)."""
+    return float(torch.tensor(number, dtype=dtype))
+
+
+def saved_through_hooks() -> bool:
+    """Whether saved-tensor hooks are active (``torch.utils.checkpoint``'s, ``save_on_cpu``): what a
+    Function saves for backward then goes through them, what it holds itself does not.
+
+    Returns
+    -------
+    bool
+        True inside such hooks.
+    """
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is not None and top(False) is not None
+
+
+def _keeps_output(node: Any) -> bool:
+    """Whether ``node`` is the backward node of a relevance Function that may keep its output
+    (:class:`RuleFunction`, :class:`StabilisedGradient`), whose ``kept`` a ReLU after it may hand
+    over or rectify."""
+    return isinstance(node, (RuleFunction._backward_cls, StabilisedGradient._backward_cls))
 
 
 def _check_unchanged(tensor: Tensor, version: int, what: str, consequence: str) -> None:
@@ -385,36 +553,61 @@ def recomputation_of(value: Tensor) -> tuple[Callable[[Tensor], Tensor], Tensor]
 
 def _recompute_from_input(ctx: Any, layer: AffineLayer, inputs: Sequence[Any]) -> None:
     """Let a layer that is cheap to compute again (a normalisation: ``layer.recomputable``) keep
-    nothing of its output: where its one input is the kept output of the rule before it (a
-    residual sum, as before every LayerNorm of a transformer), the output is recomputed from that
-    input in backward - for its own rule's denominator and, through :func:`recomputation_of`, for
-    the layers that read it (a transformer's q, k, v projections and first MLP layer would each
-    keep it otherwise: one hidden-sized tensor per normalisation, which the gradient does not keep).
+    nothing of its output where :func:`output_recomputation` allows; and let the layers that read
+    its output recompute it too (through :func:`recomputation_of`: a transformer's q, k, v
+    projections and first MLP layer would each keep it otherwise: one hidden-sized tensor per
+    normalisation, which the gradient does not keep).
     """
-    if len(inputs) != 1 or not carries_relevance(inputs[0]):
+    recompute = output_recomputation(layer, inputs)
+    if recompute is None:
         return
+    ctx.recompute_with, ctx.source_identity = recompute.from_values, storage_identity(inputs[0])
+    if ctx.kept is not None:
+        ctx.kept = KeptOutput(None, ctx.kept.version, recompute=recompute)
+
+
+def output_recomputation(layer: AffineLayer, inputs: Sequence[Any]) -> Callable[[], Tensor] | None:
+    """How a layer cheap to compute again (a normalisation: ``layer.recomputable``) computes its
+    output again in backward, where its one input is the kept output of the rule before it (a
+    residual sum, as before every LayerNorm of a transformer), instead of keeping it: for its own
+    rule's denominator.
+
+    Parameters
+    ----------
+    layer : AffineLayer
+        The layer.
+    inputs : sequence
+        Its inputs.
+
+    Returns
+    -------
+    callable or None
+        A function of no arguments giving the output (checking that the kept input is unchanged),
+        with ``from_values(value)``, the layer on other values; None where the layer is not
+        recomputable or its input not kept.
+    """
+    if not layer.recomputable or len(inputs) != 1 or not carries_relevance(inputs[0]):
+        return None
     source = inputs[0]
     producer = source.grad_fn
-    if not isinstance(producer, RuleFunction._backward_cls) or producer.kept is None:
-        return
+    if not _keeps_output(producer) or producer.kept is None:
+        return None
     kept = producer.kept.values
     if kept is None or storage_identity(kept) != storage_identity(source):
-        return
+        return None
+    version = kept._version
 
-    def recompute(value: Tensor) -> Tensor:
+    def from_values(value: Tensor) -> Tensor:
         with torch.no_grad():
             return layer.forward([value])
 
-    ctx.recompute_with, ctx.source_identity = recompute, storage_identity(source)
-    if ctx.kept is not None:
-        version = kept._version
+    def recompute() -> Tensor:
+        _check_unchanged(kept, version, "the input of a normalisation",
+                         "its output cannot be recomputed for its relevance rule")
+        return from_values(kept)
 
-        def recompute_kept() -> Tensor:
-            _check_unchanged(kept, version, "the input of a normalisation",
-                             "its output cannot be recomputed for its relevance rule")
-            return recompute(kept)
-
-        ctx.kept = KeptOutput(None, ctx.kept.version, recompute=recompute_kept)
+    recompute.from_values = from_values
+    return recompute
 
 
 def storage_identity(tensor: Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
@@ -525,7 +718,7 @@ def hand_over_activation(output: Tensor, activated: Tensor) -> None:
         The activation's output.
     """
     node = output.grad_fn
-    if not isinstance(node, RuleFunction._backward_cls) or node.kept is None or node.kept.values is None:
+    if not _keeps_output(node) or node.kept is None or node.kept.values is None:
         return
     kept = node.kept.values
     if kept.shape != activated.shape or kept.dtype != activated.dtype:
@@ -581,7 +774,7 @@ def rectify_in_place(output: Tensor) -> bool:
         come straight from a rule or is being recorded (:func:`outputs_recorded`).
     """
     node = output.grad_fn
-    if _outputs_recorded.get() or not isinstance(node, RuleFunction._backward_cls):
+    if _outputs_recorded.get() or not _keeps_output(node):
         return False
     kept = node.kept.values if node.kept is not None else None
     if kept is not None and storage_identity(kept) == storage_identity(output):
@@ -591,7 +784,7 @@ def rectify_in_place(output: Tensor) -> bool:
     else:
         torch.relu_(output)
     if kept is not None:  # the kept tensor shares storage and version
-        ungated = node.rectified and getattr(node.rule, "gates_rectified_relevance", False)
+        ungated = node.rectified and getattr(node.rule, "gates_rectified_relevance", False)  # (no rule: gated)
         node.kept = KeptOutput(kept, kept._version, sign=1.0, ungated=ungated)
     return True
 

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
-from fxlrp.relevance.rule_function import KeptOutput, gradient_root
+from fxlrp.relevance.rule_function import KeptOutput, gradient_root, output_recomputation, stabilised_gradient
 from fxlrp.relevance.terms import Parameters, ZeroParams
 from fxlrp.rules.rule import Relevance, StabilisedRule, Stabiliser
 
@@ -65,14 +65,17 @@ class Epsilon(StabilisedRule):
         return not terms.has_layer_gradient(layer, inputs)
 
     def has_gradient_form(self, prepared: Any = None) -> bool:
-        # epsilon = 0: R_x = x * J^T (R / z), i.e. g_x = J^T g_z (zero_params change J)
-        return self._stabiliser.epsilon == 0.0 and not self._zero
+        # R_x = x * J^T (R / s(z)), i.e. g_x = J^T (g_z z / s(z)) for a number epsilon >= 0
+        # (StabilisedGradient; epsilon = 0: g_x = J^T g_z); zero_params change J and z
+        epsilon = self._stabiliser.epsilon
+        return epsilon is not None and epsilon >= 0.0 and not self._zero
 
     def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
-        return layer.forward(inputs)
+        return stabilised_gradient(layer.forward(inputs), self._stabiliser.epsilon,
+                                   recompute=output_recomputation(layer, inputs))
 
     def gradient_is_native(self) -> bool:
-        return self.has_gradient_form()  # LRP-0: g_x = J^T g_z
+        return self._stabiliser.epsilon == 0.0 and not self._zero  # LRP-0: g_x = J^T g_z
 
     def backward(self, layer: AffineLayer, state: Any, relevance: Tensor, output: KeptOutput | None) -> Relevance:
         inputs, root, _ = state

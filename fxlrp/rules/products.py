@@ -8,10 +8,9 @@ from typing import Any
 from torch import Tensor
 
 from fxlrp.relevance import terms
-from fxlrp.relevance.form import scaled_gradient
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.roles import GATE
-from fxlrp.relevance.rule_function import KeptOutput, carries_relevance
+from fxlrp.relevance.rule_function import KeptOutput, carries_relevance, stabilised_gradient
 from fxlrp.rules.epsilon import Epsilon
 from fxlrp.rules.rule import Relevance, Rule
 
@@ -77,11 +76,11 @@ class Product(Epsilon):
         return type(self)(epsilon, self.constants)
 
     def has_gradient_form(self, prepared: Any = None) -> bool:
-        return self.epsilon == 0.0 and super().has_gradient_form(prepared)
+        return self.epsilon is not None and super().has_gradient_form(prepared)  # (None: not yet followed)
 
     def gradient_forward(self, layer: AffineLayer, inputs: Sequence[Any]) -> Tensor:
         receivers = sum(carries_relevance(value) for value in inputs)
-        return scaled_gradient(layer.forward(inputs), 1.0 / receivers)
+        return stabilised_gradient(layer.forward(inputs), self._stabiliser.epsilon, 1.0 / receivers)
 
     def gradient_is_native(self) -> bool:
         return False  # the gradient is divided among the factors

@@ -20,6 +20,7 @@ from support.references import relative_error
 from torch import Tensor
 
 import fxlrp
+from fxlrp.relevance.form import gradient_form
 from fxlrp.rules.composites import AttnLRP
 from fxlrp.viz import image
 from integrations.test_transformers import CASES, MORE_CASES, Float32PartsInFloat64, _model
@@ -41,6 +42,24 @@ def _saved_for_backward(run: Callable[[], Tensor]) -> tuple[Tensor, int]:
     return result, sum(saved.values())
 
 
+def _held_by_relevance_functions(output: Tensor) -> int:
+    """The bytes of the distinct storages that the relevance Functions of ``output``'s graph hold
+    themselves for backward (a stabilised layer's kept output), which saved-tensor hooks do not see."""
+    held: dict[int, int] = {}
+    seen, stack = set(), [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        kept = getattr(node, "kept", None)
+        if kept is not None and kept.values is not None:
+            storage = kept.values.untyped_storage()
+            held[storage.data_ptr()] = storage.nbytes()
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return sum(held.values())
+
+
 def _gradient_times_input(model: torch.nn.Module, ids: Tensor, pick: Callable[[Any], Tensor]) -> Tensor:
     embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
     pick(model(inputs_embeds=embeddings))[:, 1].sum().backward()
@@ -48,7 +67,7 @@ def _gradient_times_input(model: torch.nn.Module, ids: Tensor, pick: Callable[[A
 
 
 @pytest.mark.parametrize(("composite", "training"), [(AttnLRP(0.0), True), (AttnLRP(), False)],
-                         ids=["gradient-form-training", "relevance-form-evaluation"])
+                         ids=["epsilon-0-training", "stabilised-evaluation"])
 def test_gradient_checkpointing_is_honoured(composite: AttnLRP, training: bool,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A model with ``gradient_checkpointing_enable()``, in training mode as it is fine-tuned or in
@@ -56,9 +75,10 @@ def test_gradient_checkpointing_is_honoured(composite: AttnLRP, training: bool,
     model without checkpointing in evaluation mode (float64, 1e-12 relative; the layers are
     recomputed in backward under the same rules, the second call of the signature included, which
     runs eagerly rather than from a recording); autograd keeps less for backward outside the
-    checkpointed layers than without checkpointing, and in the gradient form (``AttnLRP(0.0)``) no
-    more than the checkpointed gradient x input keeps in training mode (1.1x; without checkpointing
-    11x). The model keeps its mode and its layers' checkpointing."""
+    checkpointed layers than without checkpointing, and no more than the checkpointed gradient x
+    input keeps in training mode (1.1x; without checkpointing 11x), with the stabiliser too (each
+    layer's output, kept for its denominator, goes through the checkpoint's saved-tensor hooks).
+    The model keeps its mode and its layers' checkpointing."""
     case = CASES["LlamaForCausalLM"]
     for module_type, forward in case.float64_forwards():  # (RMSNorm without its float32 upcast)
         monkeypatch.setattr(module_type, "forward", forward)
@@ -77,14 +97,23 @@ def test_gradient_checkpointing_is_honoured(composite: AttnLRP, training: bool,
     layers = checkpointed.model.layers
     assert checkpointed.training is training
     assert all(layer.training is training and layer.gradient_checkpointing for layer in layers)
-    if composite.epsilon == 0.0:
-        # (transformers checkpoints in training mode only)
-        _, gradient_kept = _saved_for_backward(lambda: _gradient_times_input(checkpointed, inputs[0], case.pick))
-        assert kept <= 1.1 * gradient_kept < kept_without
+
+    def forward() -> Tensor:  # (in the gradient form, as fxlrp.attribute runs it)
+        with torch.enable_grad(), gradient_form():
+            return case.pick(explain(inputs[0].clone()))
+
+    output, kept_in_forward = _saved_for_backward(forward)
+    assert explain.gradient_form and kept_in_forward <= kept
+    # what its relevance Functions hold themselves, beyond autograd's saved tensors: nothing, where
+    # saved-tensor hooks are active (each keeps its output through them)
+    held = _held_by_relevance_functions(output)
+    checkpointed.train()  # (transformers checkpoints in training mode only)
+    _, gradient_kept = _saved_for_backward(lambda: _gradient_times_input(checkpointed, inputs[0], case.pick))
+    assert kept_in_forward + held <= 1.1 * gradient_kept < kept_without
 
 
 @pytest.mark.parametrize("composite", [AttnLRP(0.0), pytest.param(AttnLRP(), marks=pytest.mark.slow)],
-                         ids=["gradient-form", "relevance-form"])
+                         ids=["epsilon-0", "stabilised"])
 def test_mixtrals_eager_experts_are_explained_as_its_grouped_experts(composite: AttnLRP) -> None:
     """Mixtral loaded with ``experts_implementation="eager"`` (the experts' own loop, each chosen
     expert's output times its router weight, the top-k of a softmax divided by their sum) gives

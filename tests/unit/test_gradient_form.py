@@ -61,11 +61,35 @@ def _forms(explain: nn.Module, inputs: Tensor, target: object, **settings: Any) 
     return gradient, fxlrp.attribute(explain, inputs, target=target, **settings)
 
 
+class InPlaceBlock(nn.Module):
+    """A residual block as torchvision writes it: BatchNorm, ``ReLU(inplace=True)``, ``out += identity``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.inner, self.norm = nn.Conv2d(6, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6)
+        self.relu = nn.ReLU(inplace=True)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.relu(self.stem(x))
+        out = self.norm(self.inner(h))
+        out += h
+        out = self.relu(out)
+        return self.head(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
 @pytest.mark.parametrize(("build", "shape", "composite"), [
     (Residual, (2, 3, 8, 8), Epsilon(0.0)),
     (Attention, (2, 5, 8), AttnLRP(0.0)),
     (Attention, (2, 5, 8), CPLRP(0.0)),
-], ids=["cnn-lrp0", "attention-attnlrp", "attention-cplrp"])
+    # a stabiliser (StabilisedGradient: g z / s(z)); epsilon large enough to move every share
+    (Residual, (2, 3, 8, 8), Epsilon(0.1)),
+    (InPlaceBlock, (2, 3, 8, 8), Epsilon(0.1)),
+    (Attention, (2, 5, 8), AttnLRP(0.1)),
+    (Attention, (2, 5, 8), CPLRP(0.1)),
+], ids=["cnn-lrp0", "attention-attnlrp", "attention-cplrp", "cnn-epsilon", "in-place-block-epsilon",
+        "attention-attnlrp-epsilon", "attention-cplrp-epsilon"])
 @pytest.mark.parametrize("capture", ["fx", "eager"])
 def test_gradient_form_equals_relevance_form(build, shape, composite, capture) -> None:
     torch.manual_seed(0)
@@ -209,6 +233,20 @@ def test_fused_attention_keeps_its_kernel_in_the_gradient_form(composite, causal
     assert relative_error(gradient, relevance) <= 1e-12
 
 
+@pytest.mark.parametrize("composite", [AttnLRP(0.1), CPLRP(0.1)], ids=["attnlrp", "cplrp"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "padding-mask"])
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_fused_attention_with_a_stabiliser_in_the_gradient_form(composite, causal, capture) -> None:
+    """With a stabiliser, which acts on the scores inside the kernel, fused attention's relevance
+    is the decomposition's closed form in the gradient form (``R_q / q``, ...); equal to the
+    relevance form's."""
+    torch.manual_seed(0)
+    model = FusedAttention(causal).double().eval()
+    inputs = torch.randn(2, 5, 8, dtype=torch.float64)
+    gradient, relevance = _forms(fxlrp.convert(model, composite, capture=capture), inputs, 1)
+    assert relative_error(gradient, relevance) <= 1e-12
+
+
 def _recurrent(kind: type[nn.Module]) -> tuple[nn.Module, list[Tensor]]:
     class Recurrent(nn.Module):
         def __init__(self) -> None:
@@ -266,12 +304,52 @@ def test_gradient_form_of_recurrent_graph_and_bag_models(build, composite) -> No
     assert relative_error(gradient[0], relevance[0]) <= 1e-12
 
 
-def test_composites_with_a_stabiliser_or_other_rules_keep_the_relevance_form() -> None:
+def test_composites_of_other_rules_keep_the_relevance_form() -> None:
     model = Residual().double().eval()
     assert fxlrp.convert(model, Epsilon(0.0)).gradient_form
-    assert not fxlrp.convert(model).gradient_form  # Epsilon(1e-6)
+    assert fxlrp.convert(model).gradient_form  # Epsilon(1e-6)
+    assert fxlrp.convert(model, AttnLRP()).gradient_form
     assert not fxlrp.convert(model, EpsilonPlusFlat()).gradient_form
     assert not fxlrp.convert(model, Epsilon(0.0, zero_params="bias")).gradient_form
+    assert not fxlrp.convert(model, Epsilon(lambda z: z + 0.1 * z.sign())).gradient_form  # a function
+
+
+class CancellingUnit(nn.Module):
+    """A unit whose output is exactly 0 from contributions that are not (weights ``(1, -1, 0, 0)``
+    on inputs with ``x_0 = x_1``), before a sigmoid, which the identity rule passes relevance
+    through although its input is 0."""
+
+    def __init__(self, cancelling: bool = True) -> None:
+        super().__init__()
+        self.inner, self.head = nn.Linear(4, 6, bias=False), nn.Linear(6, 3)
+        with torch.no_grad():
+            self.inner.weight[2] = torch.tensor([1.0, -1.0, 0.0, 0.0]) if cancelling else 0.0
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.sigmoid(self.inner(x))).sum(dim=1)
+
+
+def test_a_stabilised_output_of_zero_passes_no_relevance_in_the_gradient_form() -> None:
+    """At ``z = 0`` the gradient form's ``g z / s(z)`` is 0, where the relevance form shares the
+    relevance the identity rule brought there as ``x_j w_j R / epsilon`` (``+-x_0 R / epsilon``,
+    summing to 0): the gradient form equals the relevance form of the same model with that unit's
+    contributions 0 (its weights zeroed: the same outputs)."""
+    torch.manual_seed(0)
+    inputs = torch.randn(2, 5, 4, dtype=torch.float64)
+    inputs[..., 1] = inputs[..., 0]
+    model = CancellingUnit().double().eval()
+    zeroed = CancellingUnit(cancelling=False).double().eval()
+    zeroed.load_state_dict({**model.state_dict(), "inner.weight": model.inner.weight.detach().clone().index_fill(
+        0, torch.tensor([2]), 0.0)})
+    gradient, relevance = _forms(fxlrp.convert(model, Epsilon(1e-3)), inputs, 1)
+    explain_zeroed = fxlrp.convert(zeroed, Epsilon(1e-3))
+    explain_zeroed.keep_to_relevance_form()
+    reference = fxlrp.attribute(explain_zeroed, inputs, target=1)
+    assert torch.isfinite(gradient).all()
+    assert relative_error(gradient, reference) <= 1e-12
+    # the relevance form's shares of the zero output are large and cancel
+    assert (relevance - reference)[..., :2].abs().max() > 1.0
+    assert relative_error((relevance - reference)[..., :2].sum(-1), torch.zeros(2, 5, dtype=torch.float64)) <= 1e-9
 
 
 def test_prelu_falls_back_to_the_relevance_form() -> None:

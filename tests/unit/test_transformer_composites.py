@@ -190,13 +190,18 @@ class ComplexSum(nn.Module):
 def test_other_operations_on_complex_numbers_are_refused_where_their_rule_would_divide() -> None:
     """Rules divide relevance by values; for complex values that mixes their two parts (a sum of
     two complex tensors under the z-rule: 107% other relevance than the same sum on real pairs).
-    With epsilon > 0 such an operation is refused, naming the way out; with epsilon 0 its
-    relevance is the modified gradient, which equals the real form's."""
+    In the relevance form such an operation is refused, naming the way out; in the gradient form
+    the sum's z-rule is the modified gradient, which equals the real form's (epsilon 0, and 1e-6
+    on the layers)."""
     torch.manual_seed(0)
     complex_model, real_model = ComplexSum(as_complex=True).double(), ComplexSum(as_complex=False).double()
     real_model.load_state_dict(complex_model.state_dict())
     x = torch.randn(5, 6, dtype=torch.float64)
+    in_relevance_form = fxlrp.convert(complex_model, AttnLRP(1e-6))
+    in_relevance_form.keep_to_relevance_form()
     with pytest.raises(fxlrp.UnsupportedOperationError, match="on complex numbers"):
-        fxlrp.attribute(fxlrp.convert(complex_model, AttnLRP(1e-6)), x, target=1)
-    expected = fxlrp.attribute(fxlrp.convert(real_model, AttnLRP(0.0)), x, target=1)
-    assert relative_error(fxlrp.attribute(fxlrp.convert(complex_model, AttnLRP(0.0)), x, target=1), expected) < 1e-12
+        fxlrp.attribute(in_relevance_form, x, target=1)
+    for epsilon in (0.0, 1e-6):
+        expected = fxlrp.attribute(fxlrp.convert(real_model, AttnLRP(epsilon)), x, target=1)
+        explained = fxlrp.attribute(fxlrp.convert(complex_model, AttnLRP(epsilon)), x, target=1)
+        assert relative_error(explained, expected) < 1e-12
