@@ -2,9 +2,9 @@
 
 The model of ``benchmarks/long_context.py`` (``llama_cost.LONG_CONTEXT``, 2 layers, bfloat16, one
 sequence of ``--length`` tokens, ``--attention``), explained at the last position's predicted
-token by ``fxlrp.attribute`` with each of ``AttnLRP()`` (its default epsilon: the relevance
-form, rules with a stabiliser), ``AttnLRP(0.0)`` (the gradient form) and gradient x input, first
-without checkpointing, then with ``model.gradient_checkpointing_enable()``. Memory: the peak of
+token by ``fxlrp.attribute`` with each of ``AttnLRP()`` (its default epsilon: rules with a
+stabiliser, which keep each layer's output), ``AttnLRP(0.0)`` (no stabiliser) and gradient x input,
+first without checkpointing, then with ``model.gradient_checkpointing_enable()``. Memory: the peak of
 the bytes torch's allocator handed out during one call above what it held before it, after two
 warm-up calls (``allocator.allocated_growth_of_call``); each ratio is to the gradient x input of
 the same checkpointing. One process, one thread (memory does not depend on the load).

@@ -397,9 +397,11 @@ class StabilisedGradient(torch.autograd.Function):
             ctx.save_for_backward(output)
             ctx.kept = None
             return output.detach()
-        kept = output.detach()
+        # (the input itself is kept: only this Function reads it, and it refers to the layer's node,
+        # not to this one; the output is another tensor object, whose node this is)
         recomputed = recompute is not None and not ctx.reusable
-        ctx.kept = KeptOutput(None if recomputed else kept, kept._version, recompute=recompute if recomputed else None)
+        ctx.kept = KeptOutput(None if recomputed else output, output._version,
+                              recompute=recompute if recomputed else None)
         return output.detach()
 
     @staticmethod
