@@ -314,6 +314,24 @@ def test_composites_of_other_rules_keep_the_relevance_form() -> None:
     assert not fxlrp.convert(model, Epsilon(lambda z: z + 0.1 * z.sign())).gradient_form  # a function
 
 
+@pytest.mark.parametrize(("build", "shape", "composite"), [
+    (InPlaceBlock, (2, 3, 8, 8), Epsilon(0.1)), (Attention, (2, 5, 8), AttnLRP(0.1)),
+], ids=["in-place-block", "attention"])
+def test_stabilised_layers_keep_their_output_through_saved_tensor_hooks(build, shape, composite) -> None:
+    """Under saved-tensor hooks (gradient checkpointing's; here ``save_on_cpu``, which copies what
+    is saved) a stabilised layer's kept output goes through them, and a ReLU after it runs natively
+    (gating the gradient itself): the relevance is the relevance form's."""
+    torch.manual_seed(0)
+    model = build().double().eval()
+    inputs = torch.randn(*shape, dtype=torch.float64)
+    explain = fxlrp.convert(model, composite)
+    with torch.autograd.graph.save_on_cpu():
+        hooked = fxlrp.attribute(explain, inputs, target=1)
+    assert explain.gradient_form
+    explain.keep_to_relevance_form()
+    assert relative_error(hooked, fxlrp.attribute(explain, inputs, target=1)) <= 1e-12
+
+
 class CancellingUnit(nn.Module):
     """A unit whose output is exactly 0 from contributions that are not (weights ``(1, -1, 0, 0)``
     on inputs with ``x_0 = x_1``), before a sigmoid, which the identity rule passes relevance
