@@ -30,7 +30,7 @@ from fxlrp.relevance import AffineLayer
 from fxlrp.relevance.call import RelevanceCall
 from fxlrp.relevance.form import gradient_form_active, scaled_gradient
 from fxlrp.relevance.roles import ATTENTION, GATE, SELECTED, role_of
-from fxlrp.relevance.rule_function import carries_relevance
+from fxlrp.relevance.rule_function import carries_relevance, stabilised
 from fxlrp.relevance.straight_through import Index, Piece, decomposed_in_backward
 from fxlrp.rules import Epsilon
 from fxlrp.rules.attention import AttentionAsConstant, Product, SoftmaxRule
@@ -322,23 +322,24 @@ def attention_relevance(
     into them.
 
     In the gradient form (``gradient_form``: ``relevance`` is ``g = R / o``, :mod:`fxlrp.relevance.form`)
-    the same formulas run on ``R = o g`` and hand back ``R_q / q``, ``R_k / k``, ``R_v / v`` (the
-    factors' products left out) and the mask's ``R / m``.
+    the same rules hand back ``R_q / q``, ``R_k / k``, ``R_v / v`` and the mask's ``R / m``
+    (:func:`_gradients_of_heads`).
     """
     query, key, value, attn_mask = inputs[:4]
+    of_heads = _gradients_of_heads if gradient_form else _relevance_of_heads
     repeats = query.shape[-3] // key.shape[-3]
     if repeats == 1:
-        return _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance, gradient_form)
+        return of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance)
     # grouped-query attention: each key and value head serves ``repeats`` query heads
     key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
-    shares = _relevance_of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance, gradient_form)
+    shares = of_heads(rules, scale, is_causal, query, key, value, attn_mask, relevance)
     return [share.unflatten(-3, (-1, repeats)).sum(-3) if index in (1, 2) and share is not None else share
             for index, share in enumerate(shares)]
 
 
 def _relevance_of_heads(
     rules: AttentionRules, scale: float | None, is_causal: bool, query: Tensor, key: Tensor, value: Tensor,
-    attn_mask: Tensor | None, relevance: Sequence[Tensor], gradient_form: bool = False,
+    attn_mask: Tensor | None, relevance: Sequence[Tensor],
 ) -> list[Tensor | None]:
     """:func:`attention_relevance` for keys and values of the queries' own heads: the relevance
     of ``q, k, v`` and, where it carries relevance (a bias computed from the input, as SAM's
@@ -367,16 +368,12 @@ def _relevance_of_heads(
         logits = scaled
         weights = heads_weights = torch.softmax(logits, dim=-1)
     output = torch.bmm(weights, value)
-    if gradient_form:  # R = o g
-        output_relevance = _matrices(output_relevance) * output
     quotient = rules.mixing.scaled(_matrices(output_relevance), output, layer)
     del output
-    # in the gradient form the factors' own products are left out: R_v / v, R_q / q, R_k / k
-    times_factor = not gradient_form
     # The uniform rule's 1 / N is the same for every receiver: taken once on the quotient, which
     # has the output's size, not on the weights' shares (length x length) and the values'.
     quotient = _times(quotient, None, to_weights or to_value)
-    value_relevance = _in_layout_of(torch.bmm(weights.mT, quotient), given[2], 1.0, times_factor) if to_value else None
+    value_relevance = _in_layout_of(torch.bmm(weights.mT, quotient), given[2]) if to_value else None
     if not to_weights:
         return [None, None, value_relevance, *([None] if mask_carries else [])]
     weight_relevance = _times(torch.bmm(quotient, value.mT), weights)
@@ -389,9 +386,7 @@ def _relevance_of_heads(
     if masks:  # the scaled scores' share of the sum with the mask, and the mask's where it carries relevance
         quotient = rules.add.scaled(logit_relevance, logits, layer)
         if mask_carries:
-            mask_relevance = (quotient * masks[-1] if times_factor else quotient).sum_to_size(attn_mask.shape)
-            if mask_relevance is quotient:  # (the gradient form, a mask of the scores' shape: written next)
-                mask_relevance = quotient.clone()
+            mask_relevance = (quotient * masks[-1]).sum_to_size(attn_mask.shape)
         logit_relevance = _times(quotient, scaled).view(scores.shape)
     del logits, scaled
     to_query, to_key = rules.query_key
@@ -400,10 +395,80 @@ def _relevance_of_heads(
     quotient = _times(rules.scores.scaled(logit_relevance, scores, layer), None, share)
     del scores, logit_relevance
     return [
-        _in_layout_of(torch.bmm(quotient, key), given[0], to_query / share, times_factor) if to_query else None,
-        _in_layout_of(torch.bmm(quotient.mT, query), given[1], to_key / share, times_factor) if to_key else None,
+        _in_layout_of(torch.bmm(quotient, key), given[0], to_query / share) if to_query else None,
+        _in_layout_of(torch.bmm(quotient.mT, query), given[1], to_key / share) if to_key else None,
         value_relevance,
         *([mask_relevance] if mask_carries else []),
+    ]
+
+
+def _gradients_of_heads(
+    rules: AttentionRules, scale: float | None, is_causal: bool, query: Tensor, key: Tensor, value: Tensor,
+    attn_mask: Tensor | None, gradient: Sequence[Tensor],
+) -> list[Tensor | None]:
+    r""":func:`_relevance_of_heads` in the gradient form: for ``g = R / o``, ``R_q / q``, ``R_k /
+    k``, ``R_v / v`` and, where it carries relevance, the mask's ``R / m``.
+
+    Each rule is its gradient form (:mod:`fxlrp.relevance.form`): with ``L = S' + m``, ``S' = S
+    \cdot \mathrm{scale}`` and the stabilised factor ``\lceil x \rceil_\epsilon = |x| / (|x| +
+    \epsilon)`` (:func:`~fxlrp.relevance.rule_function.stabilised`),
+
+    .. math::
+        Z = g \lceil o \rceil_{\epsilon_o}, \quad g_v = a_v A^T Z, \quad
+        g_L = J_{\mathrm{softmax}}^T (a_A Z v^T), \quad g_{S'} = g_m = g_L \lceil L \rceil_{\epsilon_m},
+
+        Y = \mathrm{scale} \cdot g_{S'} \lceil S \rceil_{\epsilon_S}, \quad g_q = a_q Y k,
+        \quad g_k = a_k Y^T q
+
+    (the product with the scale passes relevance unchanged: ``g_S = scale g_{S'}``; ``\lceil S
+    \rceil_\epsilon = \lceil S' \rceil_{\epsilon |\mathrm{scale}|}``). Each score-sized
+    intermediate is written into the one before it."""
+    mask_carries = isinstance(attn_mask, Tensor) and attn_mask.requires_grad
+    (output_gradient,) = gradient
+    to_weights, to_value = rules.weights_value
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    heads_shape = (*query.shape[:-1], key.shape[-2])  # the scores' shape, which masks broadcast to
+    masks = attention_masks(query, key, attn_mask, is_causal, query.dtype)
+    given = (query, key, value)
+    query, key, value = _matrices(query), _matrices(key), _matrices(value)
+    scaled = torch.bmm(query, key.mT)
+    scaled = scaled * scale if torch.is_grad_enabled() else scaled.mul_(scale)  # S' = S * scale
+    if masks:  # (elementwise in the heads' shape, then a batch of matrices again for the products)
+        logits = scaled.view(heads_shape) + masks[0]
+        heads_weights = torch.softmax(logits, dim=-1)
+        weights = heads_weights.view(scaled.shape)
+    else:
+        logits = scaled
+        weights = heads_weights = torch.softmax(logits, dim=-1)
+    mixing_share = to_value or to_weights  # (the other factor's share: a ratio to it, taken later)
+    output_factor = stabilised(_matrices(output_gradient), torch.bmm(weights, value), rules.mixing.epsilon,
+                               mixing_share, owned=True)
+    value_gradient = _in_layout_of(torch.bmm(weights.mT, output_factor), given[2], 1.0, False) if to_value else None
+    if not to_weights:
+        return [None, None, value_gradient, *([None] if mask_carries else [])]
+    weights_gradient = torch.bmm(output_factor, value.mT)
+    del output_factor, weights
+    logits_gradient = torch._softmax_backward_data(weights_gradient.view(heads_shape) if masks else weights_gradient,
+                                                   heads_weights, -1, query.dtype)
+    del weights_gradient, heads_weights
+    mask_gradient = None
+    if masks:  # the sum with the mask: the scaled scores' share and the mask's are the same factor
+        logits_gradient = stabilised(logits_gradient, logits, rules.add.epsilon, owned=True)
+        if mask_carries:
+            mask_gradient = logits_gradient.sum_to_size(attn_mask.shape)
+        logits_gradient = logits_gradient.view(scaled.shape)
+    del logits
+    to_query, to_key = rules.query_key
+    # the scores' shares: one product on the factor where both receivers take the same
+    share = to_query if to_query == to_key or not to_key else to_key if not to_query else 1.0
+    scores_factor = stabilised(logits_gradient, scaled, rules.scores.epsilon * abs(scale),
+                               scale * share * to_weights / mixing_share, owned=True)
+    del scaled, logits_gradient
+    return [
+        _in_layout_of(torch.bmm(scores_factor, key), given[0], to_query / share, False) if to_query else None,
+        _in_layout_of(torch.bmm(scores_factor.mT, query), given[1], to_key / share, False) if to_key else None,
+        value_gradient,
+        *([mask_gradient] if mask_carries else []),
     ]
 
 

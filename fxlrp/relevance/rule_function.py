@@ -440,18 +440,63 @@ class StabilisedGradient(torch.autograd.Function):
         values = replace(kept).take() if ctx.reusable else kept.take()
         # (Rectified in place by a ReLU, the values are 0 where it cut: the factor |z| / (|z| + eps)
         # is 0 there, the ReLU's gate, which needs no pass of its own.)
-        recording = torch.is_grad_enabled()  # (a backward that records, create_graph=True)
-        if recording:
+        if torch.is_grad_enabled():  # (a backward that records, create_graph=True)
             values = values.detach()
-        magnitude = values if kept.sign == 1.0 else values.abs()
-        denominator = magnitude + constant_like(values, ctx.epsilon)  # |z| + epsilon, a fresh tensor
-        del values, magnitude
-        writable = not recording and denominator.shape == gradient.shape and denominator.dtype == gradient.dtype
-        scaled = (torch.addcdiv(gradient, gradient, denominator, value=-ctx.epsilon, out=denominator) if writable
-                  else torch.addcdiv(gradient, gradient, denominator, value=-ctx.epsilon))
-        if ctx.share != 1.0:
-            scaled = scaled * ctx.share if recording else scaled.mul_(ctx.share)
-        return scaled, None, None, None
+        magnitude = values if kept.sign == 1.0 else values.abs()  # (|z| itself where a ReLU rectified it)
+        owned = magnitude is not values
+        del values  # (the kept output is freed before the stabiliser's result is made)
+        return (stabilised(gradient, magnitude, ctx.epsilon, ctx.share, owned=owned, non_negative=True),
+                None, None, None)
+
+
+def stabilised(gradient: Tensor, output: Tensor, epsilon: float, share: float = 1.0, *, owned: bool = False,
+               non_negative: bool = False) -> Tensor:
+    r"""The epsilon rule's gradient form at a layer's output ``z`` (:class:`StabilisedGradient`):
+
+    .. math::
+        \mathrm{share} \cdot g \frac{z}{s(z)} = \mathrm{share} \Big( g - \frac{\epsilon \, g}{|z| + \epsilon} \Big)
+
+    in one ``addcdiv`` on ``|z| + epsilon`` (and a product by ``share`` where it is not 1).
+    ``gradient`` is never written into.
+
+    Parameters
+    ----------
+    gradient : Tensor
+        ``g``, the gradient of ``z`` (of ``output``'s shape).
+    output : Tensor
+        ``z``.
+    epsilon : float
+        The stabiliser (>= 0), taken as ``output``'s dtype holds it (0: ``share * g``).
+    share : float, default 1.0
+        The share of the layer's inputs (``1 / N`` for a product of ``N`` relevance-carrying factors).
+    owned : bool, default False
+        Whether ``output`` may be overwritten (a fresh intermediate of the caller's): ``|z| +
+        epsilon`` and the result are then written into it.
+    non_negative : bool, default False
+        Whether ``output`` is ``|z|`` already (a rectified output).
+
+    Returns
+    -------
+    Tensor
+        The stabilised gradient.
+    """
+    recording = torch.is_grad_enabled()  # (a backward that records, create_graph=True)
+    epsilon = _held_in(epsilon, output.dtype)
+    if epsilon == 0.0:  # (or flushed by the dtype)
+        return gradient * share if share != 1.0 else gradient
+    in_place = owned and not recording
+    magnitude = output if non_negative else output.abs_() if in_place else output.abs()
+    # |z| + epsilon, written into ``output`` or into a fresh |z|
+    stabiliser = constant_like(output, epsilon)
+    denominator = (magnitude.add_(stabiliser) if in_place or not recording and magnitude is not output
+                   else magnitude + stabiliser)
+    del magnitude, output
+    writable = not recording and denominator.shape == gradient.shape and denominator.dtype == gradient.dtype
+    scaled = (torch.addcdiv(gradient, gradient, denominator, value=-epsilon, out=denominator) if writable
+              else torch.addcdiv(gradient, gradient, denominator, value=-epsilon))
+    if share != 1.0:
+        scaled = scaled * share if recording else scaled.mul_(share)
+    return scaled
 
 
 def stabilised_gradient(output: Tensor, epsilon: float, share: float = 1.0,

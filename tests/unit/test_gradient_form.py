@@ -233,7 +233,11 @@ def test_fused_attention_keeps_its_kernel_in_the_gradient_form(composite, causal
     assert relative_error(gradient, relevance) <= 1e-12
 
 
-@pytest.mark.parametrize("composite", [AttnLRP(0.1), CPLRP(0.1)], ids=["attnlrp", "cplrp"])
+@pytest.mark.parametrize("composite", [
+    AttnLRP(0.1), CPLRP(0.1),
+    # the mask's sum under the epsilon rule too (a stabiliser on the logits), products by Epsilon's
+    AttnLRP(0.1, operation_rules={"add": Epsilon(0.05)}), Composite(Epsilon(0.1)),
+], ids=["attnlrp", "cplrp", "epsilon-sum", "epsilon"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "padding-mask"])
 @pytest.mark.parametrize("capture", ["fx", "eager"])
 def test_fused_attention_with_a_stabiliser_in_the_gradient_form(composite, causal, capture) -> None:
