@@ -544,8 +544,9 @@ def piece_scores(query: Tensor) -> int:
 
 def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> list[Piece] | None:
     """Independent pieces of ``softmax(q k^T * scale + mask) @ v``: groups of heads of samples,
-    each with about :func:`piece_scores` scores (whole groups of query heads sharing keys and values
-    under grouped-query attention), or None where the whole is small or the shapes are not
+    each with about :func:`piece_scores` scores (under grouped-query attention whole groups of query
+    heads sharing keys and values, or parts of one group where a group's scores do not fit), or
+    None where the whole is small or the shapes are not
     ``[..., (batch,) heads, length, features]`` with keys, values and mask of the same or broadcast
     (size 1) batch and heads."""
     if query.dim() < 3:
@@ -564,7 +565,11 @@ def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
            for tensor in (key, value, mask)):
         return None
     group = heads // kv_heads if kv_heads > 1 else 1  # size 1: broadcast, every piece reads it whole
-    heads_per_piece = min(heads, max(1, budget // (length * source * group)) * group)
+    fitting = max(1, budget // (length * source))  # query heads whose scores fit the budget
+    # whole groups of query heads, or the most of one group that fit (the group's key and value
+    # head is then read by several pieces, each adding its relevance)
+    heads_per_piece = (min(heads, fitting // group * group) if fitting >= group
+                       else max(size for size in range(1, fitting + 1) if group % size == 0))
     samples_per_piece = max(1, budget // (length * source * heads)) if heads_per_piece == heads else 1
 
     def where(tensor: Tensor | None, first: int, last: int, sample: int) -> Index | None:
@@ -576,7 +581,7 @@ def attention_pieces(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
         if size == heads:
             index[-3] = slice(first, last)
         elif size == kv_heads and size != 1:
-            index[-3] = slice(first // group, last // group)
+            index[-3] = slice(first // group, (last - 1) // group + 1)
         if tensor.dim() >= 4 and query.dim() >= 4 and tensor.shape[-4] == batch and batch != 1:
             index[-4] = slice(sample, sample + samples_per_piece)
         return tuple(index)

@@ -28,7 +28,7 @@ class Attention(nn.Module):
     def __init__(self, heads: int, shared: int, mask: str) -> None:
         super().__init__()
         self.heads, self.shared, self.masking = heads, shared, mask
-        self.pieces = 2 * (shared if shared > 1 else heads)  # one per group of heads reading one key head
+        self.pieces = 2 * heads  # one per query head (a group's heads reading one key head each add theirs)
         self.query, self.key, self.value = nn.Linear(5, 3 * heads), nn.Linear(5, 3 * shared), nn.Linear(5, 3 * shared)
         self.out = nn.Linear(3 * heads, 2)
         generator = torch.Generator().manual_seed(1)
@@ -198,6 +198,52 @@ def test_closed_form_equals_the_decomposition_run_under_the_interpretation(build
     assert relative_error(closed, interpreted) <= 1e-12
     assert closed.abs().sum() > 0
 
+
+
+@pytest.mark.parametrize("build", CLOSED_FORM_MODELS.values(), ids=CLOSED_FORM_MODELS.keys())
+@pytest.mark.parametrize("composite", [AttnLRP(0.25), CPLRP(0.25), Epsilon(0.25)], ids=["attnlrp", "cplrp", "epsilon"])
+def test_closed_form_in_the_gradient_form_equals_the_decomposition(build, composite, monkeypatch) -> None:
+    """With stabilised products the gradient form takes the decomposition's rules in their
+    gradient form in closed form (``R_q / q``, ...); the decomposition run in the gradient form
+    under the interpretation (each product's stabiliser its own Function, natively differentiated)
+    is the reference, piece by piece, a mask carrying relevance included."""
+    torch.manual_seed(0)
+    model = build().double().eval()
+    inputs = torch.randn(2, LENGTH, 5, dtype=torch.float64)
+    closed_forms = []
+    original = attention.attention_relevance
+    monkeypatch.setattr(attention, "attention_relevance", lambda *args: closed_forms.append(1) or original(*args))
+    monkeypatch.setattr(attention, "PIECE_SCORES", 1)
+    explain = fxlrp.convert(model, composite, strict=True)
+    closed = fxlrp.attribute(explain, inputs, target=1)
+    assert explain.gradient_form and len(closed_forms) == model.pieces
+    rules = attention.attention_rules
+    monkeypatch.setattr(attention, "attention_rules", lambda *args: replace(rules(*args), closed_form=False))
+    explain = fxlrp.convert(model, composite, strict=True)
+    interpreted = fxlrp.attribute(explain, inputs, target=1)
+    assert explain.gradient_form and len(closed_forms) == model.pieces
+    assert relative_error(closed, interpreted) <= 1e-12
+    assert closed.abs().sum() > 0
+
+
+@pytest.mark.parametrize("fitting, pieces", [(1, 16), (3, 8), (5, 4), (8, 2)])
+def test_groups_of_query_heads_too_large_for_a_piece_are_split(fitting, pieces, monkeypatch) -> None:
+    """Eight query heads in groups of four per key head: a piece takes whole groups where they
+    fit the budget, else the largest part of a group that fits (3 heads' scores: 2 of the 4); the
+    pieces of a group each add the relevance of the key and value head they share."""
+    torch.manual_seed(0)
+    model = Attention(8, 2, "causal").double().eval()
+    inputs = torch.randn(2, LENGTH, 5, dtype=torch.float64)
+    explain = fxlrp.convert(model, AttnLRP(0.25), strict=True)
+    monkeypatch.setattr(attention, "PIECE_SCORES", 1 << 30)
+    whole = fxlrp.attribute(explain, inputs, target=1)
+    made = []
+    original = attention.attention_pieces
+    monkeypatch.setattr(attention, "attention_pieces", lambda *args: made.append(original(*args)) or made[-1])
+    monkeypatch.setattr(attention, "PIECE_SCORES", fitting * LENGTH * LENGTH)
+    piecewise = fxlrp.attribute(explain, inputs, target=1)
+    assert len(made) == 1 and len(made[0]) == pieces
+    assert relative_error(piecewise, whole) <= 1e-12
 
 
 class PositionalCausal(nn.Module):
