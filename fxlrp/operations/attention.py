@@ -352,21 +352,13 @@ def _relevance_of_heads(
     (output_relevance,) = relevance
     to_weights, to_value = rules.weights_value
     layer = rules.layer
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    heads_shape = (*query.shape[:-1], key.shape[-2])  # the scores' shape, which masks broadcast to
-    masks = attention_masks(query, key, attn_mask, is_causal, query.dtype)
-    given = (query, key, value)
-    query, key, value = _matrices(query), _matrices(key), _matrices(value)
+    heads = _Heads.of(query, key, value, attn_mask, is_causal, scale)
+    query, key, value, masks, given = heads.query, heads.key, heads.value, heads.masks, heads.given
     scores = torch.bmm(query, key.mT)
-    scaled = scores * scale
-    if masks:  # (elementwise in the heads' shape, then a batch of matrices again for the products)
-        scaled = scaled.view(heads_shape)
-        logits = scaled + masks[0]
-        heads_weights = torch.softmax(logits, dim=-1)
-        weights = heads_weights.view(scores.shape)
-    else:
-        logits = scaled
-        weights = heads_weights = torch.softmax(logits, dim=-1)
+    scaled = scores * heads.scale
+    logits, heads_weights, weights = heads.softmax(scaled)
+    if masks:
+        scaled = scaled.view(heads.shape)
     output = torch.bmm(weights, value)
     quotient = rules.mixing.scaled(_matrices(output_relevance), output, layer)
     del output
@@ -379,7 +371,7 @@ def _relevance_of_heads(
     weight_relevance = _times(torch.bmm(quotient, value.mT), weights)
     del quotient
     # (logits of -inf occur only where a mask blocks attention: without one, none is looked for)
-    logit_relevance = SoftmaxRule.closed_form(weight_relevance.view(heads_shape) if masks else weight_relevance,
+    logit_relevance = SoftmaxRule.closed_form(weight_relevance.view(heads.shape) if masks else weight_relevance,
                                               heads_weights, logits, -1, owned=True, masked=bool(masks))
     del weights, heads_weights
     mask_relevance = None
@@ -426,20 +418,11 @@ def _gradients_of_heads(
     mask_carries = isinstance(attn_mask, Tensor) and attn_mask.requires_grad
     (output_gradient,) = gradient
     to_weights, to_value = rules.weights_value
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    heads_shape = (*query.shape[:-1], key.shape[-2])  # the scores' shape, which masks broadcast to
-    masks = attention_masks(query, key, attn_mask, is_causal, query.dtype)
-    given = (query, key, value)
-    query, key, value = _matrices(query), _matrices(key), _matrices(value)
+    heads = _Heads.of(query, key, value, attn_mask, is_causal, scale)
+    query, key, value, masks, scale, given = heads.query, heads.key, heads.value, heads.masks, heads.scale, heads.given
     scaled = torch.bmm(query, key.mT)
     scaled = scaled * scale if torch.is_grad_enabled() else scaled.mul_(scale)  # S' = S * scale
-    if masks:  # (elementwise in the heads' shape, then a batch of matrices again for the products)
-        logits = scaled.view(heads_shape) + masks[0]
-        heads_weights = torch.softmax(logits, dim=-1)
-        weights = heads_weights.view(scaled.shape)
-    else:
-        logits = scaled
-        weights = heads_weights = torch.softmax(logits, dim=-1)
+    logits, heads_weights, weights = heads.softmax(scaled)
     mixing_share = to_value or to_weights  # (the other factor's share: a ratio to it, taken later)
     output_factor = stabilised(_matrices(output_gradient), torch.bmm(weights, value), rules.mixing.epsilon,
                                mixing_share, owned=True)
@@ -448,7 +431,7 @@ def _gradients_of_heads(
         return [None, None, value_gradient, *([None] if mask_carries else [])]
     weights_gradient = torch.bmm(output_factor, value.mT)
     del output_factor, weights
-    logits_gradient = torch._softmax_backward_data(weights_gradient.view(heads_shape) if masks else weights_gradient,
+    logits_gradient = torch._softmax_backward_data(weights_gradient.view(heads.shape) if masks else weights_gradient,
                                                    heads_weights, -1, query.dtype)
     del weights_gradient, heads_weights
     mask_gradient = None
@@ -470,6 +453,38 @@ def _gradients_of_heads(
         value_gradient,
         *([mask_gradient] if mask_carries else []),
     ]
+
+
+@dataclass
+class _Heads:
+    """The closed forms' view of one attention: ``q``, ``k``, ``v`` as batches of matrices, the
+    scores' shape (``[..., heads, length, source]``, which masks broadcast to), the masks added to
+    the scores, the scale and the factors as given."""
+
+    query: Tensor
+    key: Tensor
+    value: Tensor
+    shape: tuple[int, ...]
+    masks: list[Tensor]
+    scale: float
+    given: tuple[Tensor, Tensor, Tensor]
+
+    @classmethod
+    def of(cls, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, is_causal: bool,
+           scale: float | None) -> _Heads:
+        return cls(_matrices(query), _matrices(key), _matrices(value), (*query.shape[:-1], key.shape[-2]),
+                   attention_masks(query, key, attn_mask, is_causal, query.dtype),
+                   1.0 / math.sqrt(query.shape[-1]) if scale is None else scale, (query, key, value))
+
+    def softmax(self, scaled: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The logits (``scaled`` plus the mask), the weights in the scores' shape and as a batch
+        of matrices; elementwise in the scores' shape only to meet a mask."""
+        if not self.masks:
+            weights = torch.softmax(scaled, dim=-1)
+            return scaled, weights, weights
+        logits = scaled.view(self.shape) + self.masks[0]
+        weights = torch.softmax(logits, dim=-1)
+        return logits, weights, weights.view(scaled.shape)
 
 
 def _matrices(tensor: Tensor) -> Tensor:

@@ -444,7 +444,7 @@ class StabilisedGradient(torch.autograd.Function):
             values = values.detach()
         magnitude = values if kept.sign == 1.0 else values.abs()  # (|z| itself where a ReLU rectified it)
         owned = magnitude is not values
-        del values  # (the kept output is freed before the stabiliser's result is made)
+        del values  # (a kept output |z| was made from is freed before the stabiliser's result is made)
         return (stabilised(gradient, magnitude, ctx.epsilon, ctx.share, owned=owned, non_negative=True),
                 None, None, None)
 
