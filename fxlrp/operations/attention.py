@@ -420,8 +420,7 @@ def _gradients_of_heads(
     to_weights, to_value = rules.weights_value
     heads = _Heads.of(query, key, value, attn_mask, is_causal, scale)
     query, key, value, masks, scale, given = heads.query, heads.key, heads.value, heads.masks, heads.scale, heads.given
-    scaled = torch.bmm(query, key.mT)
-    scaled = scaled * scale if torch.is_grad_enabled() else scaled.mul_(scale)  # S' = S * scale
+    scaled = torch.bmm(query, key.mT).mul_(scale)  # S' = S * scale (bmm keeps no output: written into)
     logits, heads_weights, weights = heads.softmax(scaled)
     mixing_share = to_value or to_weights  # (the other factor's share: a ratio to it, taken later)
     output_factor = stabilised(_matrices(output_gradient), torch.bmm(weights, value), rules.mixing.epsilon,
