@@ -16,7 +16,13 @@ and its Python. Two proxies, measured on the CPU:
   parameter variants the CPU's path skipped, as a GPU's first call does);
 - *tiny-input time*: wall time at batch 1 on the smallest sensible input, where the host's cost
   dominates as on a GPU: paired calls (gradient x input and the explanation one after the other,
-  the order alternating), the ratio per pair, min and median over pairs.
+  the order alternating), the ratio per pair, min and median over pairs; on the CPU's path and on
+  a GPU's.
+
+Beside them, the *FLOPs* of the products, convolutions and attention kernels (torch's formulas,
+``torch.utils.flop_counter``), explanation / gradient: where the CPU's kernels, not its host,
+set the time (the convolutions of the CNNs at 64 x 64), the tiny-input time cannot fall below
+this ratio whatever the host does - z+ and gamma compute a second product per layer.
 
 Explanations are ``fxlrp.attribute`` (the model check, the finiteness checks and the target
 included); gradient x input is plain autograd with the same target (each sample's highest output;
@@ -64,14 +70,35 @@ TRANSFORMERS_SMALL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention
 """As benchmarks/workloads.py's quick Hugging Face ViT."""
 
 
+def _flop_formulas() -> dict[Any, Callable[..., int]]:
+    """torch's FLOP formulas by operation (``torch.utils.flop_counter``: products, convolutions,
+    attention kernels; elementwise work is not counted), also for the CPU's fused attention
+    kernels (the formulas of the GPU's: two products forward, four backward). (``FlopCounterMode``
+    itself tracks modules with hooks that ``torch.autograd.grad`` of an input refuses.)"""
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
+
+    def attention(query, key, value, *_: Any, out_shape: Any = None, **__: Any) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    def attention_backward(gradient, query, key, value, *_: Any, out_shape: Any = None, **__: Any) -> int:
+        return sdpa_backward_flop_count(gradient, query, key, value)
+
+    aten = torch.ops.aten
+    return {**flop_registry, aten._scaled_dot_product_flash_attention_for_cpu: shape_wrapper(attention),
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: shape_wrapper(attention_backward)}
+
+
 class DispatchCounter(TorchDispatchMode):
-    """How many times each ATen operation is dispatched; ``where``: a traceback per synchronising one."""
+    """How many times each ATen operation is dispatched and the FLOPs of those torch has a formula
+    for (:func:`_flop_formulas`); ``where``: a traceback per synchronising one."""
 
     def __init__(self, where: bool = False) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
         self.where = where
         self.places: list[str] = []
+        self.flops = 0
+        self.formulas = _flop_formulas()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.name()
@@ -79,7 +106,11 @@ class DispatchCounter(TorchDispatchMode):
         self.counts[name] += 1
         if self.where and name in SYNCHRONISING:
             self.places.append(f"{name}\n" + "".join(traceback.format_stack(limit=12)[:-1]))
-        return func(*args, **(kwargs or {}))
+        output = func(*args, **(kwargs or {}))
+        formula = self.formulas.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **(kwargs or {}), out_val=output)
+        return output
 
 
 class HostReads(TorchFunctionMode):
@@ -105,6 +136,10 @@ class Counted:
     synchronising: int
     by_name: Counter[str]
     places: list[str]
+    flops: int
+    """Floating-point operations of the products, convolutions and attention kernels
+    (:class:`DispatchCounter`; elementwise work is not counted)."""
+
 
 
 @contextmanager
@@ -136,7 +171,7 @@ def counted(run: Callable[[], Any], where: bool = False, gpu_path: bool = False)
             run()
     synchronising = sum(dispatched.counts[name] for name in SYNCHRONISING) + reads.count
     return Counted(sum(dispatched.counts.values()), synchronising, dispatched.counts,
-                   dispatched.places + reads.places)
+                   dispatched.places + reads.places, dispatched.flops)
 
 
 # -- the models and the two calls compared ---------------------------------------------------------
@@ -308,6 +343,8 @@ class Row:
     on_a_gpu: Counted
     """The explanation's count on the path its rules take on a GPU."""
     ratios: list[float]
+    on_a_gpu_ratios: list[float]
+    """The tiny-input time ratios with the rules on the path they take on a GPU."""
 
 
 def paired_ratios(gradient: Callable[[], Any], explanation: Callable[[], Any], pairs: int) -> list[float]:
@@ -331,21 +368,27 @@ def measure(model: str, composite: str, pairs: int) -> Row:
     on_the_cpu = counted(explanation)
     with as_on_a_gpu():  # parameter variants the CPU's path skipped are made at a first call on a GPU's
         explanation()
-    return Row(model, composite, counted(gradient), on_the_cpu, counted(explanation, gpu_path=True),
-               paired_ratios(gradient, explanation, pairs))
+    on_a_gpu = counted(explanation, gpu_path=True)
+    ratios = paired_ratios(gradient, explanation, pairs)
+    with as_on_a_gpu():
+        on_a_gpu_ratios = paired_ratios(gradient, explanation, pairs)
+    return Row(model, composite, counted(gradient), on_the_cpu, on_a_gpu, ratios, on_a_gpu_ratios)
 
 
 def table(rows: list[Row]) -> str:
     lines = ["| model, input | composite | ATen ops: explanation / gradient | on a GPU's path "
-             "| host reads: CPU, on a GPU's path | tiny-input time / gradient: min, median |",
-             "|---|---|---:|---:|---:|---:|"]
+             "| host reads: CPU, on a GPU's path | FLOPs / gradient "
+             "| tiny-input time / gradient: min, median | on a GPU's path: min, median |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         operations = row.explanation.operations / row.gradient.operations
         lines.append(
             f"| {DESCRIPTIONS[row.model]} | {row.composite} | {row.explanation.operations} / "
             f"{row.gradient.operations} = {operations:.2f}x | {row.on_a_gpu.operations / row.gradient.operations:.2f}x "
             f"| {row.explanation.synchronising}, {row.on_a_gpu.synchronising} "
-            f"| {min(row.ratios):.2f}x, {statistics.median(row.ratios):.2f}x |")
+            f"| {row.explanation.flops / row.gradient.flops:.2f}x "
+            f"| {min(row.ratios):.2f}x, {statistics.median(row.ratios):.2f}x "
+            f"| {min(row.on_a_gpu_ratios):.2f}x, {statistics.median(row.on_a_gpu_ratios):.2f}x |")
     return "\n".join(lines)
 
 

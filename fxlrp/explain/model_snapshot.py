@@ -26,8 +26,8 @@ no synchronisation.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import chain
-from operator import is_
+from itertools import chain, repeat
+from operator import attrgetter, is_
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from torch.nn.modules.batchnorm import _NormBase
 
 _PLAIN = (bool, int, float, str, type(None))
 _MISSING = object()
+_VERSION = attrgetter("_version")
 
 
 def _is_plain(value: Any) -> bool:
@@ -97,30 +98,33 @@ class ModelSnapshot:
         self.values = [value for table in self.filled for value in table.values()]
         self.attributes = attributes
         self.attribute_values = [value for *_, value in attributes]
-        self.versions = [(tensor, tensor._version) for module in derived_from
-                         for tensor in (*module._parameters.values(), *module._buffers.values()) if tensor is not None]
-        self.versions += [(tensor, tensor._version) for tensor in counted]
-        self.storages = storages
+        self.attribute_tables = [table for _, table, _, _ in attributes]
+        self.attribute_names = [name for _, _, name, _ in attributes]
+        self.versioned = [tensor for module in derived_from
+                          for tensor in (*module._parameters.values(), *module._buffers.values()) if tensor is not None]
+        self.versioned += counted
+        self.versions = list(map(_VERSION, self.versioned))
+        self.stored = [tensor for tensor, _ in storages]
+        self.addresses = [address for _, address in storages]
         self.statistics = statistics
         self.statistics_values = _flat(statistics) if statistics else {}
 
     def change(self) -> str | None:
         """What changed since the snapshot, in the user's terms; None if nothing did."""
-        # (the tables' lengths first: a table filled or emptied since is not among ``filled``)
+        # (each comparison one C loop over all the model's tables, tensors or attributes - ``map``
+        # of a builtin -, the tables' lengths first: a table filled or emptied since is not among ``filled``)
         if (list(map(len, self.tables)) != self.lengths or list(chain.from_iterable(self.filled)) != self.names
-                or not all(map(is_, [value for table in self.filled for value in table.values()], self.values))):
+                or not all(map(is_, chain.from_iterable(map(dict.values, self.filled)), self.values))):
             return "a submodule, parameter, buffer or forward hook of the model was replaced, added or removed"
-        for tensor, address in self.storages:
-            if tensor.data_ptr() != address:
-                return "a parameter or buffer of the model was given new storage"
-        current = [attributes.get(name, _MISSING) for _, attributes, name, _ in self.attributes]
+        if list(map(Tensor.data_ptr, self.stored)) != self.addresses:
+            return "a parameter or buffer of the model was given new storage"
+        current = list(map(dict.get, self.attribute_tables, self.attribute_names, repeat(_MISSING)))
         if not all(map(is_, current, self.attribute_values)):
             for now, (module, _, name, value) in zip(current, self.attributes, strict=True):
                 if not _same(now, value):
                     return f"the attribute {name!r} of a {type(module).__name__} changed"
-        for tensor, version in self.versions:
-            if tensor._version != version:
-                return "parameters that BatchNorm was folded into, or BatchNorm's running statistics, changed"
+        if list(map(_VERSION, self.versioned)) != self.versions:
+            return "parameters that BatchNorm was folded into, or BatchNorm's running statistics, changed"
         if self.statistics:
             current_values = _flat(self.statistics)
             if any(not torch.equal(current_values[group], values) for group, values in self.statistics_values.items()):
