@@ -259,6 +259,20 @@ class ParameterVariants:
             self._made[name] = modified_parameters(self._layer, transform, zero)
         return self._made[name]
 
+    def add(self, name: str, transform: Callable[[Tensor], Tensor], zero: frozenset[str]) -> None:
+        """Another variant, ``name``, made as :func:`modified_parameters` makes it on first use.
+
+        Parameters
+        ----------
+        name : str
+            The variant's name.
+        transform : callable
+            Its transform of the weight and bias.
+        zero : frozenset of str
+            Names of the parameters that become zeros instead.
+        """
+        self._recipes[name] = (transform, zero)
+
     def shifted(self, name: str, shift: float) -> Parameters:
         """The variant ``name`` with ``shift`` added to its bias (a bias of ``shift`` where it has
         none), made on first use and then kept: the layer's output then holds a stabiliser

@@ -12,7 +12,6 @@ from torch import Tensor
 from fxlrp.relevance import terms
 from fxlrp.relevance.layer import AffineLayer
 from fxlrp.relevance.rule_function import KeptOutput, carries_relevance
-from fxlrp.relevance.stabilise import constant_like
 from fxlrp.relevance.terms import ParameterVariants, ZeroParams
 from fxlrp.relevance.tracing import values_are_traced, values_read_on_host
 from fxlrp.rules.rule import Relevance, StabilisedRule, Stabiliser
@@ -242,21 +241,29 @@ class Gamma(TwoHalves):
 
     def _stacked_halves(self, layer: AffineLayer, inputs: Sequence[Any], variants: ParameterVariants,
                         relevance: Tensor, output: Tensor, shift: float) -> Relevance:
-        """Both halves as one layer run on the two weights' rows stacked
-        (:meth:`ParameterVariants.stacked`): ``[z_up + epsilon, z_down - epsilon]``, the quotients of
-        ``R`` by both, gated by ``[z, -z] > 0`` (each output's share from the half of its sign;
-        outputs of 0 get none), and one vector-Jacobian product in the stacked weight for the sum
-        of the halves' products."""
-        weight, bias = variants.stacked((("more", shift), ("less", -shift)))
-        dim = layer.output_rows_dim % output.dim()
+        """Both halves from one product beside the layer's own output ``z``: with
+        ``P = f(x; w+, b+ + epsilon / gamma)`` (``f`` is linear in its parameters and
+        ``w = w+ + w-``, ``b = b+ + b-``), ``z_up + epsilon = z + gamma P`` and
+        ``z_down - epsilon = z + gamma (z - P)``; the quotients of ``R`` by both, gated by ``z > 0``
+        and ``z < 0`` (each output's share from the half of its sign; outputs of 0 get none), and
+        one vector-Jacobian product in the two weights ``[w_up; w_down]`` stacked
+        (:meth:`ParameterVariants.stacked`) for the sum of the halves' products. One product of
+        the layer's size where the halves' own would be two."""
+        weight, bias = variants.shifted("positive", shift / self.gamma)
         with torch.no_grad():
-            halves = layer(inputs, weight, bias).unflatten(dim, (2, -1))
-        stacked_relevance = relevance.unsqueeze(dim)
-        quotients = (stacked_relevance / halves if values_are_traced() or relevance.dtype != halves.dtype
-                     else torch.div(stacked_relevance, halves, out=halves))
-        signs = constant_like(output, (1.0, -1.0), (2,) + (1,) * (output.dim() - dim))
-        shares = torch.ops.aten.threshold_backward(quotients, output.unsqueeze(dim) * signs, 0)
-        return terms.input_times_gradient(terms.LayerGradient(layer, weight), inputs, shares.flatten(dim, dim + 1))
+            positive = layer(inputs, weight, bias)
+        in_place = not values_are_traced()  # (each step written into the one before it)
+        up = torch.add(output, positive, alpha=self.gamma)
+        down = (torch.lerp(output, positive, -self.gamma, out=positive) if in_place
+                else torch.lerp(output, positive, -self.gamma))
+        if in_place and relevance.dtype == up.dtype:
+            up, down = torch.div(relevance, up, out=up), torch.div(relevance, down, out=down)
+        else:
+            up, down = relevance / up, relevance / down
+        shares = (torch.ops.aten.threshold_backward(up, output, 0), torch.ops.aten.threshold_backward(down, -output, 0))
+        stacked, _ = variants.stacked((("more", shift), ("less", -shift)))
+        return terms.input_times_gradient(terms.LayerGradient(layer, stacked), inputs,
+                                          torch.cat(shares, layer.output_rows_dim % output.dim()))
 
     def parameter_transforms(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
         def raised(tensor: Tensor) -> Tensor:
@@ -266,6 +273,11 @@ class Gamma(TwoHalves):
             return tensor + self.gamma * tensor.clamp(max=0)
 
         return raised, lowered
+
+    def prepare(self, layer: AffineLayer) -> ParameterVariants:
+        variants = super().prepare(layer)
+        variants.add("positive", terms.positive_part, self._zero)  # (both halves' product, _stacked_halves)
+        return variants
 
     def keeps_output(self, prepared: Any) -> bool:
         return True  # which half explains an output depends on its sign
