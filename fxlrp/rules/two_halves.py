@@ -220,7 +220,7 @@ class Gamma(TwoHalves):
             shift = terms.stabilising_shift(self._stabiliser, 1.0, relevance.dtype)
         if shift is not None and output.sign == 1.0:
             return self._one_term(layer, inputs, variants, relevance, output.take(), shift)
-        if shift is not None and layer.output_rows_dim is not None:
+        if shift is not None and layer.output_rows_dim is not None and self.gamma > 0.0:
             return self._stacked_halves(layer, inputs, variants, relevance, output.take(), shift)
         if output.ungated:
             relevance = torch.ops.aten.threshold_backward(relevance, output.values, 0)

@@ -68,6 +68,8 @@ RULES: dict[str, tuple[Callable[[Tensor], Rule], Callable[..., Tensor]]] = {
     "alpha2_beta1": (lambda high: AlphaBeta(2, 1), partial(alpha_beta_dense, alpha=2.0, beta=1.0)),
     "alpha1_beta0": (lambda high: AlphaBeta(1, 0), partial(alpha_beta_dense, alpha=1.0, beta=0.0)),
     "gamma": (lambda high: Gamma(0.25), partial(gamma_dense, gamma=0.25)),
+    "gamma_zero": (lambda high: Gamma(0.0), partial(gamma_dense, gamma=0.0)),
+    "gamma_large": (lambda high: Gamma(2.0), partial(gamma_dense, gamma=2.0)),
     "gamma_zero_bias": (lambda high: Gamma(0.7, zero_params="bias"), partial(gamma_dense, gamma=0.7, zero_bias=True)),
     "zbox": (lambda high: ZBox(-2.0, high), zbox_dense),
     "flat": (lambda high: Flat(), flat_dense),
