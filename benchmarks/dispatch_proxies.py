@@ -231,22 +231,21 @@ def measure_compiled(model: str, composite: str, pairs: int) -> CompiledRow:
 
     import fxlrp
 
-    workload, explain, explained = _image_explainer(model, composite)
-    gradient = gradient_times_input(workload)
+    gradient, explain, explained, target = _compiled_parts(model, composite)
     compiled = fxlrp.compile(explain)
     metrics.reset()
     start = time.perf_counter()
-    relevance = compiled(explained)
+    relevance = compiled(explained, target)
     first_call, generated = time.perf_counter() - start, metrics.generated_kernel_count
-    eager = fxlrp.attribute(explain, explained)
+    eager = fxlrp.attribute(explain, explained, target=target)
     error = float((relevance - eager).abs().max() / eager.abs().max())
     for _ in range(2):
-        gradient(), compiled(explained)
+        gradient(), compiled(explained, target)
     with DispatchCounter() as dispatched:
         gradient()
-    return CompiledRow(model, composite, generated, top_level_operations(lambda: compiled(explained)),
+    return CompiledRow(model, composite, generated, top_level_operations(lambda: compiled(explained, target)),
                        sum(dispatched.counts.values()), first_call, error,
-                       paired_ratios(gradient, lambda: compiled(explained), pairs))
+                       paired_ratios(gradient, lambda: compiled(explained, target), pairs))
 
 
 def compiled_table(rows: list[CompiledRow]) -> str:
@@ -277,6 +276,14 @@ class _Logits(torch.nn.Module):
 def _bert_pair(composite: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """A small BERT classifier run eagerly: gradient x input at the word embeddings and
     ``fxlrp.attribute`` of the ids (relevance per token)."""
+    import fxlrp
+
+    gradient, explain, ids, target = _bert_parts(composite)
+    return gradient, lambda: fxlrp.attribute(explain, ids, target=target)
+
+
+def _bert_parts(composite: str) -> tuple[Callable[[], Any], Any, torch.Tensor, int]:
+    """:func:`_bert_pair`'s gradient x input, explainer, ids and target."""
     import transformers
 
     import fxlrp
@@ -296,15 +303,23 @@ def _bert_pair(composite: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
         model(inputs_embeds=embeddings).logits[0, target].backward()
         return (embeddings * embeddings.grad).sum(-1)
 
-    return gradient, lambda: fxlrp.attribute(explain, ids, target=target)
+    return gradient, explain, ids, target
 
 
 def _llama_pair() -> tuple[Callable[[], Any], Callable[[], Any]]:
     """benchmarks/llama_cost.py's small Llama-style LM (its ``QUICK`` configuration) and its two
     calls: gradient x input at the embeddings and ``fxlrp.attribute`` under AttnLRP(0.0)."""
+    from benchmarks.llama_cost import _runner
+
+    model, ids, target = _llama()
+    return _runner("gxi", model, ids, target), _runner("attnlrp", model, ids, target)
+
+
+def _llama() -> tuple[Any, torch.Tensor, int]:
+    """:func:`_llama_pair`'s model, ids and target (the predicted next token)."""
     import transformers
 
-    from benchmarks.llama_cost import QUICK, _runner
+    from benchmarks.llama_cost import QUICK
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**QUICK, attn_implementation="sdpa"))
@@ -312,7 +327,20 @@ def _llama_pair() -> tuple[Callable[[], Any], Callable[[], Any]]:
     ids = torch.randint(3, QUICK["vocab_size"], (1, TOKENS), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         target = int(model(input_ids=ids, logits_to_keep=1).logits[0, -1].argmax())
-    return _runner("gxi", model, ids, target), _runner("attnlrp", model, ids, target)
+    return model, ids, target
+
+
+def _compiled_parts(model: str, composite: str) -> tuple[Callable[[], Any], Any, torch.Tensor, int | None]:
+    """A row's gradient x input, explainer, explained input and target, for ``fxlrp.compile``."""
+    if model == "hf_bert":
+        return _bert_parts(composite)
+    if model == "llama":
+        from benchmarks.llama_cost import _runner, next_token_explainer
+
+        language_model, ids, target = _llama()
+        return _runner("gxi", language_model, ids, target), next_token_explainer(language_model), ids, target
+    workload, explain, explained = _image_explainer(model, composite)
+    return gradient_times_input(workload), explain, explained, None
 
 
 PROXIES: dict[tuple[str, str], Callable[[], tuple[Callable[[], Any], Callable[[], Any]]]] = {
@@ -402,8 +430,7 @@ def main() -> None:
     parser.add_argument("--gpu-path", action="store_true",
                         help="with --where-synchronised: the rules on the path they take on a GPU")
     parser.add_argument("--compiled", action="store_true",
-                        help="also fxlrp.compile of the rows built from benchmarks/workloads.py (CNNs, ViTs, "
-                        "the GCN): kernels per call, first call, tiny-input time")
+                        help="also fxlrp.compile of each row: kernels per call, first call, tiny-input time")
     parser.add_argument("--top", type=int, default=0,
                         help="also print the N operations each explanation dispatches most beyond the gradient's")
     arguments = parser.parse_args()
@@ -435,8 +462,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); {arguments.pairs} pairs per row")
     print(table(rows))
     if arguments.compiled:
-        compiled = [measure_compiled(row.model, row.composite, arguments.pairs) for row in rows
-                    if row.model in (*IMAGE_MODELS, "vit_b_16", "hf_vit_base", "gcn")]
+        compiled = [measure_compiled(row.model, row.composite, arguments.pairs) for row in rows]
         print(compiled_table(compiled))
 
 

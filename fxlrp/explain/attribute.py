@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from fxlrp.errors import ExplanationInputError, FxlrpError
 from fxlrp.explain.absorption import absorbing_layer, absorbing_module
-from fxlrp.explain.explained_inputs import ExplainedInputs, explained_inputs, is_explained_leaf, may_be_token_ids
+from fxlrp.explain.explained_inputs import ExplainedInputs, explained_inputs, is_explained_leaf
 from fxlrp.explain.explainer import Explainer
 from fxlrp.explain.finite_checks import (
     FiniteChecks,
@@ -40,7 +40,7 @@ from fxlrp.explain.targets import (
 )
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
 from fxlrp.relevance.rule_function import reusable_graph
-from fxlrp.relevance.sources import RelevanceSource, same_values, sources_collected
+from fxlrp.relevance.sources import RelevanceSource, looked_up_with, sources_collected, token_relevance
 from fxlrp.relevance.stabilise import divide_dropping_zeros
 
 InputRelevance = Tensor | tuple[Tensor | None, ...] | dict[str, Tensor | None]
@@ -413,7 +413,7 @@ def _passes(request: _Request) -> list[Any]:
                 f"the model returns {type(explained).__name__}; pass output=... to pick the tensor to explain"
             )
         intermediate = [_relevance_carrier(name, value) for name, value in recorded.items()]
-        looked_up = [_looked_up(leaf, lookups.sources) for leaf in leaves]
+        looked_up = [looked_up_with(leaf, lookups.sources) for leaf in leaves]
         wanted = walked.edges + [value for value in intermediate if value is not None]
         wanted += [source.edge for found in looked_up for source in found]
         if not wanted and lookups.of_copied_ids():
@@ -486,7 +486,7 @@ def _assembled(
         for (name, value), carrier in zip(recorded.items(), intermediate, strict=True)
     }
     input_relevance = tuple(
-        _token_relevance(leaf, found, relevance) if found else given
+        token_relevance(leaf, found, relevance) if found else given
         for leaf, found, given in zip(leaves, looked_up, input_relevance, strict=True)
     )
     input_result = input_relevance[0] if single else input_relevance
@@ -562,23 +562,6 @@ def inputs_by_position(explain: nn.Module, inputs: Mapping[str, Any]) -> tuple[t
     by_position = tuple(inputs[parameter.name] if parameter.name in inputs else parameter.default
                         for parameter in parameters[:last + 1])
     return by_position, {name: names.index(name) for name in inputs}
-
-
-def _looked_up(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:
-    """The embedding lookups made with the token ids ``value`` (none for other inputs)."""
-    if not may_be_token_ids(value):
-        return []
-    return [source for source in sources if same_values(source.indices, value)]
-
-
-def _token_relevance(ids: Tensor, found: list[RelevanceSource], relevance: Iterator[Tensor | None]) -> Tensor:
-    """Relevance per token: what reached each lookup, summed over the embedding dimension."""
-    total = torch.zeros(ids.shape, dtype=found[0].embedding.dtype, device=found[0].embedding.device)
-    for _ in found:
-        share = next(relevance)
-        if share is not None:
-            total += share.reshape(ids.numel(), -1).sum(dim=1).reshape(ids.shape)
-    return total
 
 
 def _relevance_carrier(name: str, value: Any) -> Tensor | None:

@@ -36,7 +36,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fxlrp.explain.input_checks import no_floating_input_error
+from fxlrp.explain.model_rejection import raised_by_fxlrp
 from fxlrp.explain.targets import default_output, padding_mask
+from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
+from fxlrp.relevance.sources import looked_up_with, may_be_token_ids, sources_collected, token_relevance
+from fxlrp.relevance.stabilise import divide_dropping_zeros
 from fxlrp.relevance.tracing import traced
 
 EXACT_INDUCTOR_OPTIONS = {"layout_optimization": False}
@@ -51,14 +56,17 @@ class _Entry:
 
     run: Callable[..., Any]
     classes: int | None
+    receivers: list[bool]
+    """Which inputs receive relevance: the floating-point ones and the token ids an embedding looked up."""
 
 
 class CompiledExplanation:
     """``fxlrp.attribute(explain, inputs, target)`` as a compiled graph; made by :func:`compile`.
 
     ``compiled(inputs, target)`` returns what ``fxlrp.attribute`` returns for inputs of floating
-    point (images, features) and other tensors or values that are passed as they are (a graph's
-    indices): the relevance of each floating-point input. ``target`` is None (each sample's
+    point (images, features, embeddings), token ids and other tensors or values that are passed as
+    they are (a graph's indices): the relevance of each floating-point input and, per token, of
+    the ids an embedding looks up (None for the others). ``target`` is None (each sample's
     highest output), a class index, a tensor of one class index per sample, or a float tensor of
     the explained output's shape (the output relevance itself). ``return_output=True`` also
     returns the explained output (``[batch, classes]`` for a classifier), from the same pass.
@@ -80,16 +88,16 @@ class CompiledExplanation:
         single = isinstance(inputs, Tensor)
         values = (inputs,) if single else tuple(inputs)
         explained = [_is_explained(value) for value in values]
-        if not any(explained):
-            raise ValueError("fxlrp.compile explains floating-point inputs (images, features); none was given "
-                             "(token ids: use fxlrp.attribute)")
+        if not any(explained) and not any(map(may_be_token_ids, values)):
+            raise ValueError("fxlrp.compile explains floating-point inputs (images, features, embeddings) or the "
+                             "token ids an embedding looks up; none was given")
         target_kind, target_tensor = _target_argument(target, values)
         if getattr(self.explain, "follow_model", lambda: False)():  # the model changed: traces of the old one
             self._entries.clear()
         key = (tuple(_key_of(value) for value in values), target_kind, _key_of(target_tensor), _autocast_state(values))
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._trace(values, explained, target_kind, target_tensor)
+            entry = self._entries[key] = self._traced(values, explained, target_kind, target_tensor)
         if target_kind == "index":
             target_tensor = _in_range(target_tensor, entry.classes)
         tensors = [value for value in values if isinstance(value, Tensor)]
@@ -101,24 +109,46 @@ class CompiledExplanation:
                 modes.enter_context(torch.autocast(device, enabled=False))
             relevance, output = entry.run(*tensors)
         relevance = iter(relevance)
-        result = tuple(next(relevance) if is_explained else None for is_explained in explained)
+        result = tuple(next(relevance) if receives else None for receives in entry.receivers)
         result = result[0] if single else result
         return (result, output) if return_output else result
 
+    def _traced(self, values: tuple[Any, ...], explained: list[bool], target_kind: str,
+                target_tensor: Tensor | None) -> _Entry:
+        """The explanation traced and compiled in the form ``fxlrp.attribute`` takes: the gradient
+        form where the explainer allows it (``R / x`` carried on native autograd, its backward
+        mostly the model's own kernels), the relevance form where a rule or operation of the
+        model has none."""
+        if getattr(self.explain, "gradient_form", False):
+            try:
+                return self._trace(values, explained, target_kind, target_tensor, gradient=True)
+            except GradientFormUnavailable:
+                self.explain.keep_to_relevance_form()
+        return self._trace(values, explained, target_kind, target_tensor, gradient=False)
+
     def _trace(self, values: tuple[Any, ...], explained: list[bool], target_kind: str,
-               target_tensor: Tensor | None) -> _Entry:
+               target_tensor: Tensor | None, gradient: bool) -> _Entry:
         from torch.fx.experimental.proxy_tensor import make_fx
 
         positions = [index for index, value in enumerate(values) if isinstance(value, Tensor)]
         classes: list[int | None] = [None]
+        receivers = list(explained)
 
         def explanation(*tensors: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
             arguments = list(values)
             for position, tensor in zip(positions, tensors, strict=False):
                 arguments[position] = tensor.detach().requires_grad_() if explained[position] else tensor
             target = tensors[len(positions)] if target_tensor is not None else None
-            with torch.enable_grad():
-                result = self.explain(*arguments)
+            ids = [value for value in arguments if may_be_token_ids(value)]
+            with torch.enable_grad(), sources_collected(ids) as lookups, gradient_form(gradient):
+                try:
+                    result = self.explain(*arguments)
+                except (RuntimeError, TypeError) as error:  # (an image given as integers: say so)
+                    replaced = error if raised_by_fxlrp(error) else no_floating_input_error(
+                        values, error, bool(lookups.sources))
+                    if replaced is not error:
+                        raise replaced from None
+                    raise
                 output = (self.output(result) if self.output is not None
                           else default_output(result, padding_mask(self.explain, arguments)))
                 if not isinstance(output, Tensor):
@@ -126,11 +156,33 @@ class CompiledExplanation:
                                     "to pick the tensor to explain")
                 classes[0] = output.shape[-1] if output.dim() else None
                 start = _start_relevance(output, target, target_kind)
+                if gradient:  # g = R / y at the output, R = x g at the inputs and the lookups' outputs
+                    start = divide_dropping_zeros(start, output.detach(), in_place=target_kind != "relevance")
+                # token ids receive the relevance that reaches the embedding lookups made with them
+                looked_up = [looked_up_with(value, lookups.sources) if not is_explained else []
+                             for value, is_explained in zip(arguments, explained, strict=True)]
+                receivers[:] = [is_explained or bool(found) for is_explained, found in zip(explained, looked_up,
+                                                                                           strict=True)]
+                if not any(receivers):
+                    raise ValueError("none of the inputs can receive relevance: give the floating-point input to "
+                                     "explain (an image, node features, inputs_embeds) or token ids the model "
+                                     "looks up in an embedding")
                 leaves = [arguments[index] for index, is_explained in enumerate(explained) if is_explained]
-                relevance = torch.autograd.grad(output, leaves, start, allow_unused=True)
-            relevance = tuple(torch.zeros_like(leaf) if found is None else found
-                              for leaf, found in zip(leaves, relevance, strict=True))
-            return relevance, output.detach()
+                edges = [source.edge for found in looked_up for source in found]
+                relevance = iter(torch.autograd.grad(output, leaves + edges, start, allow_unused=True))
+            if gradient:
+                values_at = [value.detach() for value in leaves] + [source.embedding for found in looked_up
+                                                                    for source in found]
+                relevance = iter([relevance_at(value, share) for value, share in zip(values_at, relevance,
+                                                                                      strict=True)])
+            per_input = []
+            for value, is_explained, found in zip(arguments, explained, looked_up, strict=True):
+                if is_explained:
+                    found_here = next(relevance)
+                    per_input.append(torch.zeros_like(value) if found_here is None else found_here)
+                elif found:
+                    per_input.append(token_relevance(value, found, relevance))
+            return tuple(per_input), output.detach()
 
         tensors = [values[index] for index in positions] + ([target_tensor] if target_tensor is not None else [])
         try:
@@ -149,7 +201,7 @@ class CompiledExplanation:
         run = torch.compile(graph, fullgraph=True, dynamic=False, backend=self.backend, mode=mode, options=options)
         if (options or {}).get("triton.cudagraphs") and any(tensor.is_cuda for tensor in tensors):
             run = _fresh_outputs(run)
-        return _Entry(run, classes[0])
+        return _Entry(run, classes[0], receivers)
 
 
 def _mode_and_options(backend: str | Callable[..., Any], mode: str | None,
@@ -197,9 +249,11 @@ def compile(explain: nn.Module, *, output: Callable[[Any], Tensor] | None = None
     returns copies of the graph's outputs, which its next replay overwrites. On the CPU it is the
     default mode.
 
-    The first call of each kind traces and compiles (tens of seconds on a CPU); the trace holds
-    the explainer's weights as they are then. For floating-point inputs; token ids (language
-    models) and ``attribute_nodes``, ``attribute``'s ``repeat=`` and lists of targets are not compiled.
+    The explanation is traced in the form ``attribute`` takes: the gradient form (``R / x``
+    carried on autograd, :mod:`fxlrp.relevance.form`) where the explainer allows it, else the
+    relevance form. The first call of each kind traces and compiles (tens of seconds on a CPU);
+    the trace holds the explainer's weights as they are then. ``attribute_nodes``, ``attribute``'s
+    ``repeat=`` and lists of targets are not compiled.
     """
     return CompiledExplanation(explain, output, backend, mode, options)
 

@@ -21,6 +21,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from fxlrp.explain.finite_checks import FiniteChecks, non_finite_flags, refuse_non_finite_inputs
 from fxlrp.explain.input_checks import refuse_input_without_values
 from fxlrp.explain.rank_checks import refuse_ranks_the_model_refuses
+from fxlrp.relevance.sources import may_be_token_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,19 +139,3 @@ def is_explained_leaf(value: Any) -> bool:
         True for a tensor that requires gradients.
     """
     return isinstance(value, Tensor) and value.requires_grad
-
-
-def may_be_token_ids(value: Any) -> bool:
-    """Whether a value may be token ids an embedding looks up: a tensor neither floating-point nor complex.
-
-    Parameters
-    ----------
-    value
-        An input.
-
-    Returns
-    -------
-    bool
-        True for an integer or bool tensor.
-    """
-    return isinstance(value, Tensor) and not value.is_floating_point() and not value.is_complex()

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -154,3 +155,65 @@ def same_values(indices: Tensor, ids: Tensor) -> bool:
         and indices.untyped_storage().data_ptr() == ids.untyped_storage().data_ptr()
         and indices.storage_offset() == ids.storage_offset()
     )
+
+
+def looked_up_with(value: Any, sources: list[RelevanceSource]) -> list[RelevanceSource]:
+    """The embedding lookups made with the token ids ``value`` or a view of them.
+
+    Parameters
+    ----------
+    value : Any
+        An input of the explained call.
+    sources : list of RelevanceSource
+        The lookups of the call (:attr:`Lookups.sources`).
+
+    Returns
+    -------
+    list of RelevanceSource
+        Those made with ``value``, in order; none for a value that is no integer tensor.
+    """
+    if not may_be_token_ids(value):
+        return []
+    return [source for source in sources if same_values(source.indices, value)]
+
+
+def token_relevance(ids: Tensor, found: list[RelevanceSource], relevance: Iterator[Tensor | None]) -> Tensor:
+    """Relevance per token: what reached each lookup made with ``ids``, summed over the
+    embedding dimension.
+
+    Parameters
+    ----------
+    ids : Tensor
+        The token ids.
+    found : list of RelevanceSource
+        The lookups made with them (:func:`looked_up_with`).
+    relevance : iterator
+        The relevance that reached each lookup's output, in the order of ``found`` (None: none).
+
+    Returns
+    -------
+    Tensor
+        The relevance of each token, of the shape of ``ids``.
+    """
+    total = torch.zeros(ids.shape, dtype=found[0].embedding.dtype, device=found[0].embedding.device)
+    for _ in found:
+        share = next(relevance)
+        if share is not None:
+            total += share.reshape(ids.numel(), -1).sum(dim=1).reshape(ids.shape)
+    return total
+
+
+def may_be_token_ids(value: Any) -> bool:
+    """Whether a value may be token ids an embedding looks up: a tensor neither floating-point nor complex.
+
+    Parameters
+    ----------
+    value
+        An input.
+
+    Returns
+    -------
+    bool
+        True for an integer or bool tensor.
+    """
+    return isinstance(value, Tensor) and not value.is_floating_point() and not value.is_complex()

@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 import fxlrp
 from fxlrp.app import cli
 from fxlrp.rules import Epsilon
-from fxlrp.rules.composites import EpsilonGammaBox, EpsilonPlusFlat
+from fxlrp.rules.composites import AttnLRP, EpsilonGammaBox, EpsilonPlusFlat
 from fxlrp.toys.digits import DigitsCNN
 
 # Each test compiles with Inductor (tens of seconds on a CPU): `make test-all` runs them.
@@ -215,6 +215,66 @@ def test_a_part_run_eagerly_is_compiled_as_it_runs() -> None:
         assert reference.abs().sum() > 0
         assert torch.allclose(compiled(images), reference, rtol=1e-12, atol=1e-15)
     assert compiled.graphs == 1
+
+
+def _bert_classifier() -> torch.nn.Module:
+    import transformers
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = transformers.BertForSequenceClassification(transformers.BertConfig(
+                vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                num_labels=3, attn_implementation="sdpa"))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=ids).logits
+
+    return Logits()
+
+
+def _llama() -> torch.nn.Module:
+    import transformers
+
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_implementation="sdpa"))
+
+
+@pytest.mark.parametrize(("build", "composite", "backend"), [
+    (_bert_classifier, AttnLRP(), "inductor"), (_llama, AttnLRP(0.0), "aot_eager")], ids=["bert", "llama"])
+def test_token_ids_compile_once_and_get_the_eager_relevance_per_token(build, composite, backend) -> None:
+    """Token ids receive the relevance that reaches the embedding lookups made with them, summed
+    over the embedding's features, as from ``fxlrp.attribute``: a BERT classifier and a causal LM
+    (its last position's prediction explained), float64, a second batch of ids without
+    recompiling."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    explain = fxlrp.convert(build().eval().double(), composite)
+    compiled = fxlrp.compile(explain, backend=backend)
+    for seed in (1, 2):
+        ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(seed))
+        reference = fxlrp.attribute(explain, ids)
+        assert reference.shape == ids.shape and reference.abs().sum() > 0
+        assert relative_error(compiled(ids), reference) <= 1e-12
+    assert compiled.graphs == 1
+
+
+def test_inputs_that_receive_no_relevance_are_refused_by_compile() -> None:
+    """Integer inputs no embedding looks up (indices, a mask) and no floating-point input: nothing
+    can receive relevance, as ``fxlrp.attribute`` says too."""
+
+    class Gathered(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(10, 3))
+
+        def forward(self, index: torch.Tensor) -> torch.Tensor:
+            return self.table[index].sum(0, keepdim=True)
+
+    explain = fxlrp.convert(Gathered())
+    with pytest.raises(ValueError, match="none of the inputs can receive relevance"):
+        fxlrp.compile(explain, backend="aot_eager")(torch.tensor([1, 2]))
 
 
 class Logits:
