@@ -271,3 +271,21 @@ def test_cuda_graphs_replay_the_cpu_relevance() -> None:
     assert compiled.graphs == 1
     for image, found in zip(images, relevance, strict=True):
         _assert_same(fxlrp.attribute(explain_on_the_cpu, image, target=torch.tensor([3, 7])), found.cpu())
+
+
+def test_a_language_model_compiled_on_its_token_ids_replays_the_cpu_relevance() -> None:
+    """``fxlrp.compile(mode="reduce-overhead")`` of a causal LM on its token ids, in the gradient
+    form (``AttnLRP(0.0)``): one CUDA graph for the shape, each batch's relevance per token the
+    CPU's eager one (float64)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_implementation="sdpa")).double().eval()
+    explain_on_the_cpu = fxlrp.convert(model, AttnLRP(0.0))
+    compiled = fxlrp.compile(fxlrp.convert(copy.deepcopy(model).cuda(), AttnLRP(0.0)), mode="reduce-overhead")
+    batches = [torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
+    relevance = [compiled(ids.cuda()) for ids in batches]
+    assert compiled.graphs == 1
+    for ids, found in zip(batches, relevance, strict=True):
+        _assert_same(fxlrp.attribute(explain_on_the_cpu, ids), found.cpu())
