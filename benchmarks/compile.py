@@ -15,7 +15,9 @@ then the ways are called in turns, ``--repeats`` times (a busy machine slows all
 median seconds are compared. The compiled relevance is checked against the eager one.
 
 Run: ``python -m benchmarks.compile [--models resnet18] [--batch 4] [--size 224] [--repeats 7]
-[--threads 2] [--composite epsilon]``; prints a Markdown table.
+[--threads 2] [--composite epsilon] [--device cuda] [--mode reduce-overhead]``; prints a Markdown
+table. ``--mode`` is ``torch.compile``'s, for both compiled ways (``reduce-overhead``: CUDA graphs on
+a GPU); on a GPU each call is timed to the device's end (``torch.cuda.synchronize``).
 """
 
 from __future__ import annotations
@@ -46,42 +48,49 @@ def gradient_times_input(model: Callable[[Tensor], Tensor]) -> Callable[[Tensor]
     return explain
 
 
-def ways(model: nn.Module, composite_name: str) -> dict[str, Callable[[Tensor], Tensor]]:
+def ways(model: nn.Module, composite_name: str, mode: str | None = None) -> dict[str, Callable[[Tensor], Tensor]]:
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     composite = composite_by_name(composite_name, Preprocessing(None, 1, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))
     explain = fxlrp.convert(model, composite)
-    exact, own_layout = fxlrp.compile(explain), fxlrp.compile(explain, options={})
+    exact, own_layout = fxlrp.compile(explain, mode=mode), fxlrp.compile(explain, mode=mode, options={})
     return {
         "gradient x input, eager": gradient_times_input(model),
-        "gradient x input, torch.compile": gradient_times_input(torch.compile(model)),
+        "gradient x input, torch.compile": gradient_times_input(torch.compile(model, mode=mode)),
         "fxlrp, eager": lambda images: fxlrp.attribute(explain, images),
         "fxlrp.compile": lambda images: exact(images),
         "fxlrp.compile, Inductor's layouts": lambda images: own_layout(images),
     }
 
 
-def measure(name: str, batch: int, size: int, repeats: int, composite: str) -> list[dict[str, Any]]:
+def timed(run: Callable[[Tensor], Tensor], images: Tensor) -> tuple[Tensor, float]:
+    """``run(images)`` and its seconds, to the device's end on a GPU."""
+    synchronise = torch.cuda.synchronize if images.is_cuda else (lambda: None)
+    synchronise()
+    start = time.perf_counter()
+    result = run(images)
+    synchronise()
+    return result, time.perf_counter() - start
+
+
+def measure(name: str, batch: int, size: int, repeats: int, composite: str, device: str = "cpu",
+            mode: str | None = None) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(num_classes=1000).eval()
     for module in model.modules():  # torchvision's ViT starts its head at 0: no relevance to compare
         if isinstance(module, nn.Linear) and not module.weight.any():
             nn.init.normal_(module.weight, std=0.02)
-    runs = ways(model, composite)
-    images = torch.randn(batch, 3, size, size)
+    runs = ways(model.to(device), composite, mode)
+    images = torch.randn(batch, 3, size, size, device=device)
     rows: dict[str, dict[str, Any]] = {}
     for label, run in runs.items():
-        start = time.perf_counter()
-        relevance = run(images)
-        rows[label] = {"model": name, "way": label, "first": time.perf_counter() - start, "times": [],
-                       "relevance": relevance.detach()}
+        relevance, first = timed(run, images)
+        rows[label] = {"model": name, "way": label, "first": first, "times": [], "relevance": relevance.detach()}
         print(f"  {name}: {label}: first call {rows[label]['first']:.1f} s", flush=True)
     for _ in range(repeats):
-        images = torch.randn(batch, 3, size, size)
+        images = torch.randn(batch, 3, size, size, device=device)
         for label, run in runs.items():
-            start = time.perf_counter()
-            run(images)
-            rows[label]["times"].append(time.perf_counter() - start)
+            rows[label]["times"].append(timed(run, images)[1])
     eager_relevance = rows["fxlrp, eager"]["relevance"]
     gradient = rows["gradient x input, eager"]["relevance"]
     for row in rows.values():
@@ -116,12 +125,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--composite", default="epsilon")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--mode", default=None, help="torch.compile's mode for the compiled ways (reduce-overhead)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     description = machine()
     rows = []
     for name in args.models.split(","):
-        rows += measure(name, args.batch, args.size, args.repeats, args.composite)
+        rows += measure(name, args.batch, args.size, args.repeats, args.composite, args.device, args.mode)
     print(description)
     print(table(rows, args.batch, args.size, args.composite))
 
