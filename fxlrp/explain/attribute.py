@@ -25,7 +25,7 @@ from fxlrp.explain.finite_checks import (
     refuse_non_finite_relevance,
     relevance_totals,
 )
-from fxlrp.explain.input_checks import no_floating_input_error, refuse_unusable_inputs
+from fxlrp.explain.input_checks import no_floating_input_error, no_receiver_error, refuse_unusable_inputs
 from fxlrp.explain.model_rejection import FAILURES, input_rejection, model_of, raised_by_fxlrp, raised_from_the_call
 from fxlrp.explain.targets import (
     LISTED_PER_POSITION,
@@ -416,18 +416,8 @@ def _passes(request: _Request) -> list[Any]:
         looked_up = [looked_up_with(leaf, lookups.sources) for leaf in leaves]
         wanted = walked.edges + [value for value in intermediate if value is not None]
         wanted += [source.edge for found in looked_up for source in found]
-        if not wanted and lookups.of_copied_ids():
-            raise ValueError(
-                "none of the inputs can receive relevance: the model looks up a copy it makes of the token ids "
-                "it is given (reordered or padded: XLNet transposes them, Longformer pads them), so the "
-                "relevance of the lookup cannot be handed back per token of your ids. Explain the embeddings "
-                "instead: pass inputs_embeds=model.get_input_embeddings()(ids) in the place of the ids"
-            )
         if not wanted:
-            raise ValueError(
-                "none of the inputs can receive relevance: give the floating-point input to explain (an "
-                "image, node features, inputs_embeds) or token ids the model looks up in an embedding"
-            )
+            raise no_receiver_error(lookups)
         if not explained.requires_grad:
             stops = explain.report().relevance_stops() if isinstance(explain, Explainer) else []
             raise ValueError(

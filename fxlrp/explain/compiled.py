@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fxlrp.explain.input_checks import no_floating_input_error
+from fxlrp.explain.input_checks import no_floating_input_error, no_receiver_error
 from fxlrp.explain.model_rejection import raised_by_fxlrp
 from fxlrp.explain.targets import default_output, padding_mask
 from fxlrp.relevance.form import GradientFormUnavailable, gradient_form, relevance_at
@@ -164,9 +164,7 @@ class CompiledExplanation:
                 receivers[:] = [is_explained or bool(found) for is_explained, found in zip(explained, looked_up,
                                                                                            strict=True)]
                 if not any(receivers):
-                    raise ValueError("none of the inputs can receive relevance: give the floating-point input to "
-                                     "explain (an image, node features, inputs_embeds) or token ids the model "
-                                     "looks up in an embedding")
+                    raise no_receiver_error(lookups)
                 leaves = [arguments[index] for index, is_explained in enumerate(explained) if is_explained]
                 edges = [source.edge for found in looked_up for source in found]
                 relevance = iter(torch.autograd.grad(output, leaves + edges, start, allow_unused=True))

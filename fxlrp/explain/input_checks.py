@@ -27,6 +27,7 @@ from torch import Tensor
 
 from fxlrp.errors import ExplanationInputError
 from fxlrp.explain.model_rejection import model_input_names, model_of, model_placements, shown_dtype
+from fxlrp.relevance.sources import Lookups
 
 
 def no_floating_input_error(inputs: Tensor | Sequence[Any], error: Exception, ids_looked_up: bool) -> Exception:
@@ -45,6 +46,34 @@ def no_floating_input_error(inputs: Tensor | Sequence[Any], error: Exception, id
         f"the model failed on inputs of dtype {dtypes} ({type(error).__name__}: {error}). fxlrp explains "
         "floating-point inputs, and token ids the model looks up in an embedding: give an image or features "
         "as floats as the model expects them (e.g. images.float() / 255, normalised as in training)"
+    )
+
+
+def no_receiver_error(lookups: Lookups) -> ValueError:
+    """The error for an explanation none of whose inputs can receive relevance: no floating-point
+    input, and no embedding looked up the token ids given (``lookups``, the call's) - or one
+    looked up a copy the model made of them, whose relevance cannot be handed back per token.
+
+    Parameters
+    ----------
+    lookups : Lookups
+        The embedding lookups of the call.
+
+    Returns
+    -------
+    ValueError
+        Saying what to give instead.
+    """
+    if lookups.of_copied_ids():
+        return ValueError(
+            "none of the inputs can receive relevance: the model looks up a copy it makes of the token ids "
+            "it is given (reordered or padded: XLNet transposes them, Longformer pads them), so the "
+            "relevance of the lookup cannot be handed back per token of your ids. Explain the embeddings "
+            "instead: pass inputs_embeds=model.get_input_embeddings()(ids) in the place of the ids"
+        )
+    return ValueError(
+        "none of the inputs can receive relevance: give the floating-point input to explain (an "
+        "image, node features, inputs_embeds) or token ids the model looks up in an embedding"
     )
 
 
