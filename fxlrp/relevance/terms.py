@@ -259,20 +259,6 @@ class ParameterVariants:
             self._made[name] = modified_parameters(self._layer, transform, zero)
         return self._made[name]
 
-    def add(self, name: str, transform: Callable[[Tensor], Tensor], zero: frozenset[str]) -> None:
-        """Another variant, ``name``, made as :func:`modified_parameters` makes it on first use.
-
-        Parameters
-        ----------
-        name : str
-            The variant's name.
-        transform : callable
-            Its transform of the weight and bias.
-        zero : frozenset of str
-            Names of the parameters that become zeros instead.
-        """
-        self._recipes[name] = (transform, zero)
-
     def shifted(self, name: str, shift: float) -> Parameters:
         """The variant ``name`` with ``shift`` added to its bias (a bias of ``shift`` where it has
         none), made on first use and then kept: the layer's output then holds a stabiliser
@@ -326,7 +312,30 @@ class ParameterVariants:
                 weights.append(weight)
                 biases.append(_shifted_bias(weight, bias, shift))
             self._made[key] = torch.cat(weights), torch.cat(biases)
+            rows = 0
+            for index, weight in enumerate(weights):  # (each variant's rows, views made once)
+                self._made[key + (index,)] = tuple(tensor.narrow(0, rows, len(weight)) for tensor in self._made[key])
+                rows += len(weight)
         return self._made[key]
+
+    def stacked_part(self, halves: Sequence[tuple[str, float]], index: int) -> Parameters:
+        """The rows of the variant ``halves[index]`` in :meth:`stacked`'s parameters (views of
+        them: no copy of its own).
+
+        Parameters
+        ----------
+        halves : sequence of (str, float)
+            The variants' names and shifts, as given to :meth:`stacked`.
+        index : int
+            Which of them.
+
+        Returns
+        -------
+        tuple of Tensor
+            Its ``(weight, bias + shift)``.
+        """
+        self.stacked(halves)
+        return self._made[("stacked", tuple(halves), index)]
 
 
 def _shifted_bias(weight: Tensor, bias: Tensor | None, shift: float) -> Tensor:

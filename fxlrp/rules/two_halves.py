@@ -220,7 +220,7 @@ class Gamma(TwoHalves):
             shift = terms.stabilising_shift(self._stabiliser, 1.0, relevance.dtype)
         if shift is not None and output.sign == 1.0:
             return self._one_term(layer, inputs, variants, relevance, output.take(), shift)
-        if shift is not None and layer.output_rows_dim is not None and self.gamma > 0.0:
+        if shift is not None and layer.output_rows_dim is not None:
             return self._stacked_halves(layer, inputs, variants, relevance, output.take(), shift)
         if output.ungated:
             relevance = torch.ops.aten.threshold_backward(relevance, output.values, 0)
@@ -241,27 +241,27 @@ class Gamma(TwoHalves):
 
     def _stacked_halves(self, layer: AffineLayer, inputs: Sequence[Any], variants: ParameterVariants,
                         relevance: Tensor, output: Tensor, shift: float) -> Relevance:
-        """Both halves from one product beside the layer's own output ``z``: with
-        ``P = f(x; w+, b+ + epsilon / gamma)`` (``f`` is linear in its parameters and
-        ``w = w+ + w-``, ``b = b+ + b-``), ``z_up + epsilon = z + gamma P`` and
-        ``z_down - epsilon = z + gamma (z - P)``; the quotients of ``R`` by both, gated by ``z > 0``
-        and ``z < 0`` (each output's share from the half of its sign; outputs of 0 get none), and
-        one vector-Jacobian product in the two weights ``[w_up; w_down]`` stacked
-        (:meth:`ParameterVariants.stacked`) for the sum of the halves' products. One product of
-        the layer's size where the halves' own would be two."""
-        weight, bias = variants.shifted("positive", shift / self.gamma)
+        """Both halves from one product beside the layer's own output ``z``: ``f`` is linear in its
+        parameters and ``w = w+ + w-``, ``b = b+ + b-``, so with
+        ``z_up + epsilon = f(x; w + gamma w+, b + gamma b+ + epsilon)``,
+        ``z_down - epsilon = z + gamma (z - f(x; w+, b+)) - epsilon = (2 + gamma) z - (z_up + epsilon)``;
+        the quotients of ``R`` by both, gated by ``z > 0`` and ``z < 0`` (each output's share from
+        the half of its sign; outputs of 0 get none), and one vector-Jacobian product in the two
+        weights' rows stacked (:meth:`ParameterVariants.stacked`, ``[w_up; w_down]``, whose first
+        rows the product uses) for the sum of the halves' products. One product of the layer's
+        size where the halves' own would be two."""
+        halves = (("more", shift), ("less", -shift))
+        weight, bias = variants.stacked_part(halves, 0)
         with torch.no_grad():
-            positive = layer(inputs, weight, bias)
-        in_place = not values_are_traced()  # (each step written into the one before it)
-        up = torch.add(output, positive, alpha=self.gamma)
-        down = (torch.lerp(output, positive, -self.gamma, out=positive) if in_place
-                else torch.lerp(output, positive, -self.gamma))
-        if in_place and relevance.dtype == up.dtype:
+            up = layer(inputs, weight, bias)
+        down = torch.mul(output, 2.0 + self.gamma)
+        down = down - up if values_are_traced() else down.sub_(up)
+        if not values_are_traced() and relevance.dtype == up.dtype:  # (each quotient written into its denominator)
             up, down = torch.div(relevance, up, out=up), torch.div(relevance, down, out=down)
         else:
             up, down = relevance / up, relevance / down
         shares = (torch.ops.aten.threshold_backward(up, output, 0), torch.ops.aten.threshold_backward(down, -output, 0))
-        stacked, _ = variants.stacked((("more", shift), ("less", -shift)))
+        stacked, _ = variants.stacked(halves)
         return terms.input_times_gradient(terms.LayerGradient(layer, stacked), inputs,
                                           torch.cat(shares, layer.output_rows_dim % output.dim()))
 
@@ -273,11 +273,6 @@ class Gamma(TwoHalves):
             return tensor + self.gamma * tensor.clamp(max=0)
 
         return raised, lowered
-
-    def prepare(self, layer: AffineLayer) -> ParameterVariants:
-        variants = super().prepare(layer)
-        variants.add("positive", terms.positive_part, self._zero)  # (both halves' product, _stacked_halves)
-        return variants
 
     def keeps_output(self, prepared: Any) -> bool:
         return True  # which half explains an output depends on its sign
