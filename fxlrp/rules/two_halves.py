@@ -254,9 +254,10 @@ class Gamma(TwoHalves):
         weight, bias = variants.stacked_part(halves, 0)
         with torch.no_grad():
             up = layer(inputs, weight, bias)
+        traced = values_are_traced()  # (a traced graph records no writes into its own results)
         down = torch.mul(output, 2.0 + self.gamma)
-        down = down - up if values_are_traced() else down.sub_(up)
-        if not values_are_traced() and relevance.dtype == up.dtype:  # (each quotient written into its denominator)
+        down = down - up if traced else down.sub_(up)
+        if not traced and relevance.dtype == up.dtype:  # (each quotient written into its denominator)
             up, down = torch.div(relevance, up, out=up), torch.div(relevance, down, out=down)
         else:
             up, down = relevance / up, relevance / down
